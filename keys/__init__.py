@@ -1,0 +1,1 @@
+"""The key store: tenants, encrypted watermark keys, lifecycle, tokens, ledger, audit."""

@@ -1,0 +1,1 @@
+"""Hallmark's service layer: gateway, engines, provenance ledger, auth and CLI."""

@@ -1,0 +1,67 @@
+"""Root Typer app, its sub-command groups and the one-line error convention.
+
+Every command raises :class:`CliError` (or a domain error mapped to it) for anything a
+user got wrong; :func:`main` prints ``error: <what is wrong and what to do>`` on stderr
+and exits non-zero. No traceback, and never a secret, reaches the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Hallmark: watermarked generation, detection and key management.")
+tenants_app = typer.Typer(no_args_is_help=True, help="Tenants.")
+keys_app = typer.Typer(no_args_is_help=True, help="Watermark keys: create, import, rotate, revoke, export.")
+tokens_app = typer.Typer(no_args_is_help=True, help="API tokens.")
+audit_app = typer.Typer(no_args_is_help=True, help="The audit log.")
+kek_app = typer.Typer(no_args_is_help=True, help="The key-encryption key.")
+db_app = typer.Typer(no_args_is_help=True, help="Database migrations.")
+deploy_app = typer.Typer(no_args_is_help=True, help="vLLM deployment profiles.")
+for _name, _sub in [("tenants", tenants_app), ("keys", keys_app), ("tokens", tokens_app),
+                    ("audit", audit_app), ("kek", kek_app), ("db", db_app), ("deploy", deploy_app)]:
+    app.add_typer(_sub, name=_name)
+
+
+class CliError(Exception):
+    """A user-facing failure: one line saying what is wrong and what to do."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def emit(payload: Any, as_json: bool, text: str | None = None) -> None:
+    """Print a result: JSON (one document) or a human line."""
+    if as_json:
+        typer.echo(json.dumps(payload, sort_keys=False, default=str))
+    else:
+        typer.echo(text if text is not None else json.dumps(payload, indent=2, default=str))
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except CliError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("error: aborted", err=True)
+        sys.exit(1)
+    except Exception as exc:  # click usage errors and domain errors with safe messages
+        import click
+
+        if isinstance(exc, click.exceptions.Exit):
+            sys.exit(exc.exit_code)
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        mapped = getattr(exc, "user_message", None)
+        if mapped:
+            typer.echo(f"error: {mapped}", err=True)
+            sys.exit(1)
+        raise

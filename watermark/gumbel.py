@@ -1,0 +1,164 @@
+"""Gumbel-max sampling under a PRF key (Aaronson; Kuditipudi et al. 2023; SynthID-Text).
+
+token = argmax_v (l_v + g_v) with g_v = -log(-log u_v) and u_v the PRF uniform of
+(key, context, v): an exact sample of softmax(l) for a random key, and a deterministic
+function of (key, context, logits) that the detector can test.
+
+Reference arithmetic, shared by every implementation (torch, the CPU fast path and the
+Triton kernels), so that they pick bit-identical tokens:
+
+* the uniform is the PRF's float32 value u (24-bit grid, never 0 or 1);
+* g = float32(-log(-log(float64(u)))): computed in float64 and rounded once, so one-ulp
+  differences between math libraries almost never survive the rounding;
+* the score is the float32 sum l + g; the argmax takes the first index among equal
+  scores; NaN logits count as -inf and a row of only -inf yields token 0.
+
+Because u lies on a 24-bit grid, g is bounded by NOISE_MIN <= g <= NOISE_MAX. A token
+whose float32 l + NOISE_MAX is below a score already reached cannot win, so the CPU path
+computes the PRF only for the tokens that can (exact candidate pruning).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from watermark import prf
+
+_U_MIN = float(np.float32(1.0 / prf.UNIFORM_DENOMINATOR))
+_U_MAX = float(np.float32(2.0**24 / prf.UNIFORM_DENOMINATOR))
+NOISE_MIN = float(np.float32(-math.log(-math.log(_U_MIN))))
+NOISE_MAX = float(np.float32(-math.log(-math.log(_U_MAX))))
+EXPONENTIAL_MIN = float(np.float32(-math.log(_U_MAX)))
+
+
+def noise_from_uniforms(uniforms: torch.Tensor) -> torch.Tensor:
+    """float32 uniforms -> float32 Gumbel noise, through float64 (see module docstring)."""
+    u = uniforms.to(torch.float64)
+    return (-torch.log(-torch.log(u))).to(torch.float32)
+
+
+def noise_from_uniforms_numpy(uniforms: np.ndarray) -> np.ndarray:
+    u = uniforms.astype(np.float64)
+    return (-np.log(-np.log(u))).astype(np.float32)
+
+
+def exponentials_from_uniforms(uniforms: torch.Tensor) -> torch.Tensor:
+    """float32 uniforms -> float32 Exp(1) draws E = -log u (for argmax p / E races)."""
+    return (-torch.log(uniforms.to(torch.float64))).to(torch.float32)
+
+
+def exponentials_from_uniforms_numpy(uniforms: np.ndarray) -> np.ndarray:
+    return (-np.log(uniforms.astype(np.float64))).astype(np.float32)
+
+
+def _clean(logits: torch.Tensor) -> torch.Tensor:
+    logits = logits.to(torch.float32)
+    return torch.where(torch.isnan(logits), torch.full_like(logits, float("-inf")), logits)
+
+
+def gumbel_argmax_reference(logits: torch.Tensor, keys: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """Torch reference over the full vocabulary.
+
+    logits [B, V] (processed), keys [B] (int64 bit patterns), states [B, 4] (the rows'
+    context states, :func:`watermark.prf.context_states_torch`) give token ids [B].
+    """
+    logits = _clean(logits)
+    vocab = torch.arange(logits.shape[-1], device=logits.device)
+    uniforms = prf.uniforms_from_words_torch(prf.words_from_state_torch(keys, states, vocab))
+    scores = logits + noise_from_uniforms(uniforms)
+    return torch.argmax(scores, dim=-1)
+
+
+def _first_argmax_per_segment(values: np.ndarray, rows: np.ndarray, batch: int) -> np.ndarray:
+    """values/rows sorted by (row, token): index (into values) of each row's first maximum."""
+    starts = np.searchsorted(rows, np.arange(batch))
+    row_max = np.maximum.reduceat(values, starts)
+    is_max = values == row_max[rows]
+    # First True per row: searchsorted over the cumulative count of maxima.
+    positions = np.flatnonzero(is_max)
+    first = positions[np.searchsorted(rows[positions], np.arange(batch))]
+    return first
+
+
+def _race_cpu(values_in: np.ndarray, keys: torch.Tensor, states: torch.Tensor, ratio: bool) -> np.ndarray:
+    """Shared pruned CPU race. log form: argmax l + g; ratio form: argmax w / E."""
+    batch, vocab = values_in.shape
+    u64 = np.uint64
+    keys_u = np.ascontiguousarray(keys.cpu().numpy()).view(np.uint64)
+    k0 = keys_u & u64(prf.MASK32)
+    k1 = keys_u >> u64(32)
+    st = states.cpu().numpy().astype(np.uint64)
+    rows_all = np.arange(batch)
+
+    def scores_for(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        tok = tokens.astype(np.uint64)
+        out = prf.philox_numpy(
+            tok >> u64(2), st[rows, 0], st[rows, 1], st[rows, 2],
+            k0[rows] ^ st[rows, 3], k1[rows] ^ u64(prf.TOKEN_DOMAIN),
+        )
+        words = np.choose((tok & u64(3)).astype(np.intp), out)
+        uniforms = prf.uniforms_from_words_numpy(words)
+        if ratio:
+            return values_in[rows, tokens] / exponentials_from_uniforms_numpy(uniforms)
+        return values_in[rows, tokens] + noise_from_uniforms_numpy(uniforms)
+
+    # A first score per row (at its largest input) bounds what any winner must reach.
+    top = np.argmax(values_in, axis=1)
+    floor = scores_for(rows_all, top)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if ratio:
+            bound = values_in / np.float32(EXPONENTIAL_MIN)
+        else:
+            bound = values_in + np.float32(NOISE_MAX)
+        candidate = bound >= floor[:, None]
+    candidate[rows_all, top] = True
+    rows, tokens = np.nonzero(candidate)
+    with np.errstate(invalid="ignore", over="ignore"):
+        values = scores_for(rows, tokens)
+    values = np.where(np.isnan(values), np.float32(-np.inf), values)
+    first = _first_argmax_per_segment(values, rows, batch)
+    result = tokens[first]
+    degenerate = (values_in <= 0).all(axis=1) if ratio else np.isneginf(values_in).all(axis=1)
+    result[degenerate] = 0
+    return result.astype(np.int64)
+
+
+def gumbel_argmax_cpu(logits: torch.Tensor, keys: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """Same result as :func:`gumbel_argmax_reference`, with exact candidate pruning (CPU)."""
+    result = _race_cpu(_clean(logits).cpu().numpy(), keys, states, ratio=False)
+    return torch.from_numpy(result).to(logits.device)
+
+
+def exponential_race_reference(weights: torch.Tensor, keys: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """argmax_v w_v / E_v with E_v = -log u_v: a keyed draw from weights [B, V] (>= 0,
+    unnormalised). The ratio form of Gumbel-max, used where the distribution is given as
+    probabilities (speculative residuals). A row of zeros yields token 0."""
+    w = weights.to(torch.float32)
+    vocab = torch.arange(w.shape[-1], device=w.device)
+    uniforms = prf.uniforms_from_words_torch(prf.words_from_state_torch(keys, states, vocab))
+    return torch.argmax(w / exponentials_from_uniforms(uniforms), dim=-1)
+
+
+def exponential_race_cpu(weights: torch.Tensor, keys: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    result = _race_cpu(weights.to(torch.float32).cpu().numpy(), keys, states, ratio=True)
+    return torch.from_numpy(result).to(weights.device)
+
+
+def exponential_race(weights: torch.Tensor, keys: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    if weights.device.type == "cuda":
+        from watermark.kernels import gumbel as gumbel_kernel
+
+        return gumbel_kernel.exponential_race(weights, keys, states)
+    return exponential_race_cpu(weights, keys, states)
+
+
+def gumbel_argmax(logits: torch.Tensor, keys: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+    """Dispatch by device: the Triton kernel on CUDA, the pruned numpy path on the CPU."""
+    if logits.device.type == "cuda":
+        from watermark.kernels import gumbel as gumbel_kernel
+
+        return gumbel_kernel.gumbel_argmax(logits, keys, states)
+    return gumbel_argmax_cpu(logits, keys, states)

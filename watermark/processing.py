@@ -1,0 +1,81 @@
+"""Logit processing before the watermark draws: temperature, top-k, top-p.
+
+The watermark acts on the *final* distribution, so every filter runs first. Top-k and
+top-p are applied as per-row thresholds (keep logits >= the row's cut-off), which keeps
+tied tokens together and makes the result independent of sort stability. NaN logits are
+treated as -inf: a token with no defined probability is never drawn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ProcessingParams:
+    """Per-row sampling parameters, tensors [B].
+
+    temperature: 0 marks a greedy (unwatermarked) row; top_k: 0 disables; top_p: 1 disables.
+    """
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+
+    @classmethod
+    def uniform(cls, batch: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                device: torch.device | str = "cpu") -> "ProcessingParams":
+        return cls(
+            temperature=torch.full((batch,), temperature, dtype=torch.float32, device=device),
+            top_k=torch.full((batch,), top_k, dtype=torch.int64, device=device),
+            top_p=torch.full((batch,), top_p, dtype=torch.float32, device=device),
+        )
+
+    @property
+    def greedy(self) -> torch.Tensor:
+        return self.temperature == 0
+
+
+def validate_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    """Raise ValueError with a message a client can act on."""
+    if not (temperature >= 0.0) or temperature != temperature or temperature == float("inf"):
+        raise ValueError("temperature must be a finite number >= 0 (0 means greedy)")
+    if top_k < 0:
+        raise ValueError("top_k must be >= 0 (0 disables it)")
+    if not (0.0 < top_p <= 1.0):
+        raise ValueError("top_p must be in (0, 1] (1 disables it)")
+
+
+def process_logits(logits: torch.Tensor, params: ProcessingParams) -> torch.Tensor:
+    """Logits [B, V] give float32 processed logits [B, V], filtered tokens at -inf.
+
+    Greedy rows are returned unscaled (only their argmax is used).
+    """
+    out = logits.to(torch.float32)
+    out = torch.where(torch.isnan(out), torch.full_like(out, float("-inf")), out)
+    temperature = params.temperature.to(device=out.device, dtype=torch.float32)
+    scale = torch.where(temperature == 0, torch.ones_like(temperature), temperature)
+    out = out / scale.unsqueeze(-1)
+    vocab = out.shape[-1]
+    top_k = params.top_k.to(out.device)
+    if bool(((top_k > 0) & (top_k < vocab)).any()):
+        k = top_k.clamp(min=1, max=vocab)
+        sorted_desc = torch.sort(out, dim=-1, descending=True).values
+        kth = sorted_desc.gather(-1, (k - 1).unsqueeze(-1))
+        active = ((top_k > 0) & (top_k < vocab)).unsqueeze(-1)
+        out = torch.where(active & (out < kth), torch.full_like(out, float("-inf")), out)
+    top_p = params.top_p.to(device=out.device, dtype=torch.float32)
+    if bool((top_p < 1.0).any()):
+        sorted_desc = torch.sort(out, dim=-1, descending=True).values
+        probs = torch.softmax(sorted_desc.to(torch.float64), dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        keep = mass_before < top_p.to(torch.float64).unsqueeze(-1)
+        keep[:, 0] = True
+        # The cut-off is the smallest kept logit; ties with it stay in.
+        last_kept = keep.sum(dim=-1, keepdim=True) - 1
+        cutoff = sorted_desc.gather(-1, last_kept)
+        active = (top_p < 1.0).unsqueeze(-1)
+        out = torch.where(active & (out < cutoff), torch.full_like(out, float("-inf")), out)
+    return out

@@ -1,0 +1,109 @@
+"""The watermark spec: everything about a key except its secret.
+
+Same fields, meaning and defaults as vLLM 0.32's ``WatermarkConfig`` (its ``key`` aside),
+so a vLLM deployment's ``--watermark-config`` imports as it is (:meth:`from_vllm`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from watermark import prf
+
+Algorithm = Literal["gumbel", "dual_key_gumbel"]
+DedupScope = Literal["none", "single_turn", "all"]
+CoinKind = Literal["ordinary", "keyed"]
+
+ALGORITHMS: tuple[str, ...] = ("gumbel", "dual_key_gumbel")
+DEDUP_SCOPES: tuple[str, ...] = ("none", "single_turn", "all")
+MAX_CONTEXT_WIDTH = 16
+PRF_NAMES = {"philox": prf.VERSION, prf.VERSION: prf.VERSION}
+# vLLM options that change nothing a detector must know.
+_VLLM_GENERATION_ONLY = {"allow_target_only_watermarking"}
+
+
+class WatermarkSpec(BaseModel):
+    """How a key watermarks and how its text is scored."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    algorithm: Algorithm = "gumbel"
+    """`gumbel` (one key) or `dual_key_gumbel` (keys A and B derived from the secret)."""
+
+    context_width: int = Field(default=4, ge=1, le=MAX_CONTEXT_WIDTH)
+    """Number of previous generated tokens that seed each token's random vector."""
+
+    alpha: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Dual key, no speculation: probability that a token uses key B (vLLM's `alpha`)."""
+
+    dedup: DedupScope = Field(default="single_turn", alias="deduplicate_contexts")
+    """Which history is searched for a repeated context, sampled without the watermark."""
+
+    dedup_max_history: int | None = Field(default=8192, ge=1, alias="deduplicate_contexts_max_history")
+    """Most recent history positions searched for a repeat; None searches the whole scope."""
+
+    prf: str = prf.VERSION
+    """The PRF version (`philox` is accepted as vLLM's name for it)."""
+
+    coin: CoinKind = "ordinary"
+    """Speculative acceptance coin: `ordinary` (vLLM's) or `keyed` (a third derived key
+    decides acceptance, which lets the detector weigh each token's key)."""
+
+    @field_validator("prf", mode="before")
+    @classmethod
+    def _known_prf(cls, value: Any) -> str:
+        if value not in PRF_NAMES:
+            raise ValueError(f"unknown prf: {value!r}; expected one of {sorted(PRF_NAMES)}")
+        return PRF_NAMES[value]
+
+    @field_validator("context_width", mode="before")
+    @classmethod
+    def _width_is_int(cls, value: Any) -> Any:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError("context_width must be an integer between 1 and 16")
+        return value
+
+    @model_validator(mode="after")
+    def _coin_needs_dual_key(self) -> "WatermarkSpec":
+        if self.coin == "keyed" and self.algorithm != "dual_key_gumbel":
+            raise ValueError("a keyed acceptance coin needs algorithm dual_key_gumbel")
+        return self
+
+    @classmethod
+    def from_vllm(cls, config: dict[str, Any]) -> tuple[int, "WatermarkSpec"]:
+        """Split a vLLM ``--watermark-config`` dict into (secret key, spec)."""
+        config = dict(config)
+        if "key" not in config:
+            raise ValueError("the vLLM watermark config has no 'key'")
+        key = config.pop("key")
+        if isinstance(key, str):
+            key = int(key, 0)
+        prf.check_key(key)
+        if config.get("algorithm", "gumbel") not in ALGORITHMS:
+            raise ValueError(
+                f"unsupported vLLM watermark algorithm: {config['algorithm']!r}; "
+                f"expected one of {list(ALGORITHMS)}"
+            )
+        if config.get("context_width") is None:
+            config.pop("context_width", None)
+        for name in _VLLM_GENERATION_ONLY:
+            config.pop(name, None)
+        return key, cls.model_validate(config)
+
+    def to_vllm(self) -> dict[str, Any]:
+        """The vLLM ``WatermarkConfig`` fields for this spec (without the key)."""
+        if self.coin != "ordinary":
+            raise ValueError("vLLM has no keyed acceptance coin; use coin='ordinary'")
+        return {
+            "algorithm": self.algorithm,
+            "alpha": self.alpha,
+            "context_width": self.context_width,
+            "deduplicate_contexts": self.dedup,
+            "deduplicate_contexts_max_history": self.dedup_max_history,
+            "prf": "philox",
+        }
+
+    def public_dict(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=False)

@@ -1,0 +1,139 @@
+"""Watermarked speculative sampling (dual-key Gumbel; SynthID-Text supplementary Alg. 6).
+
+A block of k draft tokens x_0..x_{k-1} was drawn by the caller from the draft
+distributions q_j with Gumbel-max under key A. Verification, per row:
+
+* x_j is accepted with probability min(1, p_j(x_j) / q_j(x_j)) by a coin independent of
+  the draft's randomness: the request's ordinary stream (vLLM's protocol), or a keyed coin
+  under a third derived key (Hallmark's option) so that the detector can recompute it;
+* at the first rejection j, the token is drawn from the residual max(0, p_j - q_j)
+  (normalised) by Gumbel-max under key B, and the block ends;
+* if all k are accepted, a bonus token is drawn from p_k under key B.
+
+For a random key the output is exactly p (standard rejection sampling with independent
+uniforms), so the acceptance rate equals that of unwatermarked speculative sampling.
+Positions whose context is repeated (deduplication) or rows that opted out use the
+ordinary stream for both the coin and the draw. Greedy rows accept a draft iff it is the
+target's argmax and otherwise emit that argmax.
+
+Distributions come in as probabilities (float32), so the verification needs no
+transcendental function of them: the coin compares with p/q and the key-B draw is the
+ratio form of Gumbel-max, argmax_v r_v / E_v (see :mod:`watermark.gumbel`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from watermark import prf, stream
+from watermark.gumbel import exponential_race
+from watermark.sampler import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN
+
+
+@dataclass(frozen=True)
+class VerifyRows:
+    """Per-row inputs of one verification step (tensors on the probabilities' device)."""
+
+    key_b: torch.Tensor
+    """[B] int64 bit patterns of key B."""
+    key_coin: torch.Tensor
+    """[B] int64 bit patterns of the coin key (used where ``keyed_coin``)."""
+    keyed_coin: torch.Tensor
+    """[B] bool: keyed acceptance coin instead of the ordinary stream's."""
+    contexts: Sequence[Sequence[Sequence[int]]]
+    """[B][k + 1] watermark contexts of the block's positions."""
+    watermark: torch.Tensor
+    """[B, k + 1] bool: False where a position is sampled without the watermark."""
+    greedy: torch.Tensor
+    """[B] bool"""
+    stream_keys: torch.Tensor
+    """[B] int64"""
+    positions: torch.Tensor
+    """[B] int64: output position of the block's first token."""
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    tokens: torch.Tensor
+    """[B, k + 1] int64: the accepted drafts, then the resampled or bonus token; -1 after."""
+    num_accepted: torch.Tensor
+    """[B] int64 in [0, k]; the row emits num_accepted + 1 tokens."""
+    routes: torch.Tensor
+    """[B, k + 1] int8 ROUTE_* per emitted token (-1 after)."""
+
+
+def coin_values(rows: VerifyRows, k: int) -> torch.Tensor:
+    """Acceptance coins [B, k]: keyed where asked and watermarked, else the stream's."""
+    batch = rows.stream_keys.shape[0]
+    device = rows.stream_keys.device
+    offsets = torch.arange(k, device=device)
+    positions = (rows.positions.unsqueeze(-1) + offsets).reshape(-1)
+    ordinary = stream.stream_coin(rows.stream_keys.repeat_interleave(k), positions, stream.LANE_ACCEPT)
+    flat_contexts = [rows.contexts[b][j] for b in range(batch) for j in range(k)]
+    coin_keys = rows.key_coin.repeat_interleave(k)
+    zero = torch.zeros(1, dtype=torch.int64, device=device)
+    keyed = prf.uniforms_from_words_torch(
+        prf.words_from_state_torch(coin_keys, prf.context_states_torch(coin_keys, flat_contexts), zero)
+    )[:, 0]
+    use_keyed = (rows.keyed_coin.unsqueeze(-1) & rows.watermark[:, :k]).reshape(-1)
+    return torch.where(use_keyed, keyed, ordinary).reshape(batch, k)
+
+
+def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
+           rows: VerifyRows, race=exponential_race) -> VerifyResult:
+    """target_probs [B, k+1, V], draft_probs [B, k, V], draft_tokens [B, k] -> VerifyResult."""
+    batch, k = draft_tokens.shape
+    device = target_probs.device
+    p = target_probs.to(torch.float32)
+    q = draft_probs.to(torch.float32)
+    x = draft_tokens.to(torch.int64)
+    p_x = p[:, :k].gather(-1, x.unsqueeze(-1)).squeeze(-1)
+    q_x = q.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+    ratio = torch.where(q_x > 0, p_x / q_x, torch.full_like(p_x, float("inf")))
+    accept = coin_values(rows, k) < ratio
+    greedy_target = torch.argmax(p, dim=-1)  # [B, k + 1]
+    accept = torch.where(rows.greedy.unsqueeze(-1), x == greedy_target[:, :k], accept)
+    num_accepted = torch.cumprod(accept.to(torch.int64), dim=-1).sum(-1)
+
+    # The correction position: residual at the first rejection, else the bonus on p_k.
+    at = num_accepted
+    p_at = p.gather(1, at.view(batch, 1, 1).expand(batch, 1, p.shape[-1])).squeeze(1)
+    q_pad = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)
+    q_at = q_pad.gather(1, at.view(batch, 1, 1).expand(batch, 1, q.shape[-1])).squeeze(1)
+    residual = torch.clamp(p_at - q_at, min=0.0)
+    # p == q up to rounding leaves no residual mass; p itself is then the right law.
+    empty = residual.sum(-1) <= 0
+    weights = torch.where(empty.unsqueeze(-1), p_at, residual)
+
+    watermark_at = rows.watermark.gather(1, at.unsqueeze(-1)).squeeze(-1)
+    contexts_at = [rows.contexts[b][int(at[b])] for b in range(batch)]
+    keyed_states = prf.context_states_torch(rows.key_b, contexts_at)
+    stream_ctx = stream.stream_contexts(rows.positions + at, stream.LANE_SAMPLE)
+    plain_states = torch.stack(prf.context_state_torch(rows.stream_keys, stream_ctx), dim=-1)
+    keys = torch.where(watermark_at, rows.key_b, rows.stream_keys)
+    states = torch.where(watermark_at.unsqueeze(-1), keyed_states, plain_states)
+    correction = race(weights, keys, states)
+    correction = torch.where(rows.greedy, greedy_target.gather(1, at.unsqueeze(-1)).squeeze(-1), correction)
+
+    cols = torch.arange(k + 1, device=device).unsqueeze(0)
+    x_pad = torch.cat([x, torch.full_like(x[:, :1], -1)], dim=1)
+    tokens = torch.where(cols < at.unsqueeze(-1), x_pad, torch.full_like(x_pad, -1))
+    tokens = torch.where(cols == at.unsqueeze(-1), correction.unsqueeze(-1), tokens)
+
+    wm = rows.watermark
+    draft_route = torch.where(wm, ROUTE_KEY_A, ROUTE_PLAIN)
+    final_route = torch.where(wm, ROUTE_KEY_B, ROUTE_PLAIN)
+    routes = torch.where(cols < at.unsqueeze(-1), draft_route, torch.full_like(draft_route, -1))
+    routes = torch.where(cols == at.unsqueeze(-1), final_route, routes)
+    routes = torch.where(rows.greedy.unsqueeze(-1) & (cols <= at.unsqueeze(-1)), ROUTE_GREEDY, routes)
+    return VerifyResult(tokens=tokens, num_accepted=num_accepted, routes=routes.to(torch.int8))
+
+
+def block_contexts(context: Sequence[int], drafts: Sequence[int]) -> list[tuple[int, ...]]:
+    """Watermark contexts of positions L .. L + len(drafts): position j follows drafts[:j]."""
+    width = len(context)
+    seq = list(context) + [int(t) for t in drafts]
+    return [tuple(seq[j:j + width]) for j in range(len(drafts) + 1)]
