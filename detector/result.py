@@ -1,0 +1,117 @@
+"""Detection results: frozen dataclasses that serialise to DESIGN.md's result schema."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from watermark.key import WatermarkKey
+
+
+def _p(log10_p: float) -> float:
+    return 10.0 ** log10_p if log10_p > -400 else 0.0
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """What identifies a key in a result (never its secret)."""
+
+    tenant: str | None
+    key_id: str | None
+    version: int | None
+    state: str
+    fingerprint: str
+    algorithm: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tenant": self.tenant, "key_id": self.key_id, "version": self.version,
+                "state": self.state, "fingerprint": self.fingerprint, "algorithm": self.algorithm}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A key to test, with the metadata that names it."""
+
+    key: WatermarkKey = field(repr=False)
+    info: KeyInfo
+
+    @classmethod
+    def inline(cls, key: WatermarkKey, label: str = "inline") -> "Candidate":
+        """A key given directly (CLI, tests): no tenant, no stored id."""
+        return cls(key=key, info=KeyInfo(tenant=None, key_id=label, version=None, state="active",
+                                         fingerprint=key.fingerprint, algorithm=key.spec.algorithm))
+
+
+@dataclass(frozen=True)
+class KeyResult:
+    key: KeyInfo
+    statistic: str
+    score: float
+    scored_tokens: int
+    log10_p_value: float
+    """Unadjusted, for this key alone."""
+    log10_p_adjusted: float
+    """Holm-adjusted over every key tested."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.key.to_dict(), "statistic": self.statistic, "score": self.score,
+                "scored_tokens": self.scored_tokens, "p_value": _p(self.log10_p_value),
+                "log10_p_value": self.log10_p_value, "log10_p_adjusted": self.log10_p_adjusted}
+
+
+@dataclass(frozen=True)
+class Span:
+    """A watermarked stretch of the text: token offsets [start, end)."""
+
+    start: int
+    end: int
+    scored_tokens: int
+    log10_p_value: float
+    """Corrected for every window and key examined (union bound)."""
+    fingerprint: str
+    char_start: int | None = None
+    char_end: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"start": self.start, "end": self.end, "scored_tokens": self.scored_tokens,
+               "p_value": _p(self.log10_p_value), "log10_p_value": self.log10_p_value,
+               "fingerprint": self.fingerprint}
+        if self.char_start is not None:
+            out["char_start"], out["char_end"] = self.char_start, self.char_end
+        return out
+
+
+@dataclass(frozen=True)
+class DetectionResult:
+    watermarked: bool
+    log10_p_value: float
+    """Global: the best key's p, Šidák-corrected for the number of keys tested."""
+    threshold: float
+    scored_tokens: int
+    total_tokens: int
+    key: KeyInfo | None
+    """The winning key when the text is watermarked, else None."""
+    keys_tested: int
+    per_key: tuple[KeyResult, ...]
+    spans: tuple[Span, ...] = ()
+    ledger_matches: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def p_value(self) -> float:
+        return _p(self.log10_p_value)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "watermarked": self.watermarked,
+            "p_value": self.p_value,
+            "log10_p_value": self.log10_p_value if math.isfinite(self.log10_p_value) else -1e308,
+            "threshold": self.threshold,
+            "scored_tokens": self.scored_tokens,
+            "total_tokens": self.total_tokens,
+            "key": self.key.to_dict() if self.key else None,
+            "keys_tested": self.keys_tested,
+            "per_key": [r.to_dict() for r in self.per_key],
+            "spans": [s.to_dict() for s in self.spans],
+            "ledger_matches": list(self.ledger_matches),
+        }

@@ -1,0 +1,94 @@
+"""Per-token evidence: which positions are scored, and each scored token's PRF uniforms.
+
+A position is scored iff generation could have watermarked it and its context has not
+occurred earlier in the text (the detector's deduplication: repeated contexts reuse one
+random vector, so their scores are not independent evidence). Scope ``all`` also skips
+contexts that still hold padding, which generation under ``all`` never watermarks.
+Deduplication applies in every scope, ``none`` included: it is what keeps the null
+distribution exact on repetitive human text.
+
+Statistics (each per-token score is Exp(1) under the null, so sums are Gamma(n, 1)
+except the weighted one; see :mod:`detector.stats`):
+
+* ``single``: s = -ln(1 - u) under the one key;
+* ``max``: m = max(u_A, u_B) has P(m <= v) = v^2 under the null (Šidák per token), so
+  s = -ln(1 - m^2): needs no knowledge of how tokens were split between the keys;
+* ``weighted``: (1 - alpha) s_A + alpha s_B, vLLM's statistic, with its exact null;
+* ``routed`` (keyed acceptance coin): the coin c of each position is recomputed; where
+  c < tau the draft was accepted with high probability and s = s_A, elsewhere the ``max``
+  score. The split depends on c only, which is independent of u_A, u_B under the null,
+  so every score stays Exp(1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from watermark import prf
+from watermark.dedup import context_matrix, first_occurrence_mask
+from watermark.key import WatermarkKey
+
+Statistic = Literal["single", "max", "weighted", "routed"]
+STATISTICS: tuple[str, ...] = ("single", "max", "weighted", "routed")
+
+
+@dataclass(frozen=True)
+class ScoredPositions:
+    """The positions of a text that a spec scores, with their contexts and tokens."""
+
+    positions: np.ndarray  # [n] int64 indices into the text
+    contexts: np.ndarray  # [n, w] int64
+    tokens: np.ndarray  # [n] int64
+
+
+def scored_positions(token_ids: np.ndarray, width: int, scope: str) -> ScoredPositions:
+    tokens = np.asarray(token_ids, dtype=np.int64)
+    keep = first_occurrence_mask(tokens, width, skip_padded=(scope == "all"))
+    positions = np.flatnonzero(keep)
+    contexts = context_matrix(tokens, width)[positions]
+    return ScoredPositions(positions=positions, contexts=np.ascontiguousarray(contexts), tokens=tokens[positions])
+
+
+def uniforms(key: int, scored: ScoredPositions, token_override: np.ndarray | None = None) -> np.ndarray:
+    """float32 uniforms [n] of the scored tokens (or of ``token_override``) under ``key``."""
+    k0, k1 = (np.uint64(w) for w in prf.key_words(key))
+    tokens = scored.tokens if token_override is None else token_override
+    return prf.uniforms_from_words_numpy(prf.words_for_rows_numpy(k0, k1, scored.contexts, tokens))
+
+
+def exp_scores(u: np.ndarray) -> np.ndarray:
+    """-ln(1 - u) in float64 (u is never 1 on the PRF's 24-bit grid)."""
+    return -np.log1p(-u.astype(np.float64))
+
+
+def max_scores(u_a: np.ndarray, u_b: np.ndarray) -> np.ndarray:
+    m = np.maximum(u_a, u_b).astype(np.float64)
+    return -np.log1p(-m) - np.log1p(m)  # -ln(1 - m^2), accurate for m near 1
+
+
+ROUTED_TAU = 0.5
+
+
+def token_scores(key: WatermarkKey, scored: ScoredPositions, statistic: Statistic,
+                 tau: float = ROUTED_TAU) -> np.ndarray:
+    """Per-token scores [n] (float64) of ``statistic`` under ``key``."""
+    if statistic == "single":
+        if key.spec.algorithm != "gumbel":
+            raise ValueError("statistic 'single' is for gumbel keys; use max, weighted or routed")
+        return exp_scores(uniforms(key.secret, scored))
+    if key.spec.algorithm != "dual_key_gumbel":
+        raise ValueError(f"statistic {statistic!r} is for dual_key_gumbel keys; use single")
+    u_a = uniforms(key.key_a, scored)
+    u_b = uniforms(key.key_b, scored)
+    if statistic == "max":
+        return max_scores(u_a, u_b)
+    if statistic == "weighted":
+        alpha = key.spec.alpha
+        return (1.0 - alpha) * exp_scores(u_a) + alpha * exp_scores(u_b)
+    if statistic == "routed":
+        coin = uniforms(key.key_coin, scored, token_override=np.zeros_like(scored.tokens))
+        return np.where(coin < tau, exp_scores(u_a), max_scores(u_a, u_b))
+    raise ValueError(f"unknown statistic: {statistic!r}; expected one of {list(STATISTICS)}")

@@ -1,0 +1,100 @@
+"""Localisation: where in a longer, mixed text the watermark is.
+
+Windows are fixed before looking at the data (they depend on the text length only):
+lengths 2^j from ``min_length`` up to the text length, each slid by half its length, plus
+one window flush with the end of the text per length. Each window gets its exact p-value
+from the same null as the whole text; the family (every window, times the number of keys
+examined) is corrected with a union bound, so under the null the chance that any span is
+reported is at most the threshold. Overlapping significant windows merge into one span
+carrying the smallest corrected p of its windows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+LN10 = math.log(10.0)
+
+
+@dataclass(frozen=True)
+class Window:
+    start: int
+    end: int
+
+
+def windows(total: int, min_length: int) -> list[Window]:
+    """The fixed window family for a text of ``total`` tokens."""
+    out: list[Window] = []
+    length = min_length
+    while length <= total:
+        step = max(1, length // 2)
+        starts = list(range(0, total - length + 1, step))
+        if starts[-1] != total - length:
+            starts.append(total - length)
+        out.extend(Window(s, s + length) for s in starts)
+        length *= 2
+    return out
+
+
+@dataclass(frozen=True)
+class SpanHit:
+    start: int
+    end: int
+    scored_tokens: int
+    log10_p_value: float
+
+
+def _chernoff_log_sf(score: float, n: int) -> float:
+    """An upper bound on ln P(Gamma(n) >= score): n - x + n ln(x / n) for x > n."""
+    if score <= n or n == 0:
+        return 0.0
+    return n - score + n * math.log(score / n)
+
+
+def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length: int,
+           family_size_factor: int, log10_threshold: float,
+           log10_sf: Callable[[float, int], float]) -> list[SpanHit]:
+    """Significant merged spans.
+
+    positions [n] (ascending scored positions) and scores [n] are one key's evidence;
+    ``family_size_factor`` multiplies the window count in the correction (keys examined).
+    """
+    family = windows(total, min_length)
+    if not family:
+        return []
+    log10_m = math.log10(len(family) * max(1, family_size_factor))
+    prefix = np.concatenate(([0.0], np.cumsum(scores)))
+    starts = np.array([w.start for w in family])
+    ends = np.array([w.end for w in family])
+    lo = np.searchsorted(positions, starts, side="left")
+    hi = np.searchsorted(positions, ends, side="left")
+    counts = hi - lo
+    sums = prefix[hi] - prefix[lo]
+    hits: list[SpanHit] = []
+    for i in np.flatnonzero((counts > 0) & (sums > counts)):
+        n_i, s_i = int(counts[i]), float(sums[i])
+        # The Chernoff bound screens out windows that cannot pass, before the exact sum.
+        if _chernoff_log_sf(s_i, n_i) / LN10 + log10_m > log10_threshold:
+            continue
+        adjusted = min(0.0, log10_sf(s_i, n_i) + log10_m)
+        if adjusted <= log10_threshold:
+            hits.append(SpanHit(int(starts[i]), int(ends[i]), n_i, adjusted))
+    return merge(hits, positions)
+
+
+def merge(hits: list[SpanHit], positions: np.ndarray) -> list[SpanHit]:
+    hits = sorted(hits, key=lambda h: (h.start, h.end))
+    merged: list[SpanHit] = []
+    for hit in hits:
+        if merged and hit.start < merged[-1].end:
+            last = merged[-1]
+            end = max(last.end, hit.end)
+            count = int(np.searchsorted(positions, end) - np.searchsorted(positions, last.start))
+            merged[-1] = SpanHit(last.start, end, count, min(last.log10_p_value, hit.log10_p_value))
+        else:
+            merged.append(hit)
+    return merged

@@ -1,0 +1,145 @@
+"""Exact null distributions in log space, and multiple-testing corrections.
+
+Every detection statistic here is a sum of per-token scores that are Exp(1) under the null
+hypothesis (text independent of the key): single key, the per-token Šidák maximum and the
+routing-aware score give S ~ Gamma(n, 1); the dual-key weighted statistic gives
+(1 - a) * Gamma(n, 1) + a * Gamma(n, 1) with independent terms. p-values are returned as
+natural or base-10 logarithms so that they never underflow (a 20,000-token watermarked
+text has log10 p far below -308).
+
+Gamma(n, 1) upper tail, integer n: Q(n, x) = P(Poisson(x) <= n - 1), a finite sum of
+Poisson probabilities summed in log space: exact up to float rounding at any depth.
+
+Weighted sum (Moschopoulos 1985, "The distribution of the sum of independent gamma random
+variables", Ann. Inst. Statist. Math. 37): with t = min(a, 1 - a), T = max(a, 1 - a) and
+r = t / T, S / t = Gamma(2n + K, 1) where K ~ NegativeBinomial(n, r) counts failures
+(an Exp(rate r) is a Geometric(r) sum of Exp(1) draws). Hence
+
+    P(S >= s) = sum_k NB(k; n, r) * Q(2n + k, s / t),
+
+a sum of positive terms computed in log space; Q(2n + k + 1, x) follows from Q(2n + k, x)
+by adding one Poisson probability, and the series is summed until the negative-binomial
+tail bounds what is left below exp(-40) of the running total.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+LN10 = math.log(10.0)
+_TAIL_MARGIN = 40.0  # stop once the remainder is below exp(-40) of the sum
+_CHUNK = 4096
+
+
+def _logsumexp(values: np.ndarray) -> float:
+    top = float(np.max(values))
+    if top == -math.inf:
+        return -math.inf
+    return top + math.log(float(np.sum(np.exp(values - top))))
+
+
+def _poisson_log_pmf(ks: np.ndarray, x: float) -> np.ndarray:
+    """log P(Poisson(x) = k) for integer ks (contiguous ascending), x > 0."""
+    first = int(ks[0])
+    log_fact = math.lgamma(first + 1) + np.concatenate(([0.0], np.cumsum(np.log(ks[1:].astype(np.float64)))))
+    return ks * math.log(x) - x - log_fact
+
+
+def log_gamma_sf(score: float, n: int) -> float:
+    """ln P(Gamma(n, 1) >= score) for integer n >= 0 (ln 1 = 0 for n = 0 or score <= 0)."""
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    if n == 0 or score <= 0.0:
+        return 0.0
+    if not math.isfinite(score):
+        return -math.inf
+    ks = np.arange(n, dtype=np.float64)
+    # The terms rise until k ~ score: in the far tail only the top ones matter, but the
+    # full sum is cheap and exact, and it also serves the body (where Q ~ 1).
+    return min(0.0, _logsumexp(_poisson_log_pmf(ks, score)))
+
+
+def gamma_log10_sf(score: float, n: int) -> float:
+    """log10 P(Gamma(n, 1) >= score)."""
+    return log_gamma_sf(score, n) / LN10
+
+
+def _log_weighted_sf(score: float, n: int, alpha: float) -> float:
+    if n == 0 or score <= 0.0:
+        return 0.0
+    small, large = min(alpha, 1.0 - alpha), max(alpha, 1.0 - alpha)
+    if small == 0.0:
+        return log_gamma_sf(score / large, n)
+    if small == large:
+        return log_gamma_sf(score / small, 2 * n)
+    r = small / large
+    x = score / small
+    log_1mr = math.log1p(-r)
+    log_w = n * math.log(r)  # NB(0; n, r)
+    log_q = log_gamma_sf(x, 2 * n)  # Q(2n, x)
+    total = -math.inf
+    k0 = 0
+    while True:
+        chunk = max(_CHUNK, k0 // 4)
+        ks = np.arange(k0, k0 + chunk + 1, dtype=np.float64)
+        # NB(k + 1) / NB(k) = (n + k) / (k + 1) * (1 - r).
+        steps = np.log((n + ks[:-1]) / (ks[:-1] + 1.0)) + log_1mr
+        log_ws = log_w + np.concatenate(([0.0], np.cumsum(steps)))
+        # Q(a + 1, x) = Q(a, x) + Poisson(a; x) with a = 2n + k.
+        pmf = _poisson_log_pmf(2 * n + ks[:-1], x)
+        log_qs = np.minimum(np.logaddexp.accumulate(np.concatenate(([log_q], pmf))), 0.0)
+        total = float(np.logaddexp(total, _logsumexp(log_ws[:-1] + log_qs[:-1])))
+        log_w, log_q = float(log_ws[-1]), float(log_qs[-1])
+        k0 += chunk
+        # For j >= k0 the NB ratios are at most the one at k0, so the rest of the series
+        # is at most NB(k0) / (1 - ratio) (each Q <= 1).
+        ratio = (n + k0) / (k0 + 1.0) * (1.0 - r)
+        if ratio < 1.0 and log_w - math.log1p(-ratio) < total - _TAIL_MARGIN:
+            return min(0.0, total)
+
+
+def weighted_gamma_log10_sf(score: float, n: int, alpha: float) -> float:
+    """log10 P(S >= score) for S = (1 - alpha) * Gamma(n, 1) + alpha * Gamma(n, 1), independent.
+
+    Exact (negative-binomial mixture of Gammas, see the module docstring) for any n >= 0
+    and alpha in [0, 1], at any depth of the tail.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError("alpha must be in [0, 1]")
+    if n < 0:
+        raise ValueError("n must be >= 0")
+    if not math.isfinite(score):
+        return -math.inf if score > 0 else 0.0
+    return _log_weighted_sf(float(score), int(n), float(alpha)) / LN10
+
+
+def log_sidak(log_p: float, m: int) -> float:
+    """ln of 1 - (1 - p)^m: the probability that the smallest of m independent null
+    p-values is <= p (the global p of a search over m keys)."""
+    if m <= 1 or log_p == 0.0:
+        return log_p
+    if log_p < -20.0:
+        # 1 - (1 - p)^m = m p (1 - (m - 1) p / 2 + ...); p < 2e-9 makes the rest negligible.
+        p = math.exp(log_p)
+        return math.log(m) + log_p + math.log1p(-(m - 1) * p / 2.0)
+    p = math.exp(log_p)
+    return math.log(-math.expm1(m * math.log1p(-p)))
+
+
+def holm_adjusted(log_ps: list[float]) -> list[float]:
+    """Holm step-down adjusted p-values (ln), in the input order."""
+    m = len(log_ps)
+    order = sorted(range(m), key=lambda i: log_ps[i])
+    adjusted = [0.0] * m
+    running = -math.inf
+    for rank, index in enumerate(order):
+        value = min(0.0, math.log(m - rank) + log_ps[index])
+        running = max(running, value)
+        adjusted[index] = running
+    return adjusted
+
+
+def bonferroni(log_p: float, m: int) -> float:
+    return min(0.0, math.log(m) + log_p) if m > 0 else log_p

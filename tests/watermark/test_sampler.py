@@ -1,0 +1,122 @@
+"""The batched sampler: exact output distribution (chi-square), per-row keys, routing."""
+
+import numpy as np
+import pytest
+import torch
+
+from tests.stats_helpers import binomial_two_sided_p, chi_square_p
+from watermark import prf, sampler, stream
+from watermark.key import WatermarkKey
+from watermark.processing import ProcessingParams, process_logits
+from watermark.spec import WatermarkSpec
+
+TARGET_LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
+N = 40_000
+
+
+def _rows(n: int, seed: int, *, alpha: float = 0.0, watermark: bool | torch.Tensor = True,
+          width: int = 4) -> sampler.SamplerRows:
+    gen = torch.Generator().manual_seed(seed)
+    rand_keys = lambda: torch.randint(-2**63, 2**63 - 1, (n,), generator=gen)  # noqa: E731
+    contexts = torch.randint(-1, 50_000, (n, width), generator=gen).tolist()
+    wm = torch.full((n,), watermark) if isinstance(watermark, bool) else watermark
+    return sampler.SamplerRows(
+        key_a=rand_keys(), key_b=rand_keys(), alpha=torch.full((n,), alpha), contexts=contexts,
+        watermark=wm, greedy=torch.zeros(n, dtype=torch.bool), stream_keys=rand_keys(),
+        positions=torch.randint(0, 10_000, (n,), generator=gen),
+    )
+
+
+def _counts(tokens: torch.Tensor, vocab: int) -> np.ndarray:
+    return np.bincount(tokens.numpy(), minlength=vocab)
+
+
+def _target(logits: torch.Tensor) -> np.ndarray:
+    return torch.softmax(logits.to(torch.float64), -1).numpy()
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("case", ["single", "dual", "plain", "mixed"])
+def test_output_distribution_is_exact(case):
+    alpha = 0.3 if case in ("dual", "mixed") else 0.0
+    watermark = True
+    if case == "plain":
+        watermark = False
+    elif case == "mixed":
+        watermark = torch.arange(N) % 3 != 0
+    rows = _rows(N, seed=11, alpha=alpha, watermark=watermark)
+    logits = TARGET_LOGITS.expand(N, -1).clone()
+    result = sampler.sample(logits, rows)
+    assert chi_square_p(_counts(result.tokens, 8), _target(TARGET_LOGITS)) > 1e-3
+
+
+@pytest.mark.statistical
+def test_chi_square_has_power_against_a_two_percent_bias():
+    rows = _rows(N, seed=12)
+    result = sampler.sample(TARGET_LOGITS.expand(N, -1).clone(), rows)
+    biased = _target(TARGET_LOGITS).copy()
+    biased[0] -= 0.02
+    biased[4] += 0.02  # total variation 0.02
+    assert chi_square_p(_counts(result.tokens, 8), biased) < 1e-6
+
+
+@pytest.mark.statistical
+def test_processed_distribution_with_top_k_top_p_and_temperature():
+    params = ProcessingParams.uniform(N, temperature=0.7, top_k=6, top_p=0.9)
+    logits = process_logits(TARGET_LOGITS.expand(N, -1).clone(), params)
+    result = sampler.sample(logits, _rows(N, seed=13))
+    target = _target(logits[0])
+    assert (target[np.isneginf(logits[0].numpy())] == 0).all()
+    assert chi_square_p(_counts(result.tokens, 8), target) > 1e-3
+
+
+@pytest.mark.statistical
+def test_dual_key_routing_share_is_alpha():
+    rows = _rows(N, seed=14, alpha=0.1)
+    result = sampler.sample(TARGET_LOGITS.expand(N, -1).clone(), rows)
+    used_b = int((result.routes == sampler.ROUTE_KEY_B).sum())
+    assert binomial_two_sided_p(used_b, N, 0.1) > 1e-3
+
+
+def test_per_row_keys_in_one_batch_equal_separate_calls():
+    rows = _rows(12, seed=15, alpha=0.5, watermark=torch.arange(12) % 4 != 0)
+    logits = torch.randn(12, 300, generator=torch.Generator().manual_seed(1))
+    batched = sampler.sample(logits, rows)
+    for i in range(12):
+        one = sampler.SamplerRows(
+            key_a=rows.key_a[i:i + 1], key_b=rows.key_b[i:i + 1], alpha=rows.alpha[i:i + 1],
+            contexts=[rows.contexts[i]], watermark=rows.watermark[i:i + 1], greedy=rows.greedy[i:i + 1],
+            stream_keys=rows.stream_keys[i:i + 1], positions=rows.positions[i:i + 1])
+        single = sampler.sample(logits[i:i + 1], one)
+        assert single.tokens.item() == batched.tokens[i].item()
+        assert single.routes.item() == batched.routes[i].item()
+
+
+def test_watermarked_token_is_the_keyed_gumbel_argmax():
+    key = WatermarkKey(2**63 + 12345, WatermarkSpec())
+    logits = torch.randn(1, 1000, generator=torch.Generator().manual_seed(3))
+    context = (5, 6, 7, 8)
+    rows = sampler.SamplerRows(
+        key_a=prf.keys_tensor([key.secret]), key_b=prf.keys_tensor([0]), alpha=torch.zeros(1),
+        contexts=[context], watermark=torch.tensor([True]), greedy=torch.tensor([False]),
+        stream_keys=prf.keys_tensor([stream.stream_key(1)]), positions=torch.tensor([0]))
+    token = sampler.sample(logits, rows).tokens.item()
+    u = prf.words_numpy(key.secret, np.array([context] * 1000), np.arange(1000))
+    u = prf.uniforms_from_words_numpy(u).astype(np.float64)
+    assert token == int(np.argmax(logits[0].numpy() + (-np.log(-np.log(u))).astype(np.float32)))
+    assert sampler.sample(logits, rows).routes.item() == sampler.ROUTE_KEY_A
+
+
+def test_greedy_rows_take_the_argmax_unwatermarked():
+    rows = _rows(4, seed=16)
+    rows = sampler.SamplerRows(**{**rows.__dict__, "greedy": torch.tensor([True, False, True, False])})
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(4))
+    result = sampler.sample(logits, rows)
+    assert result.tokens[0] == logits[0].argmax() and result.tokens[2] == logits[2].argmax()
+    assert result.routes[0] == sampler.ROUTE_GREEDY and result.routes[1] == sampler.ROUTE_KEY_A
+
+
+def test_stream_is_reproducible_for_a_seed_and_differs_across_seeds():
+    assert stream.stream_key(5) == stream.stream_key(5) != stream.stream_key(6)
+    with pytest.raises(ValueError):
+        stream.stream_key(-1)
