@@ -5,8 +5,8 @@ lengths 2^j from ``min_length`` up to the text length, each slid by half its len
 one window flush with the end of the text per length. Each window gets its exact p-value
 from the same null as the whole text; the family (every window, times the number of keys
 examined) is corrected with a union bound, so under the null the chance that any span is
-reported is at most the threshold. Overlapping significant windows merge into one span
-carrying the smallest corrected p of its windows.
+reported is at most the threshold. Significant windows are then reduced to disjoint spans,
+most significant first (see :func:`merge`).
 """
 
 from __future__ import annotations
@@ -87,14 +87,11 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
 
 
 def merge(hits: list[SpanHit], positions: np.ndarray) -> list[SpanHit]:
-    hits = sorted(hits, key=lambda h: (h.start, h.end))
-    merged: list[SpanHit] = []
-    for hit in hits:
-        if merged and hit.start < merged[-1].end:
-            last = merged[-1]
-            end = max(last.end, hit.end)
-            count = int(np.searchsorted(positions, end) - np.searchsorted(positions, last.start))
-            merged[-1] = SpanHit(last.start, end, count, min(last.log10_p_value, hit.log10_p_value))
-        else:
-            merged.append(hit)
-    return merged
+    """Most significant windows first, each kept unless it overlaps one already kept:
+    a window holding the watermarked stretch plus unmarked text is less significant than
+    a tighter one, so this returns tight, disjoint spans."""
+    kept: list[SpanHit] = []
+    for hit in sorted(hits, key=lambda h: (h.log10_p_value, h.end - h.start)):
+        if all(hit.end <= k.start or hit.start >= k.end for k in kept):
+            kept.append(hit)
+    return sorted(kept, key=lambda h: h.start)

@@ -1,0 +1,237 @@
+"""`hallmark prf` and `hallmark detect`: the PRF and the detector on the command line.
+
+Batch inputs (``--jsonl``) stream line by line, so a file of millions of tokens never sits
+in memory twice; a malformed line yields an error object naming the line, the other
+lines are still processed, and the exit code is non-zero at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import typer
+from pydantic import ValidationError
+
+from detector.detect import DEFAULT_THRESHOLD, DetectorConfig, detect as run_detect
+from detector.result import Candidate
+from service.cli.app import CliError, app, emit
+from watermark import prf
+from watermark.key import WatermarkKey
+from watermark.spec import WatermarkSpec
+
+
+def parse_secret(value: Any) -> int:
+    """A u64 given as an int, a decimal string or a 0x-prefixed hex string."""
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        secret = value if isinstance(value, int) else int(str(value).strip(), 0)
+        return prf.check_key(secret)
+    except (ValueError, TypeError):
+        raise ValueError("a key (secret) must be an unsigned 64-bit integer, decimal or 0x hex") from None
+
+
+def _validation_message(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ())) or "value"
+    return f"{where}: {first.get('msg', 'invalid')}"
+
+
+def spec_from_options(**fields: Any) -> WatermarkSpec:
+    try:
+        return WatermarkSpec(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        raise CliError(f"invalid watermark spec: {_validation_message(exc)}") from None
+
+
+def _open_lines(path: str) -> Iterator[str]:
+    if path == "-":
+        yield from sys.stdin
+        return
+    try:
+        handle = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}") from None
+    with handle:
+        yield from handle
+
+
+def _token_list(value: Any) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise ValueError("token ids must be a JSON list of integers")
+    if any(t < 0 or t > prf.MASK32 for t in value):
+        raise ValueError("token ids must be in [0, 2**32)")
+    return value
+
+
+def _batch(path: str, handle_line) -> None:
+    failures = 0
+    for number, line in enumerate(_open_lines(path), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            if not isinstance(item, dict):
+                raise ValueError("each line must be a JSON object")
+            out = handle_line(item)
+        except json.JSONDecodeError as exc:
+            out, failures = {"line": number, "error": f"invalid JSON: {exc.msg}"}, failures + 1
+        except ValidationError as exc:
+            out, failures = {"line": number, "error": _validation_message(exc)}, failures + 1
+        except (ValueError, TypeError, KeyError) as exc:
+            message = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            out, failures = {"line": number, "error": message}, failures + 1
+        sys.stdout.write(json.dumps(out) + "\n")
+    sys.stdout.flush()
+    if failures:
+        raise CliError(f"{failures} line(s) failed; see the error objects in the output")
+
+
+@app.command("prf")
+def prf_command(
+    jsonl: str = typer.Option(..., "--jsonl", help='File ("-" for stdin): {"key": "<u64>", "context": [...], "tokens": [...]} per line.'),
+) -> None:
+    """PRF words and uniforms for (key, context, tokens), one output line per input line."""
+
+    def one(item: dict) -> dict:
+        key = parse_secret(item["key"])
+        context = _token_list_or_pad(item["context"])
+        tokens = _token_list(item["tokens"])
+        if not 1 <= len(context) <= 16:
+            raise ValueError("context must hold 1 to 16 entries")
+        words = prf.words_numpy(key, np.array([context] * len(tokens), dtype=np.int64).reshape(len(tokens), len(context)),
+                                np.array(tokens, dtype=np.int64))
+        uniforms = prf.uniforms_from_words_numpy(words)
+        return {"words": [int(w) for w in words], "uniforms": [float(u) for u in uniforms]}
+
+    _batch(jsonl, one)
+
+
+def _token_list_or_pad(value: Any) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        raise ValueError("context must be a JSON list of integers (-1 for padding)")
+    if any(t < -1 or t > prf.MASK32 for t in value):
+        raise ValueError("context entries must be -1 or in [0, 2**32)")
+    return value
+
+
+def _detector_config(threshold: float, statistic: str, spans: bool) -> DetectorConfig:
+    try:
+        return DetectorConfig(threshold=threshold, dual_statistic=statistic, spans=spans)
+    except ValidationError as exc:
+        raise CliError(f"invalid detector option: {_validation_message(exc)}") from None
+
+
+def _tokenize(text: str, tokenizer_path: str) -> list[int]:
+    from service.tokenization import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(tokenizer_path)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot load tokenizer {tokenizer_path!r}: {exc}") from None
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text: Optional[str],
+                  text_file: Optional[Path], tokenizer: Optional[str]) -> list[int]:
+    given = [x is not None for x in (token_ids, token_ids_file, text, text_file)]
+    if sum(given) != 1:
+        raise CliError("give exactly one input: --token-ids, --token-ids-file, --text or --text-file (or --jsonl)")
+    if text is not None or text_file is not None:
+        if tokenizer is None:
+            raise CliError("--text needs --tokenizer PATH (the model's tokenizer), or pass --token-ids")
+        if text_file is not None:
+            try:
+                text = text_file.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise CliError(f"cannot read {text_file}: {exc.strerror}") from None
+        return _tokenize(text, tokenizer)
+    raw = token_ids
+    if token_ids_file is not None:
+        try:
+            raw = token_ids_file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CliError(f"cannot read {token_ids_file}: {exc.strerror}") from None
+    try:
+        return _token_list(json.loads(raw))
+    except json.JSONDecodeError:
+        raise CliError("token ids must be a JSON list of integers, e.g. [12, 7, 99]") from None
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _inline_key(key: Optional[str], key_file: Optional[Path], spec: WatermarkSpec) -> WatermarkKey:
+    if key_file is not None:
+        try:
+            key = key_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise CliError(f"cannot read key file {key_file}: {exc.strerror}") from None
+    try:
+        return WatermarkKey(parse_secret(key), spec)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+@app.command("detect")
+def detect_command(
+    token_ids: Optional[str] = typer.Option(None, "--token-ids", help="JSON list of token ids."),
+    token_ids_file: Optional[Path] = typer.Option(None, "--token-ids-file", help="File holding a JSON list of token ids."),
+    text: Optional[str] = typer.Option(None, "--text", help="Text to score (needs --tokenizer)."),
+    text_file: Optional[Path] = typer.Option(None, "--text-file", help="File of text to score (needs --tokenizer)."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer directory (or 'bundled')."),
+    jsonl: Optional[str] = typer.Option(None, "--jsonl", help='Batch file ("-" for stdin): {"token_ids": [...], "key": {...}} per line.'),
+    tenant: Optional[str] = typer.Option(None, "--tenant", help="Test every stored key of this tenant."),
+    all_tenants: bool = typer.Option(False, "--all-tenants", help="Test every stored key of every tenant."),
+    key: Optional[str] = typer.Option(None, "--key", help="Inline secret (u64). Prefer --key-file: arguments are visible to other users."),
+    key_file: Optional[Path] = typer.Option(None, "--key-file", help="File holding the inline secret."),
+    algorithm: str = typer.Option("gumbel", "--algorithm"),
+    context_width: int = typer.Option(4, "--context-width"),
+    alpha: float = typer.Option(0.1, "--alpha"),
+    dedup: str = typer.Option("single_turn", "--dedup"),
+    coin: str = typer.Option("ordinary", "--coin"),
+    threshold: float = typer.Option(DEFAULT_THRESHOLD, "--threshold", help="p-value at or below which text is watermarked."),
+    statistic: str = typer.Option("auto", "--statistic", help="Dual-key statistic: auto, max, weighted or routed."),
+    spans: bool = typer.Option(True, "--spans/--no-spans", help="Localise watermarked spans."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Score text against an inline key, a tenant's stored keys, or a JSONL batch."""
+    config = _detector_config(threshold, statistic, spans)
+    if jsonl is not None:
+        if any(x is not None for x in (token_ids, token_ids_file, text, text_file, key, key_file, tenant)):
+            raise CliError("--jsonl carries its inputs and keys per line; drop the other input and key options")
+
+        def one(item: dict) -> dict:
+            spec_fields = dict(item["key"])
+            secret = parse_secret(spec_fields.pop("secret"))
+            candidate = Candidate.inline(WatermarkKey(secret, WatermarkSpec(**spec_fields)))
+            return run_detect(_token_list(item["token_ids"]), [candidate], config).to_dict()
+
+        _batch(jsonl, one)
+        return
+    ids = _single_input(token_ids, token_ids_file, text, text_file, tokenizer)
+    if tenant is not None or all_tenants:
+        if key is not None or key_file is not None:
+            raise CliError("give either an inline key (--key/--key-file) or --tenant/--all-tenants, not both")
+        from service.cli.store_detect import stored_candidates
+
+        candidates = stored_candidates(tenant=None if all_tenants else tenant)
+    else:
+        if key is None and key_file is None:
+            raise CliError("give a key: --key-file F (or --key), or --tenant T to use stored keys")
+        spec = spec_from_options(algorithm=algorithm, context_width=context_width, alpha=alpha, dedup=dedup, coin=coin)
+        candidates = [Candidate.inline(_inline_key(key, key_file, spec))]
+    try:
+        result = run_detect(ids, candidates, config)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    payload = result.to_dict()
+    verdict = "watermarked" if result.watermarked else "not watermarked"
+    source = ""
+    if result.key is not None:
+        source = f" (key {result.key.key_id} v{result.key.version}, {result.key.state})" if result.key.tenant else ""
+    emit(payload, as_json, f"{verdict}: log10 p = {result.log10_p_value:.2f} over {result.scored_tokens} "
+                           f"scored of {result.total_tokens} tokens{source}")
