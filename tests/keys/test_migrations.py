@@ -1,0 +1,98 @@
+"""The migrations produce exactly the models' schema, and go down and up again, on both
+databases; the audit log's append-only triggers come with them."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Column, Engine, Integer, MetaData, inspect, text
+from sqlalchemy.exc import DBAPIError
+
+from keys import migrate
+from keys.db import create_store_engine
+from keys.models import Base
+from tests.keys.conftest import APP_TABLES
+
+
+def _diffs(engine: Engine, metadata: MetaData) -> list:
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True,
+                                                               "compare_server_default": True})
+        return compare_metadata(context, metadata)
+
+
+@pytest.fixture
+def engine(empty_database_url):
+    created = create_store_engine(empty_database_url)
+    yield created
+    created.dispose()
+
+
+def _tables(engine: Engine) -> set[str]:
+    return set(inspect(engine).get_table_names())
+
+
+def test_upgrade_produces_the_models_schema_then_down_and_up_again(engine):
+    migrate.upgrade(engine)
+    assert migrate.current_revision(engine) == migrate.head_revision()
+    assert set(APP_TABLES) <= _tables(engine)
+    assert _diffs(engine, Base.metadata) == []
+
+    migrate.downgrade(engine, "base")
+    assert migrate.current_revision(engine) is None
+    assert _tables(engine) & set(APP_TABLES) == set()
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as connection:
+            assert connection.execute(text("SELECT count(*) FROM pg_proc WHERE proname = "
+                                           "'hallmark_audit_append_only'")).scalar() == 0
+
+    migrate.upgrade(engine)
+    assert _diffs(engine, Base.metadata) == []
+
+
+def test_the_schema_comparison_would_notice_a_difference(engine):
+    migrate.upgrade(engine)
+    altered = MetaData(naming_convention=Base.metadata.naming_convention)
+    for table in Base.metadata.sorted_tables:
+        table.to_metadata(altered)
+    altered.tables["tenants"].append_column(Column("extra", Integer))
+    assert any(diff[0] == "add_column" for diff in _diffs(engine, altered))
+
+
+def test_partial_unique_index_and_checks_exist(engine):
+    migrate.upgrade(engine)
+    indexes = {ix["name"]: ix for ix in inspect(engine).get_indexes("watermark_keys")}
+    assert indexes["uq_watermark_keys_one_active_per_tenant"]["unique"]
+    checks = {ck["name"] for ck in inspect(engine).get_check_constraints("watermark_keys")}
+    assert {"ck_watermark_keys_state_known", "ck_watermark_keys_version_positive",
+            "ck_watermark_keys_revoked_iff_revoked_at"} <= checks
+
+
+def test_audit_triggers_refuse_plain_sql(engine):
+    migrate.upgrade(engine)
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO audit_events (occurred_at, actor, action, details) "
+                                "VALUES (CURRENT_TIMESTAMP, 'a', 'x', '{}')"))
+    statements = ["UPDATE audit_events SET actor = 'mallory'", "DELETE FROM audit_events"]
+    if engine.dialect.name == "postgresql":
+        statements.append("TRUNCATE audit_events")
+    for statement in statements:
+        with pytest.raises(DBAPIError, match="append-only"):
+            with engine.begin() as connection:
+                connection.execute(text(statement))
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT actor FROM audit_events")).scalars().all() == ["a"]
+
+
+@pytest.mark.parametrize("url", ["sqlite:///offline.db", "postgresql+psycopg://u@h/db"])
+def test_offline_sql_generation(url):
+    buffer = io.StringIO()
+    config = migrate.alembic_config(url)
+    config.output_buffer = buffer
+    command.upgrade(config, "head", sql=True)
+    sql = buffer.getvalue()
+    assert "CREATE TABLE watermark_keys" in sql and "audit_events" in sql
