@@ -1,0 +1,271 @@
+"""A key's life: create or import, rotate (active -> verify-only), revoke; list and show.
+
+States: ``active`` (generates and detects; at most one per tenant), ``verify-only``
+(detects only; a rotated-out key, or a key created while another was active) and
+``revoked`` (compromised; detections under it are reported as revoked). Every change
+takes the tenant's row lock first (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite
+serialises writers), and a partial unique index backs the one-active rule in the database.
+Each change writes its audit events in the same transaction.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from keys import clock
+from keys.audit import record_audit
+from keys.envelope import KeyBinding, wrap_secret
+from keys.errors import DuplicateKey, InvalidInput, InvalidTransition, NoActiveKey, UnknownKey
+from keys.kek import Keyring
+from keys.material import check_wrapping_kek, spec_of
+from keys.models import ACTIVE, REVOKED, VERIFY_ONLY, Tenant
+from keys.models import WatermarkKey as KeyRow
+from keys.tenants import get_tenant, get_tenant_by_id, new_id
+from watermark import prf
+from watermark.key import fingerprint
+from watermark.spec import WatermarkSpec
+
+MAX_REASON_LENGTH = 500
+MAX_SOURCE_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """A key's public record: everything but the secret."""
+
+    key_id: str
+    tenant_id: str
+    tenant: str
+    version: int
+    state: str
+    fingerprint: str
+    spec: WatermarkSpec
+    kek_id: str
+    imported: bool
+    import_source: str | None
+    created_at: datetime
+    activated_at: datetime | None
+    verify_only_at: datetime | None
+    revoked_at: datetime | None
+    revocation_reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        def iso(value: datetime | None) -> str | None:
+            return value.isoformat() if value is not None else None
+
+        return {"key_id": self.key_id, "tenant": self.tenant, "tenant_id": self.tenant_id,
+                "version": self.version, "state": self.state, "fingerprint": self.fingerprint,
+                "spec": self.spec.public_dict(), "kek_id": self.kek_id, "imported": self.imported,
+                "import_source": self.import_source, "created_at": iso(self.created_at),
+                "activated_at": iso(self.activated_at), "verify_only_at": iso(self.verify_only_at),
+                "revoked_at": iso(self.revoked_at), "revocation_reason": self.revocation_reason}
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """The result of a rotation: the new active key and the previous one, now verify-only."""
+
+    new: KeyInfo
+    previous: KeyInfo
+
+
+def key_info(row: KeyRow, tenant_name: str) -> KeyInfo:
+    return KeyInfo(key_id=row.id, tenant_id=row.tenant_id, tenant=tenant_name, version=row.version,
+                   state=row.state, fingerprint=row.fingerprint, spec=spec_of(row), kek_id=row.kek_id,
+                   imported=row.imported, import_source=row.import_source, created_at=row.created_at,
+                   activated_at=row.activated_at, verify_only_at=row.verify_only_at,
+                   revoked_at=row.revoked_at, revocation_reason=row.revocation_reason)
+
+
+def build_spec(base: WatermarkSpec | None = None, **changes: Any) -> WatermarkSpec:
+    """A validated spec: ``base`` (default: the defaults) with ``changes`` (field names,
+    None meaning 'keep'). Invalid values raise :class:`InvalidInput` in one line."""
+    fields = base.public_dict() if base is not None else {}
+    fields.update({name: value for name, value in changes.items() if value is not None})
+    try:
+        return WatermarkSpec.model_validate(fields)
+    except ValidationError as exc:
+        raise InvalidInput(f"invalid watermark spec: {spec_problems(exc)}") from None
+
+
+def spec_problems(exc: ValidationError) -> str:
+    """A validation error in one line, without the offending values."""
+    return "; ".join(f"{'.'.join(str(part) for part in error['loc']) or 'spec'}: {error['msg']}"
+                     for error in exc.errors())
+
+
+def _spec_json(spec: WatermarkSpec) -> dict[str, Any]:
+    return spec.public_dict()
+
+
+def _insert_key(session: Session, keyring: Keyring, *, tenant: Tenant, secret: int,
+                spec: WatermarkSpec, state: str, imported: bool, import_source: str | None,
+                now: datetime) -> KeyRow:
+    """Wrap and insert a new version of ``tenant``'s key. Caller holds the tenant lock."""
+    print_ = fingerprint(secret)
+    clash = session.execute(
+        select(KeyRow.id, Tenant.name).join(Tenant, Tenant.id == KeyRow.tenant_id)
+        .where(KeyRow.fingerprint == print_)
+    ).first()
+    if clash is not None:
+        raise DuplicateKey(print_, clash[0], clash[1])
+    version = (session.scalar(select(func.max(KeyRow.version)).where(KeyRow.tenant_id == tenant.id))
+               or 0) + 1
+    key_id = new_id("key")
+    wrapped = wrap_secret(keyring, secret=secret,
+                          binding=KeyBinding(tenant_id=tenant.id, key_id=key_id, version=version))
+    row = KeyRow(id=key_id, tenant_id=tenant.id, version=version, wrapped_secret=wrapped.ciphertext,
+                 nonce=wrapped.nonce, kek_id=wrapped.kek_id, spec=_spec_json(spec),
+                 fingerprint=print_, state=state, imported=imported, import_source=import_source,
+                 created_at=now, activated_at=now if state == ACTIVE else None,
+                 verify_only_at=now if state == VERIFY_ONLY else None)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def _active_row(session: Session, tenant_id: str, *, lock: bool = False) -> KeyRow | None:
+    query = select(KeyRow).where(KeyRow.tenant_id == tenant_id, KeyRow.state == ACTIVE)
+    if lock:
+        query = query.with_for_update()
+    return session.scalar(query)
+
+
+def _new_key_details(row: KeyRow) -> dict[str, Any]:
+    return {"version": row.version, "state": row.state, "fingerprint": row.fingerprint,
+            "kek_id": row.kek_id, "spec": row.spec}
+
+
+def create_key(session: Session, keyring: Keyring, *, tenant: str, actor: str,
+               spec: WatermarkSpec | None = None, now: datetime | None = None) -> KeyInfo:
+    """A new random key for ``tenant`` (a name): active if the tenant has no active key,
+    else verify-only (use :func:`rotate_key` to replace the active key). Audited."""
+    now = clock.resolve(now)
+    tenant_row = get_tenant(session, name=tenant, lock=True)
+    check_wrapping_kek(session, keyring)
+    state = VERIFY_ONLY if _active_row(session, tenant_row.id) is not None else ACTIVE
+    row = _insert_key(session, keyring, tenant=tenant_row, secret=secrets.randbits(64),
+                      spec=spec or WatermarkSpec(), state=state, imported=False,
+                      import_source=None, now=now)
+    record_audit(session, actor=actor, action="key.created", tenant_id=tenant_row.id, key_id=row.id,
+                 details=_new_key_details(row), now=now)
+    return key_info(row, tenant_row.name)
+
+
+def import_key(session: Session, keyring: Keyring, *, tenant: str, secret: int, spec: WatermarkSpec,
+               actor: str, source: str | None = None, now: datetime | None = None) -> KeyInfo:
+    """Store an existing deployment's key (for example a vLLM ``--watermark-config`` key) so
+    that its text is detected and attributed. State as for :func:`create_key`. Audited,
+    without the secret. :class:`DuplicateKey` if the same secret is already stored."""
+    try:
+        prf.check_key(secret)
+    except ValueError:
+        raise InvalidInput("the imported secret must be an integer in [0, 2**64 - 1]") from None
+    source = (source or "vllm").strip()[:MAX_SOURCE_LENGTH] or "vllm"
+    now = clock.resolve(now)
+    tenant_row = get_tenant(session, name=tenant, lock=True)
+    check_wrapping_kek(session, keyring)
+    state = VERIFY_ONLY if _active_row(session, tenant_row.id) is not None else ACTIVE
+    row = _insert_key(session, keyring, tenant=tenant_row, secret=secret, spec=spec, state=state,
+                      imported=True, import_source=source, now=now)
+    record_audit(session, actor=actor, action="key.imported", tenant_id=tenant_row.id, key_id=row.id,
+                 details={**_new_key_details(row), "source": source}, now=now)
+    return key_info(row, tenant_row.name)
+
+
+def rotate_key(session: Session, keyring: Keyring, *, tenant: str, actor: str,
+               spec_changes: Mapping[str, Any] | None = None, now: datetime | None = None) -> Rotation:
+    """Atomically make a new random key active and the current active key verify-only.
+
+    The new key keeps the current spec, with ``spec_changes`` (field names) applied.
+    Concurrent rotations of one tenant serialise on the tenant's row lock, so each one
+    rotates the key the previous one made and exactly one key ends active.
+    """
+    now = clock.resolve(now)
+    tenant_row = get_tenant(session, name=tenant, lock=True)
+    check_wrapping_kek(session, keyring)
+    current = _active_row(session, tenant_row.id, lock=True)
+    if current is None:
+        has_keys = session.scalar(select(KeyRow.id).where(KeyRow.tenant_id == tenant_row.id).limit(1))
+        if has_keys is None:
+            raise NoActiveKey(tenant)
+        raise InvalidTransition(
+            f"tenant {tenant!r} has no active key to rotate (its keys are verify-only or revoked); "
+            f"create one with `hallmark keys create --tenant {tenant}`"
+        )
+    spec = build_spec(spec_of(current), **dict(spec_changes or {}))
+    current.state = VERIFY_ONLY
+    current.verify_only_at = now
+    # The old key must stop being active before the new one is inserted (one-active index).
+    session.flush()
+    row = _insert_key(session, keyring, tenant=tenant_row, secret=secrets.randbits(64), spec=spec,
+                      state=ACTIVE, imported=False, import_source=None, now=now)
+    record_audit(session, actor=actor, action="key.verify_only", tenant_id=tenant_row.id,
+                 key_id=current.id, details={"version": current.version, "previous_state": ACTIVE,
+                                             "replaced_by": row.id, "replaced_by_version": row.version},
+                 now=now)
+    record_audit(session, actor=actor, action="key.rotated", tenant_id=tenant_row.id, key_id=row.id,
+                 details={**_new_key_details(row), "previous_key_id": current.id,
+                          "previous_version": current.version}, now=now)
+    return Rotation(new=key_info(row, tenant_row.name), previous=key_info(current, tenant_row.name))
+
+
+def _check_reason(reason: str) -> str:
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("a revocation needs a reason (--reason TEXT)")
+    reason = " ".join(reason.split())
+    if len(reason) > MAX_REASON_LENGTH:
+        raise InvalidInput(f"the revocation reason is longer than {MAX_REASON_LENGTH} characters")
+    return reason
+
+
+def revoke_key(session: Session, *, key_id: str, reason: str, actor: str,
+               now: datetime | None = None) -> KeyInfo:
+    """Mark a key compromised. Revoking the active key leaves the tenant without one until
+    ``keys create``. :class:`InvalidTransition` if it is already revoked. Audited."""
+    reason = _check_reason(reason)
+    now = clock.resolve(now)
+    tenant_id = session.scalar(select(KeyRow.tenant_id).where(KeyRow.id == key_id))
+    if tenant_id is None:
+        raise UnknownKey(key_id)
+    # Tenant lock first, as every key change takes it: one lock order, no deadlocks.
+    tenant_row = get_tenant_by_id(session, tenant_id=tenant_id, lock=True)
+    row = session.scalar(select(KeyRow).where(KeyRow.id == key_id).with_for_update())
+    if row.state == REVOKED:
+        raise InvalidTransition(f"key {key_id} is already revoked (at "
+                                f"{row.revoked_at:%Y-%m-%d %H:%M:%S} UTC); nothing changed")
+    previous = row.state
+    row.state = REVOKED
+    row.revoked_at = now
+    row.revocation_reason = reason
+    session.flush()
+    record_audit(session, actor=actor, action="key.revoked", tenant_id=tenant_id, key_id=key_id,
+                 details={"version": row.version, "previous_state": previous, "reason": reason},
+                 now=now)
+    return key_info(row, tenant_row.name)
+
+
+def get_key(session: Session, *, key_id: str) -> KeyInfo:
+    found = session.execute(
+        select(KeyRow, Tenant.name).join(Tenant, Tenant.id == KeyRow.tenant_id).where(KeyRow.id == key_id)
+    ).first()
+    if found is None:
+        raise UnknownKey(key_id)
+    return key_info(found[0], found[1])
+
+
+def list_keys(session: Session, *, tenant: str | None = None) -> list[KeyInfo]:
+    """Keys of one tenant (a name) or of all, ordered by tenant name then version."""
+    query = select(KeyRow, Tenant.name).join(Tenant, Tenant.id == KeyRow.tenant_id)
+    if tenant is not None:
+        query = query.where(KeyRow.tenant_id == get_tenant(session, name=tenant).id)
+    return [key_info(row, name) for row, name in
+            session.execute(query.order_by(Tenant.name, KeyRow.version)).all()]

@@ -1,0 +1,159 @@
+"""Opening stored keys: the secrets the generator and the detector run under.
+
+Everything here unwraps. A secret leaves the store only inside a :class:`StoredKey` (for
+generation and detection, ``repr`` hides it) or an :class:`ExportedKey` (the audited
+``keys export``). After unwrapping, the secret's fingerprint is checked against the row's,
+so even a correctly sealed but misfiled secret is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from keys import clock
+from keys.audit import record_audit
+from keys.envelope import KeyBinding, WrappedSecret, unwrap_secret
+from keys.errors import KekError, KeyStoreError, NoActiveKey, UnknownKey, UnknownTenant, UnwrapError
+from keys.kek import Keyring
+from keys.models import ACTIVE, Tenant
+from keys.models import WatermarkKey as KeyRow
+from watermark.key import WatermarkKey, fingerprint
+from watermark.spec import WatermarkSpec
+
+
+@dataclass(frozen=True)
+class StoredKey:
+    """A stored key, opened: its identity, state and spec, and the key material itself."""
+
+    tenant_id: str
+    tenant: str
+    key_id: str
+    version: int
+    state: str
+    fingerprint: str
+    spec: WatermarkSpec
+    created_at: datetime
+    material: WatermarkKey = field(repr=False)
+    revoked_at: datetime | None = None
+
+    def public_dict(self) -> dict[str, Any]:
+        """The key as DESIGN.md's detection result names it (no secret)."""
+        return {"tenant": self.tenant, "key_id": self.key_id, "version": self.version,
+                "state": self.state, "fingerprint": self.fingerprint,
+                "algorithm": self.spec.algorithm}
+
+
+@dataclass(frozen=True)
+class ExportedKey:
+    """A key with its secret, for ``keys export`` only."""
+
+    tenant: str
+    key_id: str
+    version: int
+    state: str
+    fingerprint: str
+    spec: WatermarkSpec
+    secret: int = field(repr=False)
+
+    def vllm_watermark_config(self) -> dict[str, Any] | None:
+        """vLLM's ``--watermark-config`` for this key (with the key), or None when vLLM cannot
+        express the spec (a keyed acceptance coin)."""
+        if self.spec.coin != "ordinary":
+            return None
+        return {**self.spec.to_vllm(), "key": self.secret}
+
+
+def binding_of(row: KeyRow) -> KeyBinding:
+    return KeyBinding(tenant_id=row.tenant_id, key_id=row.id, version=row.version)
+
+
+def wrapped_of(row: KeyRow) -> WrappedSecret:
+    return WrappedSecret(ciphertext=row.wrapped_secret, nonce=row.nonce, kek_id=row.kek_id)
+
+
+def spec_of(row: KeyRow) -> WatermarkSpec:
+    try:
+        return WatermarkSpec.model_validate(row.spec)
+    except ValidationError:
+        raise KeyStoreError(f"the stored spec of key {row.id} is not a valid watermark spec; "
+                            "restore the row from a backup") from None
+
+
+def open_secret(keyring: Keyring, row: KeyRow) -> int:
+    """The row's secret; :class:`KekError` for a KEK not on the ring, :class:`UnwrapError`
+    for anything that does not authenticate or does not match the row's fingerprint."""
+    secret = unwrap_secret(keyring, wrapped=wrapped_of(row), binding=binding_of(row))
+    if fingerprint(secret) != row.fingerprint:
+        raise UnwrapError(row.id)
+    return secret
+
+
+def check_wrapping_kek(session: Session, keyring: Keyring) -> None:
+    """Refuse to wrap a new secret under a KEK other than the one the store already uses,
+    which would leave the store split between two KEKs (run ``kek rotate`` instead)."""
+    in_use = set(session.scalars(select(KeyRow.kek_id).distinct()))
+    other = sorted(in_use - {keyring.primary.id})
+    if other:
+        raise KekError(
+            f"the configured KEK (id {keyring.primary.id}) is not the KEK this store's keys are "
+            f"wrapped with (id {', '.join(other)}); set HALLMARK_KEK or HALLMARK_KEK_FILE to "
+            "that KEK"
+        )
+
+
+def _stored(keyring: Keyring, row: KeyRow, tenant_name: str) -> StoredKey:
+    spec = spec_of(row)
+    return StoredKey(tenant_id=row.tenant_id, tenant=tenant_name, key_id=row.id,
+                     version=row.version, state=row.state, fingerprint=row.fingerprint, spec=spec,
+                     created_at=row.created_at, revoked_at=row.revoked_at,
+                     material=WatermarkKey(secret=open_secret(keyring, row), spec=spec))
+
+
+def active_key(session: Session, keyring: Keyring, *, tenant_id: str) -> StoredKey:
+    """The tenant's active key, opened (what generation runs under).
+
+    Raises :class:`UnknownTenant`, :class:`NoActiveKey`, :class:`KekError`, :class:`UnwrapError`.
+    """
+    tenant = session.get(Tenant, tenant_id)
+    if tenant is None:
+        raise UnknownTenant(tenant_id, is_id=True)
+    row = session.scalar(select(KeyRow).where(KeyRow.tenant_id == tenant_id, KeyRow.state == ACTIVE))
+    if row is None:
+        raise NoActiveKey(tenant.name)
+    return _stored(keyring, row, tenant.name)
+
+
+def detection_keys(session: Session, keyring: Keyring, *, tenant: str | None = None) -> list[StoredKey]:
+    """Every key, whatever its state, of tenant ``tenant`` (a name) or of all tenants,
+    opened, ordered by tenant name then version. A detector tests them all and reports a
+    match under a revoked key as such."""
+    query = select(KeyRow, Tenant.name).join(Tenant, Tenant.id == KeyRow.tenant_id)
+    if tenant is not None:
+        tenant_id = session.scalar(select(Tenant.id).where(Tenant.name == tenant))
+        if tenant_id is None:
+            raise UnknownTenant(tenant)
+        query = query.where(KeyRow.tenant_id == tenant_id)
+    rows = session.execute(query.order_by(Tenant.name, KeyRow.version)).all()
+    return [_stored(keyring, row, name) for row, name in rows]
+
+
+def export_key(session: Session, keyring: Keyring, *, key_id: str, actor: str,
+               now: datetime | None = None) -> ExportedKey:
+    """The key with its secret (audited as ``key.exported``; the event holds no secret)."""
+    row = session.get(KeyRow, key_id)
+    if row is None:
+        raise UnknownKey(key_id)
+    tenant = session.get(Tenant, row.tenant_id)
+    secret = open_secret(keyring, row)
+    record_audit(session, actor=actor, action="key.exported", tenant_id=row.tenant_id, key_id=row.id,
+                 details={"version": row.version, "fingerprint": row.fingerprint, "state": row.state},
+                 now=clock.resolve(now))
+    return ExportedKey(tenant=tenant.name if tenant else row.tenant_id, key_id=row.id,
+                       version=row.version, state=row.state, fingerprint=row.fingerprint,
+                       spec=spec_of(row), secret=secret)
