@@ -1,0 +1,113 @@
+"""`hallmark serve` (the gateway) and `hallmark quickstart` (what `make run` runs)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from service.cli.app import CliError, app
+
+DEV_KEK_FILE = Path("var/kek.key")
+DEMO_TENANT = "demo"
+
+
+def _serve(host: str, port: int, **overrides) -> None:
+    import uvicorn
+
+    from keys.errors import KeyStoreError
+    from keys.settings import StoreSettings
+    from service.app import create_app
+    from service.settings import ServiceSettings
+
+    try:
+        settings = ServiceSettings(**{k: v for k, v in overrides.items() if v is not None})
+        store_settings = StoreSettings()
+        from keys.db import open_store
+
+        open_store(store_settings, require_kek=True).close()  # fail fast with one line
+    except KeyStoreError as exc:
+        raise CliError(exc.user_message) from None
+    except ValueError as exc:
+        raise CliError(f"invalid setting: {exc}") from None
+    uvicorn.run(create_app(settings, store_settings=store_settings), host=host, port=port, log_level="info",
+                access_log=False)
+
+
+@app.command("serve")
+def serve_command(
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+    engine: Optional[str] = typer.Option(None, "--engine", help="local (default) or vllm."),
+    model: Optional[str] = typer.Option(None, "--model", help="Checkpoint directory or bundled model name."),
+    draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model ('' disables speculation)."),
+    vllm_url: Optional[str] = typer.Option(None, "--vllm-url", help="Remote `vllm serve` URL (vllm engine)."),
+    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda[:N]."),
+) -> None:
+    """Serve the HTTP gateway (settings from HALLMARK_* environment variables and these options)."""
+    _serve(host, port, engine=engine, model=model, draft_model=draft_model, vllm_url=vllm_url, device=device)
+
+
+def _bootstrap_demo() -> str | None:
+    """Migrate the database and, on first run, create the demo tenant, its key and a token.
+    Returns the new raw token (printed once), or None when the tenant already existed."""
+    from keys import migrate
+    from keys.db import open_store
+    from keys.errors import UnknownTenant
+    from keys.lifecycle import create_key
+    from keys.settings import StoreSettings
+    from keys.tenants import create_tenant, get_tenant
+    from keys.tokens import issue_token
+    from watermark.spec import WatermarkSpec
+
+    settings = StoreSettings()
+    store = open_store(settings, require_kek=True, check_schema=False, create=True)
+    try:
+        migrate.upgrade(store.engine)
+        with store.transaction() as session:
+            try:
+                get_tenant(session, name=DEMO_TENANT)
+                return None
+            except UnknownTenant:
+                pass
+            actor = "quickstart"
+            create_tenant(session, name=DEMO_TENANT, actor=actor)
+            # The bundled engine speculates, which needs a dual-key key.
+            create_key(session, store.keyring, tenant=DEMO_TENANT, actor=actor,
+                       spec=WatermarkSpec(algorithm="dual_key_gumbel"))
+            return issue_token(session, tenant=DEMO_TENANT, actor=actor).raw_token
+    finally:
+        store.close()
+
+
+@app.command("quickstart")
+def quickstart_command(
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+) -> None:
+    """Development quick start: a SQLite store and KEK file under ./var, a `demo` tenant with
+    an active key and an API token (printed once), then the gateway with the bundled models."""
+    from keys.errors import KeyStoreError
+    from keys.kek import ensure_dev_kek_file
+
+    if not os.environ.get("HALLMARK_KEK") and not os.environ.get("HALLMARK_KEK_FILE"):
+        try:
+            ensure_dev_kek_file(DEV_KEK_FILE)
+        except KeyStoreError as exc:
+            raise CliError(exc.user_message) from None
+        os.environ["HALLMARK_KEK_FILE"] = str(DEV_KEK_FILE)
+        typer.echo(f"development mode: the KEK lives in {DEV_KEK_FILE} (set HALLMARK_KEK_FILE in production)")
+    Path("var").mkdir(exist_ok=True)
+    try:
+        token = _bootstrap_demo()
+    except KeyStoreError as exc:
+        raise CliError(exc.user_message) from None
+    if token:
+        typer.echo("created tenant 'demo' with an active dual-key watermark key.")
+        typer.echo(f"API token for 'demo' (shown once, store it now): {token}")
+    else:
+        typer.echo("tenant 'demo' exists; use the token you saved (or `hallmark tokens issue --tenant demo`).")
+    typer.echo(f"serving on http://{host}:{port} (local engine, bundled models)")
+    _serve(host, port)

@@ -1,0 +1,98 @@
+"""Detection as a plain function: scope the keys by the caller, score, cite the ledger."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from detector.detect import DetectorConfig, detect as run_detect
+from detector.result import Span
+from keys.errors import KeyStoreError, UnknownTenant
+from keys.ledger import find_generations_by_output_hash, hash_output
+from service.auth import Identity, resolve_tenant
+from service.errors import BadRequest, NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
+from service.state import Services
+
+
+@dataclass(frozen=True)
+class DetectParams:
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    tenant: str | None = None
+    threshold: float | None = None
+    statistic: str = "auto"
+    spans: bool = True
+
+
+def _config(params: DetectParams) -> DetectorConfig:
+    fields: dict[str, Any] = {"dual_statistic": params.statistic, "spans": params.spans}
+    if params.threshold is not None:
+        fields["threshold"] = params.threshold
+    try:
+        return DetectorConfig(**fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise Unprocessable(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def detect(services: Services, identity: Identity, params: DetectParams) -> dict[str, Any]:
+    settings = services.settings
+    wait = services.detect_limiter.acquire(identity.token_id)
+    if wait > 0:
+        services.metrics.rate_limited.labels("/v1/detect").inc()
+        raise RateLimited(f"detection rate limit reached for this token; retry in {wait:.1f} s",
+                          headers={"Retry-After": str(max(1, round(wait + 0.5)))})
+    if (params.text is None) == (params.token_ids is None):
+        raise BadRequest("give exactly one of 'text' and 'token_ids'")
+    config = _config(params)
+    _, tenant = resolve_tenant(services, identity, params.tenant)
+    try:
+        candidates = services.detection_candidates(tenant)
+    except UnknownTenant as exc:
+        raise NotFound(exc.user_message) from None
+    except KeyStoreError as exc:
+        raise Unavailable(exc.user_message) from None
+    if not candidates:
+        raise NotFound("no keys to test: the tenant has no watermark keys yet")
+    offsets = None
+    if params.text is not None:
+        if len(params.text) > settings.max_detect_chars:
+            raise TooLarge(f"text has {len(params.text)} characters; the limit is {settings.max_detect_chars}")
+        encoded = services.engine.tokenizer()(params.text, add_special_tokens=False, return_offsets_mapping=True)
+        token_ids = encoded["input_ids"]
+        offsets = encoded.get("offset_mapping")
+        text = params.text
+    else:
+        token_ids = list(params.token_ids)
+        if any(t < 0 or t >= 2**32 for t in token_ids):
+            raise Unprocessable("token_ids must be integers in [0, 2**32)")
+        text = None
+    if len(token_ids) > settings.max_detect_tokens:
+        raise TooLarge(f"{len(token_ids)} tokens; the limit is {settings.max_detect_tokens}")
+    result = run_detect(token_ids, candidates, config)
+    if offsets is not None and result.spans:
+        spans = tuple(_with_chars(span, offsets) for span in result.spans)
+        result = dataclasses.replace(result, spans=spans)
+    if text is None and token_ids:
+        text = services.engine.tokenizer().decode(token_ids, skip_special_tokens=True)
+    matches: list[dict[str, Any]] = []
+    if text:
+        scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
+        with services.store.transaction(write=False) as session:
+            found = find_generations_by_output_hash(session, output_sha256=hash_output(text), tenant_id=scope)
+        matches = [{"generation_id": e.id, "tenant": e.tenant, "key_id": e.key_id, "key_version": e.key_version,
+                    "engine": e.engine, "model": e.model, "watermarked_tokens": e.watermarked_tokens,
+                    "created_at": e.created_at.isoformat()} for e in found]
+    services.metrics.detections.labels("watermarked" if result.watermarked else "not_watermarked").inc()
+    out = result.to_dict()
+    out["ledger_matches"] = matches
+    return out
+
+
+def _with_chars(span: Span, offsets: list[tuple[int, int]]) -> Span:
+    start = offsets[span.start][0] if span.start < len(offsets) else None
+    end = offsets[span.end - 1][1] if 0 < span.end <= len(offsets) else None
+    return dataclasses.replace(span, char_start=start, char_end=end)

@@ -1,0 +1,108 @@
+"""One request's state inside the local engine: sampling parameters, watermark keys,
+context history, output so far, and the sink its events go to."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from service.engines.base import Delta, Finished, GenerationRequest, RouteCounts
+from service.engines.stops import StopTextTracker
+from watermark import prf, stream
+from watermark.dedup import ContextDeduper
+from watermark.sampler import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN
+from watermark.spec import WatermarkSpec
+
+_NO_KEY = 0
+
+
+@dataclass
+class RequestState:
+    request: GenerationRequest
+    tokenizer: object
+    eos_ids: frozenset[int]
+    sink: Callable[[object], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    output: list[int] = field(default_factory=list)
+    counts: dict[int, int] = field(default_factory=lambda: {ROUTE_KEY_A: 0, ROUTE_KEY_B: 0, ROUTE_PLAIN: 0,
+                                                            ROUTE_GREEDY: 0})
+    drafted: int = 0
+    accepted: int = 0
+    finished: bool = False
+    last_token: int | None = None  # sampled, not yet fed to the target model
+    rid: str = ""  # the row id in the engine's batch groups
+
+    def __post_init__(self) -> None:
+        req = self.request
+        self.tracker = StopTextTracker(self.tokenizer, req.stop)
+        self.stream_key = prf.to_signed64(stream.stream_key(req.seed))
+        plan = req.watermark
+        self.spec: WatermarkSpec | None = plan.key.spec if plan else None
+        if plan is None:
+            self.key_a = self.key_b = self.key_coin = _NO_KEY
+            self.alpha = 0.0
+            width = 1
+            self.dedup = ContextDeduper(width, "none", None)
+        else:
+            key = plan.key
+            dual = key.spec.algorithm == "dual_key_gumbel"
+            self.key_a = prf.to_signed64(key.key_a if dual else key.secret)
+            self.key_b = prf.to_signed64(key.key_b if dual else _NO_KEY)
+            self.key_coin = prf.to_signed64(key.key_coin if dual else _NO_KEY)
+            self.alpha = key.spec.alpha if dual else 0.0
+            self.dedup = ContextDeduper(key.spec.context_width, key.spec.dedup, key.spec.dedup_max_history,
+                                        prompt=req.prompt_ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.request.temperature == 0
+
+    @property
+    def watermarked(self) -> bool:
+        return self.request.watermark is not None and not self.greedy
+
+    @property
+    def dual_key(self) -> bool:
+        return self.spec is not None and self.spec.algorithm == "dual_key_gumbel"
+
+    @property
+    def keyed_coin(self) -> bool:
+        return self.spec is not None and self.spec.coin == "keyed"
+
+    def routes(self) -> RouteCounts:
+        c = self.counts
+        return RouteCounts(key_a=c[ROUTE_KEY_A], key_b=c[ROUTE_KEY_B], plain=c[ROUTE_PLAIN], greedy=c[ROUTE_GREEDY])
+
+    def emit(self, token: int, route: int) -> bool:
+        """Take one sampled token; returns True when the request has finished."""
+        if self.finished:
+            return True
+        if token in self.eos_ids:
+            return self.finish("stop")
+        self.output.append(token)
+        self.counts[route] += 1
+        self.dedup.push(token)
+        self.last_token = token
+        text = self.tracker.push([token])
+        if text:
+            self.sink(Delta(text=text, token_ids=(token,)))
+        else:
+            self.sink(Delta(text="", token_ids=(token,)))
+        if self.tracker.stopped:
+            return self.finish("stop")
+        if len(self.output) >= self.request.max_tokens:
+            return self.finish("length")
+        return False
+
+    def finish(self, reason: str) -> bool:
+        if self.finished:
+            return True
+        self.finished = True
+        rest = self.tracker.finish()
+        if rest:
+            self.sink(Delta(text=rest, token_ids=()))
+        self.sink(Finished(text=self.tracker.text, token_ids=tuple(self.output), finish_reason=reason,
+                           prompt_tokens=len(self.request.prompt_ids), routes=self.routes(),
+                           drafted_tokens=self.drafted, accepted_tokens=self.accepted))
+        return True

@@ -1,0 +1,99 @@
+"""Model forward passes for a group of running requests sharing one batched KV cache.
+
+Prefill runs per request (no padding); decoding runs the whole group at once. Each row
+keeps its own next position, so left padding, rejected drafts and joins never shift a
+request's positions (the cache's columns and the positions are decoupled; the 2-D
+attention mask says which columns a row attends to).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from service.engines.local import cache as kv
+
+# Compact a group's cache when this share of its columns are holes.
+_HOLE_SHARE_TO_COMPACT = 0.25
+
+
+def load_model(path: str, device: torch.device):
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model.to(device)
+    model.eval()
+    return model
+
+
+@dataclass
+class Group:
+    """One model's batched state for a set of requests (row order = ``ids``)."""
+
+    model: object
+    device: torch.device
+    ids: list[str] = field(default_factory=list)
+    cache: object | None = None
+    mask: torch.Tensor | None = None  # [B, T] int64, 1 = attend
+    next_pos: torch.Tensor | None = None  # [B] int64
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: list[int]) -> tuple[object, torch.Tensor, torch.Tensor]:
+        """Run one prompt alone; returns (its cache, its mask [1, T], last logits [V] float32)."""
+        ids = torch.tensor([prompt_ids], dtype=torch.int64, device=self.device)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache, use_cache=True)
+        return cache, torch.ones_like(ids), out.logits[0, -1].float()
+
+    def join(self, request_id: str, cache, mask: torch.Tensor, next_pos: int) -> None:
+        self.cache, self.mask = kv.merge(self.cache, self.mask, cache, mask)
+        pos = torch.tensor([next_pos], dtype=torch.int64, device=self.device)
+        self.next_pos = pos if self.next_pos is None else torch.cat([self.next_pos, pos])
+        self.ids.append(request_id)
+
+    def keep(self, keep_ids: list[str]) -> None:
+        """Drop every row not in ``keep_ids`` (order preserved)."""
+        if keep_ids == self.ids:
+            return
+        if not keep_ids:
+            self.ids, self.cache, self.mask, self.next_pos = [], None, None, None
+            return
+        rows = torch.tensor([self.ids.index(i) for i in keep_ids], dtype=torch.int64, device=self.device)
+        self.mask = kv.select(self.cache, self.mask, rows)
+        self.next_pos = self.next_pos.index_select(0, rows)
+        self.ids = list(keep_ids)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids [B, n] (live [B, n] marks real inputs; others are placeholders the model
+        must ignore) -> logits [B, n, V] float32. Appends n columns to the group."""
+        if live is None:
+            live = torch.ones_like(input_ids)
+        live = live.to(torch.int64)
+        positions = self.next_pos.unsqueeze(1) + torch.cumsum(live, dim=1) - 1
+        positions = positions.clamp(min=0)
+        self.mask = torch.cat([self.mask, live], dim=1)
+        out = self.model(input_ids=input_ids, attention_mask=self.mask, position_ids=positions,
+                         past_key_values=self.cache, use_cache=True)
+        self.next_pos = self.next_pos + live.sum(dim=1)
+        return out.logits.float()
+
+    def reject_tail(self, counts: torch.Tensor) -> None:
+        """Turn each row's last ``counts[b]`` live columns into holes (rejected drafts)."""
+        if not bool((counts > 0).any()):
+            return
+        width = self.mask.shape[1]
+        cols = torch.arange(width, device=self.mask.device).unsqueeze(0)
+        live_rank = torch.cumsum(self.mask.flip(1), dim=1).flip(1)  # live columns at or after c
+        drop = (self.mask != 0) & (live_rank <= counts.unsqueeze(1)) & (cols >= 0)
+        self.mask = self.mask.masked_fill(drop, 0)
+        self.next_pos = self.next_pos - counts
+        holes = (self.mask == 0).sum().item()
+        if holes > _HOLE_SHARE_TO_COMPACT * self.mask.numel():
+            self.mask = kv.compact(self.cache, self.mask)

@@ -1,0 +1,153 @@
+"""The decode step: one call advances every running request by one or more tokens.
+
+Requests join between steps (prefill alone, then merge into their group's batched cache)
+and leave between steps (finished, cancelled). Two groups run side by side:
+
+* ``plain``: one token per step, target model only (single-key `gumbel` requests, or no
+  draft model);
+* ``speculative``: k draft tokens from the draft model under key A, verified by one target
+  pass with watermarked rejection sampling (dual-key and unwatermarked requests).
+
+A single-key request never speculates: its one key would have to drive both the draft and
+the residual draw at the same context, and reusing one random vector for two draws would
+bias the output. Dual-key keys exist for exactly this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from service.engines.local.request import RequestState
+from service.engines.local.runner import Group
+from watermark import sampler, speculative, stream
+from watermark.processing import ProcessingParams, process_logits
+
+
+def _params(rows: list[RequestState], repeat: int, device) -> ProcessingParams:
+    def col(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=device).repeat_interleave(repeat)
+
+    return ProcessingParams(
+        temperature=col([r.request.temperature for r in rows], torch.float32),
+        top_k=col([r.request.top_k for r in rows], torch.int64),
+        top_p=col([r.request.top_p for r in rows], torch.float32),
+    )
+
+
+def _keys(values: list[int], device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+def sample_rows(logits: torch.Tensor, rows: list[RequestState], contexts: list[tuple[int, ...]],
+                repeated: list[bool], offsets: list[int], *, routed: bool, lane: int) -> sampler.SampleResult:
+    """One token per row from raw logits [B, V]; ``routed`` applies dual-key routing (alpha),
+    otherwise dual-key rows use key A (speculative drafts)."""
+    device = logits.device
+    processed = process_logits(logits, _params(rows, 1, device))
+    sampler_rows = sampler.SamplerRows(
+        key_a=_keys([r.key_a for r in rows], device),
+        key_b=_keys([r.key_b for r in rows], device),
+        alpha=torch.tensor([r.alpha if routed else 0.0 for r in rows], dtype=torch.float32, device=device),
+        contexts=contexts,
+        watermark=torch.tensor([r.watermarked and not rep for r, rep in zip(rows, repeated)], device=device),
+        greedy=torch.tensor([r.greedy for r in rows], device=device),
+        stream_keys=_keys([r.stream_key for r in rows], device),
+        positions=torch.tensor([len(r.output) + off for r, off in zip(rows, offsets)], dtype=torch.int64,
+                               device=device),
+    )
+    return sampler.sample(processed, sampler_rows, lane=lane)
+
+
+def sample_next(logits: torch.Tensor, rows: list[RequestState]) -> None:
+    """Sample and emit one token per row (prefill outputs and plain decode steps)."""
+    result = sample_rows(logits, rows, [r.dedup.context for r in rows], [r.dedup.next_repeated() for r in rows],
+                         [0] * len(rows), routed=True, lane=stream.LANE_SAMPLE)
+    for row, token, route in zip(rows, result.tokens.tolist(), result.routes.tolist()):
+        row.emit(token, route)
+
+
+@dataclass
+class SpeculativeGroups:
+    target: Group
+    draft: Group
+    k: int
+
+
+def plain_step(group: Group, rows: list[RequestState]) -> None:
+    inputs = torch.tensor([[r.last_token] for r in rows], dtype=torch.int64, device=group.device)
+    logits = group.forward(inputs)[:, -1]
+    sample_next(logits, rows)
+
+
+def speculative_step(groups: SpeculativeGroups, rows: list[RequestState], pending: list[list[int]]) -> None:
+    """One draft-then-verify block for every row.
+
+    ``pending[b]`` are row b's tokens the draft model has not seen yet (one, or two after a
+    fully accepted block: the last draft and the bonus token).
+    """
+    k, device = groups.k, groups.target.device
+    batch = len(rows)
+    width = max(len(p) for p in pending)
+    draft_in = torch.zeros((batch, width), dtype=torch.int64, device=device)
+    draft_live = torch.zeros((batch, width), dtype=torch.int64, device=device)
+    for b, tokens in enumerate(pending):
+        draft_in[b, width - len(tokens):] = torch.tensor(tokens)
+        draft_live[b, width - len(tokens):] = 1
+    drafts: list[list[int]] = [[] for _ in rows]
+    draft_probs = []
+    logits = groups.draft.forward(draft_in, draft_live)[:, -1]
+    for j in range(k):
+        decisions = [r.dedup.block_repeated(d)[j] for r, d in zip(rows, drafts)]
+        contexts = [speculative.block_contexts(r.dedup.context, d)[j] for r, d in zip(rows, drafts)]
+        result = sample_rows(logits, rows, contexts, decisions, [j] * batch, routed=False, lane=stream.LANE_DRAFT)
+        processed = process_logits(logits, _params(rows, 1, device))
+        draft_probs.append(torch.softmax(processed, dim=-1))
+        for d, token in zip(drafts, result.tokens.tolist()):
+            d.append(token)
+        if j < k - 1:
+            logits = groups.draft.forward(result.tokens.unsqueeze(1))[:, -1]
+    draft_tokens = torch.tensor(drafts, dtype=torch.int64, device=device)
+
+    target_in = torch.cat([torch.tensor([[r.last_token] for r in rows], dtype=torch.int64, device=device),
+                           draft_tokens], dim=1)
+    target_logits = groups.target.forward(target_in)  # [B, k + 1, V]
+    processed = process_logits(target_logits.reshape(batch * (k + 1), -1), _params(rows, k + 1, device))
+    target_probs = torch.softmax(processed, dim=-1).reshape(batch, k + 1, -1)
+    decisions = [r.dedup.block_repeated(d) for r, d in zip(rows, drafts)]
+    verify_rows = speculative.VerifyRows(
+        key_b=_keys([r.key_b for r in rows], device),
+        key_coin=_keys([r.key_coin for r in rows], device),
+        keyed_coin=torch.tensor([r.keyed_coin for r in rows], device=device),
+        contexts=[speculative.block_contexts(r.dedup.context, d) for r, d in zip(rows, drafts)],
+        watermark=torch.tensor([[r.watermarked and not rep for rep in dec] for r, dec in zip(rows, decisions)],
+                               device=device),
+        greedy=torch.tensor([r.greedy for r in rows], device=device),
+        stream_keys=_keys([r.stream_key for r in rows], device),
+        positions=torch.tensor([len(r.output) for r in rows], dtype=torch.int64, device=device),
+    )
+    result = speculative.verify(target_probs, torch.stack(draft_probs, dim=1), draft_tokens, verify_rows)
+
+    accepted = result.num_accepted.tolist()
+    # Target cache: last + k drafts were fed; keep last + accepted drafts.
+    groups.target.reject_tail(torch.tensor([k - a for a in accepted], dtype=torch.int64, device=device))
+    # Draft cache: `pending` + first k-1 drafts were fed; keep up to the accepted drafts.
+    groups.draft.reject_tail(torch.tensor([max(0, k - 1 - a) for a in accepted], dtype=torch.int64, device=device))
+    tokens, routes = result.tokens.tolist(), result.routes.tolist()
+    for b, row in enumerate(rows):
+        row.drafted += k
+        row.accepted += accepted[b]
+        emitted = tokens[b][: accepted[b] + 1]
+        fed_to_draft = drafts[b][: min(accepted[b], k - 1)]
+        done = False
+        for token, route in zip(emitted, routes[b]):
+            if row.emit(token, route):
+                done = True
+                break
+        if done:
+            pending[b] = []
+            continue
+        # The draft has seen pending + drafts[:k-1]; it still needs what it has not seen.
+        unseen = drafts[b][len(fed_to_draft):accepted[b]] + [emitted[-1]]
+        pending[b] = unseen

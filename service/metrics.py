@@ -1,0 +1,55 @@
+"""Prometheus metrics (prefix ``hallmark_``), one registry per app instance."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from service.engines.base import Finished
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("hallmark_http_requests", "HTTP requests by route, method and status.",
+                                ["route", "method", "status"], registry=r)
+        self.latency = Histogram("hallmark_http_request_duration_seconds", "HTTP request latency by route.",
+                                 ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.generated_tokens = Counter("hallmark_generated_tokens", "Output tokens generated.",
+                                        ["engine"], registry=r)
+        self.watermarked_tokens = Counter("hallmark_watermarked_tokens", "Output tokens carrying the watermark.",
+                                          ["engine", "key"], registry=r)
+        self.watermarked_share = Histogram("hallmark_watermarked_share", "Share of a generation's tokens watermarked.",
+                                           buckets=(0.0, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0), registry=r)
+        self.dedup_skips = Counter("hallmark_dedup_skipped_tokens",
+                                   "Tokens sampled without the watermark because their context repeated.",
+                                   registry=r)
+        self.unwatermarked = Counter("hallmark_unwatermarked_generations", "Generations without a watermark.",
+                                     ["reason"], registry=r)
+        self.spec_drafted = Counter("hallmark_speculative_drafted_tokens", "Draft tokens proposed.", registry=r)
+        self.spec_accepted = Counter("hallmark_speculative_accepted_tokens", "Draft tokens accepted.", registry=r)
+        self.spec_acceptance = Gauge("hallmark_speculative_acceptance_rate",
+                                     "Accepted / drafted tokens since start.", registry=r)
+        self.detections = Counter("hallmark_detections", "Detections by verdict.", ["verdict"], registry=r)
+        self.rate_limited = Counter("hallmark_rate_limited", "Requests refused by the rate limit.", ["route"],
+                                    registry=r)
+
+    def record_generation(self, engine: str, done: Finished, watermarked: bool) -> None:
+        self.generated_tokens.labels(engine).inc(len(done.token_ids))
+        self.watermarked_tokens.labels(engine, "a").inc(done.routes.key_a)
+        self.watermarked_tokens.labels(engine, "b").inc(done.routes.key_b)
+        if watermarked:
+            self.dedup_skips.inc(done.routes.plain)
+        if done.token_ids:
+            self.watermarked_share.observe(done.routes.watermarked / len(done.token_ids))
+        if done.drafted_tokens:
+            self.spec_drafted.inc(done.drafted_tokens)
+            self.spec_accepted.inc(done.accepted_tokens)
+            drafted = self.spec_drafted._value.get()  # noqa: SLF001 - counters expose no public read
+            if drafted:
+                self.spec_acceptance.set(self.spec_accepted._value.get() / drafted)  # noqa: SLF001
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,78 @@
+"""The gateway's settings, from the environment (HALLMARK_*) or built explicitly.
+
+The store's own settings (database URL, KEK) live in :class:`keys.settings.StoreSettings`;
+this object adds what the HTTP service and its engine need. Outside development mode
+a missing KEK is refused at start-up (the store refuses it); ``hallmark quickstart``
+(``make run``) is the development mode that generates a KEK file under ./var.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+
+class ServiceSettings(BaseSettings):
+    """Gateway, engine and limit settings."""
+
+    model_config = SettingsConfigDict(env_prefix="HALLMARK_", extra="ignore", frozen=True,
+                                      env_ignore_empty=True)
+
+    engine: Literal["local", "vllm"] = "local"
+    """Which engine generates: the embedded PyTorch engine or vLLM."""
+
+    model: str = "bundled"
+    """A Hugging Face checkpoint directory, or a bundled model name."""
+
+    draft_model: str | None = "hallmark-tiny-draft"
+    """Draft model for speculative decoding (local engine); empty/None disables it."""
+
+    speculative_k: int = Field(default=4, ge=1, le=16)
+    """Draft tokens per speculative step."""
+
+    device: str = "auto"
+    """`auto` (CUDA if available, else CPU), `cpu`, `cuda` or `cuda:N`."""
+
+    max_batch: int = Field(default=16, ge=1, le=512)
+    """Requests decoded together in one step; more wait in the queue."""
+
+    max_queue: int = Field(default=256, ge=1)
+    """Requests waiting beyond this are refused with 503 (back-pressure)."""
+
+    vllm_url: str | None = None
+    """Remote `vllm serve` (OpenAI-compatible) URL for the vllm engine; None runs in-process."""
+
+    default_max_tokens: int = Field(default=128, ge=1)
+    max_tokens_cap: int = Field(default=1024, ge=1)
+    """Requests asking for more tokens get 422."""
+
+    max_prompt_tokens: int = Field(default=2048, ge=1)
+    max_body_bytes: int = Field(default=1_000_000, ge=1024)
+    """Request bodies above this get 413."""
+
+    max_detect_chars: int = Field(default=200_000, ge=1)
+    """Detection text above this many characters gets 413."""
+
+    max_detect_tokens: int = Field(default=100_000, ge=1)
+
+    detect_rate_per_minute: float = Field(default=600.0, gt=0)
+    """Per-token rate of /v1/detect: repeated queries leak the watermark's signal."""
+
+    detect_burst: int = Field(default=60, ge=1)
+
+    allow_opt_out: bool = False
+    """Whether tenant tokens may ask for unwatermarked output (`watermark: false`); admin
+    tokens always may. Opted-out generations are recorded as such in the ledger."""
+
+    key_cache_seconds: float = Field(default=2.0, ge=0.0)
+    """How long opened keys and token lookups are reused: rotation and revocation take
+    effect within this time."""
+
+    @model_validator(mode="after")
+    def _caps(self) -> "ServiceSettings":
+        if self.default_max_tokens > self.max_tokens_cap:
+            raise ValueError("default_max_tokens cannot exceed max_tokens_cap")
+        return self
