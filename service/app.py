@@ -5,7 +5,6 @@ to responses. Errors are JSON ``{"error": {"message", "type", "code"}}`` (OpenAI
 with the right 4xx/5xx status.
 """
 
-from __future__ import annotations
 
 import json
 import logging

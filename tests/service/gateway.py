@@ -1,0 +1,89 @@
+"""A real gateway for tests: a migrated SQLite store with two tenants, their keys and tokens,
+and the local engine on the bundled models, served by uvicorn on a free local port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from keys import migrate
+from keys.db import open_store
+from keys.kek import generate_kek_file
+from keys.lifecycle import create_key
+from keys.settings import StoreSettings
+from keys.tenants import create_tenant
+from keys.tokens import issue_token
+from service.app import create_app
+from service.settings import ServiceSettings
+from watermark.spec import WatermarkSpec
+
+# Tests may point at another checkpoint pair (e.g. while the bundled models are rebuilt).
+TEST_MODEL = os.environ.get("HALLMARK_TEST_MODEL", "bundled")
+TEST_DRAFT = os.environ.get("HALLMARK_TEST_DRAFT", "hallmark-tiny-draft")
+
+
+@dataclass
+class Gateway:
+    url: str
+    tokens: dict[str, str]
+    store_settings: StoreSettings
+    app: object
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def provision(tmp: Path) -> tuple[StoreSettings, dict[str, str]]:
+    kek_file = tmp / "kek.key"
+    generate_kek_file(kek_file)
+    settings = StoreSettings(database_url=f"sqlite:///{tmp / 'hallmark.db'}", kek_file=kek_file)
+    store = open_store(settings, require_kek=True, check_schema=False, create=True)
+    tokens = {}
+    try:
+        migrate.upgrade(store.engine)
+        with store.transaction() as session:
+            create_tenant(session, name="acme", actor="test")
+            create_key(session, store.keyring, tenant="acme", actor="test",
+                       spec=WatermarkSpec(algorithm="dual_key_gumbel"))
+            create_tenant(session, name="globex", actor="test")
+            create_key(session, store.keyring, tenant="globex", actor="test", spec=WatermarkSpec())
+            tokens["acme"] = issue_token(session, tenant="acme", actor="test").raw_token
+            tokens["globex"] = issue_token(session, tenant="globex", actor="test").raw_token
+            tokens["admin"] = issue_token(session, tenant=None, admin=True, actor="test").raw_token
+    finally:
+        store.close()
+    return settings, tokens
+
+
+def start(tmp: Path, **overrides) -> Gateway:
+    store_settings, tokens = provision(tmp)
+    options = {"model": TEST_MODEL, "draft_model": TEST_DRAFT, "device": "cpu", "max_batch": 8,
+               "detect_rate_per_minute": 100_000, "detect_burst": 100_000, **overrides}
+    settings = ServiceSettings(**options)
+    app = create_app(settings, store_settings=store_settings)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 300
+    while not server.started:
+        if time.time() > deadline or not thread.is_alive():
+            raise RuntimeError("the test gateway did not start")
+        time.sleep(0.1)
+    return Gateway(f"http://127.0.0.1:{port}", tokens, store_settings, app, server, thread)

@@ -1,0 +1,194 @@
+"""The gateway over a real HTTP server: generation, detection, the OpenAI client, streaming,
+auth, limits, metrics and provenance. One server (bundled models) for the module."""
+
+from __future__ import annotations
+
+import codecs
+import json
+import sqlite3
+import this
+
+import httpx
+import pytest
+
+from tests.service import gateway as gw
+
+pytestmark = pytest.mark.slow
+
+HUMAN_TEXTS = [
+    codecs.decode(this.s, "rot13"),
+    json.__doc__,
+    "The quick brown fox jumps over the lazy dog. Meanwhile, the committee met on Tuesday to review "
+    "the budget, and after a long discussion they agreed to postpone the decision until the next "
+    "quarter, when more data about the new library's usage would be available to everyone involved.",
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    gateway = gw.start(tmp_path_factory.mktemp("gateway"), max_tokens_cap=512, max_detect_chars=20_000,
+                       max_body_bytes=200_000)
+    yield gateway
+    gateway.stop()
+
+
+def client(server, who="acme") -> httpx.Client:
+    headers = {"Authorization": f"Bearer {server.tokens[who]}"} if who else {}
+    return httpx.Client(base_url=server.url, headers=headers, timeout=300)
+
+
+def generate(server, who="acme", **body):
+    body = {"prompt": "The function returns", "max_tokens": 150, "temperature": 1.0, **body}
+    response = client(server, who).post("/v1/generate", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_generated_text_is_watermarked_detected_and_recorded(server):
+    out = generate(server, seed=1)
+    assert len(out["token_ids"]) >= 100 and out["watermark"]["algorithm"] == "dual_key_gumbel"
+    assert out["watermark"]["watermarked_share"] > 0.8
+    for body in ({"text": out["text"]}, {"token_ids": out["token_ids"]}):
+        result = client(server).post("/v1/detect", json=body).json()
+        assert result["watermarked"] and result["p_value"] < 1e-6, result["log10_p_value"]
+        assert result["key"]["key_id"] == out["watermark"]["key_id"] and result["key"]["tenant"] == "acme"
+        assert out["generation_id"] in [m["generation_id"] for m in result["ledger_matches"]]
+    record = client(server).get(f"/v1/generations/{out['generation_id']}").json()
+    assert record["output_tokens"] == len(out["token_ids"]) and record["key_id"] == out["watermark"]["key_id"]
+    assert client(server, "globex").get(f"/v1/generations/{out['generation_id']}").status_code == 404
+
+
+def test_each_tenant_detected_under_its_own_key_only(server):
+    mine = generate(server, "globex", seed=7, prompt="This module provides")
+    assert mine["watermark"]["algorithm"] == "gumbel"
+    own = client(server, "globex").post("/v1/detect", json={"token_ids": mine["token_ids"]}).json()
+    other = client(server, "acme").post("/v1/detect", json={"token_ids": mine["token_ids"]}).json()
+    assert own["watermarked"] and not other["watermarked"]
+    everyone = client(server, "admin").post("/v1/detect", json={"token_ids": mine["token_ids"]}).json()
+    assert everyone["watermarked"] and everyone["key"]["tenant"] == "globex" and everyone["keys_tested"] == 2
+
+
+@pytest.mark.parametrize("text", HUMAN_TEXTS)
+def test_human_text_is_not_detected(server, text):
+    result = client(server, "admin").post("/v1/detect", json={"text": text}).json()
+    assert not result["watermarked"] and result["p_value"] > 1e-6 and result["ledger_matches"] == []
+
+
+def test_streaming_generate_matches_final_text(server):
+    deltas, final = [], None
+    with client(server).stream("POST", "/v1/generate", json={"prompt": "Return a new list", "max_tokens": 40,
+                                                            "stream": True, "seed": 3}) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if event["type"] == "delta":
+                deltas.append(event["text"])
+            else:
+                final = event
+    assert final is not None and final["type"] == "done"
+    assert "".join(deltas) == final["text"] and final["generation_id"]
+
+
+def test_openai_client_completions_and_chat(server):
+    openai = pytest.importorskip("openai")
+    api = openai.OpenAI(base_url=server.url + "/v1", api_key=server.tokens["acme"])
+    completion = api.completions.create(model="hallmark", prompt="The function returns", max_tokens=30, seed=5)
+    assert completion.choices[0].text and completion.usage.completion_tokens > 0
+    chat = api.chat.completions.create(model="hallmark", messages=[{"role": "user", "content": "Hello"}],
+                                       max_tokens=30)
+    assert chat.choices[0].message.role == "assistant" and chat.choices[0].message.content
+    pieces = [c.choices[0].text for c in api.completions.create(model="hallmark", prompt="This module provides",
+                                                                max_tokens=20, stream=True)]
+    assert "".join(pieces)
+    chunks = list(api.chat.completions.create(model="hallmark", messages=[{"role": "user", "content": "Hi"}],
+                                              max_tokens=20, stream=True))
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="hm_wrong").completions.create(
+            model="hallmark", prompt="x", max_tokens=2)
+
+
+def test_temperature_zero_and_opt_out_are_recorded_unwatermarked(server):
+    greedy = generate(server, temperature=0.0, max_tokens=20)
+    assert greedy["watermark"] is None
+    record = client(server).get(f"/v1/generations/{greedy['generation_id']}").json()
+    assert record["watermarked_tokens"] == 0 and record["unwatermarked_reason"] == "temperature_0"
+    refused = client(server).post("/v1/generate", json={"prompt": "x", "watermark": False, "max_tokens": 5})
+    assert refused.status_code == 403
+    admin = client(server, "admin").post("/v1/generate", json={"prompt": "x", "watermark": False, "max_tokens": 5,
+                                                               "tenant": "acme"})
+    assert admin.status_code == 200 and admin.json()["watermark"] is None
+
+
+@pytest.mark.parametrize("who,method,path,body,status", [
+    (None, "post", "/v1/generate", {"prompt": "x"}, 401),
+    ("bogus", "post", "/v1/detect", {"text": "x"}, 401),
+    ("acme", "post", "/v1/detect", {"text": "hello", "tenant": "globex"}, 403),
+    ("admin", "post", "/v1/generate", {"prompt": "x", "max_tokens": 3}, 403),
+    ("acme", "post", "/v1/generate", {"prompt": "x", "max_tokens": 100_000}, 422),
+    ("acme", "post", "/v1/generate", {"prompt": "x", "temperature": -1}, 422),
+    ("acme", "post", "/v1/generate", {"prompt": "x", "key": 42}, 422),
+    ("acme", "post", "/v1/generate", {"prompt": ""}, 422),
+    ("acme", "post", "/v1/detect", {}, 400),
+    ("acme", "post", "/v1/detect", {"text": "a" * 30_000}, 413),
+    ("acme", "post", "/v1/detect", {"token_ids": [1, -5]}, 422),
+    ("acme", "post", "/v1/generate", {"prompt": "a" * 300_000}, 413),
+    ("admin", "post", "/v1/detect", {"text": "x", "tenant": "nobody"}, 404),
+    ("acme", "get", "/v1/generations/ffffffffffffffffffffffffffffffff", None, 404),
+])
+def test_errors_have_status_and_message(server, who, method, path, body, status):
+    headers = {"Authorization": f"Bearer {server.tokens.get(who, 'hm_' + 'x' * 43)}"} if who else {}
+    response = getattr(httpx, method)(server.url + path, headers=headers, timeout=60,
+                                      **({"json": body} if body is not None else {}))
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["message"]
+
+
+def test_malformed_json_is_a_clean_422(server):
+    response = client(server).post("/v1/detect", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert response.status_code == 422 and "error" in response.json()
+
+
+def test_health_ready_and_metrics(server):
+    assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
+    assert httpx.get(server.url + "/readyz").json()["status"] == "ready"
+    generate(server, max_tokens=10)
+    client(server).post("/v1/detect", json={"text": "some text to score"})
+    metrics = httpx.get(server.url + "/metrics").text
+    for name in ("hallmark_http_requests_total", "hallmark_http_request_duration_seconds",
+                 "hallmark_generated_tokens_total", "hallmark_watermarked_share", "hallmark_dedup_skipped_tokens_total",
+                 "hallmark_speculative_acceptance_rate", "hallmark_detections_total"):
+        assert name in metrics, name
+    assert 'route="/v1/generate"' in metrics
+
+
+def test_a_failed_provenance_record_withholds_the_text(server):
+    path = server.store_settings.database_url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TRIGGER refuse BEFORE INSERT ON generation_records BEGIN "
+                   "SELECT RAISE(ABORT, 'disk full'); END")
+    try:
+        response = client(server).post("/v1/generate", json={"prompt": "x", "max_tokens": 5})
+        assert response.status_code == 503 and "provenance" in response.json()["error"]["message"]
+        assert "text" not in response.json()
+    finally:
+        with sqlite3.connect(path) as db:
+            db.execute("DROP TRIGGER refuse")
+
+
+def test_cancelled_stream_frees_the_engine(server):
+    with client(server).stream("POST", "/v1/generate", json={"prompt": "Return", "max_tokens": 500,
+                                                            "stream": True}) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                break
+    engine = server.app.state.services.engine
+    for _ in range(200):
+        if not engine._running:  # noqa: SLF001 - the engine's own bookkeeping is the evidence
+            break
+        import time
+
+        time.sleep(0.05)
+    assert not engine._running  # noqa: SLF001
