@@ -8,7 +8,9 @@ request whose record fails ends with an error event instead of its final summary
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -16,7 +18,8 @@ from typing import Any, AsyncIterator
 from keys.errors import KeyStoreError, NoActiveKey
 from keys.ledger import record_generation
 from service.auth import Identity, resolve_tenant
-from service.engines.base import Delta, EngineBusy, EngineFailure, Finished, GenerationRequest, WatermarkPlan
+from service.engines.base import (Delta, EngineBusy, EngineFailure, Finished, GenerationRequest, RouteCounts,
+                                  WatermarkPlan)
 from service.errors import BadRequest, Forbidden, Unavailable, Unprocessable
 from service.state import Services
 from watermark.processing import validate_sampling
@@ -158,6 +161,13 @@ def _record(services: Services, prepared: _Prepared, done: Finished) -> Outcome:
                    model=services.engine.model_name, extra=extra)
 
 
+def _record_quietly(services: Services, prepared: _Prepared, done: Finished) -> None:
+    try:
+        _record(services, prepared, done)
+    except Unavailable:
+        pass  # already logged by _record
+
+
 async def generate(services: Services, identity: Identity, params: GenerateParams) -> Outcome:
     prepared = _prepare(services, identity, params)
     done = None
@@ -179,15 +189,27 @@ async def stream(services: Services, identity: Identity, params: GenerateParams)
 
     async def events() -> AsyncIterator[Delta | Outcome]:
         done = None
+        text: list[str] = []
+        tokens: list[int] = []
+        routes = RouteCounts()
         iterator = services.engine.generate(prepared.request)
         try:
             async for event in iterator:
                 if isinstance(event, Finished):
                     done = event
                 else:
+                    text.append(event.text)
+                    tokens.extend(event.token_ids)
+                    routes = event.routes or routes
                     yield event
         except (EngineBusy, EngineFailure) as exc:
             raise Unavailable(str(exc)) from None
+        except (GeneratorExit, asyncio.CancelledError):
+            # The client left mid-stream: what it was sent still gets its provenance record.
+            partial = Finished(text="".join(text), token_ids=tuple(tokens), finish_reason="cancelled",
+                               prompt_tokens=len(prepared.request.prompt_ids), routes=routes)
+            threading.Thread(target=_record_quietly, args=(services, prepared, partial), daemon=True).start()
+            raise
         finally:
             await iterator.aclose()
         if done is None:

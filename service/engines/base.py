@@ -60,6 +60,8 @@ class RouteCounts:
 class Delta:
     text: str
     token_ids: tuple[int, ...]
+    routes: RouteCounts | None = None
+    """Cumulative counts so far (lets a caller record a stream the client abandoned)."""
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import codecs
 import json
 import sqlite3
 import this
+import time
 
 import httpx
 import pytest
@@ -178,7 +179,13 @@ def test_a_failed_provenance_record_withholds_the_text(server):
             db.execute("DROP TRIGGER refuse")
 
 
-def test_cancelled_stream_frees_the_engine(server):
+def _records(server) -> int:
+    with sqlite3.connect(server.store_settings.database_url.removeprefix("sqlite:///")) as db:
+        return db.execute("SELECT count(*) FROM generation_records").fetchone()[0]
+
+
+def test_cancelled_stream_frees_the_engine_and_is_recorded(server):
+    before = _records(server)
     with client(server).stream("POST", "/v1/generate", json={"prompt": "Return", "max_tokens": 500,
                                                             "stream": True}) as response:
         for line in response.iter_lines():
@@ -188,7 +195,10 @@ def test_cancelled_stream_frees_the_engine(server):
     for _ in range(200):
         if not engine._running:  # noqa: SLF001 - the engine's own bookkeeping is the evidence
             break
-        import time
-
         time.sleep(0.05)
     assert not engine._running  # noqa: SLF001
+    for _ in range(100):
+        if _records(server) > before:
+            break
+        time.sleep(0.05)
+    assert _records(server) == before + 1

@@ -84,11 +84,7 @@ class RequestState:
         self.counts[route] += 1
         self.dedup.push(token)
         self.last_token = token
-        text = self.tracker.push([token])
-        if text:
-            self.sink(Delta(text=text, token_ids=(token,)))
-        else:
-            self.sink(Delta(text="", token_ids=(token,)))
+        self.sink(Delta(text=self.tracker.push([token]), token_ids=(token,), routes=self.routes()))
         if self.tracker.stopped:
             return self.finish("stop")
         if len(self.output) >= self.request.max_tokens:
@@ -101,7 +97,7 @@ class RequestState:
         self.finished = True
         rest = self.tracker.finish()
         if rest:
-            self.sink(Delta(text=rest, token_ids=()))
+            self.sink(Delta(text=rest, token_ids=(), routes=self.routes()))
         self.sink(Finished(text=self.tracker.text, token_ids=tuple(self.output), finish_reason=reason,
                            prompt_tokens=len(self.request.prompt_ids), routes=self.routes(),
                            drafted_tokens=self.drafted, accepted_tokens=self.accepted))
