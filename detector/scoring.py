@@ -52,11 +52,35 @@ def scored_positions(token_ids: np.ndarray, width: int, scope: str) -> ScoredPos
     return ScoredPositions(positions=positions, contexts=np.ascontiguousarray(contexts), tokens=tokens[positions])
 
 
+# Past this many tokens per key, per-key passes with scalar keys are faster than one batched
+# pass with per-element keys (measured by bench.detect_throughput).
+_BATCH_BELOW = 2048
+
+
 def uniforms(key: int, scored: ScoredPositions, token_override: np.ndarray | None = None) -> np.ndarray:
     """float32 uniforms [n] of the scored tokens (or of ``token_override``) under ``key``."""
-    k0, k1 = (np.uint64(w) for w in prf.key_words(key))
-    tokens = scored.tokens if token_override is None else token_override
-    return prf.uniforms_from_words_numpy(prf.words_for_rows_numpy(k0, k1, scored.contexts, tokens))
+    return uniforms_many([(key, token_override)], scored)[0]
+
+
+def uniforms_many(requests: list[tuple[int, np.ndarray | None]], scored: ScoredPositions) -> np.ndarray:
+    """Uniforms [len(requests), n] for several keys in one vectorised pass (numpy's per-call
+    overhead dominates short texts, so one pass over m*n values beats m passes over n)."""
+    n = len(scored.tokens)
+    m = len(requests)
+    if m > 1 and n > _BATCH_BELOW:
+        return np.stack([uniforms_many([r], scored)[0] for r in requests])
+    if m == 1:
+        key, override = requests[0]
+        k0, k1 = (np.uint64(w) for w in prf.key_words(key))
+        contexts, tokens = scored.contexts, scored.tokens if override is None else override
+    else:
+        words = np.array([prf.key_words(key) for key, _ in requests], dtype=np.uint64)
+        k0 = np.repeat(words[:, 0], n)
+        k1 = np.repeat(words[:, 1], n)
+        contexts = np.tile(scored.contexts, (m, 1))
+        tokens = np.concatenate([scored.tokens if o is None else o for _, o in requests])
+    out = prf.uniforms_from_words_numpy(prf.words_for_rows_numpy(k0, k1, contexts, tokens))
+    return out.reshape(m, n)
 
 
 def exp_scores(u: np.ndarray) -> np.ndarray:
@@ -81,14 +105,14 @@ def token_scores(key: WatermarkKey, scored: ScoredPositions, statistic: Statisti
         return exp_scores(uniforms(key.secret, scored))
     if key.spec.algorithm != "dual_key_gumbel":
         raise ValueError(f"statistic {statistic!r} is for dual_key_gumbel keys; use single")
-    u_a = uniforms(key.key_a, scored)
-    u_b = uniforms(key.key_b, scored)
+    if statistic == "routed":
+        u_a, u_b, coin = uniforms_many([(key.key_a, None), (key.key_b, None),
+                                        (key.key_coin, np.zeros_like(scored.tokens))], scored)
+        return np.where(coin < tau, exp_scores(u_a), max_scores(u_a, u_b))
+    u_a, u_b = uniforms_many([(key.key_a, None), (key.key_b, None)], scored)
     if statistic == "max":
         return max_scores(u_a, u_b)
     if statistic == "weighted":
         alpha = key.spec.alpha
         return (1.0 - alpha) * exp_scores(u_a) + alpha * exp_scores(u_b)
-    if statistic == "routed":
-        coin = uniforms(key.key_coin, scored, token_override=np.zeros_like(scored.tokens))
-        return np.where(coin < tau, exp_scores(u_a), max_scores(u_a, u_b))
     raise ValueError(f"unknown statistic: {statistic!r}; expected one of {list(STATISTICS)}")
