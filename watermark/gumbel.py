@@ -83,14 +83,14 @@ def _first_argmax_per_segment(values: np.ndarray, rows: np.ndarray, batch: int) 
     return first
 
 
-def _race_cpu(values_in: np.ndarray, keys: torch.Tensor, states: torch.Tensor, ratio: bool) -> np.ndarray:
-    """Shared pruned CPU race. log form: argmax l + g; ratio form: argmax w / E."""
+def race_numpy(values_in: np.ndarray, keys_u: np.ndarray, st: np.ndarray, ratio: bool) -> np.ndarray:
+    """The pruned CPU race. values [B, V] float32 (logits, or weights for the ratio form),
+    keys [B] uint64, states [B, 4] uint64 -> token ids [B] (int64).
+    log form: argmax l + g; ratio form: argmax w / E."""
     batch, vocab = values_in.shape
     u64 = np.uint64
-    keys_u = np.ascontiguousarray(keys.cpu().numpy()).view(np.uint64)
     k0 = keys_u & u64(prf.MASK32)
     k1 = keys_u >> u64(32)
-    st = states.cpu().numpy().astype(np.uint64)
     rows_all = np.arange(batch)
 
     def scores_for(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -126,9 +126,14 @@ def _race_cpu(values_in: np.ndarray, keys: torch.Tensor, states: torch.Tensor, r
     return result.astype(np.int64)
 
 
+def _numpy_keys_states(keys: torch.Tensor, states: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    return (np.ascontiguousarray(keys.cpu().numpy()).view(np.uint64),
+            states.cpu().numpy().astype(np.uint64))
+
+
 def gumbel_argmax_cpu(logits: torch.Tensor, keys: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
     """Same result as :func:`gumbel_argmax_reference`, with exact candidate pruning (CPU)."""
-    result = _race_cpu(_clean(logits).cpu().numpy(), keys, states, ratio=False)
+    result = race_numpy(_clean(logits).cpu().numpy(), *_numpy_keys_states(keys, states), ratio=False)
     return torch.from_numpy(result).to(logits.device)
 
 
@@ -143,7 +148,7 @@ def exponential_race_reference(weights: torch.Tensor, keys: torch.Tensor, states
 
 
 def exponential_race_cpu(weights: torch.Tensor, keys: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-    result = _race_cpu(weights.to(torch.float32).cpu().numpy(), keys, states, ratio=True)
+    result = race_numpy(weights.to(torch.float32).cpu().numpy(), *_numpy_keys_states(keys, states), ratio=True)
     return torch.from_numpy(result).to(weights.device)
 
 

@@ -272,3 +272,42 @@ class PhiloxPRF:
 
     def uniforms(self, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         return uniforms_from_words_numpy(self.words(contexts, tokens))
+
+
+# --------------------------------------------------------------------------- python ints
+# Per-row scalars (a row's context state, a routing coin) on the CPU: a handful of values per
+# decode step, where a plain-int Philox beats dozens of tiny tensor operations.
+
+
+def philox_py(c0: int, c1: int, c2: int, c3: int, k0: int, k1: int) -> tuple[int, int, int, int]:
+    for _ in range(PHILOX_ROUNDS):
+        p0 = c0 * PHILOX_M0
+        p1 = c2 * PHILOX_M1
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & MASK32, (p0 >> 32) ^ c3 ^ k1, p0 & MASK32
+        k0 = (k0 + PHILOX_W0) & MASK32
+        k1 = (k1 + PHILOX_W1) & MASK32
+    return c0, c1, c2, c3
+
+
+def context_state_py(key: int, context) -> tuple[int, int, int, int]:
+    """The context state of one row (key an unsigned 64-bit int, context a sequence of ints)."""
+    k0, k1 = key & MASK32, key >> 32
+    width = len(context)
+    state = (CONTEXT_DOMAIN, width, 0, 0)
+    for offset in range(0, width, 4):
+        block = [(int(context[offset + i]) & MASK32) if offset + i < width else block_padding(i) for i in range(4)]
+        state = philox_py(state[0] ^ block[0], state[1] ^ block[1], state[2] ^ block[2], state[3] ^ block[3],
+                          k0 ^ offset, k1)
+    return state
+
+
+def word_py(key: int, state: tuple[int, int, int, int], token: int) -> int:
+    k0, k1 = key & MASK32, key >> 32
+    token &= MASK32
+    out = philox_py(token >> 2, state[0], state[1], state[2], k0 ^ state[3], k1 ^ TOKEN_DOMAIN)
+    return out[token & 3]
+
+
+def uniform_py(word: int) -> float:
+    """The float32 uniform of a word, as a Python float (exactly the float32 value)."""
+    return float(np.float32(((word >> 8) + 1) / UNIFORM_DENOMINATOR))

@@ -20,8 +20,10 @@ from typing import Sequence
 
 import torch
 
+import numpy as np
+
 from watermark import prf, stream
-from watermark.gumbel import gumbel_argmax
+from watermark.gumbel import gumbel_argmax, race_numpy
 
 ROUTE_GREEDY = 0
 ROUTE_PLAIN = 1
@@ -75,13 +77,22 @@ def row_states(rows: SamplerRows, keys: torch.Tensor, lane: int = stream.LANE_SA
     return torch.where(rows.watermark.unsqueeze(-1), keyed, plain)
 
 
-def sample(logits: torch.Tensor, rows: SamplerRows, argmax=gumbel_argmax,
-           lane: int = stream.LANE_SAMPLE) -> SampleResult:
+def sample(logits: torch.Tensor, rows: SamplerRows, lane: int = stream.LANE_SAMPLE) -> SampleResult:
     """Processed logits [B, V] give one token per row (see the module docstring).
 
     ``lane`` is the stream lane of unwatermarked rows: speculative drafts use their own
     (LANE_DRAFT) so that a draft and its position's correction never share uniforms.
+    Dispatches by device: plain-int row setup and the pruned numpy race on the CPU, the
+    torch reference elsewhere; both give identical tokens.
     """
+    if logits.device.type == "cpu":
+        return sample_cpu(logits, rows, lane)
+    return sample_reference(logits, rows, lane=lane)
+
+
+def sample_reference(logits: torch.Tensor, rows: SamplerRows, argmax=gumbel_argmax,
+                     lane: int = stream.LANE_SAMPLE) -> SampleResult:
+    """The torch reference (any device)."""
     keys, use_b = route_keys(rows)
     keys = torch.where(rows.watermark, keys, rows.stream_keys)
     states = row_states(rows, keys, lane)
@@ -94,3 +105,52 @@ def sample(logits: torch.Tensor, rows: SamplerRows, argmax=gumbel_argmax,
     routes = torch.where(rows.watermark, routes, ROUTE_PLAIN)
     routes = torch.where(rows.greedy, ROUTE_GREEDY, routes).to(torch.int8)
     return SampleResult(tokens=tokens, routes=routes)
+
+
+def _unsigned(values: torch.Tensor) -> list[int]:
+    return [v + 2**64 if v < 0 else v for v in values.tolist()]
+
+
+def stream_state_py(stream_key: int, position: int, lane: int) -> tuple[int, int, int, int]:
+    return prf.context_state_py(stream_key, (position & prf.MASK32, (position >> 32) & prf.MASK32, lane))
+
+
+def stream_coin_py(stream_key: int, position: int, lane: int) -> float:
+    return prf.uniform_py(prf.word_py(stream_key, stream_state_py(stream_key, position, lane), 0))
+
+
+def sample_cpu(logits: torch.Tensor, rows: SamplerRows, lane: int = stream.LANE_SAMPLE) -> SampleResult:
+    """The CPU path: a few plain-int Philox calls per row, then one pruned numpy race."""
+    batch = logits.shape[0]
+    key_a, key_b, skeys = _unsigned(rows.key_a), _unsigned(rows.key_b), _unsigned(rows.stream_keys)
+    alpha = rows.alpha.tolist()
+    watermark, greedy, positions = rows.watermark.tolist(), rows.greedy.tolist(), rows.positions.tolist()
+    keys = np.zeros(batch, dtype=np.uint64)
+    states = np.zeros((batch, 4), dtype=np.uint64)
+    routes = []
+    for b in range(batch):
+        # alpha 0 never and alpha 1 always picks key B (the coin lies in (0, 1)).
+        use_b = alpha[b] >= 1.0 or (alpha[b] > 0.0 and
+                                    stream_coin_py(skeys[b], positions[b], stream.LANE_ROUTE) < alpha[b])
+        if greedy[b]:
+            routes.append(ROUTE_GREEDY)
+        elif not watermark[b]:
+            routes.append(ROUTE_PLAIN)
+        else:
+            routes.append(ROUTE_KEY_B if use_b else ROUTE_KEY_A)
+        if watermark[b]:
+            key = key_b[b] if use_b else key_a[b]
+            state = prf.context_state_py(key, rows.contexts[b])
+        else:
+            key = skeys[b]
+            state = stream_state_py(key, positions[b], lane)
+        keys[b] = key
+        states[b] = state
+    values = logits.to(torch.float32).numpy()
+    values = np.where(np.isnan(values), np.float32(-np.inf), values)
+    tokens = np.argmax(values, axis=1).astype(np.int64)
+    sampled = [b for b in range(batch) if not greedy[b]]
+    if sampled:
+        idx = np.array(sampled)
+        tokens[idx] = race_numpy(values[idx], keys[idx], states[idx], ratio=False)
+    return SampleResult(tokens=torch.from_numpy(tokens), routes=torch.tensor(routes, dtype=torch.int8))

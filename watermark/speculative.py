@@ -30,7 +30,7 @@ import torch
 
 from watermark import prf, stream
 from watermark.gumbel import exponential_race
-from watermark.sampler import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN
+from watermark.sampler import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, stream_coin_py, stream_state_py
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,26 @@ class VerifyResult:
     """[B, k + 1] int8 ROUTE_* per emitted token (-1 after)."""
 
 
+def _unsigned(values: torch.Tensor) -> list[int]:
+    return [v + 2**64 if v < 0 else v for v in values.tolist()]
+
+
 def coin_values(rows: VerifyRows, k: int) -> torch.Tensor:
-    """Acceptance coins [B, k]: keyed where asked and watermarked, else the stream's."""
+    """Acceptance coins [B, k]: keyed where asked and watermarked, else the stream's.
+    Plain-int Philox on the CPU (a few values per step), tensors elsewhere."""
+    if rows.stream_keys.device.type != "cpu":
+        return coin_values_torch(rows, k)
+    batch = rows.stream_keys.shape[0]
+    skeys, ckeys = _unsigned(rows.stream_keys), _unsigned(rows.key_coin)
+    keyed, watermark, positions = rows.keyed_coin.tolist(), rows.watermark.tolist(), rows.positions.tolist()
+    coins = [[prf.uniform_py(prf.word_py(ckeys[b], prf.context_state_py(ckeys[b], rows.contexts[b][j]), 0))
+              if keyed[b] and watermark[b][j] else stream_coin_py(skeys[b], positions[b] + j, stream.LANE_ACCEPT)
+              for j in range(k)] for b in range(batch)]
+    return torch.tensor(coins, dtype=torch.float32).reshape(batch, k)
+
+
+def coin_values_torch(rows: VerifyRows, k: int) -> torch.Tensor:
+    """The tensor version of :func:`coin_values` (any device)."""
     batch = rows.stream_keys.shape[0]
     device = rows.stream_keys.device
     offsets = torch.arange(k, device=device)
@@ -109,12 +127,8 @@ def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: 
     weights = torch.where(empty.unsqueeze(-1), p_at, residual)
 
     watermark_at = rows.watermark.gather(1, at.unsqueeze(-1)).squeeze(-1)
-    contexts_at = [rows.contexts[b][int(at[b])] for b in range(batch)]
-    keyed_states = prf.context_states_torch(rows.key_b, contexts_at)
-    stream_ctx = stream.stream_contexts(rows.positions + at, stream.LANE_SAMPLE)
-    plain_states = torch.stack(prf.context_state_torch(rows.stream_keys, stream_ctx), dim=-1)
     keys = torch.where(watermark_at, rows.key_b, rows.stream_keys)
-    states = torch.where(watermark_at.unsqueeze(-1), keyed_states, plain_states)
+    states = correction_states(rows, at, keys, watermark_at)
     correction = race(weights, keys, states)
     correction = torch.where(rows.greedy, greedy_target.gather(1, at.unsqueeze(-1)).squeeze(-1), correction)
 
@@ -130,6 +144,27 @@ def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: 
     routes = torch.where(cols == at.unsqueeze(-1), final_route, routes)
     routes = torch.where(rows.greedy.unsqueeze(-1) & (cols <= at.unsqueeze(-1)), ROUTE_GREEDY, routes)
     return VerifyResult(tokens=tokens, num_accepted=num_accepted, routes=routes.to(torch.int8))
+
+
+def correction_states(rows: VerifyRows, at: torch.Tensor, keys: torch.Tensor,
+                      watermark_at: torch.Tensor) -> torch.Tensor:
+    """States [B, 4] of the correction draws: key B at the position's context, or the stream."""
+    batch = at.shape[0]
+    contexts_at = [rows.contexts[b][int(at[b])] for b in range(batch)]
+    if keys.device.type == "cpu":
+        return torch.tensor([
+            prf.context_state_py(k, ctx) if wm else stream_state_py(k, pos, stream.LANE_SAMPLE)
+            for k, ctx, wm, pos in zip(_unsigned(keys), contexts_at, watermark_at.tolist(),
+                                       (rows.positions + at).tolist())], dtype=torch.int64).reshape(batch, 4)
+    return correction_states_torch(rows, at, watermark_at)
+
+
+def correction_states_torch(rows: VerifyRows, at: torch.Tensor, watermark_at: torch.Tensor) -> torch.Tensor:
+    contexts_at = [rows.contexts[b][int(at[b])] for b in range(at.shape[0])]
+    keyed_states = prf.context_states_torch(rows.key_b, contexts_at)
+    stream_ctx = stream.stream_contexts(rows.positions + at, stream.LANE_SAMPLE)
+    plain_states = torch.stack(prf.context_state_torch(rows.stream_keys, stream_ctx), dim=-1)
+    return torch.where(watermark_at.unsqueeze(-1), keyed_states, plain_states)
 
 
 def block_contexts(context: Sequence[int], drafts: Sequence[int]) -> list[tuple[int, ...]]:

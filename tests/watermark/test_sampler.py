@@ -16,6 +16,7 @@ N = 40_000
 
 def _rows(n: int, seed: int, *, alpha: float = 0.0, watermark: bool | torch.Tensor = True,
           width: int = 4) -> sampler.SamplerRows:
+    """n rows with random keys, contexts and positions."""
     gen = torch.Generator().manual_seed(seed)
     rand_keys = lambda: torch.randint(-2**63, 2**63 - 1, (n,), generator=gen)  # noqa: E731
     contexts = torch.randint(-1, 50_000, (n, width), generator=gen).tolist()
@@ -120,3 +121,20 @@ def test_stream_is_reproducible_for_a_seed_and_differs_across_seeds():
     assert stream.stream_key(5) == stream.stream_key(5) != stream.stream_key(6)
     with pytest.raises(ValueError):
         stream.stream_key(-1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cpu_path_equals_torch_reference(seed):
+    n = 33
+    gen = torch.Generator().manual_seed(100 + seed)
+    rows = _rows(n, seed=200 + seed, alpha=[0.0, 0.1, 0.5, 1.0][seed % 4],
+                 watermark=torch.rand(n, generator=gen) < 0.7, width=1 + seed * 3)
+    rows = sampler.SamplerRows(**{**rows.__dict__, "greedy": torch.rand(n, generator=gen) < 0.15})
+    logits = torch.randn(n, 3001, generator=gen) * (1 + seed)
+    logits[0, :] = float("-inf")
+    logits[1, 7] = float("nan")
+    for lane in (stream.LANE_SAMPLE, stream.LANE_DRAFT):
+        fast = sampler.sample_cpu(logits, rows, lane)
+        reference = sampler.sample_reference(logits, rows, lane=lane)
+        assert torch.equal(fast.tokens, reference.tokens)
+        assert torch.equal(fast.routes, reference.routes)

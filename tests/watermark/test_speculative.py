@@ -92,3 +92,21 @@ def test_greedy_rows_accept_only_the_target_argmax():
     result = _run(71, watermark=True, keyed_coin=False, greedy=True)
     assert (result.tokens[:, 0] == 0).all()  # argmax of P
     assert (result.routes[:, 0] == sampler.ROUTE_GREEDY).all()
+
+
+def test_cpu_scalar_paths_equal_the_tensor_paths():
+    """Coins and correction states: the plain-int CPU path against the tensor path."""
+    gen = torch.Generator().manual_seed(9)
+    batch, k = 40, 3
+    rows = speculative.VerifyRows(
+        key_b=_keys(gen, batch), key_coin=_keys(gen, batch), keyed_coin=torch.rand(batch, generator=gen) < 0.5,
+        contexts=[[tuple(torch.randint(-1, 99, (1 + b % 9,), generator=gen).tolist()) for _ in range(k + 1)]
+                  for b in range(batch)],
+        watermark=torch.rand(batch, k + 1, generator=gen) < 0.8, greedy=torch.zeros(batch, dtype=torch.bool),
+        stream_keys=_keys(gen, batch), positions=torch.randint(0, 2**40, (batch,), generator=gen))
+    assert torch.equal(speculative.coin_values(rows, k), speculative.coin_values_torch(rows, k))
+    at = torch.randint(0, k + 1, (batch,), generator=gen)
+    wm = rows.watermark.gather(1, at.unsqueeze(-1)).squeeze(-1)
+    keys = torch.where(wm, rows.key_b, rows.stream_keys)
+    assert torch.equal(speculative.correction_states(rows, at, keys, wm),
+                       speculative.correction_states_torch(rows, at, wm))
