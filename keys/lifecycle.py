@@ -86,10 +86,11 @@ def key_info(row: KeyRow, tenant_name: str) -> KeyInfo:
 
 
 def build_spec(base: WatermarkSpec | None = None, **changes: Any) -> WatermarkSpec:
-    """A validated spec: ``base`` (default: the defaults) with ``changes`` (field names,
-    None meaning 'keep'). Invalid values raise :class:`InvalidInput` in one line."""
+    """A validated spec: ``base`` (default: the defaults) with ``changes`` applied (field
+    names; a given None is a value, e.g. ``dedup_max_history=None`` searches everything).
+    Invalid values raise :class:`InvalidInput` in one line."""
     fields = base.public_dict() if base is not None else {}
-    fields.update({name: value for name, value in changes.items() if value is not None})
+    fields.update(changes)
     try:
         return WatermarkSpec.model_validate(fields)
     except ValidationError as exc:
