@@ -48,6 +48,8 @@ def parse_url(url: str) -> URL:
     except ArgumentError:
         raise ConfigError("HALLMARK_DATABASE_URL is not a database URL; use sqlite:///path.db "
                           "or postgresql+psycopg://user@host:5432/db") from None
+    if parsed.drivername in ("postgres", "postgres+psycopg"):  # the libpq spelling
+        parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() not in ("sqlite", "postgresql"):
         raise ConfigError(f"unsupported database {parsed.get_backend_name()!r} in "
                           "HALLMARK_DATABASE_URL; use sqlite or postgresql+psycopg")
@@ -185,7 +187,8 @@ def _check_sqlite_file(path: Path, *, create: bool) -> None:
             raise NotMigrated(f"the database file {path} does not exist; {_UPGRADE_HINT} to create "
                               "it (or set HALLMARK_DATABASE_URL)")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            # The directory will hold wrapped keys and token hashes: keep it to this user.
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreUnavailable(f"cannot create the directory {path.parent}: {exc.strerror}") from None
     elif not _writable(path):

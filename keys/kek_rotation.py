@@ -6,6 +6,7 @@ nothing: the rows carry the new KEK's id and ciphertexts under fresh nonces.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -20,6 +21,8 @@ from keys.kek import Kek, Keyring
 from keys.material import binding_of, open_secret
 from keys.models import Tenant
 from keys.models import WatermarkKey as KeyRow
+
+log = logging.getLogger("hallmark.keys")
 
 
 @dataclass(frozen=True)
@@ -54,4 +57,6 @@ def rotate_kek(session: Session, *, current: Keyring, new: Kek, actor: str,
     record_audit(session, actor=actor, action="kek.rotated",
                  details={"previous_kek_ids": list(previous), "new_kek_id": new.id,
                           "rewrapped_keys": len(rows)}, now=now)
+    log.info("re-wrapped %d key(s) from KEK %s to KEK %s, by %s", len(rows), ", ".join(previous) or "-",
+             new.id, actor)
     return KekRotation(previous_kek_ids=previous, new_kek_id=new.id, rewrapped=len(rows))

@@ -10,6 +10,7 @@ Each change writes its audit events in the same transaction.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from keys.tenants import get_tenant, get_tenant_by_id, new_id
 from watermark import prf
 from watermark.key import fingerprint
 from watermark.spec import WatermarkSpec
+
+log = logging.getLogger("hallmark.keys")
 
 MAX_REASON_LENGTH = 500
 MAX_SOURCE_LENGTH = 200
@@ -158,6 +161,8 @@ def create_key(session: Session, keyring: Keyring, *, tenant: str, actor: str,
                       import_source=None, now=now)
     record_audit(session, actor=actor, action="key.created", tenant_id=tenant_row.id, key_id=row.id,
                  details=_new_key_details(row), now=now)
+    log.info("created key %s (tenant %s, version %d, %s, fingerprint %s) by %s",
+             row.id, tenant_row.name, row.version, row.state, row.fingerprint, actor)
     return key_info(row, tenant_row.name)
 
 
@@ -179,6 +184,8 @@ def import_key(session: Session, keyring: Keyring, *, tenant: str, secret: int, 
                       imported=True, import_source=source, now=now)
     record_audit(session, actor=actor, action="key.imported", tenant_id=tenant_row.id, key_id=row.id,
                  details={**_new_key_details(row), "source": source}, now=now)
+    log.info("imported key %s (tenant %s, version %d, %s, fingerprint %s, source %s) by %s",
+             row.id, tenant_row.name, row.version, row.state, row.fingerprint, source, actor)
     return key_info(row, tenant_row.name)
 
 
@@ -216,6 +223,8 @@ def rotate_key(session: Session, keyring: Keyring, *, tenant: str, actor: str,
     record_audit(session, actor=actor, action="key.rotated", tenant_id=tenant_row.id, key_id=row.id,
                  details={**_new_key_details(row), "previous_key_id": current.id,
                           "previous_version": current.version}, now=now)
+    log.info("rotated tenant %s: key %s (version %d) active, key %s (version %d) verify-only, by %s",
+             tenant_row.name, row.id, row.version, current.id, current.version, actor)
     return Rotation(new=key_info(row, tenant_row.name), previous=key_info(current, tenant_row.name))
 
 
@@ -251,6 +260,8 @@ def revoke_key(session: Session, *, key_id: str, reason: str, actor: str,
     record_audit(session, actor=actor, action="key.revoked", tenant_id=tenant_id, key_id=key_id,
                  details={"version": row.version, "previous_state": previous, "reason": reason},
                  now=now)
+    log.info("revoked key %s (tenant %s, version %d, was %s) by %s: %s",
+                key_id, tenant_row.name, row.version, previous, actor, reason)
     return key_info(row, tenant_row.name)
 
 

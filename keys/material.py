@@ -8,6 +8,7 @@ so even a correctly sealed but misfiled secret is refused.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -25,6 +26,8 @@ from keys.models import ACTIVE, Tenant
 from keys.models import WatermarkKey as KeyRow
 from watermark.key import WatermarkKey, fingerprint
 from watermark.spec import WatermarkSpec
+
+log = logging.getLogger("hallmark.keys")
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,7 @@ def export_key(session: Session, keyring: Keyring, *, key_id: str, actor: str,
     record_audit(session, actor=actor, action="key.exported", tenant_id=row.tenant_id, key_id=row.id,
                  details={"version": row.version, "fingerprint": row.fingerprint, "state": row.state},
                  now=clock.resolve(now))
+    log.info("exported key %s (fingerprint %s) with its secret, by %s", row.id, row.fingerprint, actor)
     return ExportedKey(tenant=tenant.name if tenant else row.tenant_id, key_id=row.id,
                        version=row.version, state=row.state, fingerprint=row.fingerprint,
                        spec=spec_of(row), secret=secret)

@@ -11,7 +11,6 @@ which makes them fail.
 
 from __future__ import annotations
 
-import base64
 import os
 import secrets
 import shutil
@@ -202,10 +201,6 @@ def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterat
         server.drop_database(name)
 
 
-def is_postgres(url: str) -> bool:
-    return url.startswith("postgresql")
-
-
 # --- KEKs, settings, stores ------------------------------------------------------------
 
 
@@ -231,10 +226,6 @@ def store(settings: StoreSettings) -> Iterator[Store]:
         yield opened
     finally:
         opened.close()
-
-
-def b64_kek(kek: Kek) -> str:
-    return base64.b64encode(kek.material).decode()
 
 
 def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:

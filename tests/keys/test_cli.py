@@ -18,7 +18,7 @@ import yaml
 from sqlalchemy import create_engine, inspect
 
 from keys.kek import Kek, generate_kek_file
-from tests.keys.conftest import APP_TABLES, Cli, count_rows, snapshot
+from tests.keys.conftest import Cli, count_rows, snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = 0xD1CE_5EED_0BAD_F00D

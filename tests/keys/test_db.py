@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 
 from keys import migrate
-from keys.db import create_store_engine, open_store
+from keys.db import create_store_engine, open_store, parse_url
 from keys.errors import ConfigError, NotMigrated, ReadOnlyStore, StoreUnavailable
 from keys.settings import StoreSettings
 from keys.tenants import create_tenant, list_tenants
@@ -98,6 +98,14 @@ def test_an_unreachable_server_is_one_line_without_the_password():
         open_store(settings)
     message = caught.value.user_message
     assert "\n" not in message and "sekrit" not in message and "HALLMARK_DATABASE_URL" in message
+
+
+@pytest.mark.parametrize("url, driver", [("postgresql://u@h/db", "postgresql+psycopg"),
+                                         ("postgres://u@h/db", "postgresql+psycopg"),
+                                         ("postgresql+psycopg://u@h/db", "postgresql+psycopg"),
+                                         ("sqlite:///x.db", "sqlite")])
+def test_urls_are_normalised_to_the_installed_drivers(url, driver):
+    assert parse_url(url).drivername == driver
 
 
 @pytest.mark.parametrize("url", ["not a url", "mysql://localhost/db"])

@@ -94,7 +94,8 @@ def test_the_sqlite_file_and_its_wal_hold_no_plaintext(sqlite_url, kek, caplog):
                 secrets_, tokens = _populate(store)
             finally:
                 logging.getLogger("sqlalchemy.engine").setLevel(logging.WARNING)
-        assert "INSERT INTO watermark_keys" in caplog.text  # the SQL log really was captured
+        # The SQL log and the store's own log really were captured.
+        assert "INSERT INTO watermark_keys" in caplog.text and "rotated tenant acme" in caplog.text
         _assert_absent(caplog.text.encode(), secrets_, "the log")
 
         # The store is still open: the writes so far sit in the WAL, not yet checkpointed.
