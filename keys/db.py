@@ -53,7 +53,7 @@ def parse_url(url: str) -> URL:
     if parsed.get_backend_name() not in ("sqlite", "postgresql"):
         raise ConfigError(f"unsupported database {parsed.get_backend_name()!r} in "
                           "HALLMARK_DATABASE_URL; use sqlite or postgresql+psycopg")
-    if parsed.get_backend_name() == "postgresql" and parsed.get_driver_name() != "psycopg":
+    if parsed.get_backend_name() == "postgresql" and parsed.drivername != "postgresql+psycopg":
         # psycopg 3 is the only PostgreSQL driver installed; say so instead of an ImportError.
         parsed = parsed.set(drivername="postgresql+psycopg")
     return parsed
