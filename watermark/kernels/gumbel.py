@@ -191,10 +191,14 @@ def _row_tensor(x, batch: int, dtype: torch.dtype, device: torch.device, name: s
     return x.to(dtype).contiguous()
 
 
-def _flags(x, batch: int, device: torch.device, name: str) -> torch.Tensor:
-    """Per-row booleans as the kernel reads them (bool tensors pass through unconverted)."""
+def flags_int8(x, shape: tuple, device: torch.device, name: str) -> torch.Tensor:
+    """Booleans as int8 (a bool tensor is reinterpreted, not copied): one pointer type, so
+    the caller's choice of bool or integer flags never selects another compiled variant."""
     x = torch.as_tensor(x, device=device)
-    return _row_tensor(x, batch, torch.bool if x.dtype == torch.bool else torch.int8, device, name)
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {list(shape)}; got {tuple(x.shape)}")
+    x = x.contiguous()
+    return x.view(torch.int8) if x.dtype == torch.bool else (x != 0).to(torch.int8)
 
 
 def _launch_race(kernel, values: torch.Tensor, keys: torch.Tensor, states: torch.Tensor,
@@ -274,7 +278,7 @@ def gumbel_sample(logits: torch.Tensor, *, temperature: torch.Tensor, key_a: tor
         _row_tensor(key_b, batch, torch.int64, device, "key_b"),
         _row_tensor(alpha, batch, torch.float32, device, "alpha"),
         contexts, contexts.stride(0), widths,
-        _flags(watermark, batch, device, "watermark"),
+        flags_int8(watermark, (batch,), device, "watermark"),
         _row_tensor(stream_keys, batch, torch.int64, device, "stream_keys"),
         _row_tensor(positions, batch, torch.int64, device, "positions"),
         tokens, routes, ws.scores, ws.tokens, ws.counters, per_block, nblk,

@@ -143,8 +143,7 @@ def exact_ratio(w, mant):
 # of counter c. Every per-token quantity is kept as four vectors over c (x0..x3), all in
 # the counters' layout, so the words never move between threads (a join/reshape into a
 # flat [BLOCK] tile made the compiler shuffle them through shared memory three times per
-# tile). The loads are four stride-4 loads; the second to fourth hit the lines the first
-# brought into L1.
+# tile). Loads are [BLOCK / 4, 4] tiles split in registers into the four lanes.
 
 
 @triton.jit
@@ -284,14 +283,18 @@ def tile_words(c, s0, s1, s2, k0, k1):
 
 
 @triton.jit
-def load_tile(row_ptr, c, limit, fill):
+def load_tile(row_ptr, c, limit, fill, BLOCK: tl.constexpr):
     """Raw values (the row's dtype) of tokens 4c + j, j = 0..3, ``fill`` at or past ``limit``
-    (a scalar bound: the vocabulary size, or 0 to load nothing)."""
-    t = c * 4
-    x0 = tl.load(row_ptr + t, mask=t < limit, other=fill)
-    x1 = tl.load(row_ptr + (t + 1), mask=t + 1 < limit, other=fill)
-    x2 = tl.load(row_ptr + (t + 2), mask=t + 2 < limit, other=fill)
-    x3 = tl.load(row_ptr + (t + 3), mask=t + 3 < limit, other=fill)
+    (a scalar bound: the vocabulary size, or 0 to load nothing).
+
+    One [BLOCK / 4, 4] load (16-byte vectors for float32 rows), split in registers into
+    the four lanes; the split keeps each value in the thread of its counter.
+    """
+    offs = c[:, None] * 4 + tl.arange(0, 4)[None, :]
+    x = tl.load(row_ptr + offs, mask=offs < limit, other=fill)
+    even, odd = tl.split(tl.reshape(x, [BLOCK // 4, 2, 2]))
+    x0, x2 = tl.split(even)
+    x1, x3 = tl.split(odd)
     return x0, x1, x2, x3
 
 
@@ -299,7 +302,7 @@ def load_tile(row_ptr, c, limit, fill):
 def load_next(row_ptr, tile, full_end, fill, BLOCK: tl.constexpr):
     """Prefetch of whole tile ``tile`` (nothing when tile >= full_end)."""
     limit = tl.where(tile < full_end, (tile + 1) * BLOCK, 0)
-    return load_tile(row_ptr, tile_counters(tile, BLOCK), limit, fill)
+    return load_tile(row_ptr, tile_counters(tile, BLOCK), limit, fill, BLOCK)
 
 
 @triton.jit
@@ -348,7 +351,7 @@ def log_race_chunk(row_ptr, tile_begin, tile_end, vocab, temperature, scaled, s0
                                                    scaled, s0, s1, s2, kk0, kk1, run_max, best_s, best_i)
     if full_end < tile_end:  # the row's last, partial tile
         c = tile_counters(full_end, BLOCK)
-        x0, x1, x2, x3 = load_tile(row_ptr, c, vocab, float("-inf"))
+        x0, x1, x2, x3 = load_tile(row_ptr, c, vocab, float("-inf"), BLOCK)
         run_max, best_s, best_i = _log_race_loaded(c, x0, x1, x2, x3, temperature, scaled, s0, s1, s2, kk0, kk1,
                                                    run_max, best_s, best_i)
     return best_s, best_i
@@ -384,7 +387,7 @@ def ratio_race_chunk(row_ptr, tile_begin, tile_end, vocab, s0, s1, s2, s3, k0, k
             x3.to(tl.float32), s0, s1, s2, kk0, kk1, run_max, best_s, best_i)
     if full_end < tile_end:
         c = tile_counters(full_end, BLOCK)
-        x0, x1, x2, x3 = load_tile(row_ptr, c, vocab, 0.0)
+        x0, x1, x2, x3 = load_tile(row_ptr, c, vocab, 0.0, BLOCK)
         run_max, best_s, best_i = ratio_race_weights(c, x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32),
                                                      x3.to(tl.float32), s0, s1, s2, kk0, kk1, run_max, best_s,
                                                      best_i)
@@ -421,7 +424,7 @@ def argmax_chunk(row_ptr, tile_begin, tile_end, vocab, BLOCK: tl.constexpr):
         best_v, best_i = _argmax_loaded(tile_counters(tile, BLOCK), x0, x1, x2, x3, best_v, best_i)
     if full_end < tile_end:
         c = tile_counters(full_end, BLOCK)
-        x0, x1, x2, x3 = load_tile(row_ptr, c, vocab, float("-inf"))
+        x0, x1, x2, x3 = load_tile(row_ptr, c, vocab, float("-inf"), BLOCK)
         best_v, best_i = _argmax_loaded(c, x0, x1, x2, x3, best_v, best_i)
     return best_v, best_i
 

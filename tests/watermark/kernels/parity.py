@@ -1,0 +1,347 @@
+"""Parity checks of the Triton kernels against the torch references, shared by the GPU
+tests, the interpreter test (CPU) and the benchmark script.
+
+Each ``check_*`` draws fresh random inputs from ``seed`` (callers pass a fresh seed every
+run), runs kernel and reference on ``device`` and raises AssertionError, with the first
+mismatching rows, unless token ids (and routes) are bit-identical.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from watermark import gumbel, prf, sampler, speculative
+from watermark.processing import ProcessingParams, process_logits
+
+CONTEXT_SLOTS = 16
+# Keys that exercise the high word: above 2^32, near 2^64 (as int64: -1, -2, ...) and 2^63.
+EDGE_KEYS = [2**32 + 5, 2**64 - 1, 2**64 - 2, 2**63, 2**63 - 1, 0, 1, 2**32 - 1]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def random_keys(gen: torch.Generator, n: int) -> torch.Tensor:
+    keys = torch.randint(-2**63, 2**63 - 1, (n,), generator=gen, dtype=torch.int64)
+    edge = torch.rand(n, generator=gen) < 0.3
+    picks = torch.randint(0, len(EDGE_KEYS), (n,), generator=gen).tolist()
+    for i in edge.nonzero().flatten().tolist():
+        keys[i] = prf.to_signed64(EDGE_KEYS[picks[i]])
+    return keys
+
+
+def seed_offset(gen: torch.Generator) -> int:
+    return int(torch.randint(0, 1000, (1,), generator=gen))
+
+
+def random_logits(gen: torch.Generator, batch: int, vocab: int, *, dtype: torch.dtype, specials: bool = True,
+                  scale: float | None = None) -> torch.Tensor:
+    """float32 logits with NaN, -inf (whole rows too), ties and a few +inf, then cast."""
+    scale = scale if scale is not None else float(torch.empty(()).uniform_(0.5, 8.0, generator=gen))
+    logits = torch.randn(batch, vocab, generator=gen) * scale
+    if specials and batch >= 4:
+        pick = lambda p: torch.rand(batch, vocab, generator=gen) < p  # noqa: E731
+        logits[pick(0.01)] = float("nan")
+        logits[pick(0.05)] = float("-inf")
+        logits[0, :] = float("-inf")  # no finite logit: token 0
+        logits[1, :] = float("nan")
+        logits[1, vocab // 2] = 0.25  # the only defined logit
+        logits[2, ::3] = logits[2, 0]  # exact ties
+        if batch >= 6:
+            logits[3, vocab - 1] = float("inf")
+            logits[3, vocab // 3] = float("inf")
+            logits[4] = torch.round(logits[4])  # many ties after scaling too
+            logits[5, : vocab // 2] = float("-inf")
+    return logits.to(dtype)
+
+
+def non_contiguous(x: torch.Tensor, gen: torch.Generator, kind: str) -> torch.Tensor:
+    """The same values as a view with another row stride ('pad'), a row offset ('offset'),
+    or a column stride ('columns')."""
+    batch, vocab = x.shape
+    if kind == "pad":
+        wide = torch.full((batch, vocab + 19), float("nan"), dtype=x.dtype, device=x.device)
+        wide[:, :vocab] = x
+        return wide[:, :vocab]
+    if kind == "offset":
+        wide = torch.full((batch, vocab + 7), float("nan"), dtype=x.dtype, device=x.device)
+        wide[:, 5:5 + vocab] = x
+        return wide[:, 5:5 + vocab]
+    if kind == "columns":
+        wide = torch.full((batch, 2 * vocab), float("nan"), dtype=x.dtype, device=x.device)
+        wide[:, ::2] = x
+        return wide[:, ::2]
+    return x
+
+
+def sampler_case(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *, layout: str = "contiguous"):
+    """Random inputs of :func:`watermark.kernels.gumbel.gumbel_sample` (a dict) and the
+    reference's SamplerRows: every context width 1..16, dual-key and skip rows, greedy rows,
+    temperatures around 1, keys at the 2^32 / 2^64 edges, positions above 2^32."""
+    gen = _gen(seed)
+    logits = random_logits(gen, batch, vocab, dtype=dtype)
+    temps = torch.tensor([1.0, 0.7, 1.3, 0.0, 2.5, 1e-3, 1.0, 0.9], dtype=torch.float32)
+    temperature = temps[torch.randint(0, len(temps), (batch,), generator=gen)]
+    key_a, key_b, stream_keys = (random_keys(gen, batch) for _ in range(3))
+    dual = torch.rand(batch, generator=gen) < 0.5
+    alpha = torch.where(dual, torch.rand(batch, generator=gen), torch.zeros(batch))
+    alpha[torch.rand(batch, generator=gen) < 0.1] = 1.0
+    widths = (torch.arange(batch) + seed_offset(gen)) % CONTEXT_SLOTS + 1
+    widths = widths[torch.randperm(batch, generator=gen)].to(torch.int32)
+    contexts = torch.randint(-1, 2**31 - 1, (batch, CONTEXT_SLOTS), generator=gen, dtype=torch.int64)
+    contexts[torch.rand(batch, CONTEXT_SLOTS, generator=gen) < 0.1] = -1
+    watermark = torch.rand(batch, generator=gen) < 0.75
+    positions = torch.randint(0, 2**40, (batch,), generator=gen, dtype=torch.int64)
+    positions[: batch // 2] %= 5000
+    args = dict(temperature=temperature, key_a=key_a, key_b=key_b, alpha=alpha, contexts=contexts, widths=widths,
+                watermark=watermark, stream_keys=stream_keys, positions=positions)
+    args = {k: v.to(device) for k, v in args.items()}
+    logits = logits.to(device)
+    kernel_logits = non_contiguous(logits, gen, layout)
+    return logits, kernel_logits, args
+
+
+def reference_sample(logits: torch.Tensor, args: dict) -> sampler.SampleResult:
+    batch = logits.shape[0]
+    widths = args["widths"].tolist()
+    ctx = args["contexts"].tolist()
+    rows = sampler.SamplerRows(
+        key_a=args["key_a"], key_b=args["key_b"], alpha=args["alpha"],
+        contexts=[ctx[b][: widths[b]] for b in range(batch)], watermark=args["watermark"],
+        greedy=args["temperature"] == 0, stream_keys=args["stream_keys"], positions=args["positions"])
+    params = ProcessingParams(temperature=args["temperature"], top_k=torch.zeros(batch, dtype=torch.int64),
+                              top_p=torch.ones(batch))
+    return sampler.sample_reference(process_logits(logits, params), rows, argmax=gumbel.gumbel_argmax_reference)
+
+
+def assert_same(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    got = got.cpu()
+    want = want.cpu().to(got.dtype)
+    if got.shape != want.shape:
+        raise AssertionError(f"{name}: shape {tuple(got.shape)} != reference {tuple(want.shape)}")
+    bad = (got != want).nonzero()
+    if len(bad):
+        rows = bad[:5].tolist()
+        detail = ", ".join(f"{r}: {got[tuple(r)].item()} vs {want[tuple(r)].item()}" for r in rows)
+        raise AssertionError(f"{name}: {len(bad)} mismatches (kernel vs reference) at {detail}")
+
+
+def check_gumbel_sample(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *,
+                        layout: str = "contiguous", blocks_per_row: int | None = None) -> None:
+    from watermark.kernels import gumbel as kernels
+
+    logits, kernel_logits, args = sampler_case(seed, batch, vocab, dtype, device, layout=layout)
+    got = kernels.gumbel_sample(kernel_logits, **args, blocks_per_row=blocks_per_row)
+    want = reference_sample(logits, args)
+    assert_same(f"gumbel_sample tokens (seed {seed})", got.tokens, want.tokens)
+    assert_same(f"gumbel_sample routes (seed {seed})", got.routes, want.routes)
+
+
+def race_case(seed: int, batch: int, vocab: int, dtype: torch.dtype, device):
+    gen = _gen(seed)
+    logits = random_logits(gen, batch, vocab, dtype=dtype)
+    keys = random_keys(gen, batch)
+    widths = [1 + (i + seed_offset(gen)) % CONTEXT_SLOTS for i in range(batch)]
+    contexts = [torch.randint(-1, 2**31 - 1, (w,), generator=gen).tolist() for w in widths]
+    states = prf.context_states_torch(keys, contexts)
+    return logits.to(device), keys.to(device), states.to(device)
+
+
+def check_gumbel_argmax(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *,
+                        layout: str = "contiguous", blocks_per_row: int | None = None) -> None:
+    from watermark.kernels import gumbel as kernels
+
+    logits, keys, states = race_case(seed, batch, vocab, dtype, device)
+    view = non_contiguous(logits, _gen(seed + 1), layout)
+    got = kernels.gumbel_argmax(view, keys, states, blocks_per_row=blocks_per_row)
+    assert_same(f"gumbel_argmax (seed {seed})", got, gumbel.gumbel_argmax_reference(logits, keys, states))
+
+
+def random_weights(gen: torch.Generator, batch: int, vocab: int, dtype: torch.dtype) -> torch.Tensor:
+    """Probability rows: dense softmax, sparse (top-k like), one-hot, all zero, tiny values."""
+    logits = torch.randn(batch, vocab, generator=gen) * float(torch.empty(()).uniform_(0.5, 6.0, generator=gen))
+    weights = torch.softmax(logits, -1)
+    for b in range(batch):
+        kind = b % 6
+        if kind == 1:
+            weights[b, torch.rand(vocab, generator=gen) < 0.9] = 0
+        elif kind == 2:
+            weights[b] = 0
+            weights[b, int(torch.randint(0, vocab, (1,), generator=gen))] = 1
+        elif kind == 3 and b >= 3:
+            weights[b] = 0
+        elif kind == 4:
+            weights[b] *= 1e-30
+    return weights.to(dtype)
+
+
+def check_exponential_race(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *,
+                           blocks_per_row: int | None = None) -> None:
+    from watermark.kernels import gumbel as kernels
+
+    gen = _gen(seed)
+    _, keys, states = race_case(seed + 7, batch, 8, torch.float32, device)
+    weights = random_weights(gen, batch, vocab, dtype).to(device)
+    got = kernels.exponential_race(weights, keys, states, blocks_per_row=blocks_per_row)
+    assert_same(f"exponential_race (seed {seed})", got, gumbel.exponential_race_reference(weights, keys, states))
+
+
+def verify_case(seed: int, batch: int, k: int, vocab: int, dtype: torch.dtype, device):
+    """Random inputs of the kernel's verify and the reference's VerifyRows. Row kinds cycle
+    through: independent target/draft, draft == target (full acceptance), draft = 2 x target
+    (rejections with an empty residual), sparse (top-k-like) rows, greedy rows whose drafts
+    follow the target's argmax for a while."""
+    gen = _gen(seed)
+    scale = float(torch.empty(()).uniform_(0.5, 4.0, generator=gen))
+    p = torch.softmax(torch.randn(batch, k + 1, vocab, generator=gen) * scale, -1)
+    q = torch.softmax(torch.randn(batch, k, vocab, generator=gen) * scale, -1)
+    greedy = torch.zeros(batch, dtype=torch.bool)
+    kinds = (torch.arange(batch) + seed_offset(gen)) % 5
+    for b in range(batch):
+        kind = int(kinds[b])
+        if kind == 1:
+            q[b] = p[b, :k]
+        elif kind == 2:
+            q[b] = p[b, :k] * 2
+        elif kind == 3:
+            keep = torch.rand(vocab, generator=gen) < 0.05
+            keep[0] = True
+            p[b, :, ~keep] = 0
+            q[b, :, ~keep] = 0
+            p[b] /= p[b].sum(-1, keepdim=True)
+            q[b] /= q[b].sum(-1, keepdim=True)
+        elif kind == 4:
+            greedy[b] = True
+    # Drafts: sampled from q (plain multinomial: any token ids will do for verification).
+    x = torch.stack([torch.multinomial(q[:, j], 1, generator=gen).squeeze(-1) for j in range(k)], -1) if k else \
+        torch.zeros(batch, 0, dtype=torch.int64)
+    target_argmax = p.argmax(-1)
+    for b in greedy.nonzero().flatten().tolist():
+        follow = int(torch.randint(0, k + 1, (1,), generator=gen))
+        x[b, :follow] = target_argmax[b, :follow]
+    widths = ((torch.arange(batch) + seed_offset(gen)) % CONTEXT_SLOTS + 1).to(torch.int32)
+    contexts = torch.randint(-1, 2**31 - 1, (batch, k + 1, CONTEXT_SLOTS), generator=gen, dtype=torch.int64)
+    args = dict(
+        key_b=random_keys(gen, batch), key_coin=random_keys(gen, batch),
+        keyed_coin=torch.rand(batch, generator=gen) < 0.5, contexts=contexts, widths=widths,
+        watermark=torch.rand(batch, k + 1, generator=gen) < 0.8, greedy=greedy, stream_keys=random_keys(gen, batch),
+        positions=torch.randint(0, 2**40, (batch,), generator=gen, dtype=torch.int64))
+    args = {name: value.to(device) for name, value in args.items()}
+    return p.to(dtype).to(device), q.to(dtype).to(device), x.to(device), args
+
+
+def reference_verify(p, q, x, args) -> speculative.VerifyResult:
+    batch, k = x.shape
+    widths = args["widths"].tolist()
+    ctx = args["contexts"].tolist()
+    rows = speculative.VerifyRows(
+        key_b=args["key_b"], key_coin=args["key_coin"], keyed_coin=args["keyed_coin"],
+        contexts=[[ctx[b][j][: widths[b]] for j in range(k + 1)] for b in range(batch)],
+        watermark=args["watermark"], greedy=args["greedy"], stream_keys=args["stream_keys"],
+        positions=args["positions"])
+    return speculative.verify(p, q, x, rows, race=gumbel.exponential_race_reference)
+
+
+def check_verify(seed: int, batch: int, k: int, vocab: int, dtype: torch.dtype, device, *,
+                 blocks_per_row: int | None = None) -> dict:
+    """Parity of the fused verification; returns counts of the row outcomes it covered."""
+    from watermark.kernels import speculative as kernels
+
+    p, q, x, args = verify_case(seed, batch, k, vocab, dtype, device)
+    got = kernels.verify(p, q, x, **args, blocks_per_row=blocks_per_row)
+    want = reference_verify(p, q, x, args)
+    assert_same(f"verify tokens (seed {seed})", got.tokens, want.tokens)
+    assert_same(f"verify num_accepted (seed {seed})", got.num_accepted, want.num_accepted)
+    assert_same(f"verify routes (seed {seed})", got.routes, want.routes)
+    accepted = want.num_accepted.cpu()
+    greedy = args["greedy"].cpu()
+    empty = 0
+    for b in range(x.shape[0]):
+        at = int(accepted[b])
+        if at < k and not greedy[b]:
+            residual = (p[b, at].float() - q[b, at].float()).clamp(min=0)
+            empty += int(residual.sum().item() <= 0)
+    return {"early_rejection": int((accepted < k).sum()), "full_acceptance": int((accepted == k).sum()),
+            "empty_residual": empty, "greedy": int(greedy.sum())}
+
+
+def dedup_reference():
+    """watermark.dedup, importable without pydantic: it needs watermark.spec only for the
+    DedupScope type alias, and the GPU image has no pydantic. Where pydantic is missing a
+    stand-in module providing that alias is registered first (tests only)."""
+    import importlib
+    import sys
+    import types
+
+    try:
+        return importlib.import_module("watermark.dedup")
+    except ModuleNotFoundError as error:
+        if error.name != "pydantic":
+            raise
+    stand_in = types.ModuleType("watermark.spec")
+    stand_in.DedupScope = str
+    stand_in.__doc__ = "stand-in for watermark.spec (no pydantic here): the DedupScope alias only"
+    sys.modules["watermark.spec"] = stand_in
+    sys.modules.pop("watermark.dedup", None)
+    return importlib.import_module("watermark.dedup")
+
+
+DEDUP_SEQUENCES = {
+    "random": lambda gen, n: torch.randint(0, 50_000, (n,), generator=gen).tolist(),
+    "binary": lambda gen, n: torch.randint(0, 2, (n,), generator=gen).tolist(),
+    "loop": lambda gen, n: [1, 2, 3] * (n // 3) + [1] * (n % 3),
+    "single_token": lambda gen, n: [7] * n,
+    "nested": lambda gen, n: ((([1, 2] * 5 + [3]) * n)[: n // 2] + torch.randint(0, 4, (n - n // 2,), generator=gen).tolist()),
+}
+
+
+def check_dedup(seed: int, device, *, requests: int = 10, steps: int = 120, k: int = 3) -> None:
+    """GpuDeduper against ContextDeduper: next-token and speculative-block decisions at every
+    step of random and adversarially repetitive sequences, all scopes, bounded and
+    unbounded windows, widths 1..16, prompts."""
+    from watermark.kernels.dedup import GpuDeduper
+
+    reference = dedup_reference()
+    gen = _gen(seed)
+    kinds = list(DEDUP_SEQUENCES)
+    scopes = ["single_turn", "all", "none"]
+    windows = [None, 1, 3, 8, 40]
+    configs, sequences, refs = [], [], []
+    for r in range(requests):
+        width = [1, 2, 3, 4, 16, int(torch.randint(1, 17, (1,), generator=gen))][r % 6]
+        scope = scopes[(r + seed) % 3] if r % 7 != 6 else "single_turn"
+        window = windows[int(torch.randint(0, len(windows), (1,), generator=gen))]
+        prompt = DEDUP_SEQUENCES[kinds[(r + 1) % len(kinds)]](gen, int(torch.randint(0, 12, (1,), generator=gen)))
+        seq = DEDUP_SEQUENCES[kinds[(r + seed) % len(kinds)]](gen, steps + k)
+        configs.append((width, scope, window, prompt))
+        sequences.append(seq)
+        refs.append(reference.ContextDeduper(width, scope, window, prompt=prompt))
+    dedup = GpuDeduper(requests + 3, capacity=steps + 16, device=device)
+    # Requests in scrambled slots, as a server would place them.
+    slots = torch.randperm(requests + 3, generator=gen)[:requests]
+    for r, (width, scope, window, prompt) in enumerate(configs):
+        dedup.open(int(slots[r]), width=width, scope=scope, max_history=window, prompt=prompt)
+    slots_dev = slots.to(device)
+    for step in range(steps):
+        drafts = torch.tensor([seq[step + 1: step + 1 + k] for seq in sequences], dtype=torch.int64)
+        if step % 2:
+            drafts[:, 1:] = torch.randint(0, 4, (requests, k - 1), generator=gen)
+        got = dedup.repeated(slots_dev, drafts.to(device)).cpu()
+        want = torch.tensor([ref.block_repeated(drafts[r].tolist()) for r, ref in enumerate(refs)])
+        if not torch.equal(got, want):
+            bad = (got != want).nonzero()[:3].tolist()
+            raise AssertionError(f"dedup block decisions differ at step {step} (seed {seed}): {bad}; "
+                                 f"configs {[configs[b[0]][:3] for b in bad]}")
+        nxt = dedup.repeated(slots_dev).cpu()[:, 0]
+        want_next = torch.tensor([ref.next_repeated() for ref in refs])
+        if not torch.equal(nxt, want_next):
+            raise AssertionError(f"dedup next decisions differ at step {step} (seed {seed})")
+        tokens = torch.tensor([seq[step] for seq in sequences], dtype=torch.int64)
+        dedup.append(slots_dev, tokens.to(device))
+        for ref, token in zip(refs, tokens.tolist()):
+            ref.push(token)
+    if int(dedup.overflow.sum()):
+        raise AssertionError("dedup history overflowed its capacity")
