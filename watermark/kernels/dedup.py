@@ -253,4 +253,4 @@ class GpuDeduper:
             _dedup_query_kernel[(batch,)](
                 self.history, self.table, self.length, self.generated, self.width, self.scope, self.max_history,
                 slots, drafts, max(drafts.stride(0), 1), k, out, self.capacity, self.table_size, num_warps=1)
-        return out.to(torch.bool)
+        return out.view(torch.bool)  # 0/1 bytes: a view, no conversion kernel

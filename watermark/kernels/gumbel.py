@@ -39,7 +39,7 @@ R_KEY_B = tl.constexpr(ROUTE_KEY_B)
 _SIZE_ARGS = ["stride_row", "vocab", "ctx_stride", "tiles_per_block", "nblk"]
 _ROW_PTRS = ["temp_ptr", "key_a_ptr", "key_b_ptr", "alpha_ptr", "ctx_ptr", "width_ptr", "wm_ptr", "skey_ptr",
              "pos_ptr", "keys_ptr", "states_ptr", "tokens_ptr", "routes_ptr", "part_s_ptr", "part_i_ptr",
-             "count_ptr"]
+             "count_ptr", "scratch_ptr"]
 
 
 def _no_spec(fn_args: list[str]) -> list[str]:
@@ -48,19 +48,22 @@ def _no_spec(fn_args: list[str]) -> list[str]:
 
 _SAMPLE_ARGS = ["logits_ptr", "stride_row", "vocab", "temp_ptr", "key_a_ptr", "key_b_ptr", "alpha_ptr", "ctx_ptr",
                 "ctx_stride", "width_ptr", "wm_ptr", "skey_ptr", "pos_ptr", "tokens_ptr", "routes_ptr",
-                "part_s_ptr", "part_i_ptr", "count_ptr", "tiles_per_block", "nblk"]
+                "part_s_ptr", "part_i_ptr", "count_ptr", "scratch_ptr", "tiles_per_block", "nblk"]
 
 
 @triton.jit(do_not_specialize=_no_spec(_SAMPLE_ARGS))
 def _gumbel_sample_kernel(logits_ptr, stride_row, vocab, temp_ptr, key_a_ptr, key_b_ptr, alpha_ptr, ctx_ptr,
                           ctx_stride, width_ptr, wm_ptr, skey_ptr, pos_ptr, tokens_ptr, routes_ptr,
-                          part_s_ptr, part_i_ptr, count_ptr, tiles_per_block, nblk,
-                          BLOCK: tl.constexpr, STRIDE_MULT: tl.constexpr, NB: tl.constexpr):
+                          part_s_ptr, part_i_ptr, count_ptr, scratch_ptr, tiles_per_block, nblk,
+                          BLOCK: tl.constexpr, STRIDE_MULT: tl.constexpr, NB: tl.constexpr,
+                          COMPACT: tl.constexpr):
     row = tl.program_id(0)
     blk = tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * (stride_row * STRIDE_MULT)
     tile_begin = blk * tiles_per_block
     tile_end = tl.minimum(tile_begin + tiles_per_block, tl.cdiv(vocab, BLOCK))
+    x0, x1, x2, x3 = race.first_tile(row_ptr, tile_begin, tile_end, vocab, float("-inf"), BLOCK)
+    scratch = scratch_ptr + (row.to(tl.int64) * nblk + blk) * (BLOCK // 4)
 
     temperature = tl.load(temp_ptr + row)
     greedy = temperature == 0.0
@@ -80,7 +83,7 @@ def _gumbel_sample_kernel(logits_ptr, stride_row, vocab, temp_ptr, key_a_ptr, ke
     route = tl.where(greedy, R_GREEDY, route)
 
     if greedy:
-        best_s, best_i = race.argmax_chunk(row_ptr, tile_begin, tile_end, vocab, BLOCK)
+        best_s, best_i = race.argmax_chunk_from(row_ptr, x0, x1, x2, x3, tile_begin, tile_end, vocab, BLOCK)
     else:
         if marked:
             key = tl.where(use_b, tl.load(key_b_ptr + row), tl.load(key_a_ptr + row))
@@ -91,8 +94,8 @@ def _gumbel_sample_kernel(logits_ptr, stride_row, vocab, temp_ptr, key_a_ptr, ke
             k0 = sk0
             k1 = sk1
             s0, s1, s2, s3 = philox.stream_state(sk0, sk1, position, LANE_SAMPLE)
-        best_s, best_i = race.log_race_chunk(row_ptr, tile_begin, tile_end, vocab, temperature,
-                                             temperature != 1.0, s0, s1, s2, s3, k0, k1, BLOCK)
+        best_s, best_i = race.log_race_chunk(row_ptr, x0, x1, x2, x3, tile_begin, tile_end, vocab, temperature,
+                                             temperature != 1.0, s0, s1, s2, s3, k0, k1, scratch, BLOCK, COMPACT)
 
     last, score, token = race.combine_blocks(part_s_ptr, part_i_ptr, count_ptr, row, blk, nblk, best_s, best_i, NB)
     if last:
@@ -103,7 +106,7 @@ def _gumbel_sample_kernel(logits_ptr, stride_row, vocab, temp_ptr, key_a_ptr, ke
 
 
 _STATES_ARGS = ["logits_ptr", "stride_row", "vocab", "keys_ptr", "states_ptr", "tokens_ptr", "part_s_ptr",
-                "part_i_ptr", "count_ptr", "tiles_per_block", "nblk"]
+                "part_i_ptr", "count_ptr", "scratch_ptr", "tiles_per_block", "nblk"]
 
 
 @triton.jit
@@ -116,16 +119,19 @@ def _row_state(keys_ptr, states_ptr, row):
 
 @triton.jit(do_not_specialize=_no_spec(_STATES_ARGS))
 def _gumbel_argmax_kernel(logits_ptr, stride_row, vocab, keys_ptr, states_ptr, tokens_ptr, part_s_ptr, part_i_ptr,
-                          count_ptr, tiles_per_block, nblk,
-                          BLOCK: tl.constexpr, STRIDE_MULT: tl.constexpr, NB: tl.constexpr):
+                          count_ptr, scratch_ptr, tiles_per_block, nblk,
+                          BLOCK: tl.constexpr, STRIDE_MULT: tl.constexpr, NB: tl.constexpr,
+                          COMPACT: tl.constexpr):
     row = tl.program_id(0)
     blk = tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * (stride_row * STRIDE_MULT)
     tile_begin = blk * tiles_per_block
     tile_end = tl.minimum(tile_begin + tiles_per_block, tl.cdiv(vocab, BLOCK))
+    x0, x1, x2, x3 = race.first_tile(row_ptr, tile_begin, tile_end, vocab, float("-inf"), BLOCK)
+    scratch = scratch_ptr + (row.to(tl.int64) * nblk + blk) * (BLOCK // 4)
     s0, s1, s2, s3, k0, k1 = _row_state(keys_ptr, states_ptr, row)
-    best_s, best_i = race.log_race_chunk(row_ptr, tile_begin, tile_end, vocab, 1.0, False,
-                                         s0, s1, s2, s3, k0, k1, BLOCK)
+    best_s, best_i = race.log_race_chunk(row_ptr, x0, x1, x2, x3, tile_begin, tile_end, vocab, 1.0, False,
+                                         s0, s1, s2, s3, k0, k1, scratch, BLOCK, COMPACT)
     last, score, token = race.combine_blocks(part_s_ptr, part_i_ptr, count_ptr, row, blk, nblk, best_s, best_i, NB)
     if last:
         token = tl.where(score == race.NEG_INF, 0, token)
@@ -134,8 +140,9 @@ def _gumbel_argmax_kernel(logits_ptr, stride_row, vocab, keys_ptr, states_ptr, t
 
 @triton.jit(do_not_specialize=_no_spec(_STATES_ARGS))
 def _exponential_race_kernel(logits_ptr, stride_row, vocab, keys_ptr, states_ptr, tokens_ptr, part_s_ptr,
-                             part_i_ptr, count_ptr, tiles_per_block, nblk,
-                             BLOCK: tl.constexpr, STRIDE_MULT: tl.constexpr, NB: tl.constexpr):
+                             part_i_ptr, count_ptr, scratch_ptr, tiles_per_block, nblk,
+                             BLOCK: tl.constexpr, STRIDE_MULT: tl.constexpr, NB: tl.constexpr,
+                             COMPACT: tl.constexpr):
     row = tl.program_id(0)
     blk = tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * (stride_row * STRIDE_MULT)
@@ -162,6 +169,9 @@ class LaunchConfig:
     """Target programs resident per multiprocessor; sets programs per row for small batches."""
     reduce_block: int = 64
     """Partials read per step by the program that reduces a row."""
+    compact: bool = True
+    """Race only the tokens that can still win once a tile is sparse in them (Zipf-like
+    rows, top-k masks); False keeps every tile dense (the fallback if compaction misbehaves)."""
 
 
 DEFAULT_CONFIG = LaunchConfig()
@@ -215,11 +225,11 @@ def _launch_race(kernel, values: torch.Tensor, keys: torch.Tensor, states: torch
     if states.shape != (batch, 4):
         raise ValueError(f"states must be [{batch}, 4]; got {tuple(states.shape)}")
     per_block, nblk = race.split_rows(batch, vocab, config.block, device, config.programs_per_sm, blocks_per_row)
-    ws = race.workspace(device, batch, batch * nblk)
+    ws = race.workspace(device, batch, batch * nblk, batch * nblk * (config.block // 4))
     mult = stride_mult(values)
     kernel[(batch, nblk)](values, values.stride(0) // mult, vocab, keys, states, tokens, ws.scores, ws.tokens,
-                          ws.counters, per_block, nblk, BLOCK=config.block, STRIDE_MULT=mult,
-                          NB=config.reduce_block, num_warps=config.num_warps)
+                          ws.counters, ws.scratch, per_block, nblk, BLOCK=config.block, STRIDE_MULT=mult,
+                          NB=config.reduce_block, COMPACT=config.compact, num_warps=config.num_warps)
     return tokens
 
 
@@ -269,7 +279,7 @@ def gumbel_sample(logits: torch.Tensor, *, temperature: torch.Tensor, key_a: tor
         contexts = contexts.contiguous()
     widths = _row_tensor(widths, batch, torch.int32, device, "widths")
     per_block, nblk = race.split_rows(batch, vocab, config.block, device, config.programs_per_sm, blocks_per_row)
-    ws = race.workspace(device, batch, batch * nblk)
+    ws = race.workspace(device, batch, batch * nblk, batch * nblk * (config.block // 4))
     mult = stride_mult(values)
     _gumbel_sample_kernel[(batch, nblk)](
         values, values.stride(0) // mult, vocab,
@@ -281,6 +291,7 @@ def gumbel_sample(logits: torch.Tensor, *, temperature: torch.Tensor, key_a: tor
         flags_int8(watermark, (batch,), device, "watermark"),
         _row_tensor(stream_keys, batch, torch.int64, device, "stream_keys"),
         _row_tensor(positions, batch, torch.int64, device, "positions"),
-        tokens, routes, ws.scores, ws.tokens, ws.counters, per_block, nblk,
-        BLOCK=config.block, STRIDE_MULT=mult, NB=config.reduce_block, num_warps=config.num_warps)
+        tokens, routes, ws.scores, ws.tokens, ws.counters, ws.scratch, per_block, nblk,
+        BLOCK=config.block, STRIDE_MULT=mult, NB=config.reduce_block, COMPACT=config.compact,
+        num_warps=config.num_warps)
     return SampleResult(tokens=tokens, routes=routes)

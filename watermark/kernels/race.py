@@ -44,8 +44,10 @@ NEG_INF = tl.constexpr(float("-inf"))
 POS_INF = tl.constexpr(float("inf"))
 BIG_INDEX = tl.constexpr(2**31 - 1)
 TWO_M24 = tl.constexpr(2.0**-24)
-# d = 1 - u is exact below 2^-6 (mantissas above 2^24 - 2^18); -log(1 - d) by its series there.
-SERIES_LIMIT = tl.constexpr(2**18)
+# d = 1 - u is exact below 2^-8 (mantissas above 2^24 - 2^16); -log(1 - d) ~= d + d^2 / 2
+# there (relative error below d^2 / 3 <= 5.1e-6), the hardware log above (where its
+# absolute error, ~2^-22, is at most ~5e-5 relative to -log u >= 2^-8).
+SERIES_LIMIT = tl.constexpr(2**16)
 
 # Stage-1 error budget: the measured max |g~ - g| must stay below NOISE_ERROR_BOUND and the
 # measured max |r~ E - 1| below RATIO_ERROR_BOUND; the candidate window is 4x the bound.
@@ -94,10 +96,10 @@ def exponential_approx(word):
     x = (mant + 1).to(tl.float32) * TWO_M24
     far = -_lg2(x) * LN2
     # u near 1: d = 1 - u = (2^24 - m) 2^-24 exactly (u is (m + 1) 2^-24 minus one ulp),
-    # built from the integer without a conversion; -ln(1 - d) = d + d^2/2 + d^3/3 + ...
+    # built from the integer without a conversion; -ln(1 - d) = d + d^2/2 + ...
     nd = 16777216 - mant
     d = tl.fma((nd | 0x4B000000).to(tl.float32, bitcast=True), TWO_M24, -0.5)
-    near = d * tl.fma(d, tl.fma(d, 0.3333333333333333, 0.5), 1.0)
+    near = tl.fma(d * 0.5, d, d)
     return tl.where(nd < SERIES_LIMIT, near, far)
 
 
@@ -318,24 +320,110 @@ def process(x, temperature, scaled):
 
 
 @triton.jit
-def _log_race_loaded(c, x0, x1, x2, x3, temperature, scaled, s0, s1, s2, k0, k1, run_max, best_s, best_i):
-    l0 = process(x0, temperature, scaled)
-    l1 = process(x1, temperature, scaled)
-    l2 = process(x2, temperature, scaled)
-    l3 = process(x3, temperature, scaled)
-    # Exact pruning: no token of this tile can beat the best exact score (see module doc).
-    if tl.max(max4(l0, l1, l2, l3), 0) + NOISE_BOUND > best_s:
-        u0, u1, u2, u3 = tile_words(c, s0, s1, s2, k0, k1)
-        run_max, best_s, best_i = log_race_tile(c, l0, l1, l2, l3, u0, u1, u2, u3, run_max, best_s, best_i)
+def log_race_tokens(t, l, u, run_max, best_s, best_i):
+    """Race a gathered set of tokens ``t`` (int32, ascending; -1 for unused lanes, whose
+    logits are -inf) with logits ``l`` and words ``u``: the one-lane form of log_race_tile."""
+    a = _noise_score(l, u)
+    tile_max = tl.max(a, 0)
+    run_max = tl.maximum(run_max, tile_max)
+    thr = _log_threshold(run_max)
+    if (tile_max >= thr) & (tile_max > NEG_INF):
+        cand = (a >= thr) & (a > NEG_INF)
+        n = tl.sum(cand.to(tl.int32), 0)
+        mants = (u >> 8).to(tl.int32)
+        while n > 0:
+            i = tl.min(tl.where(cand, t, BIG_INDEX), 0)
+            hit = t == i
+            li = tl.max(tl.where(hit, l, NEG_INF), 0)
+            mi = tl.max(tl.where(hit, mants, -1), 0)
+            s = li + exact_noise(mi)
+            better = s > best_s
+            best_s = tl.where(better, s, best_s)
+            best_i = tl.where(better, i, best_i)
+            cand = cand & (t != i)
+            n = n - 1
     return run_max, best_s, best_i
 
 
 @triton.jit
-def log_race_chunk(row_ptr, tile_begin, tile_end, vocab, temperature, scaled, s0, s1, s2, s3, k0, k1,
-                   BLOCK: tl.constexpr):
-    """Exact first argmax of l + g over the tiles [tile_begin, tile_end) of one row.
+def _log_race_sparse(row_ptr, c, k0_, k1_, k2_, k3_, n_live, scratch_ptr, temperature, scaled, s0, s1, s2, k0,
+                     k1, run_max, best_s, best_i, GATHER: tl.constexpr):
+    """Race only the live tokens of a tile (k_j: token 4c + j can still win): compact their
+    ids into this program's scratch (prefix sum, scatter), then gather GATHER at a time,
+    one Philox call per token. Exact like the dense path: the others cannot win."""
+    n0 = k0_.to(tl.int32)
+    n1 = k1_.to(tl.int32)
+    n2 = k2_.to(tl.int32)
+    count = n0 + n1 + n2 + k3_.to(tl.int32)
+    slot = tl.cumsum(count, 0) - count  # ascending token order
+    t = c * 4
+    tl.store(scratch_ptr + slot, t, mask=k0_)
+    tl.store(scratch_ptr + (slot + n0), t + 1, mask=k1_)
+    tl.store(scratch_ptr + (slot + n0 + n1), t + 2, mask=k2_)
+    tl.store(scratch_ptr + (slot + n0 + n1 + n2), t + 3, mask=k3_)
+    tl.debug_barrier()
+    for g in range(0, n_live, GATHER):
+        idx = g + tl.arange(0, GATHER)
+        tok = tl.load(scratch_ptr + idx, mask=idx < n_live, other=-1, volatile=True)
+        l = process(tl.load(row_ptr + tok, mask=tok >= 0, other=float("-inf")), temperature, scaled)
+        lane = tok & 3
+        w0, w1, w2, w3 = philox.philox((tok >> 2).to(tl.uint32), s0, s1, s2, k0, k1)
+        u = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
+        run_max, best_s, best_i = log_race_tokens(tok, l, u, run_max, best_s, best_i)
+    tl.debug_barrier()  # every lane has read the scratch before the next tile writes it
+    return run_max, best_s, best_i
+
+
+@triton.jit
+def _log_race_loaded(row_ptr, c, x0, x1, x2, x3, scratch_ptr, temperature, scaled, s0, s1, s2, k0, k1, run_max,
+                     best_s, best_i, BLOCK: tl.constexpr, COMPACT: tl.constexpr):
+    l0 = process(x0, temperature, scaled)
+    l1 = process(x1, temperature, scaled)
+    l2 = process(x2, temperature, scaled)
+    l3 = process(x3, temperature, scaled)
+    # Exact pruning: a token with float32 l + NOISE_MAX <= the best exact score so far
+    # cannot win. ``floor`` sits a little below best - NOISE_BOUND, so l <= floor implies it
+    # (the margin covers the roundings; a too-low floor only keeps extra tokens).
+    floor = best_s - NOISE_BOUND - (tl.abs(best_s) * ROUNDING + ROUNDING)
+    live0 = l0 > floor
+    live1 = l1 > floor
+    live2 = l2 > floor
+    live3 = l3 > floor
+    n_live = count4(live0, live1, live2, live3)
+    if COMPACT:
+        if n_live <= BLOCK // 4:  # sparse: a quarter or less of the tile can still win
+            if n_live > 0:
+                run_max, best_s, best_i = _log_race_sparse(row_ptr, c, live0, live1, live2, live3, n_live,
+                                                           scratch_ptr, temperature, scaled, s0, s1, s2, k0, k1,
+                                                           run_max, best_s, best_i, BLOCK // 16)
+        else:
+            run_max, best_s, best_i = _log_race_dense(c, l0, l1, l2, l3, s0, s1, s2, k0, k1, run_max, best_s, best_i)
+    elif n_live > 0:
+        run_max, best_s, best_i = _log_race_dense(c, l0, l1, l2, l3, s0, s1, s2, k0, k1, run_max, best_s, best_i)
+    return run_max, best_s, best_i
+
+
+@triton.jit
+def _log_race_dense(c, l0, l1, l2, l3, s0, s1, s2, k0, k1, run_max, best_s, best_i):
+    u0, u1, u2, u3 = tile_words(c, s0, s1, s2, k0, k1)
+    return log_race_tile(c, l0, l1, l2, l3, u0, u1, u2, u3, run_max, best_s, best_i)
+
+
+@triton.jit
+def first_tile(row_ptr, tile_begin, tile_end, vocab, fill, BLOCK: tl.constexpr):
+    """Prefetch of a chunk's first whole tile; kernels issue it before their scalar
+    prologue (keys, routing coin, context state) so that memory latency overlaps it."""
+    return load_next(row_ptr, tile_begin, tl.minimum(tile_end, vocab // BLOCK), fill, BLOCK)
+
+
+@triton.jit
+def log_race_chunk(row_ptr, x0, x1, x2, x3, tile_begin, tile_end, vocab, temperature, scaled, s0, s1, s2, s3, k0,
+                   k1, scratch_ptr, BLOCK: tl.constexpr, COMPACT: tl.constexpr):
+    """Exact first argmax of l + g over the tiles [tile_begin, tile_end) of one row
+    (x0..x3: the prefetched first tile, :func:`first_tile`).
 
     Returns (score, token); (-inf, BIG_INDEX) when every logit there is -inf or NaN.
+    ``scratch_ptr``: this program's BLOCK / 4 int32 (COMPACT only).
     """
     kk0 = k0 ^ s3
     kk1 = k1 ^ philox.TOKEN_DOMAIN
@@ -343,17 +431,18 @@ def log_race_chunk(row_ptr, tile_begin, tile_end, vocab, temperature, scaled, s0
     best_s = tl.full([], NEG_INF, tl.float32)
     best_i = tl.full([], BIG_INDEX, tl.int32)
     full_end = tl.minimum(tile_end, vocab // BLOCK)
-    n0, n1, n2, n3 = load_next(row_ptr, tile_begin, full_end, float("-inf"), BLOCK)
+    n0, n1, n2, n3 = x0, x1, x2, x3
     for tile in range(tile_begin, full_end):
         x0, x1, x2, x3 = n0, n1, n2, n3
         n0, n1, n2, n3 = load_next(row_ptr, tile + 1, full_end, float("-inf"), BLOCK)
-        run_max, best_s, best_i = _log_race_loaded(tile_counters(tile, BLOCK), x0, x1, x2, x3, temperature,
-                                                   scaled, s0, s1, s2, kk0, kk1, run_max, best_s, best_i)
+        run_max, best_s, best_i = _log_race_loaded(row_ptr, tile_counters(tile, BLOCK), x0, x1, x2, x3, scratch_ptr,
+                                                   temperature, scaled, s0, s1, s2, kk0, kk1, run_max, best_s,
+                                                   best_i, BLOCK, COMPACT)
     if full_end < tile_end:  # the row's last, partial tile
         c = tile_counters(full_end, BLOCK)
         x0, x1, x2, x3 = load_tile(row_ptr, c, vocab, float("-inf"), BLOCK)
-        run_max, best_s, best_i = _log_race_loaded(c, x0, x1, x2, x3, temperature, scaled, s0, s1, s2, kk0, kk1,
-                                                   run_max, best_s, best_i)
+        run_max, best_s, best_i = _log_race_loaded(row_ptr, c, x0, x1, x2, x3, scratch_ptr, temperature, scaled, s0,
+                                                   s1, s2, kk0, kk1, run_max, best_s, best_i, BLOCK, COMPACT)
     return best_s, best_i
 
 
@@ -414,10 +503,16 @@ def _argmax_loaded(c, x0, x1, x2, x3, best_v, best_i):
 def argmax_chunk(row_ptr, tile_begin, tile_end, vocab, BLOCK: tl.constexpr):
     """First argmax of the cleaned values (NaN -> -inf) over tiles [tile_begin, tile_end):
     (value, token), (-inf, BIG_INDEX) when all are -inf."""
+    n0, n1, n2, n3 = first_tile(row_ptr, tile_begin, tile_end, vocab, float("-inf"), BLOCK)
+    return argmax_chunk_from(row_ptr, n0, n1, n2, n3, tile_begin, tile_end, vocab, BLOCK)
+
+
+@triton.jit
+def argmax_chunk_from(row_ptr, n0, n1, n2, n3, tile_begin, tile_end, vocab, BLOCK: tl.constexpr):
+    """:func:`argmax_chunk` with the first tile already prefetched."""
     best_v = tl.full([], NEG_INF, tl.float32)
     best_i = tl.full([], BIG_INDEX, tl.int32)
     full_end = tl.minimum(tile_end, vocab // BLOCK)
-    n0, n1, n2, n3 = load_next(row_ptr, tile_begin, full_end, float("-inf"), BLOCK)
     for tile in range(tile_begin, full_end):
         x0, x1, x2, x3 = n0, n1, n2, n3
         n0, n1, n2, n3 = load_next(row_ptr, tile + 1, full_end, float("-inf"), BLOCK)
@@ -480,8 +575,9 @@ class Workspace:
         self.counters = torch.zeros(0, dtype=torch.int32, device=device)
         self.scores = torch.empty(0, dtype=torch.float32, device=device)
         self.tokens = torch.empty(0, dtype=torch.int32, device=device)
+        self.scratch = torch.empty(0, dtype=torch.int32, device=device)
 
-    def reserve(self, slots: int, partials: int) -> "Workspace":
+    def reserve(self, slots: int, partials: int, scratch: int = 0) -> "Workspace":
         if self.counters.numel() < slots:
             self.counters = torch.zeros(max(slots, 2 * self.counters.numel()), dtype=torch.int32,
                                         device=self.device)
@@ -489,20 +585,23 @@ class Workspace:
             size = max(partials, 2 * self.scores.numel())
             self.scores = torch.empty(size, dtype=torch.float32, device=self.device)
             self.tokens = torch.empty(size, dtype=torch.int32, device=self.device)
+        if self.scratch.numel() < max(scratch, 1):
+            self.scratch = torch.empty(max(scratch, 1, 2 * self.scratch.numel()), dtype=torch.int32,
+                                       device=self.device)
         return self
 
 
 _WORKSPACES: dict[tuple, Workspace] = {}
 
 
-def workspace(device: torch.device, slots: int, partials: int) -> Workspace:
+def workspace(device: torch.device, slots: int, partials: int, scratch: int = 0) -> Workspace:
     """The workspace for the current stream of ``device``; launches on one stream are
     ordered, so they share it safely. Grow it before capturing a CUDA graph."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (device.type, device.index, stream)
     if key not in _WORKSPACES:
         _WORKSPACES[key] = Workspace(device)
-    return _WORKSPACES[key].reserve(slots, partials)
+    return _WORKSPACES[key].reserve(slots, partials, scratch)
 
 
 _SM_COUNT: dict[tuple, int] = {}

@@ -37,11 +37,19 @@ def seed_offset(gen: torch.Generator) -> int:
     return int(torch.randint(0, 1000, (1,), generator=gen))
 
 
+def zipf_logits(gen: torch.Generator, batch: int, vocab: int) -> torch.Tensor:
+    """Zipf(2) logits: -2 ln(rank) + 0.5 N(0, 1), ranks a random permutation per row (most
+    tokens cannot win: the kernels' sparse path)."""
+    ranks = torch.argsort(torch.rand(batch, vocab, generator=gen), dim=-1).to(torch.float32) + 1
+    return -2.0 * torch.log(ranks) + 0.5 * torch.randn(batch, vocab, generator=gen)
+
+
 def random_logits(gen: torch.Generator, batch: int, vocab: int, *, dtype: torch.dtype, specials: bool = True,
-                  scale: float | None = None) -> torch.Tensor:
-    """float32 logits with NaN, -inf (whole rows too), ties and a few +inf, then cast."""
+                  scale: float | None = None, dist: str = "normal") -> torch.Tensor:
+    """float32 logits (N(0, scale^2) or Zipf(2)) with NaN, -inf (whole rows too), ties and a
+    few +inf, then cast."""
     scale = scale if scale is not None else float(torch.empty(()).uniform_(0.5, 8.0, generator=gen))
-    logits = torch.randn(batch, vocab, generator=gen) * scale
+    logits = torch.randn(batch, vocab, generator=gen) * scale if dist == "normal" else zipf_logits(gen, batch, vocab)
     if specials and batch >= 4:
         pick = lambda p: torch.rand(batch, vocab, generator=gen) < p  # noqa: E731
         logits[pick(0.01)] = float("nan")
@@ -77,12 +85,13 @@ def non_contiguous(x: torch.Tensor, gen: torch.Generator, kind: str) -> torch.Te
     return x
 
 
-def sampler_case(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *, layout: str = "contiguous"):
+def sampler_case(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *, layout: str = "contiguous",
+                 dist: str = "normal"):
     """Random inputs of :func:`watermark.kernels.gumbel.gumbel_sample` (a dict) and the
     reference's SamplerRows: every context width 1..16, dual-key and skip rows, greedy rows,
     temperatures around 1, keys at the 2^32 / 2^64 edges, positions above 2^32."""
     gen = _gen(seed)
-    logits = random_logits(gen, batch, vocab, dtype=dtype)
+    logits = random_logits(gen, batch, vocab, dtype=dtype, dist=dist)
     temps = torch.tensor([1.0, 0.7, 1.3, 0.0, 2.5, 1e-3, 1.0, 0.9], dtype=torch.float32)
     temperature = temps[torch.randint(0, len(temps), (batch,), generator=gen)]
     key_a, key_b, stream_keys = (random_keys(gen, batch) for _ in range(3))
@@ -130,19 +139,21 @@ def assert_same(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 def check_gumbel_sample(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *,
-                        layout: str = "contiguous", blocks_per_row: int | None = None) -> None:
+                        layout: str = "contiguous", blocks_per_row: int | None = None, dist: str = "normal",
+                        compact: bool = True, block: int = 2048) -> None:
     from watermark.kernels import gumbel as kernels
 
-    logits, kernel_logits, args = sampler_case(seed, batch, vocab, dtype, device, layout=layout)
-    got = kernels.gumbel_sample(kernel_logits, **args, blocks_per_row=blocks_per_row)
+    logits, kernel_logits, args = sampler_case(seed, batch, vocab, dtype, device, layout=layout, dist=dist)
+    config = kernels.LaunchConfig(compact=compact, block=block)
+    got = kernels.gumbel_sample(kernel_logits, **args, blocks_per_row=blocks_per_row, config=config)
     want = reference_sample(logits, args)
     assert_same(f"gumbel_sample tokens (seed {seed})", got.tokens, want.tokens)
     assert_same(f"gumbel_sample routes (seed {seed})", got.routes, want.routes)
 
 
-def race_case(seed: int, batch: int, vocab: int, dtype: torch.dtype, device):
+def race_case(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, dist: str = "normal"):
     gen = _gen(seed)
-    logits = random_logits(gen, batch, vocab, dtype=dtype)
+    logits = random_logits(gen, batch, vocab, dtype=dtype, dist=dist)
     keys = random_keys(gen, batch)
     widths = [1 + (i + seed_offset(gen)) % CONTEXT_SLOTS for i in range(batch)]
     contexts = [torch.randint(-1, 2**31 - 1, (w,), generator=gen).tolist() for w in widths]
@@ -151,12 +162,14 @@ def race_case(seed: int, batch: int, vocab: int, dtype: torch.dtype, device):
 
 
 def check_gumbel_argmax(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *,
-                        layout: str = "contiguous", blocks_per_row: int | None = None) -> None:
+                        layout: str = "contiguous", blocks_per_row: int | None = None, dist: str = "normal",
+                        compact: bool = True) -> None:
     from watermark.kernels import gumbel as kernels
 
-    logits, keys, states = race_case(seed, batch, vocab, dtype, device)
+    logits, keys, states = race_case(seed, batch, vocab, dtype, device, dist=dist)
     view = non_contiguous(logits, _gen(seed + 1), layout)
-    got = kernels.gumbel_argmax(view, keys, states, blocks_per_row=blocks_per_row)
+    got = kernels.gumbel_argmax(view, keys, states, blocks_per_row=blocks_per_row,
+                                config=kernels.LaunchConfig(compact=compact))
     assert_same(f"gumbel_argmax (seed {seed})", got, gumbel.gumbel_argmax_reference(logits, keys, states))
 
 
@@ -345,3 +358,48 @@ def check_dedup(seed: int, device, *, requests: int = 10, steps: int = 120, k: i
             ref.push(token)
     if int(dedup.overflow.sum()):
         raise AssertionError("dedup history overflowed its capacity")
+
+
+# (key, width-1 context, token) whose PRF uniform is the largest on the grid (mantissa
+# 2^24 - 1): its noise is NOISE_MAX, so it can win from the full pruning distance below
+# the best score. Found by a search over contexts with watermark.prf.words_numpy.
+EDGE_KEY = 0x0123456789ABCDEF
+EDGE_CASES = ((2050, 6711028), (4097, 12495425))
+
+
+def pruning_edge_case(margin: float, device, dtype: torch.dtype = torch.float32):
+    """Rows where the token of EDGE_CASES sits just above (margin > 0) or below (< 0) the
+    score needed to win, NOISE_MAX below the best other token: the exact pruning bound's
+    worst case. Returns logits [2, 5000], keys [2], states [2, 4] and the expected tokens."""
+    vocab = 5000
+    keys = torch.full((2,), prf.to_signed64(EDGE_KEY), dtype=torch.int64)
+    states = prf.context_states_torch(keys, [[ctx] for _, ctx in EDGE_CASES])
+    tokens = torch.arange(vocab)
+    noise = gumbel.noise_from_uniforms(prf.uniforms_from_words_torch(prf.words_from_state_torch(keys, states,
+                                                                                                 tokens)))
+    logits = torch.full((2, vocab), float("-inf"))
+    expected = []
+    for row, (target, _) in enumerate(EDGE_CASES):
+        assert noise[row, target].item() == gumbel.NOISE_MAX
+        others = torch.arange(0, 40, 3) + (0 if row == 0 else 2048)  # earlier tiles than the target
+        logits[row, others] = 15.0
+        scores = (logits[row, others] + noise[row, others]).to(torch.float64)
+        best = float(scores.max())
+        logits[row, target] = best - float(noise[row, target]) + margin
+        expected.append(target if margin > 0 else int(others[int(scores.argmax())]))
+    logits = logits.to(dtype)
+    reference = gumbel.gumbel_argmax_reference(logits, keys, states)
+    assert reference.tolist() == expected, (reference.tolist(), expected)
+    return logits.to(device), keys.to(device), states.to(device), reference.to(device)
+
+
+def check_pruning_edge(device, *, compact: bool = True) -> None:
+    """A winner NOISE_MAX below the best other logit is found; one just short of it is not."""
+    from watermark.kernels import gumbel as kernels
+
+    for margin in (2e-3, -2e-3):
+        logits, keys, states, reference = pruning_edge_case(margin, device)
+        config = kernels.LaunchConfig(compact=compact)
+        for blocks in (1, 2):
+            got = kernels.gumbel_argmax(logits, keys, states, config=config, blocks_per_row=blocks)
+            assert_same(f"pruning edge (margin {margin}, {blocks} blocks, compact {compact})", got, reference)

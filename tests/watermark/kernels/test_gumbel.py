@@ -68,3 +68,24 @@ def test_dispatch_from_watermark_gumbel_uses_the_kernel(seed, cuda):
 
     logits, keys, states = parity.race_case(seed, 6, 10_000, torch.float32, cuda)
     assert torch.equal(gumbel.gumbel_argmax(logits, keys, states), gumbel.gumbel_argmax_reference(logits, keys, states))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compact", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gumbel_sample_zipf_rows(seed, cuda, dtype, compact):
+    """Zipf(2) rows: most tiles turn sparse (only tokens that can still win are raced)."""
+    parity.check_gumbel_sample(seed, 19, 129_280, dtype, cuda, dist="zipf", compact=compact)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compact", [True, False])
+def test_pruning_is_exact_at_its_edge(cuda, compact):
+    """A token NOISE_MAX below the best logit still wins when its noise says so."""
+    parity.check_pruning_edge(cuda, compact=compact)
+
+
+@pytest.mark.gpu
+def test_small_tiles_gather_several_rounds(seed, cuda):
+    """512-token tiles: sparse tiles gather their live tokens in several rounds."""
+    parity.check_gumbel_sample(seed, 7, 60_000, torch.float32, cuda, dist="zipf", block=512)
