@@ -27,7 +27,6 @@ from watermark import stream
 from watermark.kernels import philox, race
 from watermark.sampler import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, SampleResult
 
-LANE_SAMPLE = tl.constexpr(stream.LANE_SAMPLE)
 LANE_ROUTE = tl.constexpr(stream.LANE_ROUTE)
 R_GREEDY = tl.constexpr(ROUTE_GREEDY)
 R_PLAIN = tl.constexpr(ROUTE_PLAIN)
@@ -36,7 +35,7 @@ R_KEY_B = tl.constexpr(ROUTE_KEY_B)
 
 # Sizes, strides, counts and per-row tensors never select a compiled variant: only the
 # logits' dtype, the row-stride alignment (STRIDE_MULT) and the tile shape do.
-_SIZE_ARGS = ["stride_row", "vocab", "ctx_stride", "tiles_per_block", "nblk"]
+_SIZE_ARGS = ["stride_row", "vocab", "ctx_stride", "lane", "tiles_per_block", "nblk"]
 _ROW_PTRS = ["temp_ptr", "key_a_ptr", "key_b_ptr", "alpha_ptr", "ctx_ptr", "width_ptr", "wm_ptr", "skey_ptr",
              "pos_ptr", "keys_ptr", "states_ptr", "tokens_ptr", "routes_ptr", "part_s_ptr", "part_i_ptr",
              "count_ptr", "scratch_ptr"]
@@ -47,13 +46,13 @@ def _no_spec(fn_args: list[str]) -> list[str]:
 
 
 _SAMPLE_ARGS = ["logits_ptr", "stride_row", "vocab", "temp_ptr", "key_a_ptr", "key_b_ptr", "alpha_ptr", "ctx_ptr",
-                "ctx_stride", "width_ptr", "wm_ptr", "skey_ptr", "pos_ptr", "tokens_ptr", "routes_ptr",
+                "ctx_stride", "width_ptr", "wm_ptr", "skey_ptr", "pos_ptr", "lane", "tokens_ptr", "routes_ptr",
                 "part_s_ptr", "part_i_ptr", "count_ptr", "scratch_ptr", "tiles_per_block", "nblk"]
 
 
 @triton.jit(do_not_specialize=_no_spec(_SAMPLE_ARGS))
 def _gumbel_sample_kernel(logits_ptr, stride_row, vocab, temp_ptr, key_a_ptr, key_b_ptr, alpha_ptr, ctx_ptr,
-                          ctx_stride, width_ptr, wm_ptr, skey_ptr, pos_ptr, tokens_ptr, routes_ptr,
+                          ctx_stride, width_ptr, wm_ptr, skey_ptr, pos_ptr, lane, tokens_ptr, routes_ptr,
                           part_s_ptr, part_i_ptr, count_ptr, scratch_ptr, tiles_per_block, nblk,
                           BLOCK: tl.constexpr, STRIDE_MULT: tl.constexpr, NB: tl.constexpr,
                           COMPACT: tl.constexpr):
@@ -93,7 +92,7 @@ def _gumbel_sample_kernel(logits_ptr, stride_row, vocab, temp_ptr, key_a_ptr, ke
         else:
             k0 = sk0
             k1 = sk1
-            s0, s1, s2, s3 = philox.stream_state(sk0, sk1, position, LANE_SAMPLE)
+            s0, s1, s2, s3 = philox.stream_state(sk0, sk1, position, lane)
         best_s, best_i = race.log_race_chunk(row_ptr, x0, x1, x2, x3, tile_begin, tile_end, vocab, temperature,
                                              temperature != 1.0, s0, s1, s2, s3, k0, k1, scratch, BLOCK, COMPACT)
 
@@ -250,18 +249,19 @@ def exponential_race(weights: torch.Tensor, keys: torch.Tensor, states: torch.Te
 
 def gumbel_sample(logits: torch.Tensor, *, temperature: torch.Tensor, key_a: torch.Tensor, key_b: torch.Tensor,
                   alpha: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor, watermark: torch.Tensor,
-                  stream_keys: torch.Tensor, positions: torch.Tensor, config: LaunchConfig = DEFAULT_CONFIG,
-                  blocks_per_row: int | None = None) -> SampleResult:
+                  stream_keys: torch.Tensor, positions: torch.Tensor, lane: int = stream.LANE_SAMPLE,
+                  config: LaunchConfig = DEFAULT_CONFIG, blocks_per_row: int | None = None) -> SampleResult:
     """One decode step for a batch of rows, in one launch.
 
     logits [B, V] (float32/bfloat16/float16, any row stride; top-k/top-p already applied
     as -inf), temperature [B] (0: greedy), key_a/key_b/stream_keys [B] int64 bit patterns,
     alpha [B] float32 (probability of key B; 0 for single-key rows), contexts [B, C] int64
     (each row's watermark context in its first ``widths[b]`` entries, 1 <= widths <= C),
-    watermark [B] bool (False: the ordinary stream), positions [B] int64.
+    watermark [B] bool (False: the ordinary stream), positions [B] int64; ``lane``: the
+    stream lane of unwatermarked rows (LANE_DRAFT for speculative drafts).
 
     Returns the same tokens and routes as
-    ``sampler.sample(process_logits(logits, ProcessingParams(temperature, 0, 1)), rows)``.
+    ``sampler.sample(process_logits(logits, ProcessingParams(temperature, 0, 1)), rows, lane=lane)``.
     """
     values = _vocab_rows(logits, "logits")
     batch, vocab = values.shape
@@ -290,7 +290,7 @@ def gumbel_sample(logits: torch.Tensor, *, temperature: torch.Tensor, key_a: tor
         contexts, contexts.stride(0), widths,
         flags_int8(watermark, (batch,), device, "watermark"),
         _row_tensor(stream_keys, batch, torch.int64, device, "stream_keys"),
-        _row_tensor(positions, batch, torch.int64, device, "positions"),
+        _row_tensor(positions, batch, torch.int64, device, "positions"), lane,
         tokens, routes, ws.scores, ws.tokens, ws.counters, ws.scratch, per_block, nblk,
         BLOCK=config.block, STRIDE_MULT=mult, NB=config.reduce_block, COMPACT=config.compact,
         num_warps=config.num_warps)

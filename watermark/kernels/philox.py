@@ -71,14 +71,15 @@ def context_state(ctx_ptr, width, k0, k1):
 
 
 @triton.jit
-def stream_state(k0, k1, position, lane: tl.constexpr):
-    """State of the ordinary stream's context (position lo, position hi, lane); position int64."""
+def stream_state(k0, k1, position, lane):
+    """State of the ordinary stream's context (position lo, position hi, lane); position int64,
+    lane a constant or a run-time int32."""
     lo = position.to(tl.uint32)
     hi = (position >> 32).to(tl.uint32)
     return philox(
         tl.full([], CONTEXT_DOMAIN, tl.uint32) ^ lo,
         tl.full([], STREAM_WIDTH, tl.uint32) ^ hi,
-        tl.full([], lane, tl.uint32),
+        tl.full([], 0, tl.uint32) + lane,
         tl.full([], MASK32 - 3, tl.uint32),
         k0,
         k1,

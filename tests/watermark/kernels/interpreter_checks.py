@@ -26,6 +26,7 @@ def main(seed: int) -> int:
                                                                           blocks_per_row=3)),
         ("gumbel_sample fp16 offset rows", lambda: parity.check_gumbel_sample(seed + 2, 8, 999, torch.float16, cpu,
                                                                              layout="offset")),
+        ("gumbel_sample draft lane", lambda: parity.check_gumbel_sample(seed + 12, 9, 700, torch.float32, cpu, lane=3)),
         ("gumbel_sample column stride", lambda: parity.check_gumbel_sample(seed + 3, 6, 300, torch.float32, cpu,
                                                                           layout="columns")),
         ("gumbel_sample zipf (sparse tiles)", lambda: parity.check_gumbel_sample(seed + 9, 5, 16_500, torch.float32,

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from watermark import gumbel, prf, sampler, speculative
+from watermark import gumbel, prf, sampler, speculative, stream
 from watermark.processing import ProcessingParams, process_logits
 
 CONTEXT_SLOTS = 16
@@ -113,7 +113,7 @@ def sampler_case(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, 
     return logits, kernel_logits, args
 
 
-def reference_sample(logits: torch.Tensor, args: dict) -> sampler.SampleResult:
+def reference_sample(logits: torch.Tensor, args: dict, lane: int = stream.LANE_SAMPLE) -> sampler.SampleResult:
     batch = logits.shape[0]
     widths = args["widths"].tolist()
     ctx = args["contexts"].tolist()
@@ -123,7 +123,8 @@ def reference_sample(logits: torch.Tensor, args: dict) -> sampler.SampleResult:
         greedy=args["temperature"] == 0, stream_keys=args["stream_keys"], positions=args["positions"])
     params = ProcessingParams(temperature=args["temperature"], top_k=torch.zeros(batch, dtype=torch.int64),
                               top_p=torch.ones(batch))
-    return sampler.sample_reference(process_logits(logits, params), rows, argmax=gumbel.gumbel_argmax_reference)
+    return sampler.sample_reference(process_logits(logits, params), rows, argmax=gumbel.gumbel_argmax_reference,
+                                    lane=lane)
 
 
 def assert_same(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
@@ -140,13 +141,13 @@ def assert_same(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
 
 def check_gumbel_sample(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *,
                         layout: str = "contiguous", blocks_per_row: int | None = None, dist: str = "normal",
-                        compact: bool = True, block: int = 2048) -> None:
+                        compact: bool = True, block: int = 2048, lane: int = stream.LANE_SAMPLE) -> None:
     from watermark.kernels import gumbel as kernels
 
     logits, kernel_logits, args = sampler_case(seed, batch, vocab, dtype, device, layout=layout, dist=dist)
     config = kernels.LaunchConfig(compact=compact, block=block)
-    got = kernels.gumbel_sample(kernel_logits, **args, blocks_per_row=blocks_per_row, config=config)
-    want = reference_sample(logits, args)
+    got = kernels.gumbel_sample(kernel_logits, **args, blocks_per_row=blocks_per_row, config=config, lane=lane)
+    want = reference_sample(logits, args, lane=lane)
     assert_same(f"gumbel_sample tokens (seed {seed})", got.tokens, want.tokens)
     assert_same(f"gumbel_sample routes (seed {seed})", got.routes, want.routes)
 

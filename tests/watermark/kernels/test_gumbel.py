@@ -28,6 +28,14 @@ def test_gumbel_sample_non_contiguous_rows(seed, cuda, dtype, layout):
 
 
 @pytest.mark.gpu
+def test_gumbel_sample_draft_lane(seed, cuda):
+    """Unwatermarked speculative drafts draw from their own stream lane (LANE_DRAFT)."""
+    from watermark import stream
+
+    parity.check_gumbel_sample(seed, 31, 20_000, torch.bfloat16, cuda, lane=stream.LANE_DRAFT)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("blocks_per_row", [1, 2, 7, 64])
 def test_gumbel_sample_any_split_of_the_row(seed, cuda, blocks_per_row):
     """The in-kernel cross-block reduction gives the same tokens however rows are split."""
