@@ -45,7 +45,9 @@ def emit(payload: Any, as_json: bool, text: str | None = None) -> None:
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except CliError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)

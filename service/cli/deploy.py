@@ -169,8 +169,3 @@ def deploy_keyring(
             for e in entries]
     emit({"keyring_file": str(path), "keys": keys}, as_json,
          f"wrote {len(keys)} key(s) to {path} (mode 600); start vllm serve with HALLMARK_VLLM_KEYRING={path}")
-
-
-# `hallmark generate` lives in its own module; importing it here registers it until
-# service/cli/__init__.py lists it among its command modules.
-from service.cli import generate as _generate  # noqa: E402,F401
