@@ -135,7 +135,8 @@ def _record(services: Services, prepared: _Prepared, done: Finished) -> Outcome:
                 key_version=plan.version if plan else None, engine=services.engine.name,
                 model=services.engine.model_name, spec=prepared.spec, prompt_tokens=done.prompt_tokens,
                 output_tokens=len(done.token_ids), watermarked_tokens=done.routes.watermarked if plan else 0,
-                unwatermarked_reason=prepared.reason, output_text=done.text,
+                unwatermarked_reason=prepared.reason or ("dedup" if plan and done.routes.plain else None),
+                output_text=done.text,
                 generation_id=prepared.request.request_id)
     except KeyStoreError as exc:
         log.error("provenance record failed for generation %s: %s", prepared.request.request_id, exc.user_message)

@@ -55,8 +55,9 @@ def _build_engine(engine: str, model: str | None, vllm_url: str | None):
         except ValueError as exc:
             raise CliError(str(exc)) from None
     if engine == "local":
-        raise CliError("`hallmark generate` runs the vllm engine so far; use --engine vllm "
-                       "(or `hallmark serve` for the local engine)")
+        from service.engines.local.engine import LocalEngine
+
+        return LocalEngine(model or "bundled", "hallmark-tiny-draft" if model is None else None)
     raise CliError(f"unknown engine: {engine}; expected one of local, vllm")
 
 
@@ -88,7 +89,7 @@ async def _run(engine, prompts: list[str], plan: WatermarkPlan | None, max_token
 def generate(
     tenant: str = typer.Option(..., "--tenant", help="Tenant whose active key watermarks the output."),
     prompt: list[str] = typer.Option(..., "--prompt", help="A prompt (repeat for a batch)."),
-    engine: str = typer.Option("vllm", "--engine", help="Engine: vllm (in-process, or --vllm-url) or local."),
+    engine: str = typer.Option("local", "--engine", help="Engine: local (embedded) or vllm (in-process, or --vllm-url)."),
     max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="Tokens to generate per prompt."),
     temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="0 is greedy and unwatermarked."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus filter (1 disables)."),
@@ -96,7 +97,7 @@ def generate(
     seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed of the ordinary random stream."),
     stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
     no_watermark: bool = typer.Option(False, "--no-watermark", help="Opt out (recorded in the ledger)."),
-    model: Optional[str] = typer.Option(None, "--model", help="vllm: model to load, or the served model name."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model to load (local: path or bundled name; vllm: model or served name)."),
     vllm_url: Optional[str] = typer.Option(None, "--vllm-url", help="vllm: a remote `vllm serve` base URL."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
