@@ -104,12 +104,6 @@ def token_word(token, s0, s1, s2, s3, k0, k1):
 
 
 @triton.jit
-def interleave(w0, w1, w2, w3, BLOCK: tl.constexpr):
-    """Four word vectors [BLOCK/4] -> [BLOCK] with element 4c + j holding w_j[c]."""
-    return tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK])
-
-
-@triton.jit
 def uniform(word):
     """The PRF's float32 uniform, bit-exact: float32(((w >> 8) + 1) / (2^24 + 1)).
 

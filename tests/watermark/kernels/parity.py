@@ -8,7 +8,6 @@ mismatching rows, unless token ids (and routes) are bit-identical.
 
 from __future__ import annotations
 
-import math
 
 import torch
 
