@@ -23,6 +23,7 @@ and pytest only.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import platform
@@ -388,8 +389,17 @@ def headline(run: Run) -> None:
 
 
 def section_sweep(run: Run) -> None:
-    from watermark.kernels.gumbel import DEFAULT_CONFIG, LaunchConfig
+    from watermark.kernels.gumbel import DEFAULT_CONFIG
 
+    b1 = run.results.setdefault("sweep_b1_fp32_normal_single", [])
+    for nblk, block in ((16, 2048), (32, 2048), (64, 2048), (None, 1024), (None, 512)):
+        if run.left() < 20:
+            return
+        config = dataclasses.replace(DEFAULT_CONFIG, block=block)
+        row = bench_sampler_config(S.small, torch.float32, "normal", "single", blocks_per_row=nblk, config=config,
+                                   reference=False)
+        b1.append({"blocks_per_row": nblk or "default", "block": block, "us": row["us"]})
+        run.save()
     sweep = run.results.setdefault("sweep_b256_fp32_normal_single", [])
     for nblk in (1, 2, 3, 4, 6, 8):
         if run.left() < 25:
@@ -397,31 +407,29 @@ def section_sweep(run: Run) -> None:
         row = bench_sampler_config(S.big, torch.float32, "normal", "single", blocks_per_row=nblk, reference=False)
         sweep.append({"blocks_per_row": nblk, "config": "default", "us": row["us"]})
         run.save()
-    for block, warps in ((2048, 8), (4096, 8), (1024, 4)):
+    for block, warps, maxnreg in ((2048, 4, None), (2048, 8, None), (4096, 8, None), (1024, 4, 128)):
         if run.left() < 30:
             return
-        config = LaunchConfig(block=block, num_warps=warps, programs_per_sm=DEFAULT_CONFIG.programs_per_sm)
-        row = bench_sampler_config(S.big, torch.float32, "normal", "single", config=config, reference=False)
-        sweep.append({"blocks_per_row": "default", "config": f"block={block} warps={warps}", "us": row["us"]})
-        run.save()
-    b1 = run.results.setdefault("sweep_b1_fp32_normal_single", [])
-    for nblk in (16, 32, 64):
-        if run.left() < 25:
-            return
-        row = bench_sampler_config(S.small, torch.float32, "normal", "single", blocks_per_row=nblk, reference=False)
-        b1.append({"blocks_per_row": nblk, "us": row["us"]})
+        config = dataclasses.replace(DEFAULT_CONFIG, block=block, num_warps=warps, maxnreg=maxnreg)
+        name = f"block={block} warps={warps} maxnreg={maxnreg}"
+        try:
+            row = bench_sampler_config(S.big, torch.float32, "normal", "single", config=config, reference=False)
+            sweep.append({"blocks_per_row": "default", "config": name, "us": row["us"]})
+        except Exception as error:  # noqa: BLE001 - e.g. an option this Triton lacks
+            sweep.append({"blocks_per_row": "default", "config": name, "error": repr(error)[:200]})
         run.save()
 
 
 def section_dense(run: Run) -> None:
     """The same rows with compaction off (every tile raced densely): what compaction buys."""
-    from watermark.kernels.gumbel import LaunchConfig
+    from watermark.kernels.gumbel import DEFAULT_CONFIG
 
     dense = run.results.setdefault("dense_only_fp32_single", [])
     for batch, dist in ((S.big, "zipf"), (S.big, "normal"), (S.small, "normal")):
         if run.left() < 15:
             return
-        row = bench_sampler_config(batch, torch.float32, dist, "single", config=LaunchConfig(compact=False),
+        row = bench_sampler_config(batch, torch.float32, dist, "single",
+                                   config=dataclasses.replace(DEFAULT_CONFIG, compact=False),
                                    reference=True, seed=99)
         dense.append({"batch": batch, "dist": dist, "compact": False, "us": row["us"], "bit_exact": row["bit_exact"]})
         run.save()

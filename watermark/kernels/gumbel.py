@@ -171,9 +171,19 @@ class LaunchConfig:
     compact: bool = True
     """Race only the tokens that can still win once a tile is sparse in them (Zipf-like
     rows, top-k masks); False keeps every tile dense (the fallback if compaction misbehaves)."""
+    maxnreg: int | None = None
+    """Register cap per thread (Triton's ``maxnreg``), None: the compiler's choice."""
+
+    def launch_options(self) -> dict:
+        options = {"num_warps": self.num_warps}
+        if self.maxnreg is not None:
+            options["maxnreg"] = self.maxnreg
+        return options
 
 
-DEFAULT_CONFIG = LaunchConfig()
+# 128 registers: four programs of 4 warps per multiprocessor; ptxas fits every variant
+# (fp32/bf16/fp16, aligned or not) without spilling (140 uncapped for fp32).
+DEFAULT_CONFIG = LaunchConfig(maxnreg=128)
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -228,7 +238,7 @@ def _launch_race(kernel, values: torch.Tensor, keys: torch.Tensor, states: torch
     mult = stride_mult(values)
     kernel[(batch, nblk)](values, values.stride(0) // mult, vocab, keys, states, tokens, ws.scores, ws.tokens,
                           ws.counters, ws.scratch, per_block, nblk, BLOCK=config.block, STRIDE_MULT=mult,
-                          NB=config.reduce_block, COMPACT=config.compact, num_warps=config.num_warps)
+                          NB=config.reduce_block, COMPACT=config.compact, **config.launch_options())
     return tokens
 
 
@@ -293,5 +303,5 @@ def gumbel_sample(logits: torch.Tensor, *, temperature: torch.Tensor, key_a: tor
         _row_tensor(positions, batch, torch.int64, device, "positions"), lane,
         tokens, routes, ws.scores, ws.tokens, ws.counters, ws.scratch, per_block, nblk,
         BLOCK=config.block, STRIDE_MULT=mult, NB=config.reduce_block, COMPACT=config.compact,
-        num_warps=config.num_warps)
+        **config.launch_options())
     return SampleResult(tokens=tokens, routes=routes)

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from watermark import stream
 from watermark.kernels import philox, race
-from watermark.kernels.gumbel import DEFAULT_CONFIG, LaunchConfig, flags_int8
+from watermark.kernels.gumbel import LaunchConfig, flags_int8
 from watermark.sampler import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN
 from watermark.speculative import VerifyResult
 
@@ -34,6 +34,8 @@ R_PLAIN = tl.constexpr(ROUTE_PLAIN)
 R_KEY_A = tl.constexpr(ROUTE_KEY_A)
 R_KEY_B = tl.constexpr(ROUTE_KEY_B)
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# No register cap: the verification kernel needs ~168 registers and spills under 128.
+VERIFY_CONFIG = LaunchConfig()
 
 _ARGS = ["p_ptr", "p_sb", "p_sj", "q_ptr", "q_sb", "q_sj", "vocab", "k", "x_ptr", "key_b_ptr", "key_coin_ptr",
          "keyed_ptr", "ctx_ptr", "ctx_sb", "ctx_sj", "width_ptr", "wm_ptr", "greedy_ptr", "skey_ptr", "pos_ptr",
@@ -238,7 +240,7 @@ def _probability_rows(x: torch.Tensor, name: str, rows: int) -> torch.Tensor:
 def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor, *,
            key_b: torch.Tensor, key_coin: torch.Tensor, keyed_coin: torch.Tensor, contexts: torch.Tensor,
            widths: torch.Tensor, watermark: torch.Tensor, greedy: torch.Tensor, stream_keys: torch.Tensor,
-           positions: torch.Tensor, config: LaunchConfig = DEFAULT_CONFIG,
+           positions: torch.Tensor, config: LaunchConfig = VERIFY_CONFIG,
            blocks_per_row: int | None = None) -> VerifyResult:
     """Same result as :func:`watermark.speculative.verify` in one launch.
 
@@ -285,6 +287,5 @@ def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: 
         contexts, contexts.stride(0), contexts.stride(1), rows(widths, torch.int32, "widths"), marks,
         flags_int8(greedy, (batch,), device, "greedy"), rows(stream_keys, torch.int64, "stream_keys"),
         rows(positions, torch.int64, "positions"), tokens, accepted, routes, ws.scores, ws.tokens, ws.counters,
-        per_block, nblk, BLOCK=config.block, STRIDE_MULT=mult, NB=config.reduce_block,
-        num_warps=config.num_warps)
+        per_block, nblk, BLOCK=config.block, STRIDE_MULT=mult, NB=config.reduce_block, **config.launch_options())
     return VerifyResult(tokens=tokens, num_accepted=accepted, routes=routes)

@@ -8,6 +8,7 @@ mismatching rows, unless token ids (and routes) are bit-identical.
 
 from __future__ import annotations
 
+import dataclasses
 
 import torch
 
@@ -144,7 +145,7 @@ def check_gumbel_sample(seed: int, batch: int, vocab: int, dtype: torch.dtype, d
     from watermark.kernels import gumbel as kernels
 
     logits, kernel_logits, args = sampler_case(seed, batch, vocab, dtype, device, layout=layout, dist=dist)
-    config = kernels.LaunchConfig(compact=compact, block=block)
+    config = dataclasses.replace(kernels.DEFAULT_CONFIG, compact=compact, block=block)
     got = kernels.gumbel_sample(kernel_logits, **args, blocks_per_row=blocks_per_row, config=config, lane=lane)
     want = reference_sample(logits, args, lane=lane)
     assert_same(f"gumbel_sample tokens (seed {seed})", got.tokens, want.tokens)
@@ -169,7 +170,7 @@ def check_gumbel_argmax(seed: int, batch: int, vocab: int, dtype: torch.dtype, d
     logits, keys, states = race_case(seed, batch, vocab, dtype, device, dist=dist)
     view = non_contiguous(logits, _gen(seed + 1), layout)
     got = kernels.gumbel_argmax(view, keys, states, blocks_per_row=blocks_per_row,
-                                config=kernels.LaunchConfig(compact=compact))
+                                config=dataclasses.replace(kernels.DEFAULT_CONFIG, compact=compact))
     assert_same(f"gumbel_argmax (seed {seed})", got, gumbel.gumbel_argmax_reference(logits, keys, states))
 
 
@@ -399,7 +400,7 @@ def check_pruning_edge(device, *, compact: bool = True) -> None:
 
     for margin in (2e-3, -2e-3):
         logits, keys, states, reference = pruning_edge_case(margin, device)
-        config = kernels.LaunchConfig(compact=compact)
+        config = dataclasses.replace(kernels.DEFAULT_CONFIG, compact=compact)
         for blocks in (1, 2):
             got = kernels.gumbel_argmax(logits, keys, states, config=config, blocks_per_row=blocks)
             assert_same(f"pruning edge (margin {margin}, {blocks} blocks, compact {compact})", got, reference)
