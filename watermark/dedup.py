@@ -20,11 +20,12 @@ inside the window: one dict lookup and one insert per token instead of a scan.
 from __future__ import annotations
 
 from collections import deque
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
-from watermark.spec import DedupScope
+if TYPE_CHECKING:  # the spec module needs pydantic, which GPU-only images may lack
+    from watermark.spec import DedupScope
 
 PAD = -1
 
@@ -35,7 +36,7 @@ class ContextDeduper:
     It also tracks the request's watermark context (its last w generated tokens).
     """
 
-    def __init__(self, width: int, scope: DedupScope, max_history: int | None,
+    def __init__(self, width: int, scope: "DedupScope", max_history: int | None,
                  prompt: Sequence[int] = ()) -> None:
         if width < 1:
             raise ValueError("context width must be >= 1")

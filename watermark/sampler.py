@@ -87,7 +87,30 @@ def sample(logits: torch.Tensor, rows: SamplerRows, lane: int = stream.LANE_SAMP
     """
     if logits.device.type == "cpu":
         return sample_cpu(logits, rows, lane)
+    if logits.device.type == "cuda":
+        return sample_cuda(logits, rows, lane)
     return sample_reference(logits, rows, lane=lane)
+
+
+def padded_contexts(contexts: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row contexts as one [B, max width] int64 tensor plus widths [B] int32."""
+    width = max((len(c) for c in contexts), default=1)
+    table = [list(c) + [0] * (width - len(c)) for c in contexts]
+    return (torch.tensor(table, dtype=torch.int64, device=device),
+            torch.tensor([len(c) for c in contexts], dtype=torch.int32, device=device))
+
+
+def sample_cuda(logits: torch.Tensor, rows: SamplerRows, lane: int = stream.LANE_SAMPLE) -> SampleResult:
+    """The fused Triton sampler: row setup, routing and the race in one launch."""
+    from watermark.kernels.gumbel import gumbel_sample
+
+    contexts, widths = padded_contexts(rows.contexts, logits.device)
+    # Logits arrive processed: temperature 1 keeps them as they are, 0 marks greedy rows.
+    temperature = (~rows.greedy).to(torch.float32)
+    result = gumbel_sample(logits, temperature=temperature, key_a=rows.key_a, key_b=rows.key_b, alpha=rows.alpha,
+                           contexts=contexts, widths=widths, watermark=rows.watermark, stream_keys=rows.stream_keys,
+                           positions=rows.positions, lane=lane)
+    return SampleResult(tokens=result.tokens, routes=result.routes)
 
 
 def sample_reference(logits: torch.Tensor, rows: SamplerRows, argmax=gumbel_argmax,

@@ -101,8 +101,31 @@ def coin_values_torch(rows: VerifyRows, k: int) -> torch.Tensor:
 
 
 def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
-           rows: VerifyRows, race=exponential_race) -> VerifyResult:
-    """target_probs [B, k+1, V], draft_probs [B, k, V], draft_tokens [B, k] -> VerifyResult."""
+           rows: VerifyRows) -> VerifyResult:
+    """target_probs [B, k+1, V], draft_probs [B, k, V], draft_tokens [B, k] -> VerifyResult.
+    The fused Triton kernel on CUDA, :func:`verify_reference` elsewhere (same tokens)."""
+    if target_probs.device.type == "cuda":
+        return _verify_cuda(target_probs, draft_probs, draft_tokens, rows)
+    return verify_reference(target_probs, draft_probs, draft_tokens, rows)
+
+
+def _verify_cuda(target_probs, draft_probs, draft_tokens, rows: VerifyRows) -> VerifyResult:
+    from watermark.kernels.speculative import verify as verify_kernel
+
+    batch, k = draft_tokens.shape
+    width = max(len(c) for row in rows.contexts for c in row)
+    table = [[list(c) + [0] * (width - len(c)) for c in row] for row in rows.contexts]
+    contexts = torch.tensor(table, dtype=torch.int64, device=target_probs.device).reshape(batch, k + 1, width)
+    widths = torch.tensor([len(row[0]) for row in rows.contexts], dtype=torch.int32, device=target_probs.device)
+    out = verify_kernel(target_probs, draft_probs, draft_tokens, key_b=rows.key_b, key_coin=rows.key_coin,
+                        keyed_coin=rows.keyed_coin, contexts=contexts, widths=widths, watermark=rows.watermark,
+                        greedy=rows.greedy, stream_keys=rows.stream_keys, positions=rows.positions)
+    return VerifyResult(tokens=out.tokens, num_accepted=out.num_accepted, routes=out.routes)
+
+
+def verify_reference(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
+                     rows: VerifyRows, race=exponential_race) -> VerifyResult:
+    """The torch reference (the CPU path: plain-int coins and states, pruned numpy race)."""
     batch, k = draft_tokens.shape
     device = target_probs.device
     p = target_probs.to(torch.float32)

@@ -256,7 +256,7 @@ def reference_verify(p, q, x, args) -> speculative.VerifyResult:
         contexts=[[ctx[b][j][: widths[b]] for j in range(k + 1)] for b in range(batch)],
         watermark=args["watermark"], greedy=args["greedy"], stream_keys=args["stream_keys"],
         positions=args["positions"])
-    return speculative.verify(p, q, x, rows, race=gumbel.exponential_race_reference)
+    return speculative.verify_reference(p, q, x, rows, race=gumbel.exponential_race_reference)
 
 
 def check_verify(seed: int, batch: int, k: int, vocab: int, dtype: torch.dtype, device, *,
