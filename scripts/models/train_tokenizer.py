@@ -78,8 +78,9 @@ def check(out: str, val_docs: list[str]) -> dict:
     from transformers import AutoTokenizer
 
     at = AutoTokenizer.from_pretrained(out)
-    assert [at.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS] == [0, 1, 2], "special token ids must be 0,1,2"
-    assert (at.bos_token_id, at.eos_token_id, at.pad_token_id) == (0, 1, 2)
+    ids = [at.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS]
+    if ids != [0, 1, 2] or (at.bos_token_id, at.eos_token_id, at.pad_token_id) != (0, 1, 2):
+        raise RuntimeError(f"special token ids are {ids}, expected [0, 1, 2]")
     samples = [
         "The function returns a new list.",
         "  indented\n\tand tabbed\r\n text  ",
@@ -89,10 +90,12 @@ def check(out: str, val_docs: list[str]) -> dict:
     ] + [d[:2000] for d in val_docs]
     for s in samples:
         ids = at(s, add_special_tokens=True)["input_ids"]
-        assert BOS not in at.convert_ids_to_tokens(ids), "encoding must not add special tokens"
-        assert at.decode(ids) == s, f"round trip failed for {s[:60]!r}"
+        if BOS in at.convert_ids_to_tokens(ids):
+            raise RuntimeError("encoding added special tokens; it must not")
+        if at.decode(ids) != s:
+            raise RuntimeError(f"round trip failed for {s[:60]!r}")
     n_bytes = sum(len(d.encode()) for d in val_docs)
-    n_tok = sum(len(at(d)["input_ids"]) for d in val_docs)
+    n_tok = sum(len(at(d, verbose=False)["input_ids"]) for d in val_docs)
     return {"val_bytes": n_bytes, "val_tokens": n_tok, "bytes_per_token": n_bytes / max(n_tok, 1)}
 
 
@@ -108,7 +111,8 @@ def main() -> None:
     train_docs = read_docs(os.path.join(args.corpus, "train.jsonl"))
     val_docs = read_docs(os.path.join(args.corpus, "val.jsonl"))
     tok = build(train_docs, args.vocab_size)
-    assert tok.get_vocab_size() == args.vocab_size, tok.get_vocab_size()
+    if tok.get_vocab_size() != args.vocab_size:
+        raise RuntimeError(f"trained vocabulary has {tok.get_vocab_size()} entries, asked for {args.vocab_size}")
     save_transformers(tok, out, args.model_max_length)
     stats = check(out, val_docs)
     with open(os.path.join(out, "tokenizer.json"), "rb") as f:
