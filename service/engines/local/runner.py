@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from service.engines.local import cache as kv
+from service.engines.local import stable_topk
 
 # Compact a group's cache when this share of its columns are holes.
 _HOLE_SHARE_TO_COMPACT = 0.25
@@ -26,6 +27,7 @@ def load_model(path: str, device: torch.device):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model.to(device)
     model.eval()
+    stable_topk.apply(model)
     return model
 
 
