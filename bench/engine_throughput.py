@@ -87,12 +87,16 @@ def _instrument() -> None:
     scheduler.speculative.verify = timed_verify
 
 
+def _plan(secret: int) -> WatermarkPlan:
+    key = WatermarkKey(secret, WatermarkSpec(algorithm="dual_key_gumbel"))
+    return WatermarkPlan(key=key, key_id="bench", version=1, fingerprint=key.fingerprint)
+
+
 async def _run(engine: LocalEngine, batch: int, tokens: int, watermark: bool, seed: int):
-    key = WatermarkKey(0x1234_5678_9ABC, WatermarkSpec(algorithm="dual_key_gumbel"))
-    plan = WatermarkPlan(key=key, key_id="bench", version=1, fingerprint=key.fingerprint) if watermark else None
     tok = engine.tokenizer()
     requests = [GenerationRequest(f"b{seed}-{i}", tuple(tok.encode(PROMPTS[i % len(PROMPTS)])), tokens,
-                                  seed=seed * 100 + i, watermark=plan) for i in range(batch)]
+                                  seed=seed * 100 + i, watermark=_plan(0x1234_5678 + seed * 100 + i) if watermark
+                                  else None) for i in range(batch)]
 
     async def one(request):
         async for event in engine.generate(request):
@@ -106,7 +110,6 @@ async def _run(engine: LocalEngine, batch: int, tokens: int, watermark: bool, se
 
 async def main_async(args) -> dict:
     results = []
-    acceptance = {}
     for speculate in (False, True):
         engine = LocalEngine(args.model, args.draft if speculate else None, device="cpu", max_batch=8,
                              speculative_k=args.k)
@@ -130,18 +133,25 @@ async def main_async(args) -> dict:
                        "watermark_cost_of_decode": (TIMERS.sampler - TIMERS.baseline) / decode if decode else None}
                 if speculate:
                     row["acceptance_rate"] = accepted / drafted if drafted else None
-                    acceptance[(batch, watermark)] = (accepted, drafted)
                 results.append(row)
                 print(json.dumps(row))
         await engine.stop()
-    tests = {}
-    for batch in (1, 8):
-        (a1, n1), (a0, n0) = acceptance[(batch, True)], acceptance[(batch, False)]
-        pooled = (a1 + a0) / (n1 + n0)
-        se = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n0)) or 1.0
-        z = (a1 / n1 - a0 / n0) / se
-        tests[f"batch_{batch}"] = {"with_watermark": a1 / n1, "without": a0 / n0, "z": z,
-                                   "two_sided_p": math.erfc(abs(z) / math.sqrt(2))}
+    # Acceptance with and without the watermark over many independent requests (one key and
+    # seed each): a request's tokens are correlated, so requests are the sampling unit.
+    engine = LocalEngine(args.model, args.draft, device="cpu", max_batch=8, speculative_k=args.k)
+    await engine.start()
+    rates = {True: [], False: []}
+    for wave in range(args.acceptance_waves):
+        for watermark in (True, False):
+            _, done = await _run(engine, 8, args.tokens, watermark, 1000 + wave)
+            rates[watermark].extend(d.accepted_tokens / d.drafted_tokens for d in done if d.drafted_tokens)
+    await engine.stop()
+    a, b = rates[True], rates[False]
+    mean_a, mean_b = statistics.mean(a), statistics.mean(b)
+    se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+    z = (mean_a - mean_b) / se if se else 0.0
+    tests = {"requests_each": len(a), "with_watermark": mean_a, "without": mean_b, "standard_error": se,
+             "z": z, "two_sided_p": math.erfc(abs(z) / math.sqrt(2))}
     return {"rows": results, "acceptance_with_vs_without_watermark": tests, "tokens_per_request": args.tokens,
             "repeats": args.repeats, "k": args.k, "threads": torch.get_num_threads(),
             "command": "python -m bench.engine_throughput"}
@@ -154,6 +164,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--acceptance-waves", type=int, default=6, help="8 requests per wave and mode")
     parser.add_argument("--out", default="bench/results/engine_throughput.json")
     args = parser.parse_args()
     _instrument()
@@ -165,8 +176,9 @@ def main() -> None:
         cost = r["watermark_cost_of_decode"]
         print(f"{r['batch']:5d} {str(r['speculative']):>5} {str(r['watermark']):>5} {r['tokens_per_second']:8.1f} "
               f"{(cost * 100 if cost is not None else float('nan')):7.2f}% {r.get('acceptance_rate') or float('nan'):7.3f}")
-    for name, t in result["acceptance_with_vs_without_watermark"].items():
-        print(f"acceptance {name}: {t['with_watermark']:.3f} with vs {t['without']:.3f} without (p = {t['two_sided_p']:.2f})")
+    t = result["acceptance_with_vs_without_watermark"]
+    print(f"acceptance over {t['requests_each']} requests each: {t['with_watermark']:.3f} with vs "
+          f"{t['without']:.3f} without the watermark (SE {t['standard_error']:.3f}, p = {t['two_sided_p']:.2f})")
 
 
 if __name__ == "__main__":

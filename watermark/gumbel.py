@@ -115,15 +115,41 @@ def race_numpy(values_in: np.ndarray, keys_u: np.ndarray, st: np.ndarray, ratio:
             bound = values_in + np.float32(NOISE_MAX)
         candidate = bound >= floor[:, None]
     candidate[rows_all, top] = True
-    rows, tokens = np.nonzero(candidate)
-    with np.errstate(invalid="ignore", over="ignore"):
-        values = scores_for(rows, tokens)
-    values = np.where(np.isnan(values), np.float32(-np.inf), values)
-    first = _first_argmax_per_segment(values, rows, batch)
-    result = tokens[first]
+    if candidate.sum() > _DENSE_SHARE * candidate.size:
+        result = _dense_race(values_in, k0, k1, st, ratio)
+    else:
+        rows, tokens = np.nonzero(candidate)
+        with np.errstate(invalid="ignore", over="ignore"):
+            values = scores_for(rows, tokens)
+        values = np.where(np.isnan(values), np.float32(-np.inf), values)
+        first = _first_argmax_per_segment(values, rows, batch)
+        result = tokens[first]
     degenerate = (values_in <= 0).all(axis=1) if ratio else np.isneginf(values_in).all(axis=1)
     result[degenerate] = 0
     return result.astype(np.int64)
+
+
+# Above this share of candidates, every token is scored: one Philox call per four tokens
+# (the PRF's counter is token >> 2) with per-row keys broadcast, instead of one per token.
+_DENSE_SHARE = 0.25
+
+
+def _dense_race(values_in: np.ndarray, k0: np.ndarray, k1: np.ndarray, st: np.ndarray, ratio: bool) -> np.ndarray:
+    batch, vocab = values_in.shape
+    u64 = np.uint64
+    counters = np.arange((vocab + 3) // 4, dtype=np.uint64)[None, :]
+    col = lambda a: a[:, None]  # noqa: E731 - per-row words broadcast over counters
+    out = prf.philox_numpy(counters, col(st[:, 0]), col(st[:, 1]), col(st[:, 2]),
+                           col(k0 ^ st[:, 3]), col(k1 ^ u64(prf.TOKEN_DOMAIN)))
+    words = np.stack(np.broadcast_arrays(*out), axis=-1).reshape(batch, -1)[:, :vocab]
+    uniforms = prf.uniforms_from_words_numpy(words)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if ratio:
+            scores = values_in / exponentials_from_uniforms_numpy(uniforms)
+        else:
+            scores = values_in + noise_from_uniforms_numpy(uniforms)
+    scores = np.where(np.isnan(scores), np.float32(-np.inf), scores)
+    return np.argmax(scores, axis=1)
 
 
 def _numpy_keys_states(keys: torch.Tensor, states: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
