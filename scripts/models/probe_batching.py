@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-import torch.nn.functional as F
 from transformers import (
     DeepseekV32Config,
     DeepseekV32ForCausalLM,
@@ -89,44 +88,19 @@ def drop_leading_columns(cache: DynamicCache, mask: torch.Tensor):
     return mask[:, keep_from:]
 
 
-def stable_topk_indexer_forward(self, hidden_states, q_resid, position_embeddings, attention_mask,
-                                position_ids=None, past_key_values=None):
-    """DeepseekV32Indexer.forward (transformers 5.19) with a deterministic top-k.
-
-    Identical scoring; the only change is the selection: ``torch.topk`` breaks ties (ReLU makes
-    exact ties at 0 common) differently for different tensor shapes, so a prefill, a decode
-    step and a padded batch row can select different keys for the same query. A stable
-    descending sort breaks ties by key column (earliest first), the same way for every shape.
-    """
-    from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
-
-    b, s, _ = hidden_states.shape
-    cos, sin = position_embeddings
-    q = self.wq_b(q_resid).view(b, s, self.n_heads, self.head_dim)
-    q_rot, q_pass = torch.split(q, [self.qk_rope_head_dim, self.head_dim - self.qk_rope_head_dim], dim=-1)
-    k = self.k_norm(self.wk(hidden_states)).unsqueeze(2)
-    k_rot, k_pass = torch.split(k, [self.qk_rope_head_dim, self.head_dim - self.qk_rope_head_dim], dim=-1)
-    q_rot, k_rot = apply_rotary_pos_emb(q_rot, k_rot, cos, sin, unsqueeze_dim=2)
-    q = torch.cat([q_rot, q_pass], dim=-1)
-    k = torch.cat([k_rot, k_pass], dim=-1).squeeze(2)
-    if past_key_values is not None:
-        k = past_key_values.update_indexer(k, self.layer_idx)
-    scores = F.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1)) * self.softmax_scale)
-    weights = self.weights_proj(hidden_states.to(self.weights_proj.weight.dtype)).float() * (self.n_heads**-0.5)
-    index_scores = torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)
-    if attention_mask.dtype == torch.bool:
-        index_scores = index_scores.masked_fill(~attention_mask, float("-inf"))
-    else:
-        index_scores = index_scores + attention_mask
-    topk = min(self.index_topk, index_scores.shape[-1])
-    order = torch.sort(index_scores, dim=-1, descending=True, stable=True).indices
-    return order[..., :topk].to(torch.int32)
-
-
 def patch_stable_topk() -> None:
+    """Give DeepseekV32Indexer the engine's deterministic top-k (service/engines/local/stable_topk.py):
+    ``torch.topk`` breaks ties (ReLU makes exact ties at 0 common) differently for different
+    tensor shapes; a stable descending sort breaks them by key column for every shape."""
+    import sys
+    from pathlib import Path
+
     from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
 
-    m.DeepseekV32Indexer.forward = torch.no_grad()(stable_topk_indexer_forward)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
+    from service.engines.local.stable_topk import _stable_forward
+
+    m.DeepseekV32Indexer.forward = torch.no_grad()(_stable_forward)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,12 +10,11 @@ the transaction is rolled back, so a failed command changes nothing. Only
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import Any, Optional
 
 import typer
 from alembic.util.exc import CommandError
@@ -25,7 +24,7 @@ from sqlalchemy.exc import DBAPIError
 from keys import migrate
 from keys.audit import default_actor, list_audit
 from keys.db import Store, display_url, open_store, parse_url, translate_error
-from keys.errors import KeyStoreError, NotMigrated
+from keys.errors import NotMigrated
 from keys.importing import read_secret_file, read_vllm_config
 from keys.kek import generate_kek_file, read_kek_file
 from keys.kek_rotation import rotate_kek
@@ -43,24 +42,10 @@ from keys.material import export_key
 from keys.settings import StoreSettings
 from keys.tenants import create_tenant, list_tenants
 from keys.tokens import issue_token, list_tokens, revoke_token
-from service.cli.app import CliError, audit_app, db_app, emit, kek_app, keys_app, tenants_app, tokens_app
+from service.cli.app import (JSON_OPTION, CliError, audit_app, db_app, emit, kek_app, keys_app, one_line_errors,
+                             tenants_app, tokens_app)
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document instead of text.")
-
-
-def _domain_errors(fn: F) -> F:
-    """Turn the key store's errors into the CLI's one-line errors."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except KeyStoreError as exc:
-            raise CliError(exc.user_message) from None
-
-    return wrapper  # type: ignore[return-value]
+_domain_errors = one_line_errors()
 
 
 def _settings() -> StoreSettings:

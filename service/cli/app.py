@@ -7,9 +7,10 @@ and exits non-zero. No traceback, and never a secret, reaches the terminal.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import typer
 
@@ -33,6 +34,31 @@ class CliError(Exception):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document instead of text.")
+
+
+def one_line_errors(*also: type[BaseException]) -> Callable[[F], F]:
+    """Decorator: the key store's errors (and ``also``, whose messages never hold secrets)
+    become the CLI's one-line errors, also when a command is invoked without :func:`main`."""
+    from keys.errors import KeyStoreError
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except KeyStoreError as exc:
+                raise CliError(exc.user_message) from None
+            except also as exc:  # type: ignore[misc]
+                raise CliError(str(exc)) from None
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
 
 
 def emit(payload: Any, as_json: bool, text: str | None = None) -> None:

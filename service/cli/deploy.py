@@ -12,41 +12,24 @@ Secrets go only into those files: the output names the file, key ids and fingerp
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import Optional
 
 import typer
 from pydantic import ValidationError
 
 from keys.audit import default_actor, record_audit
 from keys.db import Store, open_store
-from keys.errors import KeyStoreError
 from keys.material import detection_keys
 from keys.models import REVOKED
 from keys.settings import StoreSettings
-from service.cli.app import CliError, deploy_app, emit
+from service.cli.app import JSON_OPTION, CliError, deploy_app, emit, one_line_errors
 
-F = TypeVar("F", bound=Callable[..., Any])
-JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document instead of text.")
-
-
-def _errors(fn: F) -> F:
-    """Domain errors (store, profile, key files) become the CLI's one-line errors."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except KeyStoreError as exc:
-            raise CliError(exc.user_message) from None
-        except ValueError as exc:  # ProfileError, KeyringError: messages never hold secrets
-            raise CliError(str(exc)) from None
-
-    return wrapper  # type: ignore[return-value]
+# ProfileError and KeyringError are ValueErrors whose messages never hold secrets.
+_errors = one_line_errors(ValueError)
 
 
 def vllm_logs_to_stderr() -> None:
