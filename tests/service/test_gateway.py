@@ -202,3 +202,18 @@ def test_cancelled_stream_frees_the_engine_and_is_recorded(server):
             break
         time.sleep(0.05)
     assert _records(server) == before + 1
+
+
+def test_detection_rate_limit_per_token(tmp_path_factory):
+    limited = gw.start(tmp_path_factory.mktemp("limited"), detect_rate_per_minute=6, detect_burst=2,
+                       draft_model=None)
+    try:
+        api = client(limited)
+        statuses = [api.post("/v1/detect", json={"token_ids": [1, 2, 3]}).status_code for _ in range(3)]
+        assert statuses == [200, 200, 429]
+        refused = api.post("/v1/detect", json={"token_ids": [1, 2, 3]})
+        assert int(refused.headers["Retry-After"]) >= 1 and "rate limit" in refused.json()["error"]["message"]
+        # Another token has its own budget.
+        assert client(limited, "globex").post("/v1/detect", json={"token_ids": [1, 2]}).status_code == 200
+    finally:
+        limited.stop()
