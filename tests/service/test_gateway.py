@@ -48,7 +48,8 @@ def generate(server, who="acme", **body):
 def test_generated_text_is_watermarked_detected_and_recorded(server):
     out = generate(server, seed=1)
     assert len(out["token_ids"]) >= 100 and out["watermark"]["algorithm"] == "dual_key_gumbel"
-    assert out["watermark"]["watermarked_share"] > 0.8
+    # Repeated contexts (the small model loops now and then) are sampled without the watermark.
+    assert out["watermark"]["watermarked_share"] > 0.5
     for body in ({"text": out["text"]}, {"token_ids": out["token_ids"]}):
         result = client(server).post("/v1/detect", json=body).json()
         assert result["watermarked"] and result["p_value"] < 1e-6, result["log10_p_value"]
