@@ -1,6 +1,10 @@
 """Benchmark of the watermark kernels on one GPU, with the parity checks of the same run.
 
     python bench/sampler_kernels.py --out DIR        (from the repository root)
+    python bench/sampler_kernels.py --quick --out DIR   (~3-4 minutes: parity tests of the
+        sampler kernels only, the headline grid, compaction/row-split comparison at B = 256,
+        verification and dedup; the sweeps and the warm-up timing are copied from the
+        previous results file, marked "not re-run")
 
 1. runs the GPU parity tests (``pytest -m gpu tests/watermark/kernels``), log in DIR;
 2. measures: device-to-device copy bandwidth (the read floor), the stage-1 approximation
@@ -42,6 +46,13 @@ import torch  # noqa: E402
 VOCAB = 129_280
 L2_BYTES = 60 * 2**20
 TOTAL_BUDGET_S = 335.0  # stay under 6 minutes including start-up
+QUICK_BUDGET_S = 240.0  # --quick: one call of <= 6 minutes including the machine's start
+PREVIOUS = REPO / "bench" / "results" / "sampler-h200.json"
+# --quick runs the parity tests of the kernels this iteration changed (the fused sampler and
+# the Gumbel race: compaction queue, row split) and the approximation bound; verification,
+# dedup and the exponential race are unchanged and checked in-bench (verify, dedup) instead.
+QUICK_PYTEST_K = ("gumbel_sample or gumbel_argmax or queue or pruning or small_tiles or dispatch "
+                  "or approximation")
 
 
 class Setting:
@@ -83,8 +94,10 @@ class Run:
         self.started = time.perf_counter()
         self.results: dict = {"errors": [], "sections": {}}
 
+    budget_s = TOTAL_BUDGET_S
+
     def left(self) -> float:
-        return TOTAL_BUDGET_S - (time.perf_counter() - self.started)
+        return self.budget_s - (time.perf_counter() - self.started)
 
     def save(self) -> None:
         self.results["elapsed_s"] = round(time.perf_counter() - self.started, 1)
@@ -265,12 +278,14 @@ def section_device(run: Run) -> None:
     run.results["copy_bandwidth"] = copy_bandwidth()
 
 
-def section_pytest(run: Run) -> None:
+def section_pytest(run: Run, select: str | None = None) -> None:
     log = run.out / "pytest-gpu.log"
     junit = run.out / "pytest-gpu.xml"
-    timeout = max(60.0, min(240.0, run.left() - 75))
+    timeout = max(60.0, min(240.0, run.left() - 75)) if select is None else max(60.0, min(130.0, run.left() - 90))
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/watermark/kernels", "-p", "no:cacheprovider",
            f"--junitxml={junit}"]
+    if select is not None:
+        cmd += ["-k", select]
     import importlib.util
 
     if importlib.util.find_spec("xdist") is not None:
@@ -286,7 +301,7 @@ def section_pytest(run: Run) -> None:
         code = -1
     log.write_text(output)
     summary = {"returncode": code, "seconds": round(time.perf_counter() - t, 1), "log": log.name,
-               "command": " ".join(cmd[1:])}
+               "command": " ".join(cmd[1:]), "subset": select is not None}
     try:
         import xml.etree.ElementTree as ET
 
@@ -349,7 +364,7 @@ def bench_sampler_config(batch: int, dtype: torch.dtype, dist: str, mode: str, *
     return out
 
 
-REFERENCE_TIMED = (1, 32, 256)
+REFERENCE_TIMED = [1, 32, 256]  # --quick: none (the reference still checks every configuration)
 
 
 BANDWIDTH = [4.3e12]
@@ -418,6 +433,53 @@ def section_sweep(run: Run) -> None:
         except Exception as error:  # noqa: BLE001 - e.g. an option this Triton lacks
             sweep.append({"blocks_per_row": "default", "config": name, "error": repr(error)[:200]})
         run.save()
+
+
+def section_compare_b256(run: Run) -> None:
+    """--quick: B = 256 float32 single key, what compaction and the row split buy: compaction
+    off (dense only), and 3 / 4 programs per row (the default is 2 on 132 SMs)."""
+    from watermark.kernels.gumbel import DEFAULT_CONFIG
+
+    dense = run.results.setdefault("dense_only_fp32_single", [])
+    sweep = run.results.setdefault("sweep_b256_fp32_single_quick", [])
+    for dist in ("zipf", "normal"):
+        if run.left() < 10:
+            return
+        row = bench_sampler_config(S.big, torch.float32, dist, "single",
+                                   config=dataclasses.replace(DEFAULT_CONFIG, compact=False), reference=True, seed=99)
+        dense.append({"batch": S.big, "dist": dist, "compact": False, "us": row["us"], "bit_exact": row["bit_exact"]})
+        run.save()
+    for dist in ("zipf", "normal"):
+        for nblk in (3, 4):
+            if run.left() < 10:
+                return
+            row = bench_sampler_config(S.big, torch.float32, dist, "single", blocks_per_row=nblk, reference=True,
+                                       seed=98)
+            sweep.append({"dist": dist, "blocks_per_row": nblk, "compact": True, "us": row["us"],
+                          "bit_exact": row["bit_exact"]})
+            run.save()
+
+
+def load_previous() -> dict:
+    """The previous results file, read before this run writes (--out may be bench/results)."""
+    try:
+        return json.loads(PREVIOUS.read_text())
+    except Exception as error:  # noqa: BLE001
+        return {"_error": repr(error)}
+
+
+def copy_previous(run: Run, previous: dict, keys: tuple[str, ...]) -> None:
+    """--quick: the sections not re-run keep the previous results file's values, marked."""
+    if "_error" in previous:
+        run.results["not_re_run"] = {"error": previous["_error"]}
+        return
+    marked = {}
+    for key in keys:
+        if key in previous and key not in run.results:
+            run.results[key] = {"not re-run": "values of the previous run (before the compaction queue and the "
+                                              "one-wave row split)", "previous": previous[key]}
+            marked[key] = "copied from the previous run"
+    run.results["not_re_run"] = marked
 
 
 def section_dense(run: Run) -> None:
@@ -574,10 +636,15 @@ def table(results: dict) -> str:
         lines.append(f"{row['batch']:>4} {row['dtype']:>8} {row['dist']:>6} {row['mode']:>6} {row['us']:>8.1f} "
                      f"{100 * row['floor_fraction']:>6.0f}% {row.get('reference_us', float('nan')):>9.0f} "
                      f"{row.get('speedup_vs_reference', float('nan')):>7.1f} {row.get('bit_exact')}")
-    for row in results.get("speculative_b64_k4", []):
+    listed = lambda key: results.get(key) if isinstance(results.get(key), list) else []  # noqa: E731
+    for row in listed("dense_only_fp32_single") + listed("sweep_b256_fp32_single_quick"):
+        lines.append(f"B=256 fp32 {row.get('dist')} single compact={row.get('compact')} "
+                     f"blocks/row={row.get('blocks_per_row', 'default')}: {row.get('us', float('nan')):.1f} us "
+                     f"exact {row.get('bit_exact')}")
+    for row in listed("speculative_b64_k4"):
         lines.append(f"verify B=64 k=4 {row['dtype']}: {row['us']:.1f} us (floor {100 * row['floor_fraction']:.0f}%, "
-                     f"ref {row['reference_us']:.0f} us, exact {row['bit_exact']})")
-    dd = [r for r in results.get("dedup", []) if r["batch"] == S.big]
+                     f"ref {row.get('reference_us', float('nan')):.0f} us, exact {row['bit_exact']})")
+    dd = [r for r in listed("dedup") if r["batch"] == S.big]
     if dd:
         lines.append(f"dedup B={S.big} step us by history: " + ", ".join(f"{r['history']}: {r['step_us']:.1f}" for r in dd))
     if "approximation_error" in results:
@@ -598,11 +665,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--skip-pytest", action="store_true", help="benchmark only (bit_exact stays false)")
+    parser.add_argument("--quick", action="store_true",
+                        help="fit one short call: sampler parity tests only, headline grid, B=256 comparison, "
+                             "verify and dedup; sweeps and warm-up copied from the previous run as 'not re-run'")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU + Triton interpreter, tiny sizes: checks this script runs (set TRITON_INTERPRET=1)")
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
+    previous = load_previous()
     run = Run(options.out)
+    if options.quick:
+        run.budget_s = QUICK_BUDGET_S
+        REFERENCE_TIMED.clear()
+    run.results["quick"] = bool(options.quick)
     if options.smoke:
         S.device, S.vocab, S.smoke, S.big, S.small = torch.device("cpu"), 4099, True, 3, 1
         S.grid, S.spec_batch, S.spec_k, S.histories = (2,), 4, 2, (16, 64)
@@ -617,29 +692,55 @@ def main() -> int:
     if "copy_bandwidth" in run.results:
         BANDWIDTH[0] = run.results["copy_bandwidth"]["GBps"] * 1e9
     fp32, bf16 = torch.float32, torch.bfloat16
-    # The headline figures first (they compile one variant), then the parity tests.
-    run.section("approximation_error", lambda: section_error_bound(run))
-    run.section("sampler_headline", lambda: section_sampler(run, (S.big, S.small), (fp32,), ("normal", "zipf"),
-                                                            ("single", "dual"), "sampler", budget_each=0))
-    headline(run)
-    if not options.skip_pytest:
-        run.section("pytest", lambda: section_pytest(run), needs_s=100)
-    run.section("sampler_grid", lambda: section_sampler(run, S.grid, (fp32, bf16), ("normal", "zipf"),
-                                                        ("single", "dual"), "sampler"), needs_s=30)
-    run.section("sampler_bf16_b256_b1", lambda: section_sampler(run, (S.big, S.small), (bf16,), ("normal", "zipf"),
-                                                                ("single", "dual"), "sampler"), needs_s=20)
-    run.section("speculative", lambda: section_speculative(run), needs_s=20)
-    run.section("dedup", lambda: section_dedup(run), needs_s=20)
-    run.section("dedup_parity", lambda: section_dedup_parity(run), needs_s=30)
-    run.section("pruning", lambda: section_pruning(run), needs_s=15)
-    run.section("dense_only", lambda: section_dense(run), needs_s=20)
-    run.section("temperature", lambda: section_temperature(run), needs_s=20)
-    run.section("warm_up", lambda: section_warm_up(run), needs_s=15)
-    run.section("sweep", lambda: section_sweep(run), needs_s=30)
+    if options.quick:
+        # Parity tests of the changed kernels first, then every timed configuration is also
+        # checked against the reference in this process.
+        if not options.skip_pytest:
+            run.section("pytest", lambda: section_pytest(run, QUICK_PYTEST_K), needs_s=100)
+        run.section("approximation_error", lambda: section_error_bound(run))
+        run.section("sampler_headline", lambda: section_sampler(run, (S.big, S.small), (fp32,), ("normal", "zipf"),
+                                                                ("single", "dual"), "sampler", budget_each=0))
+        headline(run)
+        run.section("compare_b256", lambda: section_compare_b256(run), needs_s=15)
+        run.section("speculative", lambda: section_speculative(run), needs_s=10)
+        run.section("sampler_bf16_b256_b1", lambda: section_sampler(run, (S.big, S.small), (bf16,),
+                                                                    ("normal", "zipf"), ("single", "dual"),
+                                                                    "sampler"), needs_s=10)
+        run.section("sampler_grid", lambda: section_sampler(run, S.grid, (fp32, bf16), ("normal", "zipf"),
+                                                            ("single", "dual"), "sampler", budget_each=3),
+                    needs_s=20)
+        run.section("dedup", lambda: section_dedup(run), needs_s=15)
+        run.section("dedup_parity", lambda: section_dedup_parity(run), needs_s=10)
+        run.section("pruning", lambda: section_pruning(run), needs_s=8)
+        run.section("temperature", lambda: section_temperature(run), needs_s=10)
+        copy_previous(run, previous, ("warm_up", "sweep_b1_fp32_normal_single", "sweep_b256_fp32_normal_single",
+                            "temperature_0p7", "dedup", "speculative_b64_k4", "pruning_potential"))
+    else:
+        # The headline figures first (they compile one variant), then the parity tests.
+        run.section("approximation_error", lambda: section_error_bound(run))
+        run.section("sampler_headline", lambda: section_sampler(run, (S.big, S.small), (fp32,), ("normal", "zipf"),
+                                                                ("single", "dual"), "sampler", budget_each=0))
+        headline(run)
+        if not options.skip_pytest:
+            run.section("pytest", lambda: section_pytest(run), needs_s=100)
+        run.section("sampler_grid", lambda: section_sampler(run, S.grid, (fp32, bf16), ("normal", "zipf"),
+                                                            ("single", "dual"), "sampler"), needs_s=30)
+        run.section("sampler_bf16_b256_b1", lambda: section_sampler(run, (S.big, S.small), (bf16,),
+                                                                    ("normal", "zipf"), ("single", "dual"),
+                                                                    "sampler"), needs_s=20)
+        run.section("speculative", lambda: section_speculative(run), needs_s=20)
+        run.section("dedup", lambda: section_dedup(run), needs_s=20)
+        run.section("dedup_parity", lambda: section_dedup_parity(run), needs_s=30)
+        run.section("pruning", lambda: section_pruning(run), needs_s=15)
+        run.section("dense_only", lambda: section_dense(run), needs_s=20)
+        run.section("temperature", lambda: section_temperature(run), needs_s=20)
+        run.section("warm_up", lambda: section_warm_up(run), needs_s=15)
+        run.section("sweep", lambda: section_sweep(run), needs_s=30)
 
     headline(run)
-    checked = (run.results.get("sampler", []) + run.results.get("temperature_0p7", [])
-               + run.results.get("speculative_b64_k4", []) + run.results.get("dense_only_fp32_single", []))
+    checked = [row for key in ("sampler", "temperature_0p7", "speculative_b64_k4", "dense_only_fp32_single",
+                               "sweep_b256_fp32_single_quick")
+               if isinstance(run.results.get(key), list) for row in run.results[key]]
     sampler_exact = [row.get("bit_exact") for row in checked if "bit_exact" in row]
     bound_ok = run.results.get("approximation_error", {}).get("within_bounds") is True
     run.results["parity_in_bench"] = {"configs_checked": len(sampler_exact), "all_exact": all(sampler_exact),

@@ -62,7 +62,7 @@ def _gumbel_sample_kernel(logits_ptr, stride_row, vocab, temp_ptr, key_a_ptr, ke
     tile_begin = blk * tiles_per_block
     tile_end = tl.minimum(tile_begin + tiles_per_block, tl.cdiv(vocab, BLOCK))
     x0, x1, x2, x3 = race.first_tile(row_ptr, tile_begin, tile_end, vocab, float("-inf"), BLOCK)
-    scratch = scratch_ptr + (row.to(tl.int64) * nblk + blk) * (BLOCK // 4)
+    scratch = scratch_ptr + (row.to(tl.int64) * nblk + blk) * (2 * BLOCK)
 
     temperature = tl.load(temp_ptr + row)
     greedy = temperature == 0.0
@@ -127,7 +127,7 @@ def _gumbel_argmax_kernel(logits_ptr, stride_row, vocab, keys_ptr, states_ptr, t
     tile_begin = blk * tiles_per_block
     tile_end = tl.minimum(tile_begin + tiles_per_block, tl.cdiv(vocab, BLOCK))
     x0, x1, x2, x3 = race.first_tile(row_ptr, tile_begin, tile_end, vocab, float("-inf"), BLOCK)
-    scratch = scratch_ptr + (row.to(tl.int64) * nblk + blk) * (BLOCK // 4)
+    scratch = scratch_ptr + (row.to(tl.int64) * nblk + blk) * (2 * BLOCK)
     s0, s1, s2, s3, k0, k1 = _row_state(keys_ptr, states_ptr, row)
     best_s, best_i = race.log_race_chunk(row_ptr, x0, x1, x2, x3, tile_begin, tile_end, vocab, 1.0, False,
                                          s0, s1, s2, s3, k0, k1, scratch, BLOCK, COMPACT)
@@ -170,7 +170,8 @@ class LaunchConfig:
     """Partials read per step by the program that reduces a row."""
     compact: bool = True
     """Race only the tokens that can still win once a tile is sparse in them (Zipf-like
-    rows, top-k masks); False keeps every tile dense (the fallback if compaction misbehaves)."""
+    rows, top-k masks): they are queued with their logits and raced BLOCK / 4 at a time
+    (race.queue_append / queue_drain); False keeps every tile dense (the fallback)."""
     maxnreg: int | None = None
     """Register cap per thread (Triton's ``maxnreg``), None: the compiler's choice."""
 
@@ -234,7 +235,7 @@ def _launch_race(kernel, values: torch.Tensor, keys: torch.Tensor, states: torch
     if states.shape != (batch, 4):
         raise ValueError(f"states must be [{batch}, 4]; got {tuple(states.shape)}")
     per_block, nblk = race.split_rows(batch, vocab, config.block, device, config.programs_per_sm, blocks_per_row)
-    ws = race.workspace(device, batch, batch * nblk, batch * nblk * (config.block // 4))
+    ws = race.workspace(device, batch, batch * nblk, batch * nblk * 2 * config.block)
     mult = stride_mult(values)
     kernel[(batch, nblk)](values, values.stride(0) // mult, vocab, keys, states, tokens, ws.scores, ws.tokens,
                           ws.counters, ws.scratch, per_block, nblk, BLOCK=config.block, STRIDE_MULT=mult,
@@ -289,7 +290,7 @@ def gumbel_sample(logits: torch.Tensor, *, temperature: torch.Tensor, key_a: tor
         contexts = contexts.contiguous()
     widths = _row_tensor(widths, batch, torch.int32, device, "widths")
     per_block, nblk = race.split_rows(batch, vocab, config.block, device, config.programs_per_sm, blocks_per_row)
-    ws = race.workspace(device, batch, batch * nblk, batch * nblk * (config.block // 4))
+    ws = race.workspace(device, batch, batch * nblk, batch * nblk * 2 * config.block)
     mult = stride_mult(values)
     _gumbel_sample_kernel[(batch, nblk)](
         values, values.stride(0) // mult, vocab,

@@ -18,9 +18,11 @@ that reaches M, a_j >= s_j - e >= s_k - e >= a_k - 2e = M - 2e, where e bounds t
 approximation error plus float32 rounding of the sum (|a| * 2^-23). The threshold M - (4e0
 + |M| 2^-20) is wider than that. NOTES.md has the full argument and the measured bounds.
 
-Exact candidate pruning: a token whose float32 logit + NOISE_MAX is at most the best exact
-score so far cannot win (ties go to the lower index, which is already held), so a tile
-whose maximum logit passes that test is skipped without computing its PRF words.
+Exact candidate pruning: a token whose float32 logit + NOISE_MAX is below the best exact
+score so far cannot win, so its PRF word is never computed: a tile with few live tokens
+queues them (with their logits) and the queue is raced BLOCK / 4 tokens at a time, one
+Philox call per token; tiles with many live tokens are raced densely. Races merge
+lexicographically (higher score, then lower token), so the order does not matter.
 """
 
 from __future__ import annotations
@@ -63,6 +65,19 @@ RATIO_NORMAL = tl.constexpr(2.0**-125)
 # Pruning bounds with a margin for a last-ulp difference between float64 log implementations.
 NOISE_BOUND = tl.constexpr(float(NOISE_MAX) + 2.0**-16)
 EXPONENTIAL_FLOOR = tl.constexpr(float(EXPONENTIAL_MIN) * (1.0 - 2.0**-20))
+# Compaction (LaunchConfig.compact): a tile with more than BLOCK / DENSE_SHARE live tokens
+# is raced densely (one Philox call per 4 tokens); otherwise its live tokens go to the
+# program's queue, raced once it holds BLOCK / QUEUE_DRAIN or more (one Philox call per
+# token, BLOCK / 4 tokens per round). Queue capacity BLOCK >= BLOCK / QUEUE_DRAIN +
+# BLOCK / DENSE_SHARE (3/4 BLOCK). Back to the first version's per-tile sparse race:
+# git show da70ada:watermark/kernels/race.py.
+DENSE_SHARE = tl.constexpr(2)
+QUEUE_DRAIN = tl.constexpr(4)
+# Rows x programs per row fill the resident slots (programs_per_sm x multiprocessors) in
+# one wave: floor(slots / rows) programs per row (2 at B = 256 on 132 SMs: 512 programs
+# of 528 slots; ceil gave 3, i.e. 768 programs, 1.45 waves, 118 us against 103 us measured).
+# False restores ceil(slots / rows).
+ONE_WAVE_SPLIT = True
 
 
 # --------------------------------------------------------------------------- fast math
@@ -180,6 +195,14 @@ def count4(k0, k1, k2, k3):
 
 
 @triton.jit
+def beats(s, i, best_s, best_i):
+    """(s, i) beats (best_s, best_i): higher score, then lower token. Lexicographic, so the
+    result does not depend on the order in which tokens are raced (the compaction queue
+    races earlier tiles' tokens after later dense tiles)."""
+    return (s > best_s) | ((s == best_s) & (i < best_i))
+
+
+@triton.jit
 def _log_threshold(m):
     thr = m - (LOG_WINDOW + tl.abs(m) * ROUNDING)
     return tl.where(m == POS_INF, m, thr)
@@ -213,7 +236,7 @@ def log_race_tile(c, l0, l1, l2, l3, u0, u1, u2, u3, run_max, best_s, best_i):
             mi = lane_value(c, i, (u0 >> 8).to(tl.int32), (u1 >> 8).to(tl.int32), (u2 >> 8).to(tl.int32),
                             (u3 >> 8).to(tl.int32), -1)
             s = li + exact_noise(mi)
-            better = s > best_s
+            better = beats(s, i, best_s, best_i)
             best_s = tl.where(better, s, best_s)
             best_i = tl.where(better, i, best_i)
             t = c * 4
@@ -337,7 +360,7 @@ def log_race_tokens(t, l, u, run_max, best_s, best_i):
             li = tl.max(tl.where(hit, l, NEG_INF), 0)
             mi = tl.max(tl.where(hit, mants, -1), 0)
             s = li + exact_noise(mi)
-            better = s > best_s
+            better = beats(s, i, best_s, best_i)
             best_s = tl.where(better, s, best_s)
             best_i = tl.where(better, i, best_i)
             cand = cand & (t != i)
@@ -346,36 +369,53 @@ def log_race_tokens(t, l, u, run_max, best_s, best_i):
 
 
 @triton.jit
-def _log_race_sparse(row_ptr, c, k0_, k1_, k2_, k3_, n_live, scratch_ptr, temperature, scaled, s0, s1, s2, k0,
-                     k1, run_max, best_s, best_i, GATHER: tl.constexpr):
-    """Race only the live tokens of a tile (k_j: token 4c + j can still win): compact their
-    ids into this program's scratch (prefix sum, scatter), then gather GATHER at a time,
-    one Philox call per token. Exact like the dense path: the others cannot win."""
+def queue_append(c, l0, l1, l2, l3, k0_, k1_, k2_, k3_, fill, queue_ptr, QCAP: tl.constexpr):
+    """Append the live tokens of a tile (k_j: token 4c + j can still win) and their processed
+    logits to this program's queue (token ids at queue_ptr[0, QCAP), logit bits at
+    queue_ptr[QCAP, 2 QCAP)), in ascending token order from slot ``fill``. Returns the new fill."""
     n0 = k0_.to(tl.int32)
     n1 = k1_.to(tl.int32)
     n2 = k2_.to(tl.int32)
     count = n0 + n1 + n2 + k3_.to(tl.int32)
-    slot = tl.cumsum(count, 0) - count  # ascending token order
+    slot = fill + tl.cumsum(count, 0) - count
     t = c * 4
-    tl.store(scratch_ptr + slot, t, mask=k0_)
-    tl.store(scratch_ptr + (slot + n0), t + 1, mask=k1_)
-    tl.store(scratch_ptr + (slot + n0 + n1), t + 2, mask=k2_)
-    tl.store(scratch_ptr + (slot + n0 + n1 + n2), t + 3, mask=k3_)
-    tl.debug_barrier()
-    for g in range(0, n_live, GATHER):
-        idx = g + tl.arange(0, GATHER)
-        tok = tl.load(scratch_ptr + idx, mask=idx < n_live, other=-1, volatile=True)
-        l = process(tl.load(row_ptr + tok, mask=tok >= 0, other=float("-inf")), temperature, scaled)
+    tl.store(queue_ptr + slot, t, mask=k0_)
+    tl.store(queue_ptr + (QCAP + slot), l0.to(tl.int32, bitcast=True), mask=k0_)
+    slot = slot + n0
+    tl.store(queue_ptr + slot, t + 1, mask=k1_)
+    tl.store(queue_ptr + (QCAP + slot), l1.to(tl.int32, bitcast=True), mask=k1_)
+    slot = slot + n1
+    tl.store(queue_ptr + slot, t + 2, mask=k2_)
+    tl.store(queue_ptr + (QCAP + slot), l2.to(tl.int32, bitcast=True), mask=k2_)
+    slot = slot + n2
+    tl.store(queue_ptr + slot, t + 3, mask=k3_)
+    tl.store(queue_ptr + (QCAP + slot), l3.to(tl.int32, bitcast=True), mask=k3_)
+    return fill + tl.sum(count, 0)
+
+
+@triton.jit
+def queue_drain(queue_ptr, fill, s0, s1, s2, k0, k1, run_max, best_s, best_i, QCAP: tl.constexpr,
+                ROUND: tl.constexpr):
+    """Race the ``fill`` queued tokens, ROUND at a time (one Philox call per token). Every
+    queued token is raced (no re-filtering: a queued token is never wrongly dropped, and
+    the lexicographic merge makes the late race order-independent)."""
+    tl.debug_barrier()  # the queue's stores (every thread's) are visible to every thread
+    for g in range(0, fill, ROUND):
+        idx = g + tl.arange(0, ROUND)
+        inside = idx < fill
+        tok = tl.load(queue_ptr + idx, mask=inside, other=-1, volatile=True)
+        bits = tl.load(queue_ptr + (QCAP + idx), mask=inside, other=0, volatile=True)
+        l = tl.where(inside, bits.to(tl.float32, bitcast=True), NEG_INF)
         lane = tok & 3
         w0, w1, w2, w3 = philox.philox((tok >> 2).to(tl.uint32), s0, s1, s2, k0, k1)
         u = tl.where(lane == 0, w0, tl.where(lane == 1, w1, tl.where(lane == 2, w2, w3)))
         run_max, best_s, best_i = log_race_tokens(tok, l, u, run_max, best_s, best_i)
-    tl.debug_barrier()  # every lane has read the scratch before the next tile writes it
+    tl.debug_barrier()  # every thread has read the queue before it is written again
     return run_max, best_s, best_i
 
 
 @triton.jit
-def _log_race_loaded(row_ptr, c, x0, x1, x2, x3, scratch_ptr, temperature, scaled, s0, s1, s2, k0, k1, run_max,
+def _log_race_loaded(c, x0, x1, x2, x3, queue_ptr, fill, temperature, scaled, s0, s1, s2, k0, k1, run_max,
                      best_s, best_i, BLOCK: tl.constexpr, COMPACT: tl.constexpr):
     l0 = process(x0, temperature, scaled)
     l1 = process(x1, temperature, scaled)
@@ -383,7 +423,8 @@ def _log_race_loaded(row_ptr, c, x0, x1, x2, x3, scratch_ptr, temperature, scale
     l3 = process(x3, temperature, scaled)
     # Exact pruning: a token with float32 l + NOISE_MAX <= the best exact score so far
     # cannot win. ``floor`` sits a little below best - NOISE_BOUND, so l <= floor implies it
-    # (the margin covers the roundings; a too-low floor only keeps extra tokens).
+    # (the margin covers the roundings, and makes the bound strict, so ties never matter;
+    # a too-low floor only keeps extra tokens).
     floor = best_s - NOISE_BOUND - (tl.abs(best_s) * ROUNDING + ROUNDING)
     live0 = l0 > floor
     live1 = l1 > floor
@@ -391,16 +432,17 @@ def _log_race_loaded(row_ptr, c, x0, x1, x2, x3, scratch_ptr, temperature, scale
     live3 = l3 > floor
     n_live = count4(live0, live1, live2, live3)
     if COMPACT:
-        if n_live <= BLOCK // 4:  # sparse: a quarter or less of the tile can still win
-            if n_live > 0:
-                run_max, best_s, best_i = _log_race_sparse(row_ptr, c, live0, live1, live2, live3, n_live,
-                                                           scratch_ptr, temperature, scaled, s0, s1, s2, k0, k1,
-                                                           run_max, best_s, best_i, BLOCK // 16)
-        else:
+        if n_live > BLOCK // DENSE_SHARE:  # dense: cheaper than one Philox call per live token
             run_max, best_s, best_i = _log_race_dense(c, l0, l1, l2, l3, s0, s1, s2, k0, k1, run_max, best_s, best_i)
+        elif n_live > 0:  # sparse: queue the live tokens, race them QUEUE_DRAIN or more at a time
+            fill = queue_append(c, l0, l1, l2, l3, live0, live1, live2, live3, fill, queue_ptr, BLOCK)
+            if fill >= BLOCK // QUEUE_DRAIN:
+                run_max, best_s, best_i = queue_drain(queue_ptr, fill, s0, s1, s2, k0, k1, run_max, best_s,
+                                                      best_i, BLOCK, BLOCK // 4)
+                fill = 0
     elif n_live > 0:
         run_max, best_s, best_i = _log_race_dense(c, l0, l1, l2, l3, s0, s1, s2, k0, k1, run_max, best_s, best_i)
-    return run_max, best_s, best_i
+    return run_max, best_s, best_i, fill
 
 
 @triton.jit
@@ -423,26 +465,32 @@ def log_race_chunk(row_ptr, x0, x1, x2, x3, tile_begin, tile_end, vocab, tempera
     (x0..x3: the prefetched first tile, :func:`first_tile`).
 
     Returns (score, token); (-inf, BIG_INDEX) when every logit there is -inf or NaN.
-    ``scratch_ptr``: this program's BLOCK / 4 int32 (COMPACT only).
+    ``scratch_ptr``: this program's 2 BLOCK int32, the compaction queue (COMPACT only).
     """
     kk0 = k0 ^ s3
     kk1 = k1 ^ philox.TOKEN_DOMAIN
     run_max = tl.full([], NEG_INF, tl.float32)
     best_s = tl.full([], NEG_INF, tl.float32)
     best_i = tl.full([], BIG_INDEX, tl.int32)
+    fill = tl.full([], 0, tl.int32)
     full_end = tl.minimum(tile_end, vocab // BLOCK)
     n0, n1, n2, n3 = x0, x1, x2, x3
     for tile in range(tile_begin, full_end):
         x0, x1, x2, x3 = n0, n1, n2, n3
         n0, n1, n2, n3 = load_next(row_ptr, tile + 1, full_end, float("-inf"), BLOCK)
-        run_max, best_s, best_i = _log_race_loaded(row_ptr, tile_counters(tile, BLOCK), x0, x1, x2, x3, scratch_ptr,
-                                                   temperature, scaled, s0, s1, s2, kk0, kk1, run_max, best_s,
-                                                   best_i, BLOCK, COMPACT)
+        run_max, best_s, best_i, fill = _log_race_loaded(tile_counters(tile, BLOCK), x0, x1, x2, x3, scratch_ptr,
+                                                         fill, temperature, scaled, s0, s1, s2, kk0, kk1, run_max,
+                                                         best_s, best_i, BLOCK, COMPACT)
     if full_end < tile_end:  # the row's last, partial tile
         c = tile_counters(full_end, BLOCK)
         x0, x1, x2, x3 = load_tile(row_ptr, c, vocab, float("-inf"), BLOCK)
-        run_max, best_s, best_i = _log_race_loaded(row_ptr, c, x0, x1, x2, x3, scratch_ptr, temperature, scaled, s0,
-                                                   s1, s2, kk0, kk1, run_max, best_s, best_i, BLOCK, COMPACT)
+        run_max, best_s, best_i, fill = _log_race_loaded(c, x0, x1, x2, x3, scratch_ptr, fill, temperature, scaled,
+                                                         s0, s1, s2, kk0, kk1, run_max, best_s, best_i, BLOCK,
+                                                         COMPACT)
+    if COMPACT:
+        if fill > 0:
+            run_max, best_s, best_i = queue_drain(scratch_ptr, fill, s0, s1, s2, kk0, kk1, run_max, best_s, best_i,
+                                                  BLOCK, BLOCK // 4)
     return best_s, best_i
 
 
@@ -619,7 +667,9 @@ def split_rows(rows: int, vocab: int, block: int, device: torch.device, programs
                blocks_per_row: int | None = None) -> tuple[int, int]:
     """(tiles per program, programs per row) so that rows x programs fill the device."""
     tiles = max(1, triton.cdiv(vocab, block))
-    want = blocks_per_row or triton.cdiv(programs_per_sm * multiprocessors(device), max(rows, 1))
+    slots = programs_per_sm * multiprocessors(device)
+    fit = max(1, slots // max(rows, 1)) if ONE_WAVE_SPLIT else triton.cdiv(slots, max(rows, 1))
+    want = blocks_per_row or fit
     per_block = triton.cdiv(tiles, max(1, min(want, tiles)))
     return per_block, triton.cdiv(tiles, per_block)
 

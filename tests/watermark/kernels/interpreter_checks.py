@@ -35,6 +35,8 @@ def main(seed: int) -> int:
                                                                                   cpu, dist="zipf", block=512)),
         ("gumbel_sample zipf dense only", lambda: parity.check_gumbel_sample(seed + 10, 5, 9000, torch.float32, cpu,
                                                                             dist="zipf", compact=False)),
+        ("queue order (ties across the queue), 512", lambda: parity.check_queue_order(seed + 13, cpu, block=512)),
+        ("queue order (ties across the queue), 2048", lambda: parity.check_queue_order(seed + 14, cpu)),
         ("pruning edge (compact)", lambda: parity.check_pruning_edge(cpu)),
         ("pruning edge (dense)", lambda: parity.check_pruning_edge(cpu, compact=False)),
         ("gumbel_argmax 2 blocks", lambda: parity.check_gumbel_argmax(seed + 4, 7, 4300, torch.float32, cpu,

@@ -404,3 +404,44 @@ def check_pruning_edge(device, *, compact: bool = True) -> None:
         for blocks in (1, 2):
             got = kernels.gumbel_argmax(logits, keys, states, config=config, blocks_per_row=blocks)
             assert_same(f"pruning edge (margin {margin}, {blocks} blocks, compact {compact})", got, reference)
+
+
+def queue_order_case(seed: int, device, block: int, dtype: torch.dtype = torch.float32):
+    """Rows that make the compaction queue race an earlier tile's tokens after a later dense
+    tile, with exact score ties between them: the lower token must still win.
+
+    Tile 0 is dense (nothing raced yet) at a level far below; tile 1 holds a few tokens at
+    the top level, the rest far below (sparse: queued); tile 2 is all at the top level
+    (dense, raced before the queue is drained); the rest is Zipf-like noise far below.
+    Top level 2^30: float32 ulp 128 there, so l + g rounds to 2^30 for every noise value
+    (all exact scores tie; the first index wins), or +inf (all scores +inf)."""
+    gen = _gen(seed)
+    vocab = 5 * block + 37
+    rows = []
+    for top in (2.0**30, float("inf"), 2.0**30, float("inf")):
+        row = zipf_logits(gen, 1, vocab)[0] - 1000.0
+        row[:block] = -500.0 + torch.randn(block, generator=gen)
+        few = block + torch.randperm(block, generator=gen)[: int(torch.randint(1, 9, (1,), generator=gen))]
+        row[few] = top
+        row[2 * block: 3 * block] = top
+        rows.append(row)
+    logits = torch.stack(rows).to(dtype)
+    batch = logits.shape[0]
+    keys = random_keys(gen, batch)
+    states = prf.context_states_torch(keys, [[int(c)] for c in torch.randint(0, 2**31 - 1, (batch,),
+                                                                              generator=gen)])
+    reference = gumbel.gumbel_argmax_reference(logits, keys, states)
+    first = [int((r == r.max()).nonzero()[0]) for r in logits.to(torch.float32)]
+    assert reference.tolist() == first, (reference.tolist(), first)
+    return logits.to(device), keys.to(device), states.to(device), reference.to(device)
+
+
+def check_queue_order(seed: int, device, *, block: int = 2048) -> None:
+    """Queued (earlier) tokens raced after a later dense tile keep the first index on ties."""
+    from watermark.kernels import gumbel as kernels
+
+    logits, keys, states, reference = queue_order_case(seed, device, block)
+    config = dataclasses.replace(kernels.DEFAULT_CONFIG, block=block)
+    for blocks in (1, 2):
+        got = kernels.gumbel_argmax(logits, keys, states, config=config, blocks_per_row=blocks)
+        assert_same(f"queue order (seed {seed}, block {block}, {blocks} blocks)", got, reference)

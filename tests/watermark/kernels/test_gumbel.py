@@ -97,3 +97,11 @@ def test_pruning_is_exact_at_its_edge(cuda, compact):
 def test_small_tiles_gather_several_rounds(seed, cuda):
     """512-token tiles: sparse tiles gather their live tokens in several rounds."""
     parity.check_gumbel_sample(seed, 7, 60_000, torch.float32, cuda, dist="zipf", block=512)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block", [512, 2048])
+def test_queue_keeps_the_first_index_on_ties(seed, cuda, block):
+    """Tokens queued by a sparse tile are raced after a later dense tile: exact ties between
+    them still go to the lower token (lexicographic merge)."""
+    parity.check_queue_order(seed, cuda, block=block)
