@@ -184,7 +184,7 @@ class LaunchConfig:
 
 # 128 registers: four programs of 4 warps per multiprocessor; ptxas fits every variant
 # (fp32/bf16/fp16, aligned or not) without spilling (140 uncapped for fp32).
-DEFAULT_CONFIG = LaunchConfig(maxnreg=128)
+DEFAULT_CONFIG = LaunchConfig(maxnreg=128, compact=False)
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
