@@ -143,11 +143,15 @@ def main() -> None:
                                                                  if server.poll() is not None else "timeout"))
                 time.sleep(0.5)
             headers = {"Authorization": f"Bearer {token}"}
+            # Texts of about 200 tokens (generation may stop early at EOS: keep the long ones).
             texts = []
-            for seed in range(8):
+            for seed in range(64):
                 out = httpx.post(url + "/v1/generate", headers=headers, timeout=300,
                                  json={"prompt": "This module provides", "max_tokens": 200, "seed": seed}).json()
-                texts.append(out["text"])
+                if len(out["token_ids"]) >= 190:
+                    texts.append(out["text"])
+                if len(texts) == 8:
+                    break
             bodies = [{"text": t} for t in texts]
             check = httpx.post(url + "/v1/detect", headers=headers, json=bodies[0], timeout=30).json()
             latencies, errors = asyncio.run(_load(port, token, bodies, args.clients, args.seconds, args.warmup))
