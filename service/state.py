@@ -9,12 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from detector.result import Candidate, KeyInfo
-from sqlalchemy import select
-
 from keys.db import Store
 from keys.material import StoredKey, active_key, detection_keys
-from keys.models import GenerationRecord as RecordRow
-from keys.models import Tenant
+from keys.ledger import find_generations_by_output_hash
 from keys.tenants import get_tenant
 from service.caching import TTLCache
 from service.engines.base import Engine
@@ -65,19 +62,12 @@ class Services:
         return self.key_cache.get_or_load(("tenant", name), load)
 
     def ledger_matches(self, output_sha256: str, tenant_id: str | None) -> list[dict]:
-        """Ledger records whose output hashes to ``output_sha256`` (a lean Core query: this
-        runs on every detection)."""
-        query = (select(RecordRow.id, Tenant.name, RecordRow.key_id, RecordRow.key_version, RecordRow.engine,
-                        RecordRow.model, RecordRow.watermarked_tokens, RecordRow.created_at)
-                 .join(Tenant, Tenant.id == RecordRow.tenant_id)
-                 .where(RecordRow.output_sha256 == output_sha256)
-                 .order_by(RecordRow.created_at.desc()).limit(100))
-        if tenant_id is not None:
-            query = query.where(RecordRow.tenant_id == tenant_id)
-        with self.store.engine.connect() as connection:
-            rows = connection.execute(query).all()
-        return [{"generation_id": r[0], "tenant": r[1], "key_id": r[2], "key_version": r[3], "engine": r[4],
-                 "model": r[5], "watermarked_tokens": r[6], "created_at": r[7].isoformat()} for r in rows]
+        """Ledger records whose output hashes to ``output_sha256`` (scoped to a tenant, or all)."""
+        with self.store.sessions() as session:
+            found = find_generations_by_output_hash(session, output_sha256=output_sha256, tenant_id=tenant_id)
+        return [{"generation_id": e.id, "tenant": e.tenant, "key_id": e.key_id, "key_version": e.key_version,
+                 "engine": e.engine, "model": e.model, "watermarked_tokens": e.watermarked_tokens,
+                 "created_at": e.created_at.isoformat()} for e in found]
 
     def check_database(self) -> None:
         try:

@@ -130,7 +130,8 @@ def sample_reference(logits: torch.Tensor, rows: SamplerRows, argmax=gumbel_argm
     return SampleResult(tokens=tokens, routes=routes)
 
 
-def _unsigned(values: torch.Tensor) -> list[int]:
+def unsigned_keys(values: torch.Tensor) -> list[int]:
+    """int64 key bit patterns [B] -> unsigned 64-bit Python ints."""
     return [v + 2**64 if v < 0 else v for v in values.tolist()]
 
 
@@ -145,7 +146,7 @@ def stream_coin_py(stream_key: int, position: int, lane: int) -> float:
 def sample_cpu(logits: torch.Tensor, rows: SamplerRows, lane: int = stream.LANE_SAMPLE) -> SampleResult:
     """The CPU path: a few plain-int Philox calls per row, then one pruned numpy race."""
     batch = logits.shape[0]
-    key_a, key_b, skeys = _unsigned(rows.key_a), _unsigned(rows.key_b), _unsigned(rows.stream_keys)
+    key_a, key_b, skeys = unsigned_keys(rows.key_a), unsigned_keys(rows.key_b), unsigned_keys(rows.stream_keys)
     alpha = rows.alpha.tolist()
     watermark, greedy, positions = rows.watermark.tolist(), rows.greedy.tolist(), rows.positions.tolist()
     keys = np.zeros(batch, dtype=np.uint64)

@@ -30,7 +30,8 @@ import torch
 
 from watermark import prf, stream
 from watermark.gumbel import exponential_race
-from watermark.sampler import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, stream_coin_py, stream_state_py
+from watermark.sampler import (ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, padded_contexts, stream_coin_py,
+                               stream_state_py, unsigned_keys)
 
 
 @dataclass(frozen=True)
@@ -65,17 +66,13 @@ class VerifyResult:
     """[B, k + 1] int8 ROUTE_* per emitted token (-1 after)."""
 
 
-def _unsigned(values: torch.Tensor) -> list[int]:
-    return [v + 2**64 if v < 0 else v for v in values.tolist()]
-
-
 def coin_values(rows: VerifyRows, k: int) -> torch.Tensor:
     """Acceptance coins [B, k]: keyed where asked and watermarked, else the stream's.
     Plain-int Philox on the CPU (a few values per step), tensors elsewhere."""
     if rows.stream_keys.device.type != "cpu":
         return coin_values_torch(rows, k)
     batch = rows.stream_keys.shape[0]
-    skeys, ckeys = _unsigned(rows.stream_keys), _unsigned(rows.key_coin)
+    skeys, ckeys = unsigned_keys(rows.stream_keys), unsigned_keys(rows.key_coin)
     keyed, watermark, positions = rows.keyed_coin.tolist(), rows.watermark.tolist(), rows.positions.tolist()
     coins = [[prf.uniform_py(prf.word_py(ckeys[b], prf.context_state_py(ckeys[b], rows.contexts[b][j]), 0))
               if keyed[b] and watermark[b][j] else stream_coin_py(skeys[b], positions[b] + j, stream.LANE_ACCEPT)
@@ -113,10 +110,9 @@ def _verify_cuda(target_probs, draft_probs, draft_tokens, rows: VerifyRows) -> V
     from watermark.kernels.speculative import verify as verify_kernel
 
     batch, k = draft_tokens.shape
-    width = max(len(c) for row in rows.contexts for c in row)
-    table = [[list(c) + [0] * (width - len(c)) for c in row] for row in rows.contexts]
-    contexts = torch.tensor(table, dtype=torch.int64, device=target_probs.device).reshape(batch, k + 1, width)
-    widths = torch.tensor([len(row[0]) for row in rows.contexts], dtype=torch.int32, device=target_probs.device)
+    flat, flat_widths = padded_contexts([c for row in rows.contexts for c in row], target_probs.device)
+    contexts = flat.reshape(batch, k + 1, -1)
+    widths = flat_widths.reshape(batch, k + 1)[:, 0].contiguous()
     out = verify_kernel(target_probs, draft_probs, draft_tokens, key_b=rows.key_b, key_coin=rows.key_coin,
                         keyed_coin=rows.keyed_coin, contexts=contexts, widths=widths, watermark=rows.watermark,
                         greedy=rows.greedy, stream_keys=rows.stream_keys, positions=rows.positions)
@@ -177,7 +173,7 @@ def correction_states(rows: VerifyRows, at: torch.Tensor, keys: torch.Tensor,
     if keys.device.type == "cpu":
         return torch.tensor([
             prf.context_state_py(k, ctx) if wm else stream_state_py(k, pos, stream.LANE_SAMPLE)
-            for k, ctx, wm, pos in zip(_unsigned(keys), contexts_at, watermark_at.tolist(),
+            for k, ctx, wm, pos in zip(unsigned_keys(keys), contexts_at, watermark_at.tolist(),
                                        (rows.positions + at).tolist())], dtype=torch.int64).reshape(batch, 4)
     return correction_states_torch(rows, at, watermark_at)
 

@@ -40,12 +40,11 @@ def _keys(values: list[int], device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64, device=device)
 
 
-def sample_rows(logits: torch.Tensor, rows: list[RequestState], contexts: list[tuple[int, ...]],
+def sample_rows(processed: torch.Tensor, rows: list[RequestState], contexts: list[tuple[int, ...]],
                 repeated: list[bool], offsets: list[int], *, routed: bool, lane: int) -> sampler.SampleResult:
-    """One token per row from raw logits [B, V]; ``routed`` applies dual-key routing (alpha),
-    otherwise dual-key rows use key A (speculative drafts)."""
-    device = logits.device
-    processed = process_logits(logits, _params(rows, 1, device))
+    """One token per row from processed logits [B, V] (:func:`process`); ``routed`` applies
+    dual-key routing (alpha), otherwise dual-key rows use key A (speculative drafts)."""
+    device = processed.device
     sampler_rows = sampler.SamplerRows(
         key_a=_keys([r.key_a for r in rows], device),
         key_b=_keys([r.key_b for r in rows], device),
@@ -60,9 +59,14 @@ def sample_rows(logits: torch.Tensor, rows: list[RequestState], contexts: list[t
     return sampler.sample(processed, sampler_rows, lane=lane)
 
 
+def process(logits: torch.Tensor, rows: list[RequestState], repeat: int = 1) -> torch.Tensor:
+    """Raw logits [B * repeat, V] -> processed logits (each row's temperature, top-k, top-p)."""
+    return process_logits(logits, _params(rows, repeat, logits.device))
+
+
 def sample_next(logits: torch.Tensor, rows: list[RequestState]) -> None:
     """Sample and emit one token per row (prefill outputs and plain decode steps)."""
-    result = sample_rows(logits, rows, [r.dedup.context for r in rows], [r.dedup.next_repeated() for r in rows],
+    result = sample_rows(process(logits, rows), rows, [r.dedup.context for r in rows], [r.dedup.next_repeated() for r in rows],
                          [0] * len(rows), routed=True, lane=stream.LANE_SAMPLE)
     for row, token, route in zip(rows, result.tokens.tolist(), result.routes.tolist()):
         row.emit(token, route)
@@ -101,8 +105,8 @@ def speculative_step(groups: SpeculativeGroups, rows: list[RequestState], pendin
     for j in range(k):
         decisions = [r.dedup.block_repeated(d)[j] for r, d in zip(rows, drafts)]
         contexts = [speculative.block_contexts(r.dedup.context, d)[j] for r, d in zip(rows, drafts)]
-        result = sample_rows(logits, rows, contexts, decisions, [j] * batch, routed=False, lane=stream.LANE_DRAFT)
-        processed = process_logits(logits, _params(rows, 1, device))
+        processed = process(logits, rows)
+        result = sample_rows(processed, rows, contexts, decisions, [j] * batch, routed=False, lane=stream.LANE_DRAFT)
         draft_probs.append(torch.softmax(processed, dim=-1))
         for d, token in zip(drafts, result.tokens.tolist()):
             d.append(token)
@@ -113,7 +117,7 @@ def speculative_step(groups: SpeculativeGroups, rows: list[RequestState], pendin
     target_in = torch.cat([torch.tensor([[r.last_token] for r in rows], dtype=torch.int64, device=device),
                            draft_tokens], dim=1)
     target_logits = groups.target.forward(target_in)  # [B, k + 1, V]
-    processed = process_logits(target_logits.reshape(batch * (k + 1), -1), _params(rows, k + 1, device))
+    processed = process(target_logits.reshape(batch * (k + 1), -1), rows, k + 1)
     target_probs = torch.softmax(processed, dim=-1).reshape(batch, k + 1, -1)
     decisions = [r.dedup.block_repeated(d) for r, d in zip(rows, drafts)]
     verify_rows = speculative.VerifyRows(
