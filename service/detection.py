@@ -12,6 +12,7 @@ from detector.detect import DetectorConfig, detect as run_detect
 from detector.result import Span
 from keys.errors import KeyStoreError, UnknownTenant
 from keys.ledger import hash_output
+from service import evidence
 from service.auth import Identity, resolve_tenant
 from service.errors import BadRequest, NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
 from service.state import Services
@@ -25,6 +26,8 @@ class DetectParams:
     threshold: float | None = None
     statistic: str = "auto"
     spans: bool = True
+    evidence: bool = False
+    """Per-token evidence (see :mod:`service.evidence`), at most ``max_evidence_tokens`` tokens."""
 
 
 def _config(params: DetectParams) -> DetectorConfig:
@@ -70,6 +73,8 @@ def detect(services: Services, identity: Identity, params: DetectParams) -> dict
         text = None
     if len(token_ids) > settings.max_detect_tokens:
         raise TooLarge(f"{len(token_ids)} tokens; the limit is {settings.max_detect_tokens}")
+    if params.evidence:
+        evidence.check_size(len(token_ids), settings.max_evidence_tokens)
     result = run_detect(token_ids, candidates, config)
     if offsets is not None and result.spans:
         spans = tuple(_with_chars(span, offsets) for span in result.spans)
@@ -83,6 +88,8 @@ def detect(services: Services, identity: Identity, params: DetectParams) -> dict
     services.metrics.detections.labels("watermarked" if result.watermarked else "not_watermarked").inc()
     out = result.to_dict()
     out["ledger_matches"] = matches
+    if params.evidence:
+        out["evidence"] = evidence.evidence_for(result, token_ids, candidates, config, offsets)
     return out
 
 

@@ -104,3 +104,6 @@ class DetectBody(BaseModel):
     threshold: float | None = Field(default=None, gt=0.0, lt=1.0)
     statistic: Literal["auto", "max", "weighted", "routed"] = "auto"
     spans: bool = True
+    evidence: bool = False
+    """Per-token evidence: character offsets, scored or skipped (and why), score, under the
+    key and statistic that decided the result; at most HALLMARK_MAX_EVIDENCE_TOKENS tokens."""

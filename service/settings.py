@@ -58,6 +58,10 @@ class ServiceSettings(BaseSettings):
 
     max_detect_tokens: int = Field(default=100_000, ge=1)
 
+    max_evidence_tokens: int = Field(default=5_000, ge=1)
+    """Detection with ``"evidence": true`` above this many tokens gets 413 (the answer holds
+    about 100 bytes per token)."""
+
     detect_rate_per_minute: float = Field(default=600.0, gt=0)
     """Per-token rate of /v1/detect: repeated queries leak the watermark's signal."""
 

@@ -17,7 +17,7 @@ from typing import AsyncIterator
 
 import torch
 
-from service.engines import resolve_model_path
+from service.engines import BUNDLED_MODELS, resolve_model_path
 from service.engines.base import EngineBusy, EngineFailure, Event, Finished, GenerationRequest, WatermarkPlan
 from service.engines.local.request import RequestState
 from service.engines.local.runner import Group, load_model
@@ -31,7 +31,8 @@ class LocalEngine:
 
     def __init__(self, model: str = "bundled", draft_model: str | None = None, *, device: str = "auto",
                  max_batch: int = 16, speculative_k: int = 4, max_queue: int = 256) -> None:
-        self.model_name = model
+        # Reported as the bundled model's real name ("bundled" is only an alias for it).
+        self.model_name = BUNDLED_MODELS.get(model, model)
         self.draft_name = draft_model
         self._device_name = device
         self.max_batch = max_batch

@@ -1,0 +1,42 @@
+"""The browser page at ``/ui``: static files shipped in the package, no build step, no CDN.
+
+Served with a strict Content-Security-Policy (scripts and styles from this origin only, no
+inline code, no framing), so the page works offline and an injected string cannot run.
+The page talks to the same JSON API as any client, with the token the user enters once
+per tab (kept in ``sessionStorage``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse, RedirectResponse
+
+STATIC = Path(__file__).parent / "static"
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+       "font-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'")
+HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+           "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
+ASSETS = {"app.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8",
+          "favicon.svg": "image/svg+xml"}
+
+
+def mount_ui(app: FastAPI) -> None:
+    """Add ``GET /ui`` (the page) and ``GET /ui/<asset>`` to ``app``."""
+
+    @app.get("/ui", include_in_schema=False)
+    def ui_page():
+        return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8", headers=HEADERS)
+
+    @app.get("/ui/{asset}", include_in_schema=False)
+    def ui_asset(asset: str):
+        if asset not in ASSETS:
+            from service.errors import NotFound
+
+            raise NotFound(f"no such file under /ui: {asset!r}")
+        return FileResponse(STATIC / asset, media_type=ASSETS[asset], headers=HEADERS)
+
+    @app.get("/", include_in_schema=False)
+    def root():
+        return RedirectResponse("/ui")

@@ -1,0 +1,609 @@
+// Hallmark's page: plain JavaScript, no build step, no third-party code. It calls the same
+// JSON API as any client with the token entered once per tab (sessionStorage only).
+"use strict";
+
+const TOKEN_KEY = "hallmark.token";
+const PAGES = ["check", "generate", "record", "keys"];
+const $ = (id) => document.getElementById(id);
+
+// ---------------------------------------------------------------- small DOM helpers
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (name === "class") node.className = value;
+    else if (name === "text") node.textContent = value;
+    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else node.setAttribute(name, value === true ? "" : String(value));
+  }
+  for (const child of children) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); return node; }
+
+function fact(dl, term, value) {
+  dl.append(el("dt", { text: term }), el("dd", {}, value === null || value === undefined ? "—" : value));
+}
+
+function when(iso) {
+  if (!iso) return "—";
+  const d = new Date(iso);
+  return isNaN(d) ? iso : d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "medium" });
+}
+
+// A p-value from its log10, readable at any size: "p = 0.31", "p = 3.2 × 10^-43".
+function pValue(log10p) {
+  if (log10p === null || log10p === undefined) return document.createTextNode("p unknown");
+  if (log10p <= -307) return el("span", {}, "p < 10", el("sup", { text: "−307" }));
+  if (log10p > -3) return document.createTextNode("p = " + Math.pow(10, log10p).toPrecision(2));
+  let exponent = Math.floor(log10p);
+  let mantissa = Math.pow(10, log10p - exponent);
+  if (mantissa >= 9.95) { mantissa = 1; exponent += 1; }
+  return el("span", { "aria-label": `p = ${mantissa.toFixed(1)} times 10 to the ${exponent}` },
+    `p = ${mantissa.toFixed(1)} × 10`, el("sup", { text: String(exponent).replace("-", "−") }));
+}
+
+function thresholdText(threshold) {
+  const e = Math.log10(threshold);
+  const sup = { "-": "⁻", 0: "⁰", 1: "¹", 2: "²", 3: "³", 4: "⁴", 5: "⁵", 6: "⁶", 7: "⁷", 8: "⁸", 9: "⁹" };
+  return Math.abs(e - Math.round(e)) < 1e-9 ? "10" + Array.from(String(Math.round(e)), (c) => sup[c]).join("") : String(threshold);
+}
+
+function thresholdNode(threshold) {
+  const e = Math.log10(threshold);
+  if (Math.abs(e - Math.round(e)) >= 1e-9) return document.createTextNode(String(threshold));
+  return el("span", { "aria-label": `10 to the ${Math.round(e)}` }, "10", el("sup", { text: String(Math.round(e)).replace("-", "−") }));
+}
+
+function shortTime(iso) {
+  if (!iso) return "—";
+  const d = new Date(iso);
+  if (isNaN(d)) return iso;
+  const pad = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+}
+
+function detailsText(details) {
+  return Object.entries(details || {}).map(([k, v]) => {
+    if (v && typeof v === "object") v = k === "spec" ? `${v.algorithm}, w=${v.context_width}` : JSON.stringify(v);
+    return `${k}: ${v}`;
+  }).join(" · ");
+}
+
+// ---------------------------------------------------------------- token and API calls
+
+function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
+
+class ApiError extends Error {
+  constructor(status, message, type) { super(message); this.status = status; this.type = type; }
+}
+
+async function api(method, path, body) {
+  const headers = { "Accept": "application/json" };
+  if (token()) headers["Authorization"] = "Bearer " + token();
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  let response;
+  try {
+    response = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch (exc) {
+    throw new ApiError(0, "the server could not be reached (" + exc.message + ")", "network_error");
+  }
+  return readJson(response);
+}
+
+async function readJson(response) {
+  let payload = null;
+  const text = await response.text();
+  try { payload = text ? JSON.parse(text) : null; } catch (_) { payload = null; }
+  if (!response.ok) {
+    const err = payload && payload.error;
+    const message = err && err.message ? err.message : (text || response.statusText || "request failed");
+    throw new ApiError(response.status, message, err && err.type);
+  }
+  return payload;
+}
+
+function showError(exc) {
+  const box = $("error");
+  clear(box);
+  if (!exc) { box.hidden = true; return; }
+  const status = exc.status ? `${exc.status}` : "";
+  const hint = exc.status === 401 ? " Check the API token at the top of the page." :
+    exc.status === 403 ? " This token is not allowed to do that." : "";
+  box.append(el("span", { class: "error-status", text: status }), (exc.message || String(exc)) + hint);
+  box.hidden = false;
+}
+
+async function busy(button, work) {
+  showError(null);
+  button.disabled = true;
+  button.setAttribute("aria-busy", "true");
+  try { return await work(); } catch (exc) { showError(exc); } finally {
+    button.disabled = false;
+    button.removeAttribute("aria-busy");
+  }
+}
+
+// ---------------------------------------------------------------- who am I, navigation
+
+let me = null;
+
+async function refreshIdentity() {
+  const status = $("token-status");
+  me = null;
+  $("tab-keys").hidden = true;
+  if (!token()) { status.textContent = "No token yet: it stays in this tab only."; return; }
+  try {
+    me = await api("GET", "/v1/me");
+    const scope = me.admin ? (me.tenant ? `admin of tenant ${me.tenant}` : "admin of every tenant") : `tenant ${me.tenant}`;
+    status.textContent = `Using a token of ${scope} (this tab only).`;
+    $("tab-keys").hidden = !me.admin;
+  } catch (exc) {
+    status.textContent = "This token was not accepted.";
+    showError(exc);
+  }
+}
+
+function show(page) {
+  if (!PAGES.includes(page)) page = "check";
+  for (const name of PAGES) {
+    $("page-" + name).hidden = name !== page;
+    const tab = $("tab-" + name);
+    if (name === page) tab.setAttribute("aria-current", "page"); else tab.removeAttribute("aria-current");
+  }
+  document.title = `Hallmark — ${page === "check" ? "check a text" : page}`;
+  if (page === "keys") loadKeysPage();
+  if (page === "record") loadRecent(0);
+}
+
+function route() { show((location.hash || "#check").slice(1)); }
+
+// ---------------------------------------------------------------- Check
+
+async function readDroppedFile(file) {
+  if (!/\.(txt|md|markdown)$/i.test(file.name) && !/^text\//.test(file.type)) {
+    throw new ApiError(0, `${file.name}: only .txt and .md files can be checked`, "invalid_file");
+  }
+  $("check-text").value = await file.text();
+  updateCount();
+}
+
+function updateCount() {
+  const n = Array.from($("check-text").value).length;
+  $("check-count").textContent = n ? `${n.toLocaleString()} characters` : "";
+}
+
+async function check() {
+  const text = $("check-text").value;
+  if (!text.trim()) throw new ApiError(0, "paste a text (or drop a file) to check", "empty");
+  const result = await api("POST", "/v1/detect", { text, evidence: true });
+  renderResult(text, result);
+}
+
+function verdictWords(result) {
+  const k = result.key;
+  const scored = `${result.scored_tokens} of ${result.total_tokens} tokens scored`;
+  if (result.watermarked && k) {
+    const who = k.tenant ? `tenant ${k.tenant}` : "an inline key";
+    const version = k.version !== null && k.version !== undefined ? `key v${k.version}` : `key ${k.key_id}`;
+    return { cls: k.state === "revoked" ? "revoked" : "yes", title: `Watermarked by ${who}, ${version} (${k.state})`, scored };
+  }
+  return { cls: "no", title: "Not watermarked", scored };
+}
+
+function explain(result) {
+  const items = [];
+  const skipped = result.total_tokens - result.scored_tokens;
+  const reasons = {};
+  for (const t of (result.evidence && result.evidence.tokens) || []) {
+    if (!t.scored) reasons[t.reason] = (reasons[t.reason] || 0) + 1;
+  }
+  const reasonText = Object.entries(reasons).map(([r, n]) => `${n} ${r.replaceAll("_", " ")}`).join(", ");
+  const scope = me && me.admin && !me.tenant ? "any tenant" : `tenant ${(me && me.tenant) || "yours"}`;
+  if (result.watermarked) {
+    const k = result.key;
+    if (k && k.state === "revoked") {
+      items.push("This key was revoked as compromised: whoever holds it could have produced this text, so the watermark no longer proves where it came from.");
+    } else if (k && k.state === "verify-only") {
+      items.push("The key is verify-only: it was the active key earlier and has since been rotated; its text is still detected.");
+    }
+    items.push(`The chance that text without this watermark scores this high is below the threshold ${thresholdText(result.threshold)} (corrected for the ${result.keys_tested} key${result.keys_tested === 1 ? "" : "s"} tested).`);
+    if (skipped > 0) items.push(`${skipped} token${skipped === 1 ? " was" : "s were"} not scored (${reasonText}): a repeated context carries no new evidence.`);
+    if (result.spans && result.spans.length) items.push(`${result.spans.length} watermarked stretch${result.spans.length === 1 ? " is" : "es are"} underlined in the text below.`);
+    return items;
+  }
+  if (result.total_tokens === 0) return ["The text is empty after tokenisation: there is nothing to score."];
+  if (result.scored_tokens < 50) {
+    items.push(`Too short: only ${result.scored_tokens} token${result.scored_tokens === 1 ? "" : "s"} could be scored. A watermark usually needs 50 or more scored tokens to pass the threshold ${thresholdText(result.threshold)}, so a short watermarked text can be missed.`);
+  }
+  if (result.total_tokens >= 20 && skipped / result.total_tokens > 0.3) {
+    items.push(`Too repetitive: ${skipped} of ${result.total_tokens} tokens repeat an earlier context (${reasonText}) and are not counted.`);
+  }
+  items.push(`No key of ${scope} matches: ${result.keys_tested} key${result.keys_tested === 1 ? "" : "s"} tested (active, verify-only and revoked); the best score was not significant.`);
+  if (result.spans && result.spans.length) items.push(`${result.spans.length} stretch${result.spans.length === 1 ? "" : "es"} of the text nevertheless pass on their own (underlined below): part of it may be generated.`);
+  items.push("“Not watermarked” means no evidence of these keys’ watermark, not proof that a person wrote it: another model’s text, or text edited heavily enough, looks the same.");
+  return items;
+}
+
+function heatClass(t) {
+  if (!t.scored) return "skipped";
+  const s = t.score;
+  return s < 0.5 ? "h0" : s < 1 ? "h1" : s < 2 ? "h2" : s < 3 ? "h3" : s < 5 ? "h4" : "h5";
+}
+
+function renderHeat(text, result) {
+  const box = clear($("heat"));
+  const chars = Array.from(text); // code points, as the API's character offsets count them
+  const tokens = ((result.evidence && result.evidence.tokens) || []).filter((t) => t.char_start !== undefined);
+  const spans = (result.spans || []).filter((s) => s.char_start !== undefined && s.char_start !== null);
+  const spanOf = (t) => spans.findIndex((s) => t.char_start >= s.char_start && t.char_end <= s.char_end);
+  let cursor = 0;
+  let current = box;
+  let currentSpan = -1;
+  const slice = (a, b) => chars.slice(a, b).join("");
+  for (const t of tokens) {
+    const start = Math.max(t.char_start, cursor);
+    const end = t.char_end;
+    const which = spanOf(t);
+    if (which !== currentSpan) {
+      current = which >= 0 ? box.appendChild(el("mark", { class: "wm-span", title: `watermarked span, ${spans[which].scored_tokens} tokens scored` })) : box;
+      currentSpan = which;
+    }
+    if (start > cursor) current.append(slice(cursor, start));
+    if (end <= start) continue; // a token inside a character already shown (byte-level pieces)
+    const title = t.scored ? `token ${t.index}: score ${t.score.toFixed(2)}` : `token ${t.index}: not scored (${(t.reason || "").replaceAll("_", " ")})`;
+    current.append(el("span", { class: "tok " + heatClass(t), title, "data-score": t.scored ? t.score : null }, slice(start, end)));
+    cursor = end;
+  }
+  if (cursor < chars.length) box.append(slice(cursor, chars.length));
+}
+
+function renderLedger(result) {
+  const box = clear($("ledger"));
+  const matches = result.ledger_matches || [];
+  if (!matches.length) {
+    box.append(el("p", {}, "No ledger record holds exactly this text. ",
+      result.watermarked ? "The watermark is still evidence: the text may have been edited, trimmed or re-formatted after generation." :
+        "Only exact copies of a generation's output are found in the ledger."));
+    return;
+  }
+  for (const m of matches) {
+    const link = el("a", { href: "#record", "data-id": m.generation_id, text: m.generation_id });
+    link.addEventListener("click", () => { $("record-id").value = m.generation_id; busy($("record-submit"), () => lookUp(m.generation_id)); });
+    const receipt = m.receipt ? receiptLine(m) : null;
+    box.append(el("div", { class: "match" },
+      el("strong", { text: "Exact copy of generation " }), link,
+      el("div", { class: "hint" }, `tenant ${m.tenant}, key v${m.key_version ?? "—"}, ${m.engine} / ${m.model}, ${m.watermarked_tokens} watermarked tokens, ${when(m.created_at)}`),
+      receipt));
+  }
+}
+
+function receiptLine(match) {
+  const line = el("div", { class: "receipt" }, "Receipt: ");
+  const status = el("span", { text: "checking…" });
+  line.append(status);
+  verifyReceipt(match.receipt).then((ok) => {
+    status.textContent = ok === true ? "signature verifies" : ok === false ? "signature does NOT verify" : "present (not verifiable in this browser)";
+    status.className = ok === true ? "ok" : ok === false ? "bad" : "";
+  });
+  return line;
+}
+
+async function verifyReceipt(receipt) {
+  // Receipts are verified by the server (it holds the public keys); the page shows the answer.
+  try {
+    const out = await api("POST", "/v1/receipts/verify", { receipt });
+    return out && out.valid === true ? true : out && out.valid === false ? false : null;
+  } catch (_) { return null; }
+}
+
+function renderPerKey(result) {
+  const body = clear($("per-key").tBodies[0]);
+  for (const r of result.per_key || []) {
+    body.append(el("tr", {},
+      el("td", { text: r.tenant ?? "—" }), el("td", {}, el("code", { text: r.key_id ?? r.fingerprint })),
+      el("td", { text: r.version ?? "—" }), el("td", {}, el("span", { class: "state state-" + r.state, text: r.state })),
+      el("td", { text: r.statistic }), el("td", { class: "num", text: r.scored_tokens }),
+      el("td", {}, pValue(r.log10_p_value)), el("td", {}, pValue(r.log10_p_adjusted))));
+  }
+}
+
+function renderResult(text, result) {
+  const words = verdictWords(result);
+  const verdict = $("verdict");
+  verdict.className = "verdict " + words.cls;
+  $("verdict-title").textContent = words.title;
+  const detail = clear($("verdict-detail"));
+  detail.append(pValue(result.log10_p_value), `, ${words.scored} (threshold `, thresholdNode(result.threshold), ").");
+  const list = clear($("explain"));
+  for (const item of explain(result)) list.append(el("li", { text: item }));
+  renderHeat(text, result);
+  renderLedger(result);
+  renderPerKey(result);
+  $("check-result").hidden = false;
+  verdict.focus();
+}
+
+// ---------------------------------------------------------------- Generate
+
+let lastGeneration = null;
+
+function number(id, integer) {
+  const raw = $(id).value.trim();
+  if (raw === "") return undefined;
+  const value = integer ? parseInt(raw, 10) : parseFloat(raw);
+  return Number.isNaN(value) ? undefined : value;
+}
+
+async function generate() {
+  const body = { prompt: $("gen-prompt").value, stream: true, max_tokens: number("gen-max", true),
+                 temperature: number("gen-temp"), top_p: number("gen-top-p"), top_k: number("gen-top-k", true),
+                 seed: number("gen-seed", true) };
+  for (const name of Object.keys(body)) if (body[name] === undefined) delete body[name];
+  const output = $("gen-output");
+  clear(output);
+  $("gen-summary-panel").hidden = true;
+  $("gen-result").hidden = false;
+  lastGeneration = null;
+  const headers = { "Content-Type": "application/json", "Accept": "text/event-stream" };
+  if (token()) headers["Authorization"] = "Bearer " + token();
+  let response;
+  try {
+    response = await fetch("/v1/generate", { method: "POST", headers, body: JSON.stringify(body) });
+  } catch (exc) { throw new ApiError(0, "the server could not be reached (" + exc.message + ")"); }
+  if (!response.ok) { await readJson(response); return; }
+  output.classList.add("streaming");
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const frame = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        for (const line of frame.split("\n")) {
+          if (!line.startsWith("data: ")) continue;
+          const data = line.slice(6);
+          if (data === "[DONE]") continue;
+          const event = JSON.parse(data);
+          if (event.type === "delta") output.append(event.text);
+          else if (event.type === "done") finishGeneration(event);
+          else if (event.type === "error" || event.error) {
+            const err = event.error || {};
+            throw new ApiError(err.code || 500, err.message || "generation failed", err.type);
+          }
+        }
+      }
+    }
+  } finally { output.classList.remove("streaming"); }
+}
+
+function finishGeneration(event) {
+  lastGeneration = event;
+  $("gen-output").textContent = event.text; // the final text, exactly as recorded
+  const dl = clear($("gen-summary"));
+  const w = event.watermark || {};
+  fact(dl, "Generation id", el("code", { id: "gen-id", text: event.generation_id }));
+  fact(dl, "Model", event.model);
+  if (w.key_id) {
+    fact(dl, "Key", `${w.key_id} (version ${w.version})`);
+    fact(dl, "Fingerprint", el("code", { text: w.fingerprint }));
+    fact(dl, "Algorithm", w.algorithm);
+    const share = typeof w.watermarked_share === "number" ? ` (${Math.round(w.watermarked_share * 100)} %)` : "";
+    fact(dl, "Watermarked tokens", `${w.watermarked_tokens ?? "—"} of ${event.token_ids.length}${share}`);
+  } else {
+    fact(dl, "Watermark", "none (opted out or temperature 0)");
+  }
+  fact(dl, "Finish reason", event.finish_reason);
+  $("gen-summary-panel").hidden = false;
+}
+
+// ---------------------------------------------------------------- Record
+
+const PAGE_SIZE = 20;
+let recentOffset = 0;
+
+async function lookUp(id) {
+  const record = await api("GET", "/v1/generations/" + encodeURIComponent(id.trim()));
+  $("record-title").textContent = record.id;
+  const dl = clear($("record-facts"));
+  const labels = [["tenant", "Tenant"], ["key_id", "Key id"], ["key_version", "Key version"], ["key_state", "Key state"],
+    ["status", "Status"], ["finish_reason", "Finish reason"], ["engine", "Engine"], ["model", "Model"],
+    ["prompt_tokens", "Prompt tokens"], ["output_tokens", "Output tokens"], ["watermarked_tokens", "Watermarked tokens"],
+    ["unwatermarked_reason", "Why not (all) watermarked"], ["output_sha256", "SHA-256 of the output"],
+    ["created_at", "Created"], ["updated_at", "Updated"], ["seq", "Ledger sequence"], ["entry_hash", "Entry hash"]];
+  for (const [name, label] of labels) {
+    if (!(name in record)) continue;
+    let value = record[name];
+    if (name === "created_at" || name === "updated_at") value = when(value);
+    if (name === "output_sha256" || name === "entry_hash") value = el("code", { text: value });
+    fact(dl, label, value);
+  }
+  if (record.spec) fact(dl, "Watermark spec", el("code", { text: JSON.stringify(record.spec) }));
+  if (record.receipt) fact(dl, "Receipt", receiptLine(record));
+  $("record-result").hidden = false;
+}
+
+async function loadRecent(offset) {
+  if (!token()) return;
+  recentOffset = Math.max(0, offset);
+  const body = clear($("recent").tBodies[0]);
+  let page;
+  try {
+    page = await api("GET", `/v1/generations?limit=${PAGE_SIZE}&offset=${recentOffset}`);
+  } catch (exc) { showError(exc); return; }
+  const items = page.generations || page.data || [];
+  for (const g of items) {
+    const link = el("a", { href: "#record", text: g.id.slice(0, 12) + "…", title: g.id });
+    link.addEventListener("click", () => { $("record-id").value = g.id; busy($("record-submit"), () => lookUp(g.id)); });
+    body.append(el("tr", {}, el("td", { class: "nowrap", text: shortTime(g.created_at) }), el("td", {}, link), el("td", { text: g.tenant }),
+      el("td", { text: g.key_version ?? "—" }), el("td", { class: "num", text: g.output_tokens }),
+      el("td", { text: g.watermarked ? `${g.watermarked_tokens}` : `no (${g.unwatermarked_reason || "—"})` })));
+  }
+  if (!items.length) body.append(el("tr", {}, el("td", { colspan: 6, text: "No generations yet." })));
+  $("recent-page").textContent = items.length ? `${recentOffset + 1}–${recentOffset + items.length}` : "";
+  $("recent-prev").disabled = recentOffset === 0;
+  $("recent-next").disabled = !page.has_more;
+}
+
+// ---------------------------------------------------------------- Keys (admin)
+
+async function loadKeysPage() {
+  if (!me || !me.admin) return;
+  try {
+    const select = $("keys-tenant");
+    const previous = select.value;
+    const { tenants } = await api("GET", "/v1/admin/tenants");
+    clear(select);
+    for (const t of tenants) select.append(el("option", { value: t.name, text: t.name }));
+    if (tenants.some((t) => t.name === previous)) select.value = previous;
+    await loadKeys();
+  } catch (exc) { showError(exc); }
+}
+
+async function loadKeys() {
+  const tenant = $("keys-tenant").value;
+  if (!tenant) return;
+  const { keys } = await api("GET", "/v1/admin/keys?tenant=" + encodeURIComponent(tenant));
+  const body = clear($("keys-table").tBodies[0]);
+  for (const k of keys.slice().sort((a, b) => b.version - a.version)) {
+    const revoke = k.state === "revoked" ? null : el("button", { type: "button", class: "small", text: "Revoke…",
+      "aria-label": `Revoke key version ${k.version}`, onclick: () => revokeKey(k) });
+    body.append(el("tr", { "data-key": k.key_id }, el("td", { class: "num", text: k.version }), el("td", {}, el("code", { text: k.key_id })),
+      el("td", {}, el("span", { class: "state state-" + k.state, text: k.state })), el("td", { text: k.spec.algorithm }),
+      el("td", {}, el("code", { text: k.fingerprint })), el("td", { class: "nowrap", text: shortTime(k.created_at) }), el("td", {}, revoke)));
+  }
+  const { events } = await api("GET", "/v1/admin/audit?limit=50&tenant=" + encodeURIComponent(tenant));
+  const audit = clear($("audit-table").tBodies[0]);
+  for (const e of events.slice().reverse()) {
+    audit.append(el("tr", {}, el("td", { class: "nowrap", text: shortTime(e.occurred_at) }), el("td", { text: e.actor }),
+      el("td", {}, el("code", { text: e.action })), el("td", {}, e.key_id ? el("code", { text: e.key_id }) : "—"),
+      el("td", { class: "details", text: detailsText(e.details) })));
+  }
+}
+
+function confirmAction({ title, body, action, reason }) {
+  const dialog = $("confirm");
+  $("confirm-title").textContent = title;
+  $("confirm-body").textContent = body;
+  $("confirm-ok").textContent = action;
+  $("confirm-reason-row").hidden = !reason;
+  $("confirm-reason").value = "";
+  $("confirm-reason").required = !!reason;
+  return new Promise((resolve) => {
+    const done = (ok) => {
+      $("confirm-form").onsubmit = null;
+      $("confirm-cancel").onclick = null;
+      dialog.onclose = null;
+      if (dialog.open) dialog.close();
+      resolve(ok ? { reason: $("confirm-reason").value.trim() } : null);
+    };
+    $("confirm-form").onsubmit = (event) => { event.preventDefault(); done(true); };
+    $("confirm-cancel").onclick = () => done(false);
+    dialog.onclose = () => done(false);
+    dialog.showModal();
+    (reason ? $("confirm-reason") : $("confirm-cancel")).focus();
+  });
+}
+
+async function rotateKey() {
+  const tenant = $("keys-tenant").value;
+  const ok = await confirmAction({ title: `Rotate the key of ${tenant}?`, action: "Rotate",
+    body: `A new key becomes active for ${tenant} now; the current active key becomes verify-only (its text is still detected). Servers pick the new key up within a few seconds.` });
+  if (!ok) return;
+  await busy($("keys-rotate"), async () => {
+    await api("POST", "/v1/admin/keys/rotate", { tenant });
+    await loadKeys();
+  });
+  $("keys-rotate").focus();
+}
+
+async function revokeKey(key) {
+  const ok = await confirmAction({ title: `Revoke key version ${key.version} of ${key.tenant}?`, action: "Revoke", reason: true,
+    body: `Revoke only a compromised key: detections under it are reported as revoked from now on. This cannot be undone.` });
+  if (!ok) return;
+  await busy($("keys-rotate"), async () => {
+    await api("POST", `/v1/admin/keys/${encodeURIComponent(key.key_id)}/revoke`, { reason: ok.reason });
+    await loadKeys();
+  });
+}
+
+// ---------------------------------------------------------------- wiring
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("token-input").value = token();
+  $("token-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    showError(null);
+    const value = $("token-input").value.trim();
+    if (value) sessionStorage.setItem(TOKEN_KEY, value); else sessionStorage.removeItem(TOKEN_KEY);
+    await refreshIdentity();
+    route();
+  });
+  $("token-forget").addEventListener("click", async () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    $("token-input").value = "";
+    showError(null);
+    await refreshIdentity();
+    route();
+  });
+
+  $("check-form").addEventListener("submit", (event) => { event.preventDefault(); busy($("check-submit"), check); });
+  $("check-text").addEventListener("input", updateCount);
+  $("check-file").addEventListener("change", (event) => {
+    const file = event.target.files[0];
+    if (file) busy($("check-submit"), () => readDroppedFile(file));
+  });
+  const area = $("check-text");
+  area.addEventListener("dragover", (event) => { event.preventDefault(); area.classList.add("dragging"); });
+  area.addEventListener("dragleave", () => area.classList.remove("dragging"));
+  area.addEventListener("drop", (event) => {
+    event.preventDefault();
+    area.classList.remove("dragging");
+    const file = event.dataTransfer.files[0];
+    if (file) busy($("check-submit"), () => readDroppedFile(file));
+  });
+  $("heat-toggle").addEventListener("change", (event) => {
+    $("heat").classList.toggle("heat-on", event.target.checked);
+    $("check-result").classList.toggle("heat-off", !event.target.checked);
+  });
+
+  $("gen-form").addEventListener("submit", (event) => { event.preventDefault(); busy($("gen-submit"), generate); });
+  $("gen-to-check").addEventListener("click", () => {
+    if (!lastGeneration) return;
+    $("check-text").value = lastGeneration.text;
+    updateCount();
+    location.hash = "#check";
+    busy($("check-submit"), check);
+  });
+  $("gen-to-record").addEventListener("click", () => {
+    if (!lastGeneration) return;
+    $("record-id").value = lastGeneration.generation_id;
+    location.hash = "#record";
+    busy($("record-submit"), () => lookUp(lastGeneration.generation_id));
+  });
+
+  $("record-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    busy($("record-submit"), () => lookUp($("record-id").value));
+  });
+  $("recent-load").addEventListener("click", () => loadRecent(0));
+  $("recent-prev").addEventListener("click", () => loadRecent(recentOffset - PAGE_SIZE));
+  $("recent-next").addEventListener("click", () => loadRecent(recentOffset + PAGE_SIZE));
+
+  $("keys-tenant").addEventListener("change", () => busy($("keys-refresh"), loadKeys));
+  $("keys-refresh").addEventListener("click", () => busy($("keys-refresh"), loadKeysPage));
+  $("keys-rotate").addEventListener("click", rotateKey);
+
+  window.addEventListener("hashchange", route);
+  refreshIdentity().then(route);
+});

@@ -1,0 +1,289 @@
+"""The page at /ui in a real browser (headless Chromium through selenium) against a real
+gateway with the bundled models, plus the JSON routes the page uses (evidence, admin, me).
+
+One server for the module. The browser tests skip with a reason where Chromium or its
+driver is missing (``make test`` installs them from the system's packages; CI runs as root);
+``HALLMARK_REQUIRE_BROWSER=1`` turns that skip into a failure. ``HALLMARK_UI_SCREENSHOTS=DIR``
+saves a PNG of each page into DIR (how docs/ui-*.png are made).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.service import gateway as gw
+
+pytestmark = pytest.mark.slow
+
+HUMAN = ("The committee met on Tuesday to review the budget. After a long discussion about the new "
+         "library's opening hours, the parking situation near the station and the cost of repairing the "
+         "roof, they agreed to postpone the decision until the next quarter, when more data would be "
+         "available to everyone involved. Several members asked for a written summary before then.")
+CHROMIUM = os.environ.get("HALLMARK_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("HALLMARK_CHROMEDRIVER", "/usr/bin/chromedriver")
+SCREENSHOTS = os.environ.get("HALLMARK_UI_SCREENSHOTS")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    gateway = gw.start(tmp_path_factory.mktemp("ui"), max_tokens_cap=512, max_evidence_tokens=400)
+    yield gateway
+    gateway.stop()
+
+
+def client(server, who="acme") -> httpx.Client:
+    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {server.tokens[who]}"}, timeout=300)
+
+
+def generate(server, who="acme", **body):
+    body = {"prompt": "The function returns", "max_tokens": 120, "temperature": 1.0, "seed": 5, **body}
+    response = client(server, who).post("/v1/generate", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+# ---------------------------------------------------------------- JSON routes
+
+
+def test_evidence_maps_every_token_to_the_original_text(server):
+    out = generate(server)
+    text = out["text"]
+    result = client(server).post("/v1/detect", json={"text": text, "evidence": True}).json()
+    evidence = result["evidence"]
+    assert result["watermarked"] and evidence["key"]["key_id"] == result["key"]["key_id"]
+    assert evidence["statistic"] == result["per_key"][0]["statistic"]
+    tokens = evidence["tokens"]
+    assert len(tokens) == result["total_tokens"] and sum(t["scored"] for t in tokens) == result["scored_tokens"]
+    assert abs(sum(t["score"] for t in tokens if t["scored"]) - result["per_key"][0]["score"]) < 1e-3
+    assert "".join(text[t["char_start"]:t["char_end"]] for t in tokens) == text
+    assert all(t["reason"] in (None, "repeated_context") for t in tokens)
+    # Without the flag the result is unchanged (no evidence field).
+    assert "evidence" not in client(server).post("/v1/detect", json={"text": text}).json()
+
+
+def test_evidence_is_capped_with_413(server):
+    response = client(server).post("/v1/detect", json={"text": HUMAN * 6, "evidence": True})
+    assert response.status_code == 413
+    assert "limit is 400" in response.json()["error"]["message"]
+    assert client(server).post("/v1/detect", json={"text": HUMAN * 6}).status_code == 200
+
+
+def test_admin_routes_are_scoped(server):
+    admin, tenant = client(server, "admin"), client(server, "acme")
+    assert tenant.get("/v1/me").json() == {"token_id": tenant.get("/v1/me").json()["token_id"], "tenant": "acme",
+                                           "admin": False}
+    assert admin.get("/v1/me").json()["admin"] is True
+    assert tenant.get("/v1/admin/tenants").status_code == 403
+    assert tenant.post("/v1/admin/keys/rotate", json={"tenant": "acme"}).status_code == 403
+    assert {t["name"] for t in admin.get("/v1/admin/tenants").json()["tenants"]} == {"acme", "globex"}
+    keys = admin.get("/v1/admin/keys", params={"tenant": "globex"}).json()["keys"]
+    assert [k["state"] for k in keys] == ["active"] and "secret" not in keys[0]
+    assert admin.post("/v1/admin/keys/rotate", json={"tenant": "nosuch"}).status_code == 404
+    response = admin.post(f"/v1/admin/keys/{keys[0]['key_id']}/revoke", json={"reason": ""})
+    assert response.status_code == 422 and response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_tenant_scoped_admin_token_sees_its_tenant_only(server):
+    from keys.db import open_store
+    from keys.tokens import issue_token
+
+    store = open_store(server.store_settings, require_kek=True)
+    try:
+        with store.transaction() as session:
+            raw = issue_token(session, tenant="globex", admin=True, actor="test").raw_token
+    finally:
+        store.close()
+    scoped = httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {raw}"}, timeout=60)
+    assert [t["name"] for t in scoped.get("/v1/admin/tenants").json()["tenants"]] == ["globex"]
+    assert scoped.get("/v1/admin/keys", params={"tenant": "acme"}).status_code == 403
+    assert {k["tenant"] for k in scoped.get("/v1/admin/keys").json()["keys"]} == {"globex"}
+    acme_key = client(server, "admin").get("/v1/admin/keys", params={"tenant": "acme"}).json()["keys"][0]
+    assert scoped.post(f"/v1/admin/keys/{acme_key['key_id']}/revoke", json={"reason": "x"}).status_code == 403
+    assert scoped.get("/v1/admin/audit", params={"tenant": "acme"}).status_code == 403
+    assert {e["tenant"] for e in scoped.get("/v1/admin/audit").json()["events"]} == {"globex"}
+
+
+def test_page_is_static_and_locked_down(server):
+    with httpx.Client(base_url=server.url, timeout=30) as anonymous:
+        page = anonymous.get("/ui")
+        assert page.status_code == 200 and "<script src=\"/ui/app.js\"" in page.text
+        csp = page.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "style-src 'self'" in csp and "unsafe-inline" not in csp
+        assert "<style" not in page.text and " style=" not in page.text and "http" not in page.text.split("<body>")[1]
+        assert not re.search(r"<script(?![^>]*\bsrc=)", page.text)  # no inline script
+        assert not re.search(r"\son[a-z]+\s*=", page.text)  # no inline event handlers
+        for asset in ("app.js", "app.css", "favicon.svg"):
+            assert anonymous.get(f"/ui/{asset}").status_code == 200
+        assert anonymous.get("/ui/../app.py").status_code == 404
+        assert anonymous.get("/", follow_redirects=False).headers["location"] == "/ui"
+
+
+# ---------------------------------------------------------------- the page in Chromium
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()) and not shutil.which("chromedriver"):
+        message = (f"Chromium ({CHROMIUM}) or chromedriver ({CHROMEDRIVER}) missing: "
+                   "run scripts/ensure-browser.sh (make test does)")
+        if os.environ.get("HALLMARK_REQUIRE_BROWSER") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                 "--window-size=1280,1000", "--force-device-scale-factor=1", "--lang=en-GB"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    driver.implicitly_wait(0)
+    yield driver
+    driver.quit()
+
+
+def _wait(driver, condition, timeout=120):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
+
+
+def _visible(driver, element_id, timeout=120):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+
+    return _wait(driver, ec.visibility_of_element_located((By.ID, element_id)), timeout)
+
+
+def _open(driver, server, who, page="check"):
+    """Open the page in a fresh tab state with ``who``'s token entered in the header form."""
+    driver.get(f"{server.url}/ui#{page}")
+    driver.execute_script("sessionStorage.clear()")
+    driver.get(f"{server.url}/ui#{page}")
+    field = _visible(driver, "token-input")
+    field.clear()
+    field.send_keys(server.tokens[who] if who in server.tokens else who)
+    driver.find_element("id", "token-save").click()
+
+
+def _shot(driver, name):
+    if SCREENSHOTS:
+        Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
+        # The whole page, not just the window: size the window to the document first.
+        height = driver.execute_script("return Math.max(document.body.scrollHeight, 700)")
+        driver.set_window_size(1280, min(height + 20, 2400))
+        driver.save_screenshot(str(Path(SCREENSHOTS) / f"ui-{name}.png"))
+        driver.set_window_size(1280, 1000)
+
+
+def _no_console_errors(driver):
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"
+              and "favicon" not in e["message"] and "the server responded with a status of 4" not in e["message"]]
+    assert not errors, errors  # CSP violations are reported here
+
+
+def test_generate_then_check_shows_watermarked_with_spans(server, browser):
+    from selenium.webdriver.common.by import By
+
+    _open(browser, server, "acme", "generate")
+    _wait(browser, lambda d: "tenant acme" in d.find_element(By.ID, "token-status").text)
+    assert browser.execute_script("return sessionStorage.getItem('hallmark.token')") == server.tokens["acme"]
+    assert browser.execute_script("return localStorage.length + document.cookie.length") == 0
+    prompt = browser.find_element(By.ID, "gen-prompt")
+    prompt.clear()
+    prompt.send_keys("The function returns")
+    browser.find_element(By.ID, "gen-max").clear()
+    browser.find_element(By.ID, "gen-max").send_keys("150")
+    browser.find_element(By.ID, "gen-seed").send_keys("1")
+    browser.find_element(By.ID, "gen-submit").click()
+    generation_id = _visible(browser, "gen-id").text
+    assert len(generation_id) == 32
+    output = browser.find_element(By.ID, "gen-output").text
+    assert len(output) > 100
+    assert "dual_key_gumbel" in browser.find_element(By.ID, "gen-summary").text
+    _shot(browser, "generate")
+
+    browser.find_element(By.ID, "gen-to-check").click()
+    _wait(browser, lambda d: d.find_element(By.ID, "verdict-title").text)
+    title = browser.find_element(By.ID, "verdict-title").text
+    assert title.startswith("Watermarked by tenant acme, key v1 (active)"), title
+    assert "tokens scored" in browser.find_element(By.ID, "verdict-detail").text
+    spans = browser.find_elements(By.CSS_SELECTOR, "#heat mark.wm-span")
+    assert spans, "no highlighted span"
+    hot = browser.find_elements(By.CSS_SELECTOR, "#heat .tok.h4, #heat .tok.h5")
+    assert hot and browser.find_elements(By.CSS_SELECTOR, "#legend .swatch.h5")
+    # The rendered text is the checked text, character for character.
+    assert browser.execute_script("return document.getElementById('heat').textContent") == \
+        browser.execute_script("return document.getElementById('check-text').value")
+    assert generation_id in browser.find_element(By.ID, "ledger").text
+    _shot(browser, "check")
+    _no_console_errors(browser)
+
+    browser.find_element(By.CSS_SELECTOR, f"#ledger a[data-id='{generation_id}']").click()
+    _wait(browser, lambda d: d.find_element(By.ID, "record-title").text == generation_id)
+    facts = browser.find_element(By.ID, "record-facts").text
+    assert "acme" in facts and "hallmark-tiny-dsv32" in facts
+    _shot(browser, "record")
+
+
+def test_human_text_is_not_watermarked_and_explained(server, browser):
+    from selenium.webdriver.common.by import By
+
+    _open(browser, server, "acme")
+    area = _visible(browser, "check-text")
+    _wait(browser, lambda d: "tenant acme" in d.find_element(By.ID, "token-status").text)
+    area.clear()
+    browser.execute_script("arguments[0].value = arguments[1]", area, HUMAN)
+    browser.find_element(By.ID, "check-submit").click()
+    _wait(browser, lambda d: d.find_element(By.ID, "verdict-title").text)
+    assert browser.find_element(By.ID, "verdict-title").text == "Not watermarked"
+    explanation = browser.find_element(By.ID, "explain").text
+    assert "No key of tenant acme matches" in explanation and "not proof that a person wrote it" in explanation
+    assert not browser.find_elements(By.CSS_SELECTOR, "#heat mark.wm-span")
+    _shot(browser, "check-human")
+    _no_console_errors(browser)
+
+
+def test_a_wrong_token_shows_the_apis_error(server, browser):
+    from selenium.webdriver.common.by import By
+
+    _open(browser, server, "hm_not_a_real_token")
+    error = _visible(browser, "error", timeout=30)
+    assert "401" in error.text and "unknown or revoked API token" in error.text
+    assert "not accepted" in browser.find_element(By.ID, "token-status").text
+
+
+def test_keys_page_rotates_a_key(server, browser):
+    from selenium.webdriver.common.by import By
+
+    _open(browser, server, "admin", "keys")
+    _wait(browser, lambda d: d.find_element(By.ID, "tab-keys").is_displayed())
+    browser.find_element(By.ID, "tab-keys").click()
+    _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#keys-table tbody tr")) >= 1)
+    from selenium.webdriver.support.ui import Select
+
+    Select(browser.find_element(By.ID, "keys-tenant")).select_by_value("globex")
+    _wait(browser, lambda d: "globex" in d.find_element(By.ID, "audit-table").text)
+    before = len(browser.find_elements(By.CSS_SELECTOR, "#keys-table tbody tr"))
+    browser.find_element(By.ID, "keys-rotate").click()
+    dialog = _visible(browser, "confirm")
+    assert "Rotate the key of globex" in dialog.text
+    _shot(browser, "keys-confirm")
+    browser.find_element(By.ID, "confirm-ok").click()
+    _wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#keys-table tbody tr")) == before + 1)
+    states = [row.find_elements(By.CSS_SELECTOR, "td")[2].text
+              for row in browser.find_elements(By.CSS_SELECTOR, "#keys-table tbody tr")]
+    assert states[:2] == ["active", "verify-only"], states
+    assert "key.rotated" in browser.find_element(By.ID, "audit-table").text
+    keys = client(server, "admin").get("/v1/admin/keys", params={"tenant": "globex"}).json()["keys"]
+    assert sorted(k["state"] for k in keys) == ["active", "verify-only"]
+    _shot(browser, "keys")
+    _no_console_errors(browser)
