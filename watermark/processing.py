@@ -4,6 +4,11 @@ The watermark acts on the *final* distribution, so every filter runs first. Top-
 top-p are applied as per-row thresholds (keep logits >= the row's cut-off), which keeps
 tied tokens together and makes the result independent of sort stability. NaN logits are
 treated as -inf: a token with no defined probability is never drawn.
+
+Temperatures are 0 (greedy) or in [MIN_TEMPERATURE, MAX_TEMPERATURE]. Below about 1e-2 the
+division overflows float32 (a logit of 40 at T = 1e-38 is inf, and inf - inf is NaN), and
+below float32's smallest subnormal the temperature itself rounds to 0, which would make a
+sampled row look greedy to one layer and not to another. vLLM clamps to the same 1e-2.
 """
 
 from __future__ import annotations
@@ -11,6 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+MIN_TEMPERATURE = 0.01
+"""The smallest non-zero temperature (vLLM's ``_MAX_TEMP`` clamp is the same 1e-2)."""
+
+MAX_TEMPERATURE = 100.0
+"""The largest temperature: far above any useful value, still exact in float32."""
 
 
 @dataclass(frozen=True)
@@ -40,8 +51,9 @@ class ProcessingParams:
 
 def validate_sampling(temperature: float, top_k: int, top_p: float) -> None:
     """Raise ValueError with a message a client can act on."""
-    if not (temperature >= 0.0) or temperature != temperature or temperature == float("inf"):
-        raise ValueError("temperature must be a finite number >= 0 (0 means greedy)")
+    if not (temperature == 0.0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
+        raise ValueError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}; "
+                         f"smaller non-zero values overflow the sampler's float32 arithmetic")
     if top_k < 0:
         raise ValueError("top_k must be >= 0 (0 disables it)")
     if not (0.0 < top_p <= 1.0):
@@ -51,12 +63,14 @@ def validate_sampling(temperature: float, top_k: int, top_p: float) -> None:
 def process_logits(logits: torch.Tensor, params: ProcessingParams) -> torch.Tensor:
     """Logits [B, V] give float32 processed logits [B, V], filtered tokens at -inf.
 
-    Greedy rows are returned unscaled (only their argmax is used).
+    Greedy rows are returned unscaled (only their argmax is used). A non-zero temperature
+    below MIN_TEMPERATURE (callers validate with :func:`validate_sampling`) is raised to it
+    here, so that no row ever divides by a subnormal or overflows to inf - inf = NaN.
     """
     out = logits.to(torch.float32)
     out = torch.where(torch.isnan(out), torch.full_like(out, float("-inf")), out)
     temperature = params.temperature.to(device=out.device, dtype=torch.float32)
-    scale = torch.where(temperature == 0, torch.ones_like(temperature), temperature)
+    scale = torch.where(temperature == 0, torch.ones_like(temperature), temperature.clamp(min=MIN_TEMPERATURE))
     out = out / scale.unsqueeze(-1)
     vocab = out.shape[-1]
     top_k = params.top_k.to(out.device)

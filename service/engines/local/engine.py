@@ -4,12 +4,23 @@ A background thread owns the models and runs the step loop; the asyncio side sub
 requests and receives their events through thread-safe callbacks. Requests join and
 leave between steps (continuous batching); a consumer that stops listening cancels its
 request at the next step.
+
+Containment: a request whose admission (its prefill and first draw, run alone) fails is
+failed alone. A step that raises is rolled back (the groups' caches are restored), every
+running row is probed alone through the sampler, the rows that fail the probe are failed,
+and the step runs again without them; only a failure no row explains (the model itself)
+fails the whole batch. If the loop thread itself dies, in-flight requests fail with 503,
+``ready`` turns false, and the loop restarts after ``restart_delay`` seconds; after
+``max_restarts`` deaths within ten minutes it stays down and calls ``on_fatal`` (by
+default SIGTERM to this process, so that its supervisor restarts it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import threading
 import time
 from collections import deque
@@ -21,7 +32,11 @@ from service.engines import BUNDLED_MODELS, resolve_model_path
 from service.engines.base import EngineBusy, EngineFailure, Event, Finished, GenerationRequest, WatermarkPlan
 from service.engines.local.request import RequestState
 from service.engines.local.runner import Group, load_model
-from service.engines.local.scheduler import SpeculativeGroups, plain_step, sample_next, speculative_step
+from service.engines.local import cache as kv
+from service.engines.local.scheduler import SpeculativeGroups, plain_step, process, sample_next, sample_rows, \
+    speculative_step
+from watermark import stream
+from watermark.processing import validate_sampling
 
 log = logging.getLogger("hallmark.engine.local")
 
@@ -30,7 +45,8 @@ class LocalEngine:
     name = "local"
 
     def __init__(self, model: str = "bundled", draft_model: str | None = None, *, device: str = "auto",
-                 max_batch: int = 16, speculative_k: int = 4, max_queue: int = 256) -> None:
+                 max_batch: int = 16, speculative_k: int = 4, max_queue: int = 256,
+                 restart_delay: float = 1.0, max_restarts: int = 3, on_fatal=None) -> None:
         # Reported as the bundled model's real name ("bundled" is only an alias for it).
         self.model_name = BUNDLED_MODELS.get(model, model)
         self.draft_name = draft_model
@@ -47,12 +63,19 @@ class LocalEngine:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.max_context_tokens = 0
+        self.vocab_size = 0
+        self.restart_delay = restart_delay
+        self.max_restarts = max_restarts
+        self.on_fatal = on_fatal or _terminate_process
+        self._deaths: list[float] = []
+        self._looping = False
 
     # ------------------------------------------------------------------ lifecycle
 
     @property
     def ready(self) -> bool:
-        return self._ready
+        """Models loaded and the step loop alive."""
+        return self._ready and self._looping
 
     def tokenizer(self):
         if self._tokenizer is None:
@@ -85,6 +108,7 @@ class LocalEngine:
         eos |= set(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos] if gen_eos is not None else [])
         self.eos_ids = frozenset(e for e in eos if e is not None)
         self.max_context_tokens = int(getattr(target.config, "max_position_embeddings", 2048))
+        self.vocab_size = int(target.config.vocab_size)
         if device.type == "cuda":
             try:
                 from watermark.kernels.registry import warm_up
@@ -115,7 +139,11 @@ class LocalEngine:
             return
         await asyncio.to_thread(self.load)
         self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="hallmark-local-engine", daemon=True)
+        self._start_thread()
+
+    def _start_thread(self) -> None:
+        self._looping = True
+        self._thread = threading.Thread(target=self._supervised_loop, name="hallmark-local-engine", daemon=True)
         self._thread.start()
 
     async def stop(self) -> None:
@@ -130,6 +158,13 @@ class LocalEngine:
     # ------------------------------------------------------------------ requests
 
     def check(self, request: GenerationRequest) -> None:
+        validate_sampling(request.temperature, request.top_k, request.top_p)
+        if self.vocab_size and request.top_k > self.vocab_size:
+            raise ValueError(f"top_k must be at most the vocabulary size, {self.vocab_size} (0 disables it)")
+        if self.vocab_size and any(not 0 <= t < self.vocab_size for t in request.prompt_ids):
+            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        if request.seed is not None and not 0 <= request.seed < 2**64:
+            raise ValueError("seed must be an integer in [0, 2**64)")
         if len(request.prompt_ids) + request.max_tokens > self.max_context_tokens:
             raise ValueError(f"prompt ({len(request.prompt_ids)} tokens) plus max_tokens ({request.max_tokens}) "
                              f"exceeds the model's context of {self.max_context_tokens} tokens")
@@ -141,6 +176,8 @@ class LocalEngine:
         state = RequestState(request, self.tokenizer(), self.eos_ids,
                              sink=lambda event: loop.call_soon_threadsafe(queue.put_nowait, event))
         with self._wake:
+            if not self.ready:
+                raise EngineFailure("the engine is not running (restarting after a failure); retry shortly")
             if len(self._waiting) >= self.max_queue:
                 raise EngineBusy("the generation queue is full; retry shortly")
             self._waiting.append(state)
@@ -161,6 +198,34 @@ class LocalEngine:
 
     # ------------------------------------------------------------------ the loop (engine thread)
 
+    def _supervised_loop(self) -> None:
+        try:
+            self._loop()
+            return
+        except BaseException as exc:  # noqa: BLE001 - the thread's last word: fail everyone, restart
+            log.exception("the engine loop died")
+            failure = exc
+        self._looping = False
+        with self._wake:
+            lost = self._running + list(self._waiting)
+            self._waiting.clear()
+        for state in lost:
+            state.fail(EngineFailure(f"the engine failed ({type(failure).__name__}); retry"))
+        self._running = []
+        self._reset_groups()
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < 600] + [now]
+        if len(self._deaths) > self.max_restarts:
+            log.critical("the engine loop died %d times in ten minutes; giving up", len(self._deaths))
+            self.on_fatal()
+            return
+        time.sleep(self.restart_delay)
+        with self._wake:
+            if self._stop:
+                return
+        log.warning("restarting the engine loop")
+        self._start_thread()
+
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
         while True:
@@ -172,22 +237,86 @@ class LocalEngine:
                 admitted = []
                 while self._waiting and len(self._running) + len(admitted) < self.max_batch:
                     admitted.append(self._waiting.popleft())
+            for state in admitted:
+                if state.cancelled.is_set():
+                    state.finish("cancelled")
+                    continue
+                self._admit_contained(state)
             try:
-                for state in admitted:
-                    if state.cancelled.is_set():
-                        state.finish("cancelled")
-                        continue
-                    self._admit(state)
-                self._step()
+                self._step_contained()
             except Exception as exc:  # a model failure fails every running request, not the server
                 log.exception("engine step failed")
-                for state in self._running + admitted:
-                    if not state.finished:
-                        state.finished = True
-                        state.sink(exc)
+                for state in self._running:
+                    state.fail(exc)
                 self._running = []
                 self._reset_groups()
             self._retire()
+
+    def _admit_contained(self, state: RequestState) -> None:
+        """Admit one request; if its prefill or first draw fails, only it fails."""
+        snapshot = self._snapshot()
+        try:
+            self._admit(state)
+        except Exception as exc:  # noqa: BLE001 - this request's own failure
+            log.warning("request %s failed at admission: %s", state.request.request_id, exc)
+            self._restore(snapshot)
+            if state in self._running:
+                self._running.remove(state)
+            self._pending.pop(id(state), None)
+            state.fail(exc)
+
+    def _step_contained(self) -> None:
+        """One step; a row whose own sampling fails is removed and the step retried."""
+        while self._running:
+            snapshot = self._snapshot()
+            try:
+                self._step()
+                return
+            except Exception as exc:
+                failure = exc
+            self._restore(snapshot)
+            culprits = [s for s in self._running if not s.finished and not self._row_ok(s)]
+            if not culprits:
+                raise failure
+            for state in culprits:
+                log.warning("request %s failed in a step and was removed: %s", state.request.request_id, failure)
+                state.fail(failure)
+            self._retire()
+
+    def _row_ok(self, state: RequestState) -> bool:
+        """Whether one row alone goes through the sampler (on neutral logits) and its next
+        input is a valid token: what a step needs from the row itself."""
+        try:
+            if state.last_token is None or not 0 <= state.last_token < self.vocab_size:
+                return False
+            logits = torch.zeros((1, self.vocab_size), device=self.device)
+            for routed, lane in ((True, stream.LANE_SAMPLE), (False, stream.LANE_DRAFT)):
+                sample_rows(process(logits, [state]), [state], [state.dedup.context], [False], [0],
+                            routed=routed, lane=lane)
+            return True
+        except Exception:  # noqa: BLE001 - the probe's answer
+            return False
+
+    def _groups(self) -> list[Group]:
+        return [g for g in (self.plain, self.spec_target, self.spec.draft if self.spec else None) if g is not None]
+
+    def _snapshot(self) -> list:
+        """References to every group's state (tensors are replaced, never written in place,
+        by forward passes and cache surgery, so references are a consistent copy)."""
+        saved = []
+        for group in self._groups():
+            layers = []
+            if group.cache is not None:
+                layers = [(layer, name, value) for layer in group.cache.layers
+                          for name, _, value in kv._layer_tensors(layer)]  # noqa: SLF001
+            saved.append((group, list(group.ids), group.cache, group.mask, group.next_pos, layers))
+        return saved
+
+    def _restore(self, saved: list) -> None:
+        for group, ids, cache, mask, next_pos, layers in saved:
+            group.ids, group.cache, group.mask, group.next_pos = ids, cache, mask, next_pos
+            for layer, name, value in layers:
+                setattr(layer, name, value)
 
     def _reset_groups(self) -> None:
         for group in (self.plain, self.spec_target, self.spec.draft if self.spec else None):
@@ -242,6 +371,11 @@ class LocalEngine:
                 if s.finished:
                     self._pending.pop(id(s), None)
             self._running = alive
+
+
+def _terminate_process() -> None:
+    """Ask this process to shut down (uvicorn drains and exits; a supervisor restarts it)."""
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def create_local_engine(settings) -> LocalEngine:

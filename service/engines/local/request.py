@@ -12,6 +12,7 @@ from service.engines.stops import StopTextTracker
 from watermark import prf, stream
 from watermark.dedup import ContextDeduper
 from watermark.sampler import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN
+from watermark.processing import validate_sampling
 from watermark.spec import WatermarkSpec
 
 _NO_KEY = 0
@@ -35,6 +36,9 @@ class RequestState:
 
     def __post_init__(self) -> None:
         req = self.request
+        # No row with parameters the sampler cannot take ever reaches a batch (the gateway
+        # validates first; this guards every other caller).
+        validate_sampling(req.temperature, req.top_k, req.top_p)
         self.tracker = StopTextTracker(self.tokenizer, req.stop)
         self.stream_key = prf.to_signed64(stream.stream_key(req.seed))
         plan = req.watermark
@@ -75,9 +79,23 @@ class RequestState:
         return RouteCounts(key_a=c[ROUTE_KEY_A], key_b=c[ROUTE_KEY_B], plain=c[ROUTE_PLAIN], greedy=c[ROUTE_GREEDY])
 
     def emit(self, token: int, route: int) -> bool:
-        """Take one sampled token; returns True when the request has finished."""
+        """Take one sampled token; returns True when the request has finished. A failure
+        here (detokenising, a stop string) fails this request only."""
         if self.finished:
             return True
+        try:
+            return self._emit(token, route)
+        except Exception as exc:  # noqa: BLE001 - contained to this row, reported to its caller
+            self.fail(exc)
+            return True
+
+    def fail(self, exc: BaseException) -> None:
+        """End this request with an error (its caller gets an EngineFailure)."""
+        if not self.finished:
+            self.finished = True
+            self.sink(exc)
+
+    def _emit(self, token: int, route: int) -> bool:
         if token in self.eos_ids:
             return self.finish("stop")
         self.output.append(token)
