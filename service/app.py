@@ -13,21 +13,21 @@ import time
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, AsyncIterator
 
-from fastapi import Depends, FastAPI, Header, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Depends, FastAPI, Header
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from keys.db import Store, open_store
-from keys.errors import KeyStoreError
 from keys.ledger import get_generation
 from keys.settings import StoreSettings
-from service import detection, generation
+from service import detection, generation, http_errors
 from service.admin_api import router as admin_router
 from service.auth import Identity, authenticate
 from service.chat import chat_prompt_ids
 from service.engines.base import Delta, Engine
-from service.errors import NotFound, ServiceError, TooLarge, Unavailable
+from service.body_limit import BodyLimit
+from service.errors import NotFound, ServiceError, Unavailable
+from service.http_errors import service_error_payload
 from service.generation import GenerateParams, Outcome
 from service.schemas import ChatBody, CompletionBody, DetectBody, GenerateBody
 from service.settings import ServiceSettings
@@ -35,44 +35,6 @@ from service.state import Services
 from service.ui import mount_ui
 
 log = logging.getLogger("hallmark.app")
-
-
-class BodyLimit:
-    """Refuse request bodies above ``limit`` bytes with 413, before they are read whole."""
-
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await _error_response(TooLarge(f"request body is {int(declared)} bytes; the limit is {self.limit}"))(
-                scope, receive, send)
-            return
-        seen = 0
-
-        async def limited() -> dict:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _BodyTooLarge()
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _BodyTooLarge:
-            await _error_response(TooLarge(f"request body exceeds the limit of {self.limit} bytes"))(
-                scope, receive, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
 
 
 class RequestMetrics:
@@ -104,14 +66,6 @@ class RequestMetrics:
                 path = getattr(scope.get("route"), "path", "unmatched")
                 services.metrics.requests.labels(path, scope["method"], str(status)).inc()
                 services.metrics.latency.labels(path).observe(time.perf_counter() - start)
-
-
-def _error_payload(exc: ServiceError) -> dict[str, Any]:
-    return {"error": {"message": exc.message, "type": exc.kind, "code": exc.status}}
-
-
-def _error_response(exc: ServiceError) -> JSONResponse:
-    return JSONResponse(_error_payload(exc), status_code=exc.status, headers=exc.headers)
 
 
 def _sse(payload: Any) -> bytes:
@@ -163,23 +117,7 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
 
     IdentityDep = Annotated[Identity, Depends(identity_dep)]
 
-    @app.exception_handler(ServiceError)
-    async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        return _error_response(exc)
-
-    @app.exception_handler(KeyStoreError)
-    async def _store_error(request: Request, exc: KeyStoreError) -> JSONResponse:
-        return _error_response(Unavailable(exc.user_message))
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        parts = []
-        for err in exc.errors()[:5]:
-            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
-            parts.append(f"{where or 'body'}: {err.get('msg')}")
-        message = "invalid request: " + "; ".join(parts)
-        return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "code": 422}},
-                            status_code=422)
+    http_errors.install(app)
 
     # ---------------------------------------------------------------- generation
 
@@ -203,7 +141,7 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
                     else:
                         yield _sse({"type": "done", **event.to_dict()})
             except ServiceError as exc:
-                yield _sse({"type": "error", **_error_payload(exc)})
+                yield _sse({"type": "error", **service_error_payload(exc)})
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(sse(), media_type="text/event-stream")
@@ -271,14 +209,16 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
                         final["hallmark"] = _hallmark(event)
                         yield _sse(final)
             except ServiceError as exc:
-                yield _sse(_error_payload(exc))
+                yield _sse(service_error_payload(exc))
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(sse(), media_type="text/event-stream")
 
     @app.post("/v1/completions")
     async def completions_route(body: CompletionBody, services: ServicesDep, identity: IdentityDep):
-        prompt_ids = tuple(services.engine.tokenizer().encode(body.prompt_text))
+        prompt_ids = body.prompt_ids
+        if prompt_ids is None:
+            prompt_ids = tuple(services.engine.tokenizer().encode(body.prompt_text))
         return await _openai(services, identity, _openai_params(body, services, prompt_ids), body.stream, chat=False)
 
     @app.post("/v1/chat/completions")

@@ -8,13 +8,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from detector.detect import DetectorConfig, detect as run_detect
+from detector.detect import DetectorConfig, detect as run_detect, statistic_for
 from detector.result import Span
 from keys.errors import KeyStoreError, UnknownTenant
 from keys.ledger import hash_output
 from service import evidence
 from service.auth import Identity, resolve_tenant
-from service.errors import BadRequest, NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
+from service.errors import NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
 from service.state import Services
 
 
@@ -49,7 +49,7 @@ def detect(services: Services, identity: Identity, params: DetectParams) -> dict
         raise RateLimited(f"detection rate limit reached for this token; retry in {wait:.1f} s",
                           headers={"Retry-After": str(max(1, round(wait + 0.5)))})
     if (params.text is None) == (params.token_ids is None):
-        raise BadRequest("give exactly one of 'text' and 'token_ids'")
+        raise Unprocessable("give exactly one of 'text' and 'token_ids'")
     config = _config(params)
     _, tenant = resolve_tenant(services, identity, params.tenant)
     try:
@@ -73,6 +73,11 @@ def detect(services: Services, identity: Identity, params: DetectParams) -> dict
         text = None
     if len(token_ids) > settings.max_detect_tokens:
         raise TooLarge(f"{len(token_ids)} tokens; the limit is {settings.max_detect_tokens}")
+    for candidate in candidates:  # a statistic the keys in scope cannot use: the client's choice, 422
+        try:
+            statistic_for(candidate, config)
+        except ValueError as exc:
+            raise Unprocessable(f"statistic {params.statistic!r}: {exc}") from None
     if params.evidence:
         evidence.check_size(len(token_ids), settings.max_evidence_tokens)
     result = run_detect(token_ids, candidates, config)

@@ -15,12 +15,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from keys.errors import KeyStoreError, NoActiveKey
+from keys.errors import KeyStoreError
 from keys.ledger import record_generation
 from service.auth import Identity, resolve_tenant
 from service.engines.base import (Delta, EngineBusy, EngineFailure, Finished, GenerationRequest, RouteCounts,
                                   WatermarkPlan)
 from service.errors import BadRequest, Forbidden, Unavailable, Unprocessable
+from service.http_errors import store_error
 from service.state import Services
 from watermark.processing import validate_sampling
 
@@ -108,10 +109,8 @@ def _prepare(services: Services, identity: Identity, params: GenerateParams) -> 
     else:
         try:
             stored = services.active_key(tenant_id)
-        except NoActiveKey as exc:
-            raise Unavailable(exc.user_message) from None
-        except KeyStoreError as exc:
-            raise Unavailable(exc.user_message) from None
+        except KeyStoreError as exc:  # no active key: 409, not retryable; a database fault: 503
+            raise store_error(exc) from None
         plan = WatermarkPlan(key=stored.material, key_id=stored.key_id, version=stored.version,
                              fingerprint=stored.fingerprint)
         spec = stored.spec

@@ -1,11 +1,66 @@
-"""HTTP request bodies (pydantic). Hallmark's own routes refuse unknown fields; the
-OpenAI-compatible ones ignore fields they do not use, as OpenAI clients send many."""
+"""HTTP request bodies (pydantic, strict).
+
+Every field has a type that is not coerced (``"5"`` is not an integer, ``0`` is not a
+boolean) and bounds, so that a malformed request gets a 422 before it reaches the engine.
+Hallmark's own routes refuse unknown fields; the OpenAI-compatible ones ignore fields they
+do not use, as OpenAI clients send many. Bounds that depend on the deployment (the token
+cap, the prompt length, the model's vocabulary) are enforced by :mod:`service.limits` and
+written into the OpenAPI document by :mod:`service.openapi`.
+
+Text fields refuse lone UTF-16 surrogates (JSON ``"\\ud800"``): they are not characters,
+no tokenizer can encode them, and no generated text contains them.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+
+from keys.tenants import NAME_PATTERN
+from watermark.processing import MAX_TEMPERATURE, MIN_TEMPERATURE
+
+MAX_STOPS = 8
+MAX_STOP_CHARS = 200
+MAX_SEED = 2**64 - 1
+MAX_TOP_K = 2**31 - 1
+"""A static ceiling; the served model's vocabulary is the real bound (see /openapi.json)."""
+MAX_TOKEN_ID = 2**32 - 1
+MAX_MESSAGES = 256
+
+
+def _valid_unicode(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text contains a lone UTF-16 surrogate (such as \\ud800), which is not a "
+                         "Unicode character; send valid Unicode text") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+"""A string of Unicode characters (no lone surrogates)."""
+
+TenantName = Annotated[str, Field(pattern=f"^{NAME_PATTERN.pattern}$", max_length=64)]
+StopText = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+Stop = StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)]
+
+
+def _temperature(upper: float) -> Any:
+    def check(value: float) -> float:
+        if not (value == 0.0 or MIN_TEMPERATURE <= value <= upper):
+            raise ValueError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE} and {upper}; "
+                             "smaller non-zero values overflow the sampler's float32 arithmetic")
+        return value
+
+    schema = {"anyOf": [{"type": "number", "enum": [0]},
+                        {"type": "number", "minimum": MIN_TEMPERATURE, "maximum": upper}],
+              "description": f"0 for greedy (unwatermarked) decoding, or {MIN_TEMPERATURE} to {upper}."}
+    return Annotated[float, AfterValidator(check), WithJsonSchema(schema)]
+
+
+Temperature = _temperature(MAX_TEMPERATURE)
+OpenAITemperature = _temperature(2.0)
 
 
 def _stops(value: str | list[str] | None) -> tuple[str, ...]:
@@ -15,20 +70,22 @@ def _stops(value: str | list[str] | None) -> tuple[str, ...]:
 
 
 class GenerateBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    prompt: str = Field(min_length=1)
+    prompt: Text = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0)
+    """Tokens to generate (at most the server's cap; omitted: the server's default)."""
+    temperature: Temperature = 1.0
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    seed: int | None = Field(default=None, ge=0, lt=2**64)
-    stop: str | list[str] | None = None
+    top_k: int = Field(default=0, ge=0, le=MAX_TOP_K)
+    """0 disables it; at most the model's vocabulary size."""
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    stop: Stop | None = None
     stream: bool = False
     watermark: bool = True
     """False asks for unwatermarked output: allowed for admin tokens, or where the deployment
     allows opt-outs (HALLMARK_ALLOW_OPT_OUT); recorded in the ledger either way."""
-    tenant: str | None = None
+    tenant: TenantName | None = None
     """Admin tokens only: the tenant to generate for."""
 
     @property
@@ -37,16 +94,16 @@ class GenerateBody(BaseModel):
 
 
 class _OpenAIBase(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
-    model: str | None = None
+    model: Text | None = Field(default=None, max_length=256)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: OpenAITemperature | None = None
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
-    seed: int | None = Field(default=None, ge=0, lt=2**64)
-    stop: str | list[str] | None = None
+    top_k: int | None = Field(default=None, ge=0, le=MAX_TOP_K)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    stop: Stop | None = None
     stream: bool = False
     n: int = Field(default=1, ge=1, le=1)
     watermark: bool = True
@@ -60,26 +117,44 @@ class _OpenAIBase(BaseModel):
         return self.max_completion_tokens or self.max_tokens
 
 
-class CompletionBody(_OpenAIBase):
-    prompt: str | list[str]
+TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]], Field(min_length=1)]
 
-    @field_validator("prompt")
-    @classmethod
-    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
-        if isinstance(value, list) and len(value) != 1:
-            raise ValueError("exactly one prompt per request")
-        return value
+
+class CompletionBody(_OpenAIBase):
+    prompt: Annotated[Text, Field(min_length=1)] | Annotated[list[Annotated[Text, Field(min_length=1)]],
+                                                             Field(min_length=1, max_length=1)] \
+        | TokenIds | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
+    """One prompt: a string, or token ids (OpenAI's forms; a list holds exactly one)."""
 
     @property
-    def prompt_text(self) -> str:
-        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+    def prompt_text(self) -> str | None:
+        if isinstance(self.prompt, str):
+            return self.prompt
+        if isinstance(self.prompt[0], str):
+            return self.prompt[0]
+        return None
+
+    @property
+    def prompt_ids(self) -> tuple[int, ...] | None:
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], str):
+            return None
+        return tuple(self.prompt[0] if isinstance(self.prompt[0], list) else self.prompt)
+
+
+class TextPart(BaseModel):
+    """A chat content part; this text-only model takes `text` parts only."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["text"]
+    text: Text
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[dict] | None = None
+    content: Text | list[TextPart] | None = None
 
     @property
     def text(self) -> str:
@@ -87,23 +162,35 @@ class ChatMessage(BaseModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+        return "".join(part.text for part in self.content)
 
 
 class ChatBody(_OpenAIBase):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
 
 
 class DetectBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Exactly one of ``text`` and ``token_ids``."""
 
-    text: str | None = None
-    token_ids: list[int] | None = None
-    tenant: str | None = None
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
+        "oneOf": [{"required": ["text"]}, {"required": ["token_ids"]}]})
+
+    text: Text = Field(default=None, json_schema_extra={"description": (
+        "Text to score, tokenized with the key's model tokenizer (above the server's "
+        "max_detect_chars: 413).")})
+    token_ids: list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]] = Field(default=None)
+    tenant: TenantName | None = None
     """Admin tokens: the tenant whose keys to test (omit to test every tenant's keys)."""
     threshold: float | None = Field(default=None, gt=0.0, lt=1.0)
     statistic: Literal["auto", "max", "weighted", "routed"] = "auto"
+    """`routed` needs keys with a keyed acceptance coin (422 otherwise)."""
     spans: bool = True
     evidence: bool = False
     """Per-token evidence: character offsets, scored or skipped (and why), score, under the
     key and statistic that decided the result; at most HALLMARK_MAX_EVIDENCE_TOKENS tokens."""
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "DetectBody":
+        if (self.text is None) == (self.token_ids is None):
+            raise ValueError("give exactly one of 'text' and 'token_ids'")
+        return self

@@ -133,7 +133,7 @@ def test_temperature_zero_and_opt_out_are_recorded_unwatermarked(server):
     ("acme", "post", "/v1/generate", {"prompt": "x", "temperature": -1}, 422),
     ("acme", "post", "/v1/generate", {"prompt": "x", "key": 42}, 422),
     ("acme", "post", "/v1/generate", {"prompt": ""}, 422),
-    ("acme", "post", "/v1/detect", {}, 400),
+    ("acme", "post", "/v1/detect", {}, 422),
     ("acme", "post", "/v1/detect", {"text": "a" * 30_000}, 413),
     ("acme", "post", "/v1/detect", {"token_ids": [1, -5]}, 422),
     ("acme", "post", "/v1/generate", {"prompt": "a" * 300_000}, 413),

@@ -1,0 +1,119 @@
+"""One error shape for every response that is not a success.
+
+Every error the gateway sends, whatever raised it (a domain error, request validation, an
+unknown route or method, an oversized or non-JSON body, a database fault, a bug), is
+
+    {"error": {"message": str, "type": str, "code": str}}
+
+with ``type`` one of OpenAI's error types and ``code`` a stable snake_case identifier a
+client can branch on. :func:`install` registers the handlers on an app.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from keys.errors import (ConcurrentChange, KekError, KeyStoreError, NoActiveKey, NotMigrated, ReadOnlyStore,
+                         StoreBusy, StoreUnavailable, UnknownTenant)
+from service.errors import Conflict, NotFound, ServiceError, Unavailable
+
+log = logging.getLogger("hallmark.http")
+
+_STATUS_TYPES = {400: ("invalid_request_error", "bad_request"), 401: ("authentication_error", "unauthorized"),
+                 403: ("permission_error", "forbidden"), 404: ("not_found_error", "not_found"),
+                 405: ("invalid_request_error", "method_not_allowed"), 406: ("invalid_request_error", "not_acceptable"),
+                 409: ("conflict_error", "conflict"), 413: ("invalid_request_error", "body_too_large"),
+                 415: ("invalid_request_error", "unsupported_media_type"),
+                 422: ("invalid_request_error", "invalid_request"), 429: ("rate_limit_error", "rate_limited"),
+                 500: ("server_error", "internal_error"), 503: ("service_unavailable", "unavailable")}
+
+
+def error_payload(status: int, message: str, *, kind: str | None = None, code: str | None = None) -> dict[str, Any]:
+    default_kind, default_code = _STATUS_TYPES.get(status, ("server_error" if status >= 500 else
+                                                            "invalid_request_error", f"http_{status}"))
+    return {"error": {"message": message, "type": kind or default_kind, "code": code or default_code}}
+
+
+def service_error_payload(exc: ServiceError) -> dict[str, Any]:
+    return error_payload(exc.status, exc.message, kind=exc.kind, code=exc.code)
+
+
+def error_response(exc: ServiceError) -> JSONResponse:
+    return JSONResponse(service_error_payload(exc), status_code=exc.status, headers=exc.headers)
+
+
+def store_error(exc: KeyStoreError) -> ServiceError:
+    """The HTTP error for a key-store failure: configuration problems are not retryable
+    (4xx), a database that is down, busy or read-only is (503 with Retry-After)."""
+    if isinstance(exc, NoActiveKey):
+        # 409, and `x-should-retry: false`: OpenAI's clients retry a bare 409 ("lock timeout"),
+        # but a missing key needs an operator, not a retry.
+        return Conflict(exc.user_message, code="no_active_key", headers={"x-should-retry": "false"})
+    if isinstance(exc, UnknownTenant):
+        return NotFound(exc.user_message, code="unknown_tenant")
+    if isinstance(exc, ReadOnlyStore):
+        return Unavailable(exc.user_message, code="database_read_only", headers={"Retry-After": "30"})
+    if isinstance(exc, (StoreUnavailable, StoreBusy, ConcurrentChange)):
+        return Unavailable(exc.user_message, code="database_unavailable", headers={"Retry-After": "1"})
+    if isinstance(exc, (NotMigrated, KekError)):
+        return Unavailable(exc.user_message, code="misconfigured")
+    return Unavailable(exc.user_message, code="store_error")
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str]:
+    errors = exc.errors()
+    if errors and errors[0].get("type") == "json_invalid":
+        ctx = errors[0].get("ctx") or {}
+        return f"the request body is not valid JSON: {ctx.get('error', 'decode error')}", "invalid_json"
+    parts = []
+    for err in errors:
+        # Drop pydantic's internal union/validator tags from the location ("function-after[...]").
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body" and "[" not in str(p))
+        part = f"{where or 'body'}: {err.get('msg')}"
+        if part not in parts:
+            parts.append(part)
+        if len(parts) == 5:
+            break
+    return "invalid request: " + "; ".join(parts), "invalid_request"
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that give every error the one shape."""
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(KeyStoreError)
+    async def _store_error(request: Request, exc: KeyStoreError) -> JSONResponse:
+        return error_response(store_error(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, code = _validation_message(exc)
+        return JSONResponse(error_payload(422, message, code=code), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no route {request.url.path}; see /docs for the API"
+        elif exc.status_code == 405:
+            allowed = (exc.headers or {}).get("Allow") or (exc.headers or {}).get("allow")
+            message = f"method {request.method} is not allowed on {request.url.path}" + (
+                f"; use {allowed}" if allowed else "")
+        return JSONResponse(error_payload(exc.status_code, message), status_code=exc.status_code,
+                            headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse(error_payload(500, "internal server error; the request was not completed"),
+                            status_code=500)
