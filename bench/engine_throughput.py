@@ -24,7 +24,7 @@ import torch
 from service.engines.base import Finished, GenerationRequest, WatermarkPlan
 from service.engines.local import runner, scheduler
 from service.engines.local.engine import LocalEngine
-from watermark import speculative
+from watermark import dispatch
 from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
 
@@ -46,7 +46,7 @@ TIMERS = Timers()
 def _instrument() -> None:
     forward = runner.Group.forward
     sample_rows = scheduler.sample_rows
-    verify = speculative.verify
+    verify = dispatch.verify
 
     def timed_forward(self, *args, **kwargs):
         start = time.perf_counter()
@@ -82,7 +82,7 @@ def _instrument() -> None:
 
     runner.Group.forward = timed_forward
     scheduler.sample_rows = timed_sample_rows
-    scheduler.speculative.verify = timed_verify
+    scheduler.dispatch.verify = timed_verify
 
 
 def _plan(secret: int) -> WatermarkPlan:

@@ -508,7 +508,8 @@ def section_pruning(run: Run) -> None:
     """How much exact pruning can skip: per row, the winning exact score s*; tiles whose max
     logit + NOISE_MAX <= s* (what a tile skip can save at best) and tokens with
     logit + NOISE_MAX > s* (what per-token compaction would still have to race)."""
-    from watermark import gumbel, prf
+    from watermark import noise as gumbel_noise
+    from watermark.prf import philox_torch
     from watermark.kernels import gumbel as kernels
 
     out = {}
@@ -519,11 +520,11 @@ def section_pruning(run: Run) -> None:
         args = row_args(batch, "single", gen)
         tokens = kernels.gumbel_sample(logits, **args).tokens
         keys = args["key_a"]
-        states = prf.context_states_torch(keys, args["contexts"][:, :4].tolist())
-        words = prf.words_from_state_torch(keys, states, tokens.unsqueeze(-1))
-        noise = gumbel.noise_from_uniforms(prf.uniforms_from_words_torch(words))[:, 0]
+        states = philox_torch.context_states_torch(keys, args["contexts"][:, :4].tolist())
+        words = philox_torch.words_from_state_torch(keys, states, tokens.unsqueeze(-1))
+        noise = gumbel_noise.noise_from_uniforms(philox_torch.uniforms_from_words_torch(words))[:, 0]
         best = logits.gather(1, tokens.unsqueeze(-1))[:, 0] + noise
-        bound = logits + float(gumbel.NOISE_MAX)
+        bound = logits + float(gumbel_noise.NOISE_MAX)
         live = bound > best.unsqueeze(-1)
         tiles = live[:, : (S.vocab // 2048) * 2048].reshape(batch, -1, 2048).any(-1)
         out[dist] = {"tokens_that_can_win_fraction": float(live.float().mean()),

@@ -57,30 +57,31 @@ def scored_positions(token_ids: np.ndarray, width: int, scope: str) -> ScoredPos
 _BATCH_BELOW = 2048
 
 
-def uniforms(key: int, scored: ScoredPositions, token_override: np.ndarray | None = None) -> np.ndarray:
+def uniforms(key: int, scored: ScoredPositions, token_override: np.ndarray | None = None,
+             prf_name: str = prf.DEFAULT) -> np.ndarray:
     """float32 uniforms [n] of the scored tokens (or of ``token_override``) under ``key``."""
-    return uniforms_many([(key, token_override)], scored)[0]
+    return uniforms_many([(key, token_override)], scored, prf_name)[0]
 
 
-def uniforms_many(requests: list[tuple[int, np.ndarray | None]], scored: ScoredPositions) -> np.ndarray:
+def uniforms_many(requests: list[tuple[int, np.ndarray | None]], scored: ScoredPositions,
+                  prf_name: str = prf.DEFAULT) -> np.ndarray:
     """Uniforms [len(requests), n] for several keys in one vectorised pass (numpy's per-call
-    overhead dominates short texts, so one pass over m*n values beats m passes over n)."""
+    overhead dominates short texts, so one pass over m*n values beats m passes over n).
+    ``prf_name``: the spec's ``prf`` (see :func:`watermark.prf.lookup`)."""
+    impl = prf.lookup(prf_name)
     n = len(scored.tokens)
     m = len(requests)
     if m > 1 and n > _BATCH_BELOW:
-        return np.stack([uniforms_many([r], scored)[0] for r in requests])
+        return np.stack([uniforms_many([r], scored, prf_name)[0] for r in requests])
     if m == 1:
         key, override = requests[0]
-        k0, k1 = (np.uint64(w) for w in prf.key_words(key))
+        keys = np.uint64(prf.check_key(key))
         contexts, tokens = scored.contexts, scored.tokens if override is None else override
     else:
-        words = np.array([prf.key_words(key) for key, _ in requests], dtype=np.uint64)
-        k0 = np.repeat(words[:, 0], n)
-        k1 = np.repeat(words[:, 1], n)
+        keys = np.repeat(np.array([prf.check_key(key) for key, _ in requests], dtype=np.uint64), n)
         contexts = np.tile(scored.contexts, (m, 1))
         tokens = np.concatenate([scored.tokens if o is None else o for _, o in requests])
-    out = prf.uniforms_from_words_numpy(prf.words_for_rows_numpy(k0, k1, contexts, tokens))
-    return out.reshape(m, n)
+    return impl.uniforms(keys, contexts, tokens).reshape(m, n)
 
 
 def exp_scores(u: np.ndarray) -> np.ndarray:
@@ -102,14 +103,14 @@ def token_scores(key: WatermarkKey, scored: ScoredPositions, statistic: Statisti
     if statistic == "single":
         if key.spec.algorithm != "gumbel":
             raise ValueError("statistic 'single' is for gumbel keys; use max, weighted or routed")
-        return exp_scores(uniforms(key.secret, scored))
+        return exp_scores(uniforms(key.secret, scored, prf_name=key.spec.prf))
     if key.spec.algorithm != "dual_key_gumbel":
         raise ValueError(f"statistic {statistic!r} is for dual_key_gumbel keys; use single")
     if statistic == "routed":
         u_a, u_b, coin = uniforms_many([(key.key_a, None), (key.key_b, None),
-                                        (key.key_coin, np.zeros_like(scored.tokens))], scored)
+                                        (key.key_coin, np.zeros_like(scored.tokens))], scored, key.spec.prf)
         return np.where(coin < tau, exp_scores(u_a), max_scores(u_a, u_b))
-    u_a, u_b = uniforms_many([(key.key_a, None), (key.key_b, None)], scored)
+    u_a, u_b = uniforms_many([(key.key_a, None), (key.key_b, None)], scored, key.spec.prf)
     if statistic == "max":
         return max_scores(u_a, u_b)
     if statistic == "weighted":

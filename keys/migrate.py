@@ -1,9 +1,14 @@
 """Alembic, driven from code: the ``migrations`` package's script directory, and
 upgrade/downgrade/current on an engine of the store (so SQLite's pragmas and transaction
-handling from :mod:`keys.db` apply to migrations too)."""
+handling from :mod:`keys.db` apply to migrations too).
+
+The scripts are data to this module: it finds their directory without importing the
+``migrations`` package, whose environment imports :mod:`keys.models` (dependencies point
+from the migrations to the store's models, never back)."""
 
 from __future__ import annotations
 
+import importlib.util
 from functools import lru_cache
 from pathlib import Path
 
@@ -13,9 +18,15 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-import migrations
 
-MIGRATIONS_DIR = Path(next(iter(migrations.__path__))).resolve()
+def _migrations_dir() -> Path:
+    spec = importlib.util.find_spec("migrations")  # locates the package without running it
+    if spec is None or not spec.submodule_search_locations:  # pragma: no cover - installed with keys
+        raise RuntimeError("the migrations package is not installed beside keys")
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
+
+
+MIGRATIONS_DIR = _migrations_dir()
 
 
 def alembic_config(url: str | None = None) -> Config:

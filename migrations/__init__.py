@@ -1,1 +1,1 @@
-"""Alembic environment and versions of the key store's schema (see keys.migrate)."""
+"""Alembic environment and versions of the key store's schema (driven by keys.migrate, which finds this directory without importing it)."""

@@ -16,6 +16,7 @@ from service import evidence
 from service.auth import Identity, resolve_tenant
 from service.errors import NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
 from service.state import Services
+from service.validation import describe
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,7 @@ def _config(params: DetectParams) -> DetectorConfig:
     try:
         return DetectorConfig(**fields)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise Unprocessable(f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        raise Unprocessable(describe(exc, default="")) from None
 
 
 def detect(services: Services, identity: Identity, params: DetectParams) -> dict[str, Any]:

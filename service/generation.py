@@ -51,7 +51,10 @@ class Outcome:
     prompt_tokens: int
     watermark: dict[str, Any] | None
     model: str
-    extra: dict[str, Any] = field(default_factory=dict)
+    routes: RouteCounts = field(default_factory=RouteCounts)
+    """How many tokens each route produced (key A, key B, plain, greedy)."""
+    unwatermarked_reason: str | None = None
+    """Why the output is not (fully) watermarked, in the ledger's words (None: it is)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"generation_id": self.generation_id, "text": self.text, "token_ids": list(self.token_ids),
@@ -127,6 +130,7 @@ def _prepare(services: Services, identity: Identity, params: GenerateParams) -> 
 
 def _record(services: Services, prepared: _Prepared, done: Finished) -> Outcome:
     plan = prepared.plan
+    reason = prepared.reason or ("dedup" if plan and done.routes.plain else None)
     try:
         with services.store.transaction() as session:
             record_generation(
@@ -134,7 +138,7 @@ def _record(services: Services, prepared: _Prepared, done: Finished) -> Outcome:
                 key_version=plan.version if plan else None, engine=services.engine.name,
                 model=services.engine.model_name, spec=prepared.spec, prompt_tokens=done.prompt_tokens,
                 output_tokens=len(done.token_ids), watermarked_tokens=done.routes.watermarked if plan else 0,
-                unwatermarked_reason=prepared.reason or ("dedup" if plan and done.routes.plain else None),
+                unwatermarked_reason=reason,
                 output_text=done.text,
                 generation_id=prepared.request.request_id)
     except KeyStoreError as exc:
@@ -150,15 +154,9 @@ def _record(services: Services, prepared: _Prepared, done: Finished) -> Outcome:
         watermark = {"key_id": plan.key_id, "version": plan.version, "fingerprint": plan.fingerprint,
                      "algorithm": prepared.spec.algorithm, "spec": prepared.spec.public_dict(),
                      "watermarked_tokens": done.routes.watermarked, "watermarked_share": share}
-    extra = {"routes": {"key_a": done.routes.key_a, "key_b": done.routes.key_b, "plain": done.routes.plain,
-                        "greedy": done.routes.greedy}}
-    if prepared.reason:
-        extra["unwatermarked_reason"] = prepared.reason
-    if done.drafted_tokens:
-        extra["speculative"] = {"drafted": done.drafted_tokens, "accepted": done.accepted_tokens}
     return Outcome(generation_id=prepared.request.request_id, text=done.text, token_ids=done.token_ids,
                    finish_reason=done.finish_reason, prompt_tokens=done.prompt_tokens, watermark=watermark,
-                   model=services.engine.model_name, extra=extra)
+                   model=services.engine.model_name, routes=done.routes, unwatermarked_reason=reason)
 
 
 def _record_quietly(services: Services, prepared: _Prepared, done: Finished) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from service.engines import resolve_model_path
+from service.model_paths import resolve_model_path
 
 
 @lru_cache(maxsize=8)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from watermark import prf, sampler, speculative, stream
+from watermark import dispatch, sampler, speculative, stream
+from watermark.prf import philox_torch
 from watermark.dedup import ContextDeduper
 from watermark.key import WatermarkKey
 
@@ -20,16 +21,16 @@ def generate(key: WatermarkKey, n: int, *, vocab: int = 2000, scale: float = 2.0
     dedup = ContextDeduper(spec.context_width, spec.dedup, spec.dedup_max_history, prompt=prompt)
     dual = spec.algorithm == "dual_key_gumbel"
     key_a = key.key_a if dual else key.secret
-    stream_key = prf.keys_tensor([stream.stream_key(seed)])
+    stream_key = philox_torch.keys_tensor([stream.stream_key(seed)])
     tokens, routes = [], []
     for position in range(n):
         logits = torch.randn(1, vocab, generator=gen) * scale
         rows = sampler.SamplerRows(
-            key_a=prf.keys_tensor([key_a]), key_b=prf.keys_tensor([key.key_b if dual else 0]),
+            key_a=philox_torch.keys_tensor([key_a]), key_b=philox_torch.keys_tensor([key.key_b if dual else 0]),
             alpha=torch.tensor([spec.alpha if dual else 0.0]), contexts=[dedup.context],
             watermark=torch.tensor([not dedup.next_repeated()]), greedy=torch.tensor([False]),
             stream_keys=stream_key, positions=torch.tensor([position]))
-        result = sampler.sample(logits, rows)
+        result = dispatch.sample(logits, rows)
         token = int(result.tokens[0])
         tokens.append(token)
         routes.append(int(result.routes[0]))
@@ -43,7 +44,7 @@ def generate_speculative(key: WatermarkKey, n: int, *, k: int = 4, vocab: int = 
     gen = torch.Generator().manual_seed(seed)
     spec = key.spec
     dedup = ContextDeduper(spec.context_width, spec.dedup, spec.dedup_max_history)
-    stream_key = prf.keys_tensor([stream.stream_key(seed)])
+    stream_key = philox_torch.keys_tensor([stream.stream_key(seed)])
     keyed = spec.coin == "keyed"
     tokens, routes = [], []
     while len(tokens) < n:
@@ -54,17 +55,17 @@ def generate_speculative(key: WatermarkKey, n: int, *, k: int = 4, vocab: int = 
             decisions = dedup.block_repeated(drafts)
             context = speculative.block_contexts(dedup.context, drafts)[j]
             rows = sampler.SamplerRows(
-                key_a=prf.keys_tensor([key.key_a]), key_b=prf.keys_tensor([key.key_b]), alpha=torch.zeros(1),
+                key_a=philox_torch.keys_tensor([key.key_a]), key_b=philox_torch.keys_tensor([key.key_b]), alpha=torch.zeros(1),
                 contexts=[context], watermark=torch.tensor([not decisions[j]]), greedy=torch.tensor([False]),
                 stream_keys=stream_key, positions=torch.tensor([len(tokens) + j]))
-            drafts.append(int(sampler.sample(draft[j:j + 1], rows, lane=stream.LANE_DRAFT).tokens[0]))
+            drafts.append(int(dispatch.sample(draft[j:j + 1], rows, lane=stream.LANE_DRAFT).tokens[0]))
         decisions = dedup.block_repeated(drafts)
         rows = speculative.VerifyRows(
-            key_b=prf.keys_tensor([key.key_b]), key_coin=prf.keys_tensor([key.key_coin]),
+            key_b=philox_torch.keys_tensor([key.key_b]), key_coin=philox_torch.keys_tensor([key.key_coin]),
             keyed_coin=torch.tensor([keyed]), contexts=[speculative.block_contexts(dedup.context, drafts)],
             watermark=torch.tensor([[not d for d in decisions]]), greedy=torch.tensor([False]),
             stream_keys=stream_key, positions=torch.tensor([len(tokens)]))
-        result = speculative.verify(torch.softmax(target, -1).unsqueeze(0), torch.softmax(draft, -1).unsqueeze(0),
+        result = dispatch.verify(torch.softmax(target, -1).unsqueeze(0), torch.softmax(draft, -1).unsqueeze(0),
                                     torch.tensor([drafts]), rows)
         emitted = int(result.num_accepted[0]) + 1
         for j in range(emitted):

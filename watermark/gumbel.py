@@ -20,38 +20,12 @@ computes the PRF only for the tokens that can (exact candidate pruning).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
-from watermark import prf
-
-_U_MIN = float(np.float32(1.0 / prf.UNIFORM_DENOMINATOR))
-_U_MAX = float(np.float32(2.0**24 / prf.UNIFORM_DENOMINATOR))
-NOISE_MIN = float(np.float32(-math.log(-math.log(_U_MIN))))
-NOISE_MAX = float(np.float32(-math.log(-math.log(_U_MAX))))
-EXPONENTIAL_MIN = float(np.float32(-math.log(_U_MAX)))
-
-
-def noise_from_uniforms(uniforms: torch.Tensor) -> torch.Tensor:
-    """float32 uniforms -> float32 Gumbel noise, through float64 (see module docstring)."""
-    u = uniforms.to(torch.float64)
-    return (-torch.log(-torch.log(u))).to(torch.float32)
-
-
-def noise_from_uniforms_numpy(uniforms: np.ndarray) -> np.ndarray:
-    u = uniforms.astype(np.float64)
-    return (-np.log(-np.log(u))).astype(np.float32)
-
-
-def exponentials_from_uniforms(uniforms: torch.Tensor) -> torch.Tensor:
-    """float32 uniforms -> float32 Exp(1) draws E = -log u (for argmax p / E races)."""
-    return (-torch.log(uniforms.to(torch.float64))).to(torch.float32)
-
-
-def exponentials_from_uniforms_numpy(uniforms: np.ndarray) -> np.ndarray:
-    return (-np.log(uniforms.astype(np.float64))).astype(np.float32)
+from watermark.noise import (EXPONENTIAL_MIN, NOISE_MAX, exponentials_from_uniforms, exponentials_from_uniforms_numpy,
+                             noise_from_uniforms, noise_from_uniforms_numpy)
+from watermark.prf import philox, philox_torch
 
 
 def _clean(logits: torch.Tensor) -> torch.Tensor:
@@ -63,11 +37,11 @@ def gumbel_argmax_reference(logits: torch.Tensor, keys: torch.Tensor, states: to
     """Torch reference over the full vocabulary.
 
     logits [B, V] (processed), keys [B] (int64 bit patterns), states [B, 4] (the rows'
-    context states, :func:`watermark.prf.context_states_torch`) give token ids [B].
+    context states, :func:`watermark.prf.philox_torch.context_states_torch`) give token ids [B].
     """
     logits = _clean(logits)
     vocab = torch.arange(logits.shape[-1], device=logits.device)
-    uniforms = prf.uniforms_from_words_torch(prf.words_from_state_torch(keys, states, vocab))
+    uniforms = philox_torch.uniforms_from_words_torch(philox_torch.words_from_state_torch(keys, states, vocab))
     scores = logits + noise_from_uniforms(uniforms)
     return torch.argmax(scores, dim=-1)
 
@@ -89,18 +63,18 @@ def race_numpy(values_in: np.ndarray, keys_u: np.ndarray, st: np.ndarray, ratio:
     log form: argmax l + g; ratio form: argmax w / E."""
     batch, vocab = values_in.shape
     u64 = np.uint64
-    k0 = keys_u & u64(prf.MASK32)
+    k0 = keys_u & u64(philox.MASK32)
     k1 = keys_u >> u64(32)
     rows_all = np.arange(batch)
 
     def scores_for(rows: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         tok = tokens.astype(np.uint64)
-        out = prf.philox_numpy(
+        out = philox.philox_numpy(
             tok >> u64(2), st[rows, 0], st[rows, 1], st[rows, 2],
-            k0[rows] ^ st[rows, 3], k1[rows] ^ u64(prf.TOKEN_DOMAIN),
+            k0[rows] ^ st[rows, 3], k1[rows] ^ u64(philox.TOKEN_DOMAIN),
         )
         words = np.choose((tok & u64(3)).astype(np.intp), out)
-        uniforms = prf.uniforms_from_words_numpy(words)
+        uniforms = philox.uniforms_from_words_numpy(words)
         if ratio:
             return values_in[rows, tokens] / exponentials_from_uniforms_numpy(uniforms)
         return values_in[rows, tokens] + noise_from_uniforms_numpy(uniforms)
@@ -139,10 +113,10 @@ def _dense_race(values_in: np.ndarray, k0: np.ndarray, k1: np.ndarray, st: np.nd
     u64 = np.uint64
     counters = np.arange((vocab + 3) // 4, dtype=np.uint64)[None, :]
     col = lambda a: a[:, None]  # noqa: E731 - per-row words broadcast over counters
-    out = prf.philox_numpy(counters, col(st[:, 0]), col(st[:, 1]), col(st[:, 2]),
-                           col(k0 ^ st[:, 3]), col(k1 ^ u64(prf.TOKEN_DOMAIN)))
+    out = philox.philox_numpy(counters, col(st[:, 0]), col(st[:, 1]), col(st[:, 2]),
+                           col(k0 ^ st[:, 3]), col(k1 ^ u64(philox.TOKEN_DOMAIN)))
     words = np.stack(np.broadcast_arrays(*out), axis=-1).reshape(batch, -1)[:, :vocab]
-    uniforms = prf.uniforms_from_words_numpy(words)
+    uniforms = philox.uniforms_from_words_numpy(words)
     with np.errstate(invalid="ignore", over="ignore"):
         if ratio:
             scores = values_in / exponentials_from_uniforms_numpy(uniforms)
@@ -169,27 +143,10 @@ def exponential_race_reference(weights: torch.Tensor, keys: torch.Tensor, states
     probabilities (speculative residuals). A row of zeros yields token 0."""
     w = weights.to(torch.float32)
     vocab = torch.arange(w.shape[-1], device=w.device)
-    uniforms = prf.uniforms_from_words_torch(prf.words_from_state_torch(keys, states, vocab))
+    uniforms = philox_torch.uniforms_from_words_torch(philox_torch.words_from_state_torch(keys, states, vocab))
     return torch.argmax(w / exponentials_from_uniforms(uniforms), dim=-1)
 
 
 def exponential_race_cpu(weights: torch.Tensor, keys: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
     result = race_numpy(weights.to(torch.float32).cpu().numpy(), *_numpy_keys_states(keys, states), ratio=True)
     return torch.from_numpy(result).to(weights.device)
-
-
-def exponential_race(weights: torch.Tensor, keys: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-    if weights.device.type == "cuda":
-        from watermark.kernels import gumbel as gumbel_kernel
-
-        return gumbel_kernel.exponential_race(weights, keys, states)
-    return exponential_race_cpu(weights, keys, states)
-
-
-def gumbel_argmax(logits: torch.Tensor, keys: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-    """Dispatch by device: the Triton kernel on CUDA, the pruned numpy path on the CPU."""
-    if logits.device.type == "cuda":
-        from watermark.kernels import gumbel as gumbel_kernel
-
-        return gumbel_kernel.gumbel_argmax(logits, keys, states)
-    return gumbel_argmax_cpu(logits, keys, states)

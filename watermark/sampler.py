@@ -18,18 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
-import numpy as np
+from watermark import stream
+from watermark.prf import philox, philox_torch
+from watermark.gumbel import gumbel_argmax_cpu, race_numpy
+from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, SampleResult
 
-from watermark import prf, stream
-from watermark.gumbel import gumbel_argmax, race_numpy
-
-ROUTE_GREEDY = 0
-ROUTE_PLAIN = 1
-ROUTE_KEY_A = 2  # the single key of `gumbel`, key A of `dual_key_gumbel`
-ROUTE_KEY_B = 3
-ROUTE_NAMES = {ROUTE_GREEDY: "greedy", ROUTE_PLAIN: "plain", ROUTE_KEY_A: "key_a", ROUTE_KEY_B: "key_b"}
 
 
 @dataclass(frozen=True)
@@ -54,14 +50,6 @@ class SamplerRows:
     """int64: each row's position in its request's output (stream counter)."""
 
 
-@dataclass(frozen=True)
-class SampleResult:
-    tokens: torch.Tensor
-    """int64 [B]"""
-    routes: torch.Tensor
-    """int8 [B]: ROUTE_* per row."""
-
-
 def route_keys(rows: SamplerRows) -> tuple[torch.Tensor, torch.Tensor]:
     """(effective key [B], uses key B [B]) after the dual-key routing coin."""
     coin = stream.stream_coin(rows.stream_keys, rows.positions, stream.LANE_ROUTE)
@@ -71,25 +59,10 @@ def route_keys(rows: SamplerRows) -> tuple[torch.Tensor, torch.Tensor]:
 
 def row_states(rows: SamplerRows, keys: torch.Tensor, lane: int = stream.LANE_SAMPLE) -> torch.Tensor:
     """States [B, 4]: keyed context states for watermarked rows, stream states for the rest."""
-    keyed = prf.context_states_torch(keys, list(rows.contexts))
+    keyed = philox_torch.context_states_torch(keys, list(rows.contexts))
     stream_ctx = stream.stream_contexts(rows.positions, lane)
-    plain = torch.stack(prf.context_state_torch(rows.stream_keys, stream_ctx), dim=-1)
+    plain = torch.stack(philox_torch.context_state_torch(rows.stream_keys, stream_ctx), dim=-1)
     return torch.where(rows.watermark.unsqueeze(-1), keyed, plain)
-
-
-def sample(logits: torch.Tensor, rows: SamplerRows, lane: int = stream.LANE_SAMPLE) -> SampleResult:
-    """Processed logits [B, V] give one token per row (see the module docstring).
-
-    ``lane`` is the stream lane of unwatermarked rows: speculative drafts use their own
-    (LANE_DRAFT) so that a draft and its position's correction never share uniforms.
-    Dispatches by device: plain-int row setup and the pruned numpy race on the CPU, the
-    torch reference elsewhere; both give identical tokens.
-    """
-    if logits.device.type == "cpu":
-        return sample_cpu(logits, rows, lane)
-    if logits.device.type == "cuda":
-        return sample_cuda(logits, rows, lane)
-    return sample_reference(logits, rows, lane=lane)
 
 
 def padded_contexts(contexts: Sequence[Sequence[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,22 +73,10 @@ def padded_contexts(contexts: Sequence[Sequence[int]], device) -> tuple[torch.Te
             torch.tensor([len(c) for c in contexts], dtype=torch.int32, device=device))
 
 
-def sample_cuda(logits: torch.Tensor, rows: SamplerRows, lane: int = stream.LANE_SAMPLE) -> SampleResult:
-    """The fused Triton sampler: row setup, routing and the race in one launch."""
-    from watermark.kernels.gumbel import gumbel_sample
-
-    contexts, widths = padded_contexts(rows.contexts, logits.device)
-    # Logits arrive processed: temperature 1 keeps them as they are, 0 marks greedy rows.
-    temperature = (~rows.greedy).to(torch.float32)
-    result = gumbel_sample(logits, temperature=temperature, key_a=rows.key_a, key_b=rows.key_b, alpha=rows.alpha,
-                           contexts=contexts, widths=widths, watermark=rows.watermark, stream_keys=rows.stream_keys,
-                           positions=rows.positions, lane=lane)
-    return SampleResult(tokens=result.tokens, routes=result.routes)
-
-
-def sample_reference(logits: torch.Tensor, rows: SamplerRows, argmax=gumbel_argmax,
+def sample_reference(logits: torch.Tensor, rows: SamplerRows, argmax=gumbel_argmax_cpu,
                      lane: int = stream.LANE_SAMPLE) -> SampleResult:
-    """The torch reference (any device)."""
+    """The torch reference (any device; ``argmax`` picks the race, by default the pruned
+    numpy one, which moves the rows to the CPU and back)."""
     keys, use_b = route_keys(rows)
     keys = torch.where(rows.watermark, keys, rows.stream_keys)
     states = row_states(rows, keys, lane)
@@ -136,11 +97,11 @@ def unsigned_keys(values: torch.Tensor) -> list[int]:
 
 
 def stream_state_py(stream_key: int, position: int, lane: int) -> tuple[int, int, int, int]:
-    return prf.context_state_py(stream_key, (position & prf.MASK32, (position >> 32) & prf.MASK32, lane))
+    return philox.context_state_py(stream_key, (position & philox.MASK32, (position >> 32) & philox.MASK32, lane))
 
 
 def stream_coin_py(stream_key: int, position: int, lane: int) -> float:
-    return prf.uniform_py(prf.word_py(stream_key, stream_state_py(stream_key, position, lane), 0))
+    return philox.uniform_py(philox.word_py(stream_key, stream_state_py(stream_key, position, lane), 0))
 
 
 def sample_cpu(logits: torch.Tensor, rows: SamplerRows, lane: int = stream.LANE_SAMPLE) -> SampleResult:
@@ -164,7 +125,7 @@ def sample_cpu(logits: torch.Tensor, rows: SamplerRows, lane: int = stream.LANE_
             routes.append(ROUTE_KEY_B if use_b else ROUTE_KEY_A)
         if watermark[b]:
             key = key_b[b] if use_b else key_a[b]
-            state = prf.context_state_py(key, rows.contexts[b])
+            state = philox.context_state_py(key, rows.contexts[b])
         else:
             key = skeys[b]
             state = stream_state_py(key, positions[b], lane)

@@ -19,7 +19,6 @@ CoinKind = Literal["ordinary", "keyed"]
 ALGORITHMS: tuple[str, ...] = ("gumbel", "dual_key_gumbel")
 DEDUP_SCOPES: tuple[str, ...] = ("none", "single_turn", "all")
 MAX_CONTEXT_WIDTH = 16
-PRF_NAMES = {"philox": prf.VERSION, prf.VERSION: prf.VERSION}
 # vLLM options that change nothing a detector must know.
 _VLLM_GENERATION_ONLY = {"allow_target_only_watermarking"}
 
@@ -44,7 +43,7 @@ class WatermarkSpec(BaseModel):
     dedup_max_history: int | None = Field(default=8192, ge=1, alias="deduplicate_contexts_max_history")
     """Most recent history positions searched for a repeat; None searches the whole scope."""
 
-    prf: str = prf.VERSION
+    prf: str = prf.DEFAULT
     """The PRF version (`philox` is accepted as vLLM's name for it)."""
 
     coin: CoinKind = "ordinary"
@@ -54,9 +53,7 @@ class WatermarkSpec(BaseModel):
     @field_validator("prf", mode="before")
     @classmethod
     def _known_prf(cls, value: Any) -> str:
-        if value not in PRF_NAMES:
-            raise ValueError(f"unknown prf: {value!r}; expected one of {sorted(PRF_NAMES)}")
-        return PRF_NAMES[value]
+        return prf.canonical_name(value)
 
     @field_validator("context_width", mode="before")
     @classmethod

@@ -28,10 +28,11 @@ from typing import Sequence
 
 import torch
 
-from watermark import prf, stream
-from watermark.gumbel import exponential_race
-from watermark.sampler import (ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, padded_contexts, stream_coin_py,
-                               stream_state_py, unsigned_keys)
+from watermark import stream
+from watermark.prf import philox, philox_torch
+from watermark.gumbel import exponential_race_cpu
+from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, VerifyResult
+from watermark.sampler import stream_coin_py, stream_state_py, unsigned_keys
 
 
 @dataclass(frozen=True)
@@ -56,16 +57,6 @@ class VerifyRows:
     """[B] int64: output position of the block's first token."""
 
 
-@dataclass(frozen=True)
-class VerifyResult:
-    tokens: torch.Tensor
-    """[B, k + 1] int64: the accepted drafts, then the resampled or bonus token; -1 after."""
-    num_accepted: torch.Tensor
-    """[B] int64 in [0, k]; the row emits num_accepted + 1 tokens."""
-    routes: torch.Tensor
-    """[B, k + 1] int8 ROUTE_* per emitted token (-1 after)."""
-
-
 def coin_values(rows: VerifyRows, k: int) -> torch.Tensor:
     """Acceptance coins [B, k]: keyed where asked and watermarked, else the stream's.
     Plain-int Philox on the CPU (a few values per step), tensors elsewhere."""
@@ -74,7 +65,7 @@ def coin_values(rows: VerifyRows, k: int) -> torch.Tensor:
     batch = rows.stream_keys.shape[0]
     skeys, ckeys = unsigned_keys(rows.stream_keys), unsigned_keys(rows.key_coin)
     keyed, watermark, positions = rows.keyed_coin.tolist(), rows.watermark.tolist(), rows.positions.tolist()
-    coins = [[prf.uniform_py(prf.word_py(ckeys[b], prf.context_state_py(ckeys[b], rows.contexts[b][j]), 0))
+    coins = [[philox.uniform_py(philox.word_py(ckeys[b], philox.context_state_py(ckeys[b], rows.contexts[b][j]), 0))
               if keyed[b] and watermark[b][j] else stream_coin_py(skeys[b], positions[b] + j, stream.LANE_ACCEPT)
               for j in range(k)] for b in range(batch)]
     return torch.tensor(coins, dtype=torch.float32).reshape(batch, k)
@@ -90,38 +81,17 @@ def coin_values_torch(rows: VerifyRows, k: int) -> torch.Tensor:
     flat_contexts = [rows.contexts[b][j] for b in range(batch) for j in range(k)]
     coin_keys = rows.key_coin.repeat_interleave(k)
     zero = torch.zeros(1, dtype=torch.int64, device=device)
-    keyed = prf.uniforms_from_words_torch(
-        prf.words_from_state_torch(coin_keys, prf.context_states_torch(coin_keys, flat_contexts), zero)
+    keyed = philox_torch.uniforms_from_words_torch(
+        philox_torch.words_from_state_torch(coin_keys, philox_torch.context_states_torch(coin_keys, flat_contexts), zero)
     )[:, 0]
     use_keyed = (rows.keyed_coin.unsqueeze(-1) & rows.watermark[:, :k]).reshape(-1)
     return torch.where(use_keyed, keyed, ordinary).reshape(batch, k)
 
 
-def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
-           rows: VerifyRows) -> VerifyResult:
-    """target_probs [B, k+1, V], draft_probs [B, k, V], draft_tokens [B, k] -> VerifyResult.
-    The fused Triton kernel on CUDA, :func:`verify_reference` elsewhere (same tokens)."""
-    if target_probs.device.type == "cuda":
-        return _verify_cuda(target_probs, draft_probs, draft_tokens, rows)
-    return verify_reference(target_probs, draft_probs, draft_tokens, rows)
-
-
-def _verify_cuda(target_probs, draft_probs, draft_tokens, rows: VerifyRows) -> VerifyResult:
-    from watermark.kernels.speculative import verify as verify_kernel
-
-    batch, k = draft_tokens.shape
-    flat, flat_widths = padded_contexts([c for row in rows.contexts for c in row], target_probs.device)
-    contexts = flat.reshape(batch, k + 1, -1)
-    widths = flat_widths.reshape(batch, k + 1)[:, 0].contiguous()
-    out = verify_kernel(target_probs, draft_probs, draft_tokens, key_b=rows.key_b, key_coin=rows.key_coin,
-                        keyed_coin=rows.keyed_coin, contexts=contexts, widths=widths, watermark=rows.watermark,
-                        greedy=rows.greedy, stream_keys=rows.stream_keys, positions=rows.positions)
-    return VerifyResult(tokens=out.tokens, num_accepted=out.num_accepted, routes=out.routes)
-
-
 def verify_reference(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
-                     rows: VerifyRows, race=exponential_race) -> VerifyResult:
-    """The torch reference (the CPU path: plain-int coins and states, pruned numpy race)."""
+                     rows: VerifyRows, race=exponential_race_cpu) -> VerifyResult:
+    """The torch reference (the CPU path: plain-int coins and states, pruned numpy race;
+    ``race`` picks the keyed draw, by default the pruned numpy one)."""
     batch, k = draft_tokens.shape
     device = target_probs.device
     p = target_probs.to(torch.float32)
@@ -172,7 +142,7 @@ def correction_states(rows: VerifyRows, at: torch.Tensor, keys: torch.Tensor,
     contexts_at = [rows.contexts[b][int(at[b])] for b in range(batch)]
     if keys.device.type == "cpu":
         return torch.tensor([
-            prf.context_state_py(k, ctx) if wm else stream_state_py(k, pos, stream.LANE_SAMPLE)
+            philox.context_state_py(k, ctx) if wm else stream_state_py(k, pos, stream.LANE_SAMPLE)
             for k, ctx, wm, pos in zip(unsigned_keys(keys), contexts_at, watermark_at.tolist(),
                                        (rows.positions + at).tolist())], dtype=torch.int64).reshape(batch, 4)
     return correction_states_torch(rows, at, watermark_at)
@@ -180,9 +150,9 @@ def correction_states(rows: VerifyRows, at: torch.Tensor, keys: torch.Tensor,
 
 def correction_states_torch(rows: VerifyRows, at: torch.Tensor, watermark_at: torch.Tensor) -> torch.Tensor:
     contexts_at = [rows.contexts[b][int(at[b])] for b in range(at.shape[0])]
-    keyed_states = prf.context_states_torch(rows.key_b, contexts_at)
+    keyed_states = philox_torch.context_states_torch(rows.key_b, contexts_at)
     stream_ctx = stream.stream_contexts(rows.positions + at, stream.LANE_SAMPLE)
-    plain_states = torch.stack(prf.context_state_torch(rows.stream_keys, stream_ctx), dim=-1)
+    plain_states = torch.stack(philox_torch.context_state_torch(rows.stream_keys, stream_ctx), dim=-1)
     return torch.where(watermark_at.unsqueeze(-1), keyed_states, plain_states)
 
 

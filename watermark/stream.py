@@ -14,6 +14,7 @@ import secrets
 import torch
 
 from watermark import prf
+from watermark.prf import philox, philox_torch
 
 STREAM_DOMAIN = "hallmark/ordinary-stream/v1"
 LANE_SAMPLE = 0  # Gumbel noise for an unwatermarked draw
@@ -36,13 +37,13 @@ def stream_contexts(positions: torch.Tensor, lane: int) -> torch.Tensor:
     """Positions [B] (int64) and a lane give the PRF contexts [B, 3]."""
     positions = positions.to(torch.int64)
     lane_col = torch.full_like(positions, lane)
-    return torch.stack((positions & prf.MASK32, (positions >> 32) & prf.MASK32, lane_col), dim=-1)
+    return torch.stack((positions & philox.MASK32, (positions >> 32) & philox.MASK32, lane_col), dim=-1)
 
 
 def stream_uniforms(stream_keys: torch.Tensor, positions: torch.Tensor, lane: int,
                     token_ids: torch.Tensor) -> torch.Tensor:
     """Stream keys [B] and positions [B] give float32 uniforms [B, T] for token_ids [T]."""
-    return prf.uniforms_torch(stream_keys, stream_contexts(positions, lane), token_ids)
+    return philox_torch.uniforms_torch(stream_keys, stream_contexts(positions, lane), token_ids)
 
 
 def stream_coin(stream_keys: torch.Tensor, positions: torch.Tensor, lane: int) -> torch.Tensor:

@@ -13,20 +13,13 @@ Secrets go only into those files: the output names the file, key ids and fingerp
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
 import typer
-from pydantic import ValidationError
 
-from keys.audit import default_actor, record_audit
-from keys.db import Store, open_store
-from keys.material import detection_keys
-from keys.models import REVOKED
-from keys.settings import StoreSettings
 from service.cli.app import JSON_OPTION, CliError, deploy_app, emit, one_line_errors
+from service.cli.store import cli_store
 
 # ProfileError and KeyringError are ValueErrors whose messages never hold secrets.
 _errors = one_line_errors(ValueError)
@@ -36,20 +29,6 @@ def vllm_logs_to_stderr() -> None:
     """vLLM logs to stdout by default, which would corrupt ``--json`` output."""
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-
-
-@contextmanager
-def open_cli_store() -> Iterator[Store]:
-    try:
-        settings = StoreSettings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise CliError(f"HALLMARK_{'_'.join(str(p) for p in first['loc']).upper()}: {first['msg']}") from None
-    store = open_store(settings, require_kek=True)
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 @deploy_app.command("list")
@@ -106,9 +85,10 @@ def deploy_engine_key(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Derive a speculative deployment's engine key, record it, and write vLLM's --config file."""
+    from keys.audit import default_actor
     from service.engines.vllm.engine_key import provision_engine_key, write_engine_config
 
-    with open_cli_store() as store, store.transaction() as session:
+    with cli_store(require_kek=True) as store, store.transaction() as session:
         provisioned = provision_engine_key(session, store.keyring, tenant=tenant, deployment=deployment,
                                            actor=default_actor())
         # Written inside the transaction: if the file cannot be written, nothing is recorded.
@@ -132,10 +112,13 @@ def deploy_keyring(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Write the per-request plugin's keyring for a remote vllm serve (active and verify-only keys)."""
+    from keys.audit import default_actor, record_audit
+    from keys.material import detection_keys
+    from keys.models import REVOKED
     from service.engines.vllm.keyring import KeyringEntry, write_keyring
 
     entries: list[KeyringEntry] = []
-    with open_cli_store() as store, store.transaction() as session:
+    with cli_store(require_kek=True) as store, store.transaction() as session:
         stored = []
         for name in tenant or [None]:
             stored += detection_keys(session, store.keyring, tenant=name)

@@ -1,53 +1,29 @@
 """``hallmark generate``: watermarked generation from the command line, with provenance.
 
-Looks up the tenant's active key in the store, runs every prompt through the engine at
-once (one batch), and writes one ledger record per output in one transaction. The key
-is chosen here, by the server side, never by the caller; ``--no-watermark`` is the
-recorded opt-out.
+Every prompt goes through :func:`service.generation.generate`, the gateway's own domain
+function, all at once (one batch): it picks the tenant's active key from the store, runs
+the engine and writes one ledger record per output. The key is chosen there, by the
+server side, never by the caller; ``--no-watermark`` is the recorded opt-out.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
-from dataclasses import dataclass
-from typing import Any, Literal, Optional
+import sys
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from keys.errors import KeyStoreError
-from keys.ledger import record_generation
-from keys.material import StoredKey, active_key
-from keys.tenants import get_tenant
 from service.cli.app import CliError, app, emit
-from service.engines.base import Finished, GenerationRequest, RouteCounts, WatermarkPlan
 
-EngineName = Literal["local", "vllm"]
-
-
-@dataclass(frozen=True)
-class Output:
-    generation_id: str
-    prompt: str
-    finished: Finished
-
-
-def _reason(finished: Finished, key: StoredKey | None, temperature: float) -> str | None:
-    """Why an output is not (fully) watermarked, in the ledger's words."""
-    routes: RouteCounts = finished.routes
-    if key is None:
-        return "opt_out"
-    if temperature == 0.0:
-        return "temperature_0"
-    if routes.plain:
-        return "dedup"
-    return None
+if TYPE_CHECKING:
+    from service.generation import Outcome
 
 
 def _build_engine(engine: str, model: str | None, vllm_url: str | None):
     if engine == "vllm":
         from service.cli.deploy import vllm_logs_to_stderr
-        from service.engines.vllm import VLLMSettings, create_vllm_engine
+        from service.engines.vllm.factory import VLLMSettings, create_vllm_engine
 
         vllm_logs_to_stderr()
         try:
@@ -61,28 +37,22 @@ def _build_engine(engine: str, model: str | None, vllm_url: str | None):
     raise CliError(f"unknown engine: {engine}; expected one of local, vllm")
 
 
-async def _run(engine, prompts: list[str], plan: WatermarkPlan | None, max_tokens: int, temperature: float,
-               top_p: float, top_k: int, seed: int | None, stop: tuple[str, ...]) -> list[Output]:
-    await engine.start()
+async def _run(services, params: list, *, tenant: str, needs_key: bool) -> list["Outcome"]:
+    """Each prompt through :func:`service.generation.generate` (key choice, engine, ledger
+    record), concurrently, as the operator (an admin identity acting for the tenant)."""
+    from service import generation
+    from service.auth import Identity
+
+    operator = Identity(token_id="cli", tenant_id=None, tenant=None, admin=True)
+    # The store's answers first (unknown tenant, no active key), before a model loads.
+    tenant_id = services.tenant_id(tenant)
+    if needs_key:
+        services.active_key(tenant_id)
+    await services.engine.start()
     try:
-        tokenizer = engine.tokenizer()
-
-        async def one(index: int, prompt: str) -> Output:
-            generation_id = uuid.uuid4().hex
-            request = GenerationRequest(
-                request_id=generation_id, prompt_ids=tuple(tokenizer.encode(prompt)), max_tokens=max_tokens,
-                temperature=temperature, top_p=top_p, top_k=top_k,
-                # One seed for the batch would give equal prompts equal outputs.
-                seed=None if seed is None else (seed + index) % 2**64, stop=stop, watermark=plan)
-            finished = None
-            async for event in engine.generate(request):
-                if isinstance(event, Finished):
-                    finished = event
-            return Output(generation_id=generation_id, prompt=prompt, finished=finished)
-
-        return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+        return list(await asyncio.gather(*(generation.generate(services, operator, p) for p in params)))
     finally:
-        await engine.stop()
+        await services.engine.stop()
 
 
 @app.command("generate")
@@ -102,7 +72,13 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Generate watermarked text for one or more prompts and record its provenance."""
-    from service.cli.deploy import open_cli_store
+    from keys.errors import KeyStoreError
+    from keys.ledger import hash_output
+    from service.cli.store import cli_store
+    from service.errors import ServiceError
+    from service.generation import GenerateParams
+    from service.settings import ServiceSettings
+    from service.state import Services
     from watermark.processing import validate_sampling
 
     try:
@@ -110,48 +86,40 @@ def generate(
     except ValueError as exc:
         raise CliError(str(exc)) from None
     built = _build_engine(engine, model, vllm_url)
+    # The operator's own limits, not a public server's: no caps beyond the options given.
+    settings = ServiceSettings(engine=engine, max_tokens_cap=max(max_tokens, 1024), max_prompt_tokens=sys.maxsize,
+                               allow_opt_out=True)
+    params = [GenerateParams(prompt=text, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                             # One seed for the batch would give equal prompts equal outputs.
+                             seed=None if seed is None else (seed + index) % 2**64, stop=tuple(stop or ()),
+                             watermark=not no_watermark, tenant=tenant)
+              for index, text in enumerate(prompt)]
     try:
-        with open_cli_store() as store:
-            with store.transaction(write=False) as session:
-                tenant_row = get_tenant(session, name=tenant)
-                key = None if no_watermark else active_key(session, store.keyring, tenant_id=tenant_row.id)
-            plan = None if key is None else WatermarkPlan(key=key.material, key_id=key.key_id, version=key.version,
-                                                          fingerprint=key.fingerprint)
-            outputs = asyncio.run(_run(built, list(prompt), plan, max_tokens, temperature, top_p, top_k, seed,
-                                       tuple(stop or ())))
-            records = []
-            with store.transaction() as session:
-                for output in outputs:
-                    done = output.finished
-                    keyed = key is not None and temperature != 0.0
-                    records.append(record_generation(
-                        session, tenant_id=tenant_row.id, key_id=key.key_id if keyed else None,
-                        key_version=key.version if keyed else None, engine=built.name, model=built.model_name,
-                        spec=key.spec if keyed else None, prompt_tokens=done.prompt_tokens,
-                        output_tokens=len(done.token_ids), watermarked_tokens=done.routes.watermarked,
-                        unwatermarked_reason=_reason(done, key, temperature), output_text=done.text,
-                        generation_id=output.generation_id))
+        with cli_store(require_kek=True) as store:
+            outcomes = asyncio.run(_run(Services(settings=settings, store=store, engine=built), params, tenant=tenant,
+                                        needs_key=not no_watermark and temperature != 0.0))
     except KeyStoreError as exc:
         raise CliError(exc.user_message) from None
-    watermark: dict[str, Any] | None = None
-    if key is not None and temperature != 0.0:
-        watermark = {"tenant": key.tenant, "key_id": key.key_id, "version": key.version,
-                     "fingerprint": key.fingerprint, "spec": key.spec.public_dict()}
+    except ServiceError as exc:
+        raise CliError(exc.message) from None
     results = []
-    for output, record in zip(outputs, records):
-        done = output.finished
-        routes = done.routes
+    watermark: dict[str, Any] | None = None
+    for text, outcome in zip(prompt, outcomes):
+        routes = outcome.routes
+        watermark = None if outcome.watermark is None else {"tenant": tenant, **outcome.watermark}
+        watermarked = routes.watermarked if watermark else 0
         results.append({
-            "generation_id": record.id, "prompt": output.prompt, "text": done.text, "token_ids": list(done.token_ids),
-            "finish_reason": done.finish_reason, "prompt_tokens": done.prompt_tokens,
-            "output_tokens": len(done.token_ids), "watermarked_tokens": routes.watermarked,
+            "generation_id": outcome.generation_id, "prompt": text, "text": outcome.text,
+            "token_ids": list(outcome.token_ids), "finish_reason": outcome.finish_reason,
+            "prompt_tokens": outcome.prompt_tokens, "output_tokens": len(outcome.token_ids),
+            "watermarked_tokens": watermarked,
             "routes": {"key_a": routes.key_a, "key_b": routes.key_b, "plain": routes.plain, "greedy": routes.greedy},
-            "unwatermarked_reason": record.unwatermarked_reason, "watermark": watermark,
-            "output_sha256": record.output_sha256,
+            "unwatermarked_reason": outcome.unwatermarked_reason, "watermark": watermark,
+            "output_sha256": hash_output(outcome.text),
         })
     payload = {"engine": built.name, "model": built.model_name, "tenant": tenant, "generations": results}
     text = "\n\n".join(f"[{r['generation_id']}] {r['text']}\n({r['output_tokens']} tokens, "
                        f"{r['watermarked_tokens']} watermarked"
-                       + (f", key {watermark['key_id']} v{watermark['version']})" if watermark else ")")
+                       + (f", key {r['watermark']['key_id']} v{r['watermark']['version']})" if r["watermark"] else ")")
                        for r in results)
     emit(payload, as_json, text)

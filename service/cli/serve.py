@@ -54,17 +54,14 @@ def _bootstrap_demo() -> str | None:
     """Migrate the database and, on first run, create the demo tenant, its key and a token.
     Returns the new raw token (printed once), or None when the tenant already existed."""
     from keys import migrate
-    from keys.db import open_store
     from keys.errors import UnknownTenant
     from keys.lifecycle import create_key
-    from keys.settings import StoreSettings
     from keys.tenants import create_tenant, get_tenant
     from keys.tokens import issue_token
+    from service.cli.store import cli_store
     from watermark.spec import WatermarkSpec
 
-    settings = StoreSettings()
-    store = open_store(settings, require_kek=True, check_schema=False, create=True)
-    try:
+    with cli_store(require_kek=True, check_schema=False, create=True) as store:
         migrate.upgrade(store.engine)
         with store.transaction() as session:
             try:
@@ -78,8 +75,6 @@ def _bootstrap_demo() -> str | None:
             create_key(session, store.keyring, tenant=DEMO_TENANT, actor=actor,
                        spec=WatermarkSpec(algorithm="dual_key_gumbel"))
             return issue_token(session, tenant=DEMO_TENANT, actor=actor).raw_token
-    finally:
-        store.close()
 
 
 @app.command("quickstart")

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 from detector.result import Candidate
-from keys.db import open_store
 from keys.errors import KeyStoreError
 from keys.material import detection_keys
-from keys.settings import StoreSettings
 from service.cli.app import CliError
+from service.cli.store import cli_store
 from service.state import candidate_of
 
 
 def stored_candidates(*, tenant: str | None) -> list[Candidate]:
     """Every key (active, verify-only, revoked) of ``tenant``, or of all tenants."""
     try:
-        store = open_store(StoreSettings(), require_kek=True)
-        try:
-            with store.transaction(write=False) as session:
-                keys = detection_keys(session, store.keyring, tenant=tenant)
-        finally:
-            store.close()
+        with cli_store(require_kek=True) as store, store.transaction(write=False) as session:
+            keys = detection_keys(session, store.keyring, tenant=tenant)
     except KeyStoreError as exc:
         raise CliError(exc.user_message) from None
     if not keys:

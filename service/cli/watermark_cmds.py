@@ -19,7 +19,9 @@ from pydantic import ValidationError
 from detector.detect import DEFAULT_THRESHOLD, DetectorConfig, detect as run_detect
 from detector.result import Candidate
 from service.cli.app import CliError, app, emit
+from service.validation import describe
 from watermark import prf
+from watermark.prf import philox
 from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
 
@@ -35,17 +37,11 @@ def parse_secret(value: Any) -> int:
         raise ValueError("a key (secret) must be an unsigned 64-bit integer, decimal or 0x hex") from None
 
 
-def _validation_message(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ())) or "value"
-    return f"{where}: {first.get('msg', 'invalid')}"
-
-
 def spec_from_options(**fields: Any) -> WatermarkSpec:
     try:
         return WatermarkSpec(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
-        raise CliError(f"invalid watermark spec: {_validation_message(exc)}") from None
+        raise CliError(f"invalid watermark spec: {describe(exc)}") from None
 
 
 def _open_lines(path: str) -> Iterator[str]:
@@ -63,7 +59,7 @@ def _open_lines(path: str) -> Iterator[str]:
 def _token_list(value: Any) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise ValueError("token ids must be a JSON list of integers")
-    if any(t < 0 or t > prf.MASK32 for t in value):
+    if any(t < 0 or t > philox.MASK32 for t in value):
         raise ValueError("token ids must be in [0, 2**32)")
     return value
 
@@ -81,7 +77,7 @@ def _batch(path: str, handle_line) -> None:
         except json.JSONDecodeError as exc:
             out, failures = {"line": number, "error": f"invalid JSON: {exc.msg}"}, failures + 1
         except ValidationError as exc:
-            out, failures = {"line": number, "error": _validation_message(exc)}, failures + 1
+            out, failures = {"line": number, "error": describe(exc)}, failures + 1
         except (ValueError, TypeError, KeyError) as exc:
             message = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             out, failures = {"line": number, "error": message}, failures + 1
@@ -103,9 +99,9 @@ def prf_command(
         tokens = _token_list(item["tokens"])
         if not 1 <= len(context) <= 16:
             raise ValueError("context must hold 1 to 16 entries")
-        words = prf.words_numpy(key, np.array([context] * len(tokens), dtype=np.int64).reshape(len(tokens), len(context)),
+        words = philox.words_numpy(key, np.array([context] * len(tokens), dtype=np.int64).reshape(len(tokens), len(context)),
                                 np.array(tokens, dtype=np.int64))
-        uniforms = prf.uniforms_from_words_numpy(words)
+        uniforms = philox.uniforms_from_words_numpy(words)
         return {"words": [int(w) for w in words], "uniforms": [float(u) for u in uniforms]}
 
     _batch(jsonl, one)
@@ -114,7 +110,7 @@ def prf_command(
 def _token_list_or_pad(value: Any) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise ValueError("context must be a JSON list of integers (-1 for padding)")
-    if any(t < -1 or t > prf.MASK32 for t in value):
+    if any(t < -1 or t > philox.MASK32 for t in value):
         raise ValueError("context entries must be -1 or in [0, 2**32)")
     return value
 
@@ -123,7 +119,7 @@ def _detector_config(threshold: float, statistic: str, spans: bool) -> DetectorC
     try:
         return DetectorConfig(threshold=threshold, dual_statistic=statistic, spans=spans)
     except ValidationError as exc:
-        raise CliError(f"invalid detector option: {_validation_message(exc)}") from None
+        raise CliError(f"invalid detector option: {describe(exc)}") from None
 
 
 def _tokenize(text: str, tokenizer_path: str) -> list[int]:

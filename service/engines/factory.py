@@ -12,7 +12,7 @@ def create_engine(settings: ServiceSettings) -> Engine:
 
         return create_local_engine(settings)
     if settings.engine == "vllm":
-        from service.engines.vllm.engine import create_vllm_engine
+        from service.engines.vllm.factory import create_vllm_engine
 
         return create_vllm_engine(settings)
     raise ValueError(f"unknown engine: {settings.engine!r}; expected one of ['local', 'vllm']")

@@ -17,7 +17,7 @@ pytest.importorskip("vllm", reason="needs the vllm extra (pip install 'hallmark[
 from detector.detect import detect  # noqa: E402
 from detector.result import Candidate  # noqa: E402
 from service.engines.base import Delta, Finished, GenerationRequest, WatermarkPlan  # noqa: E402
-from service.engines.vllm import VLLMSettings, create_vllm_engine  # noqa: E402
+from service.engines.vllm.factory import VLLMSettings, create_vllm_engine  # noqa: E402
 from service.engines.vllm.engine import EngineNotReady  # noqa: E402
 from tests.service.vllm_model import checkpoint, child_pids, wait_for_children_to_exit  # noqa: E402
 from watermark.key import WatermarkKey  # noqa: E402

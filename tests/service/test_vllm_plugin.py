@@ -23,12 +23,15 @@ from vllm.v1.sample.sampler import Sampler  # noqa: E402
 from service.engines.vllm import keyring as keyring_file  # noqa: E402
 from service.engines.vllm import sealing, watermark_args  # noqa: E402
 from service.engines.vllm.logits_processor import HallmarkLogitsProcessor  # noqa: E402
-from service.engines.vllm.routes import replay_routes  # noqa: E402
-from watermark import prf, stream  # noqa: E402
+from service.engines.vllm.route_replay import replay_routes  # noqa: E402
+from watermark import stream  # noqa: E402
+from watermark.prf import philox_torch
 from watermark.dedup import ContextDeduper  # noqa: E402
 from watermark.key import WatermarkKey  # noqa: E402
 from watermark.processing import ProcessingParams, process_logits  # noqa: E402
-from watermark.sampler import ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, SamplerRows, sample  # noqa: E402
+from watermark.dispatch import sample  # noqa: E402
+from watermark.results import ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN  # noqa: E402
+from watermark.sampler import SamplerRows  # noqa: E402
 from watermark.spec import WatermarkSpec  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -66,11 +69,11 @@ def expected_tokens(logits: torch.Tensor, requests: list[dict]) -> torch.Tensor:
                          watermark=not deduper.next_repeated(), stream=stream.stream_key(r["seed"]),
                          position=deduper.generated))
     sampler_rows = SamplerRows(
-        key_a=prf.keys_tensor([r["key_a"] for r in rows]), key_b=prf.keys_tensor([r["key_b"] for r in rows]),
+        key_a=philox_torch.keys_tensor([r["key_a"] for r in rows]), key_b=philox_torch.keys_tensor([r["key_b"] for r in rows]),
         alpha=torch.tensor([r["alpha"] for r in rows], dtype=torch.float32),
         contexts=[r["context"] for r in rows], watermark=torch.tensor([r["watermark"] for r in rows]),
         greedy=torch.zeros(len(rows), dtype=torch.bool),
-        stream_keys=prf.keys_tensor([r["stream"] for r in rows]),
+        stream_keys=philox_torch.keys_tensor([r["stream"] for r in rows]),
         positions=torch.tensor([r["position"] for r in rows], dtype=torch.int64))
     processing = ProcessingParams(
         temperature=torch.tensor([r["params"].temperature for r in requests], dtype=torch.float32),

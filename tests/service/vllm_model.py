@@ -19,7 +19,7 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from service.engines import BUNDLED_DRAFT, resolve_model_path
+from service.model_paths import BUNDLED_DRAFT, resolve_model_path
 
 VOCAB_SIZE = 512
 SPECIALS = ["<|bos|>", "<|eos|>", "<|pad|>"]

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from tests.stats_helpers import binomial_two_sided_p, chi_square_p
-from watermark import prf, sampler, stream
+from watermark import dispatch, results, sampler, stream
+from watermark.prf import philox, philox_torch
 from watermark.key import WatermarkKey
 from watermark.processing import ProcessingParams, process_logits
 from watermark.spec import WatermarkSpec
@@ -47,14 +48,14 @@ def test_output_distribution_is_exact(case):
         watermark = torch.arange(N) % 3 != 0
     rows = _rows(N, seed=11, alpha=alpha, watermark=watermark)
     logits = TARGET_LOGITS.expand(N, -1).clone()
-    result = sampler.sample(logits, rows)
+    result = dispatch.sample(logits, rows)
     assert chi_square_p(_counts(result.tokens, 8), _target(TARGET_LOGITS)) > 1e-3
 
 
 @pytest.mark.statistical
 def test_chi_square_has_power_against_a_two_percent_bias():
     rows = _rows(N, seed=12)
-    result = sampler.sample(TARGET_LOGITS.expand(N, -1).clone(), rows)
+    result = dispatch.sample(TARGET_LOGITS.expand(N, -1).clone(), rows)
     biased = _target(TARGET_LOGITS).copy()
     biased[0] -= 0.02
     biased[4] += 0.02  # total variation 0.02
@@ -65,7 +66,7 @@ def test_chi_square_has_power_against_a_two_percent_bias():
 def test_processed_distribution_with_top_k_top_p_and_temperature():
     params = ProcessingParams.uniform(N, temperature=0.7, top_k=6, top_p=0.9)
     logits = process_logits(TARGET_LOGITS.expand(N, -1).clone(), params)
-    result = sampler.sample(logits, _rows(N, seed=13))
+    result = dispatch.sample(logits, _rows(N, seed=13))
     target = _target(logits[0])
     assert (target[np.isneginf(logits[0].numpy())] == 0).all()
     assert chi_square_p(_counts(result.tokens, 8), target) > 1e-3
@@ -74,21 +75,21 @@ def test_processed_distribution_with_top_k_top_p_and_temperature():
 @pytest.mark.statistical
 def test_dual_key_routing_share_is_alpha():
     rows = _rows(N, seed=14, alpha=0.1)
-    result = sampler.sample(TARGET_LOGITS.expand(N, -1).clone(), rows)
-    used_b = int((result.routes == sampler.ROUTE_KEY_B).sum())
+    result = dispatch.sample(TARGET_LOGITS.expand(N, -1).clone(), rows)
+    used_b = int((result.routes == results.ROUTE_KEY_B).sum())
     assert binomial_two_sided_p(used_b, N, 0.1) > 1e-3
 
 
 def test_per_row_keys_in_one_batch_equal_separate_calls():
     rows = _rows(12, seed=15, alpha=0.5, watermark=torch.arange(12) % 4 != 0)
     logits = torch.randn(12, 300, generator=torch.Generator().manual_seed(1))
-    batched = sampler.sample(logits, rows)
+    batched = dispatch.sample(logits, rows)
     for i in range(12):
         one = sampler.SamplerRows(
             key_a=rows.key_a[i:i + 1], key_b=rows.key_b[i:i + 1], alpha=rows.alpha[i:i + 1],
             contexts=[rows.contexts[i]], watermark=rows.watermark[i:i + 1], greedy=rows.greedy[i:i + 1],
             stream_keys=rows.stream_keys[i:i + 1], positions=rows.positions[i:i + 1])
-        single = sampler.sample(logits[i:i + 1], one)
+        single = dispatch.sample(logits[i:i + 1], one)
         assert single.tokens.item() == batched.tokens[i].item()
         assert single.routes.item() == batched.routes[i].item()
 
@@ -98,23 +99,23 @@ def test_watermarked_token_is_the_keyed_gumbel_argmax():
     logits = torch.randn(1, 1000, generator=torch.Generator().manual_seed(3))
     context = (5, 6, 7, 8)
     rows = sampler.SamplerRows(
-        key_a=prf.keys_tensor([key.secret]), key_b=prf.keys_tensor([0]), alpha=torch.zeros(1),
+        key_a=philox_torch.keys_tensor([key.secret]), key_b=philox_torch.keys_tensor([0]), alpha=torch.zeros(1),
         contexts=[context], watermark=torch.tensor([True]), greedy=torch.tensor([False]),
-        stream_keys=prf.keys_tensor([stream.stream_key(1)]), positions=torch.tensor([0]))
-    token = sampler.sample(logits, rows).tokens.item()
-    u = prf.words_numpy(key.secret, np.array([context] * 1000), np.arange(1000))
-    u = prf.uniforms_from_words_numpy(u).astype(np.float64)
+        stream_keys=philox_torch.keys_tensor([stream.stream_key(1)]), positions=torch.tensor([0]))
+    token = dispatch.sample(logits, rows).tokens.item()
+    u = philox.words_numpy(key.secret, np.array([context] * 1000), np.arange(1000))
+    u = philox.uniforms_from_words_numpy(u).astype(np.float64)
     assert token == int(np.argmax(logits[0].numpy() + (-np.log(-np.log(u))).astype(np.float32)))
-    assert sampler.sample(logits, rows).routes.item() == sampler.ROUTE_KEY_A
+    assert dispatch.sample(logits, rows).routes.item() == results.ROUTE_KEY_A
 
 
 def test_greedy_rows_take_the_argmax_unwatermarked():
     rows = _rows(4, seed=16)
     rows = sampler.SamplerRows(**{**rows.__dict__, "greedy": torch.tensor([True, False, True, False])})
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(4))
-    result = sampler.sample(logits, rows)
+    result = dispatch.sample(logits, rows)
     assert result.tokens[0] == logits[0].argmax() and result.tokens[2] == logits[2].argmax()
-    assert result.routes[0] == sampler.ROUTE_GREEDY and result.routes[1] == sampler.ROUTE_KEY_A
+    assert result.routes[0] == results.ROUTE_GREEDY and result.routes[1] == results.ROUTE_KEY_A
 
 
 def test_stream_is_reproducible_for_a_seed_and_differs_across_seeds():

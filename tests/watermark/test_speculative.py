@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.stats_helpers import binomial_two_sided_p, chi_square_p, two_proportion_z
-from watermark import sampler, speculative, stream
+from watermark import dispatch, results, sampler, speculative, stream
 
 P = torch.tensor([0.30, 0.25, 0.20, 0.12, 0.08, 0.05])
 Q = torch.tensor([0.10, 0.35, 0.15, 0.20, 0.05, 0.15])
@@ -31,14 +31,14 @@ def _run(seed: int, *, watermark: bool, keyed_coin: bool, greedy: bool = False):
         rows = sampler.SamplerRows(key_a=key_a, key_b=key_b, alpha=torch.zeros(N), contexts=contexts,
                                    watermark=wm, greedy=torch.full((N,), greedy), stream_keys=skeys,
                                    positions=positions + j)
-        drafts.append(sampler.sample(draft_logits, rows, lane=stream.LANE_DRAFT).tokens.tolist())
+        drafts.append(dispatch.sample(draft_logits, rows, lane=stream.LANE_DRAFT).tokens.tolist())
     draft_tokens = torch.tensor(drafts).T.contiguous()
     contexts = [speculative.block_contexts(base[i], draft_tokens[i].tolist()) for i in range(N)]
     rows = speculative.VerifyRows(
         key_b=key_b, key_coin=key_c, keyed_coin=torch.full((N,), keyed_coin), contexts=contexts,
         watermark=wm.unsqueeze(-1).expand(N, K + 1).clone(), greedy=torch.full((N,), greedy),
         stream_keys=skeys, positions=positions)
-    return speculative.verify(P.expand(N, K + 1, -1).clone(), Q.expand(N, K, -1).clone(), draft_tokens, rows)
+    return dispatch.verify(P.expand(N, K + 1, -1).clone(), Q.expand(N, K, -1).clone(), draft_tokens, rows)
 
 
 ACCEPT = float(torch.minimum(P, Q).sum())
@@ -82,8 +82,8 @@ def test_routes_and_layout():
     for row in range(200):
         n = int(result.num_accepted[row])
         routes = result.routes[row].tolist()
-        assert routes[:n] == [sampler.ROUTE_KEY_A] * n
-        assert routes[n] == sampler.ROUTE_KEY_B
+        assert routes[:n] == [results.ROUTE_KEY_A] * n
+        assert routes[n] == results.ROUTE_KEY_B
         assert all(r == -1 for r in routes[n + 1:])
         assert all(t == -1 for t in result.tokens[row, n + 1:].tolist())
 
@@ -91,7 +91,7 @@ def test_routes_and_layout():
 def test_greedy_rows_accept_only_the_target_argmax():
     result = _run(71, watermark=True, keyed_coin=False, greedy=True)
     assert (result.tokens[:, 0] == 0).all()  # argmax of P
-    assert (result.routes[:, 0] == sampler.ROUTE_GREEDY).all()
+    assert (result.routes[:, 0] == results.ROUTE_GREEDY).all()
 
 
 def test_cpu_scalar_paths_equal_the_tensor_paths():

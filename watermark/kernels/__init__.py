@@ -4,7 +4,7 @@
 * :mod:`watermark.kernels.race` -- the exact two-stage Gumbel / exponential race over a
   vocabulary chunk and the in-kernel cross-block reduction;
 * :mod:`watermark.kernels.gumbel` -- the fused batched sampler (``gumbel_sample``) and the
-  CUDA paths of :func:`watermark.gumbel.gumbel_argmax` / :func:`~watermark.gumbel.exponential_race`;
+  CUDA paths of :func:`watermark.dispatch.gumbel_argmax` / :func:`~watermark.dispatch.exponential_race`;
 * :mod:`watermark.kernels.speculative` -- fused speculative verification;
 * :mod:`watermark.kernels.dedup` -- per-request hashed context deduplication on the GPU;
 * :mod:`watermark.kernels.registry` -- the specialisations each kernel can be launched

@@ -1,12 +1,12 @@
 """Fused Gumbel-max sampling kernels (torch references: :mod:`watermark.gumbel`, :mod:`watermark.sampler`).
 
 * :func:`gumbel_sample` -- the batched sampler step, equal to
-  ``watermark.sampler.sample(process_logits(logits, temperature only), rows)``, in one
+  ``watermark.dispatch.sample(process_logits(logits, temperature only), rows)``, in one
   launch: per-row temperature, greedy rows, the dual-key routing coin, keyed or
   ordinary-stream rows, the context state (runtime width) and the exact race, with the
   cross-block reduction done in the kernel;
 * :func:`gumbel_argmax` / :func:`exponential_race` -- the CUDA paths of the same-named
-  functions of :mod:`watermark.gumbel` (rows' states given).
+  functions of :mod:`watermark.dispatch` (rows' states given).
 
 Grid (rows, programs per row); each program races a chunk of whole tiles of its row (see
 :mod:`watermark.kernels.race`) and the last program of the row to finish reduces it.
@@ -25,7 +25,7 @@ import triton.language as tl
 
 from watermark import stream
 from watermark.kernels import philox, race
-from watermark.sampler import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, SampleResult
+from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, SampleResult
 
 LANE_ROUTE = tl.constexpr(stream.LANE_ROUTE)
 R_GREEDY = tl.constexpr(ROUTE_GREEDY)
@@ -272,7 +272,7 @@ def gumbel_sample(logits: torch.Tensor, *, temperature: torch.Tensor, key_a: tor
     stream lane of unwatermarked rows (LANE_DRAFT for speculative drafts).
 
     Returns the same tokens and routes as
-    ``sampler.sample(process_logits(logits, ProcessingParams(temperature, 0, 1)), rows, lane=lane)``.
+    ``dispatch.sample(process_logits(logits, ProcessingParams(temperature, 0, 1)), rows, lane=lane)``.
     """
     values = _vocab_rows(logits, "logits")
     batch, vocab = values.shape

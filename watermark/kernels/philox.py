@@ -1,4 +1,4 @@
-"""``philox4x32-10-v1`` as Triton building blocks (the spec and torch reference: :mod:`watermark.prf`).
+"""``philox4x32-10-v1`` as Triton building blocks (the spec: :mod:`watermark.prf.philox`; torch reference: :mod:`watermark.prf.philox_torch`).
 
 All words are ``tl.uint32``; keys arrive as int64 bit patterns and split into (k0, k1).
 Scalars and vectors mix freely: a counter whose words 1-3 are per-row scalars keeps the
@@ -10,16 +10,17 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from watermark import prf, stream
+from watermark import stream
+from watermark.prf import philox as reference
 
-PHILOX_M0 = tl.constexpr(prf.PHILOX_M0)
-PHILOX_M1 = tl.constexpr(prf.PHILOX_M1)
-PHILOX_W0 = tl.constexpr(prf.PHILOX_W0)
-PHILOX_W1 = tl.constexpr(prf.PHILOX_W1)
-PHILOX_ROUNDS = tl.constexpr(prf.PHILOX_ROUNDS)
-CONTEXT_DOMAIN = tl.constexpr(prf.CONTEXT_DOMAIN)
-TOKEN_DOMAIN = tl.constexpr(prf.TOKEN_DOMAIN)
-MASK32 = tl.constexpr(prf.MASK32)
+PHILOX_M0 = tl.constexpr(reference.PHILOX_M0)
+PHILOX_M1 = tl.constexpr(reference.PHILOX_M1)
+PHILOX_W0 = tl.constexpr(reference.PHILOX_W0)
+PHILOX_W1 = tl.constexpr(reference.PHILOX_W1)
+PHILOX_ROUNDS = tl.constexpr(reference.PHILOX_ROUNDS)
+CONTEXT_DOMAIN = tl.constexpr(reference.CONTEXT_DOMAIN)
+TOKEN_DOMAIN = tl.constexpr(reference.TOKEN_DOMAIN)
+MASK32 = tl.constexpr(reference.MASK32)
 STREAM_WIDTH = tl.constexpr(stream.STREAM_CONTEXT_WIDTH)
 # 2^-24 as a float32 constant: (mantissa + 1) * 2^-24 is exact in float32.
 TWO_M24 = tl.constexpr(2.0**-24)

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from watermark.gumbel import EXPONENTIAL_MIN, NOISE_MAX
+from watermark.noise import EXPONENTIAL_MIN, NOISE_MAX
 from watermark.kernels import philox
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() not in ("", "0", "false", "off", "no")
@@ -688,7 +688,8 @@ def _approximation_kernel(noise_ptr, ratio_ptr, n, BLOCK: tl.constexpr):
 def measure_approximation_error(device: torch.device | str) -> dict[str, float]:
     """Max |g~ - g| and max |r~ E - 1| over all 2^24 uniforms, with the kernels' own
     approximation on ``device``, against float64 evaluation of the reference formulas."""
-    from watermark import gumbel, prf
+    from watermark import noise as gumbel_noise
+    from watermark.prf import philox_torch
 
     device = torch.device(device)
     n = 2**24
@@ -697,9 +698,9 @@ def measure_approximation_error(device: torch.device | str) -> dict[str, float]:
     block = 65536 if _INTERPRET else 1024  # the interpreter pays per program, the device per register
     _approximation_kernel[(triton.cdiv(n, block),)](noise, ratio, n, BLOCK=block)
     words = torch.arange(n, dtype=torch.int64, device=device) << 8
-    u = prf.uniforms_from_words_torch(words)
-    g = gumbel.noise_from_uniforms(u).to(torch.float64)
-    e = gumbel.exponentials_from_uniforms(u).to(torch.float64)
+    u = philox_torch.uniforms_from_words_torch(words)
+    g = gumbel_noise.noise_from_uniforms(u).to(torch.float64)
+    e = gumbel_noise.exponentials_from_uniforms(u).to(torch.float64)
     noise_error = (noise.to(torch.float64) - g).abs().max().item()
     ratio_error = (ratio.to(torch.float64) * e - 1.0).abs().max().item()
     return {

@@ -1,4 +1,4 @@
-"""Fused speculative verification (torch reference: :func:`watermark.speculative.verify`).
+"""Fused speculative verification (torch reference: :func:`watermark.speculative.verify_reference`).
 
 One launch per verification step, grid (rows, programs per row). Every program of a row
 first replays the row's acceptance chain, which is cheap scalar work: per draft position
@@ -24,8 +24,7 @@ import triton.language as tl
 from watermark import stream
 from watermark.kernels import philox, race
 from watermark.kernels.gumbel import LaunchConfig, flags_int8
-from watermark.sampler import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN
-from watermark.speculative import VerifyResult
+from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, VerifyResult
 
 LANE_SAMPLE = tl.constexpr(stream.LANE_SAMPLE)
 LANE_ACCEPT = tl.constexpr(stream.LANE_ACCEPT)
@@ -242,7 +241,7 @@ def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: 
            widths: torch.Tensor, watermark: torch.Tensor, greedy: torch.Tensor, stream_keys: torch.Tensor,
            positions: torch.Tensor, config: LaunchConfig = VERIFY_CONFIG,
            blocks_per_row: int | None = None) -> VerifyResult:
-    """Same result as :func:`watermark.speculative.verify` in one launch.
+    """Same result as :func:`watermark.speculative.verify_reference` in one launch.
 
     target_probs [B, k+1, V] and draft_probs [B, k, V] (float32/bfloat16/float16, finite,
     >= 0; unit stride over V), draft_tokens [B, k]; key_b, key_coin, stream_keys [B] int64

@@ -28,7 +28,7 @@ from typing import AsyncIterator
 
 import torch
 
-from service.engines import BUNDLED_MODELS, resolve_model_path
+from service.model_paths import BUNDLED_MODELS, resolve_model_path
 from service.engines.base import EngineBusy, EngineFailure, Event, Finished, GenerationRequest, WatermarkPlan
 from service.engines.local.request import RequestState
 from service.engines.local.runner import Group, load_model

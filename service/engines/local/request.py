@@ -11,8 +11,8 @@ from service.engines.base import Delta, Finished, GenerationRequest, RouteCounts
 from service.engines.stops import StopTextTracker
 from watermark import prf, stream
 from watermark.dedup import ContextDeduper
-from watermark.sampler import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN
 from watermark.processing import validate_sampling
+from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN
 from watermark.spec import WatermarkSpec
 
 _NO_KEY = 0

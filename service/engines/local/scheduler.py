@@ -21,7 +21,8 @@ import torch
 
 from service.engines.local.request import RequestState
 from service.engines.local.runner import Group
-from watermark import sampler, speculative, stream
+from watermark import dispatch, sampler, speculative, stream
+from watermark.results import SampleResult
 from watermark.processing import ProcessingParams, process_logits
 
 
@@ -41,7 +42,7 @@ def _keys(values: list[int], device) -> torch.Tensor:
 
 
 def sample_rows(processed: torch.Tensor, rows: list[RequestState], contexts: list[tuple[int, ...]],
-                repeated: list[bool], offsets: list[int], *, routed: bool, lane: int) -> sampler.SampleResult:
+                repeated: list[bool], offsets: list[int], *, routed: bool, lane: int) -> SampleResult:
     """One token per row from processed logits [B, V] (:func:`process`); ``routed`` applies
     dual-key routing (alpha), otherwise dual-key rows use key A (speculative drafts)."""
     device = processed.device
@@ -56,7 +57,7 @@ def sample_rows(processed: torch.Tensor, rows: list[RequestState], contexts: lis
         positions=torch.tensor([len(r.output) + off for r, off in zip(rows, offsets)], dtype=torch.int64,
                                device=device),
     )
-    return sampler.sample(processed, sampler_rows, lane=lane)
+    return dispatch.sample(processed, sampler_rows, lane=lane)
 
 
 def process(logits: torch.Tensor, rows: list[RequestState], repeat: int = 1) -> torch.Tensor:
@@ -131,7 +132,7 @@ def speculative_step(groups: SpeculativeGroups, rows: list[RequestState], pendin
         stream_keys=_keys([r.stream_key for r in rows], device),
         positions=torch.tensor([len(r.output) for r in rows], dtype=torch.int64, device=device),
     )
-    result = speculative.verify(target_probs, torch.stack(draft_probs, dim=1), draft_tokens, verify_rows)
+    result = dispatch.verify(target_probs, torch.stack(draft_probs, dim=1), draft_tokens, verify_rows)
 
     accepted = result.num_accepted.tolist()
     # Target cache: last + k drafts were fed; keep last + accepted drafts.

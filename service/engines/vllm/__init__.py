@@ -15,14 +15,3 @@ from __future__ import annotations
 
 # How vLLM names the plugin class (``--logits-processors`` / ``LLM(logits_processors=...)``).
 PLUGIN = "service.engines.vllm.logits_processor:HallmarkLogitsProcessor"
-
-__all__ = ["VLLMSettings", "create_vllm_engine"]
-
-
-def __getattr__(name: str):
-    # Lazy, so that importing the plugin inside vLLM does not import the adapter.
-    if name in __all__:
-        from service.engines.vllm import factory
-
-        return getattr(factory, name)
-    raise AttributeError(name)

@@ -3,7 +3,7 @@
 It turns a :class:`GenerationRequest` into a vLLM request whose ``extra_args`` name the
 request's key (:mod:`.watermark_args`), streams the tokens back through a
 :class:`~service.engines.stops.StopTextTracker`, and ends with the route counts replayed
-from the tokens (:mod:`.routes`). Where vLLM runs is a :class:`Backend`: in this process
+from the tokens (:mod:`.route_replay`). Where vLLM runs is a :class:`Backend`: in this process
 (:mod:`.inprocess`, key material sealed) or a remote ``vllm serve`` (:mod:`.remote`, key id
 only). Closing the event iterator closes the backend stream, which aborts the request in
 vLLM (cancellation).
@@ -11,55 +11,18 @@ vLLM (cancellation).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, AsyncGenerator, AsyncIterator, Protocol
+from typing import AsyncIterator
 
 from service.engines.base import Delta, Finished, GenerationRequest, RouteCounts
 from service.engines.stops import StopTextTracker
+from service.engines.vllm.backend import Backend, Chunk, Sampling
 from service.engines.vllm import watermark_args
-from service.engines.vllm.routes import replay_routes, routes_for_opt_out
+from service.engines.vllm.route_replay import replay_routes, routes_for_opt_out
 from watermark.processing import validate_sampling
 
 
 class EngineNotReady(RuntimeError):
     """generate() before start(), or after stop()."""
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """The sampling options a backend passes to vLLM."""
-
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int | None
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """New output tokens of one request; ``finish_reason`` on the last chunk only."""
-
-    token_ids: tuple[int, ...]
-    finish_reason: str | None = None
-
-
-class Backend(Protocol):
-    model_name: str
-    sends_key_material: bool
-    """True: the key travels sealed (in-process); False: only its id (remote)."""
-
-    @property
-    def ready(self) -> bool: ...
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    def stream(self, request_id: str, prompt_ids: tuple[int, ...], sampling: Sampling,
-               extra_args: dict[str, Any]) -> AsyncGenerator[Chunk, None]:
-        """The request's output; closing the generator aborts the request in vLLM."""
-        ...
 
 
 def _finish_reason(reason: str | None) -> str:
@@ -161,10 +124,3 @@ class VLLMEngine:
         return replay_routes(token_ids, request.watermark.key, sampling.seed, request.temperature,
                              prompt_ids=request.prompt_ids)
 
-
-def create_vllm_engine(settings=None) -> VLLMEngine:
-    """The engine family's entry point (``service.engines.factory``); see
-    :func:`service.engines.vllm.factory.create_vllm_engine`."""
-    from service.engines.vllm.factory import create_vllm_engine as create
-
-    return create(settings)

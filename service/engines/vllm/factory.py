@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.engines import BUNDLED_DRAFT, resolve_model_path
+from service.model_paths import BUNDLED_DRAFT, resolve_model_path
 from service.engines.vllm.engine import VLLMEngine
 
 

@@ -14,8 +14,8 @@ import threading
 import os
 from typing import Any, AsyncIterator
 
-from service.engines.vllm.engine import Chunk, Sampling
 from service.engines.vllm import PLUGIN
+from service.engines.vllm.backend import Chunk, Sampling
 
 KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 

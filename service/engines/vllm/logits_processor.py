@@ -11,7 +11,7 @@ non-argmax-invariant logits processors (min-tokens, logit bias, then custom ones
 one), penalties, then temperature, min-p, top-k/top-p and the random draw. The watermark
 must act on the *final* distribution, so this plugin applies the request's temperature,
 top-k and top-p itself (:func:`watermark.processing.process_logits`), draws the token with
-Hallmark's batched sampler (:func:`watermark.sampler.sample`: per-row keys, dual-key
+Hallmark's batched sampler (:func:`watermark.dispatch.sample`: per-row keys, dual-key
 routing and deduplicated positions drawn from the request's seeded ordinary stream) and
 sets every other logit to -inf. What vLLM does afterwards cannot change the outcome: a
 row with one finite logit stays one-hot under division by a positive temperature, under
@@ -37,10 +37,12 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from service.engines.vllm.watermark_args import RequestWatermark, WatermarkArgsError, resolve
-from watermark import prf, stream
+from watermark import stream
+from watermark.prf import philox_torch
 from watermark.dedup import ContextDeduper
 from watermark.processing import ProcessingParams, process_logits
-from watermark.sampler import SamplerRows, sample
+from watermark.dispatch import sample
+from watermark.sampler import SamplerRows
 
 # Output-list entry vLLM uses for a token still in flight under async scheduling; it is
 # replaced before the sampler runs, so seeing one here means the context is unknown.
@@ -194,13 +196,13 @@ class HallmarkLogitsProcessor(LogitsProcessor):
 def sampler_rows(requests: list[_Request], device: torch.device | str) -> SamplerRows:
     """The sampler's per-row inputs for these requests' next tokens."""
     return SamplerRows(
-        key_a=prf.keys_tensor([r.key_a for r in requests], device),
-        key_b=prf.keys_tensor([r.key_b for r in requests], device),
+        key_a=philox_torch.keys_tensor([r.key_a for r in requests], device),
+        key_b=philox_torch.keys_tensor([r.key_b for r in requests], device),
         alpha=torch.tensor([r.alpha for r in requests], dtype=torch.float32, device=device),
         contexts=[r.deduper.context for r in requests],
         watermark=torch.tensor([not r.deduper.next_repeated() for r in requests], dtype=torch.bool, device=device),
         greedy=torch.zeros(len(requests), dtype=torch.bool, device=device),
-        stream_keys=prf.keys_tensor([r.stream_key for r in requests], device),
+        stream_keys=philox_torch.keys_tensor([r.stream_key for r in requests], device),
         positions=torch.tensor([r.deduper.generated for r in requests], dtype=torch.int64, device=device),
     )
 

@@ -78,12 +78,9 @@ def _message(exc: BaseException) -> str:
     from pydantic import ValidationError
 
     if isinstance(exc, ValidationError):
-        parts = []
-        for error in exc.errors():
-            message = error["msg"].removeprefix("Value error, ")
-            where = ".".join(str(part) for part in error["loc"])
-            parts.append(f"{where}: {message}" if where else message)
-        return "; ".join(parts)
+        from service.validation import error_lines
+
+        return "; ".join(error_lines(exc, default="", plain=True))
     return str(exc).strip()
 
 

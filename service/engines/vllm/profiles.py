@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from service.engines.vllm.keyring import KEYRING_ENV
 from service.engines.vllm import PLUGIN
 from service.engines.vllm.watermark_args import REQUIRE_ENV
+from service.validation import error_lines
 
 WatermarkMode = Literal["engine-key", "plugin"]
 PROFILE_DIR = Path(__file__).resolve().parents[3] / "deploy"
@@ -133,7 +134,7 @@ def load_profile(name_or_path: str) -> Profile:
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'profile'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(error_lines(exc, default="profile"))
         raise ProfileError(f"{path}: {problems}") from None
 
 

@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator
 
 import httpx
 
-from service.engines.vllm.engine import Chunk, Sampling
+from service.engines.vllm.backend import Chunk, Sampling
 
 
 class RemoteError(RuntimeError):

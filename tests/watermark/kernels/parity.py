@@ -12,7 +12,10 @@ import dataclasses
 
 import torch
 
-from watermark import gumbel, prf, sampler, speculative, stream
+from watermark import gumbel, results, sampler, speculative, stream
+from watermark import noise as gumbel_noise
+from watermark import prf
+from watermark.prf import philox, philox_torch
 from watermark.processing import ProcessingParams, process_logits
 
 CONTEXT_SLOTS = 16
@@ -113,7 +116,7 @@ def sampler_case(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, 
     return logits, kernel_logits, args
 
 
-def reference_sample(logits: torch.Tensor, args: dict, lane: int = stream.LANE_SAMPLE) -> sampler.SampleResult:
+def reference_sample(logits: torch.Tensor, args: dict, lane: int = stream.LANE_SAMPLE) -> results.SampleResult:
     batch = logits.shape[0]
     widths = args["widths"].tolist()
     ctx = args["contexts"].tolist()
@@ -158,7 +161,7 @@ def race_case(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, dis
     keys = random_keys(gen, batch)
     widths = [1 + (i + seed_offset(gen)) % CONTEXT_SLOTS for i in range(batch)]
     contexts = [torch.randint(-1, 2**31 - 1, (w,), generator=gen).tolist() for w in widths]
-    states = prf.context_states_torch(keys, contexts)
+    states = philox_torch.context_states_torch(keys, contexts)
     return logits.to(device), keys.to(device), states.to(device)
 
 
@@ -247,7 +250,7 @@ def verify_case(seed: int, batch: int, k: int, vocab: int, dtype: torch.dtype, d
     return p.to(dtype).to(device), q.to(dtype).to(device), x.to(device), args
 
 
-def reference_verify(p, q, x, args) -> speculative.VerifyResult:
+def reference_verify(p, q, x, args) -> results.VerifyResult:
     batch, k = x.shape
     widths = args["widths"].tolist()
     ctx = args["contexts"].tolist()
@@ -374,14 +377,14 @@ def pruning_edge_case(margin: float, device, dtype: torch.dtype = torch.float32)
     worst case. Returns logits [2, 5000], keys [2], states [2, 4] and the expected tokens."""
     vocab = 5000
     keys = torch.full((2,), prf.to_signed64(EDGE_KEY), dtype=torch.int64)
-    states = prf.context_states_torch(keys, [[ctx] for _, ctx in EDGE_CASES])
+    states = philox_torch.context_states_torch(keys, [[ctx] for _, ctx in EDGE_CASES])
     tokens = torch.arange(vocab)
-    noise = gumbel.noise_from_uniforms(prf.uniforms_from_words_torch(prf.words_from_state_torch(keys, states,
+    noise = gumbel_noise.noise_from_uniforms(philox_torch.uniforms_from_words_torch(philox_torch.words_from_state_torch(keys, states,
                                                                                                  tokens)))
     logits = torch.full((2, vocab), float("-inf"))
     expected = []
     for row, (target, _) in enumerate(EDGE_CASES):
-        assert noise[row, target].item() == gumbel.NOISE_MAX
+        assert noise[row, target].item() == gumbel_noise.NOISE_MAX
         others = torch.arange(0, 40, 3) + (0 if row == 0 else 2048)  # earlier tiles than the target
         logits[row, others] = 15.0
         scores = (logits[row, others] + noise[row, others]).to(torch.float64)
@@ -428,7 +431,7 @@ def queue_order_case(seed: int, device, block: int, dtype: torch.dtype = torch.f
     logits = torch.stack(rows).to(dtype)
     batch = logits.shape[0]
     keys = random_keys(gen, batch)
-    states = prf.context_states_torch(keys, [[int(c)] for c in torch.randint(0, 2**31 - 1, (batch,),
+    states = philox_torch.context_states_torch(keys, [[int(c)] for c in torch.randint(0, 2**31 - 1, (batch,),
                                                                               generator=gen)])
     reference = gumbel.gumbel_argmax_reference(logits, keys, states)
     first = [int((r == r.max()).nonzero()[0]) for r in logits.to(torch.float32)]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from watermark import gumbel, prf
+from watermark import noise as gumbel_noise
+from watermark.prf import philox
 
 MANTISSAS = np.arange(2**24, dtype=np.int64)
 
 
 def _reference_uniforms() -> np.ndarray:
-    return prf.uniforms_from_words_numpy((MANTISSAS.astype(np.uint64) << np.uint64(8)))
+    return philox.uniforms_from_words_numpy((MANTISSAS.astype(np.uint64) << np.uint64(8)))
 
 
 def test_uniform_is_next_float_below_the_grid_point():
@@ -35,8 +36,8 @@ def test_pruning_bounds_hold_for_every_uniform():
     """Every exact noise is <= NOISE_MAX and every exponential >= EXPONENTIAL_MIN (the
     kernels' exact pruning), with room for a last-ulp float64 log difference."""
     u = _reference_uniforms()
-    noise = gumbel.noise_from_uniforms_numpy(u)
-    expo = gumbel.exponentials_from_uniforms_numpy(u)
-    assert noise.max() <= np.float32(gumbel.NOISE_MAX)
-    assert expo.min() >= np.float32(gumbel.EXPONENTIAL_MIN)
-    assert noise.min() >= np.float32(gumbel.NOISE_MIN)
+    noise = gumbel_noise.noise_from_uniforms_numpy(u)
+    expo = gumbel_noise.exponentials_from_uniforms_numpy(u)
+    assert noise.max() <= np.float32(gumbel_noise.NOISE_MAX)
+    assert expo.min() >= np.float32(gumbel_noise.EXPONENTIAL_MIN)
+    assert noise.min() >= np.float32(gumbel_noise.NOISE_MIN)

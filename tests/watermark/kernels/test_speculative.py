@@ -1,4 +1,4 @@
-"""GPU parity of fused speculative verification with watermark.speculative.verify."""
+"""GPU parity of fused speculative verification with watermark.speculative.verify_reference."""
 
 from __future__ import annotations
 

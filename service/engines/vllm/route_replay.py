@@ -15,7 +15,8 @@ from typing import Sequence
 import torch
 
 from service.engines.base import RouteCounts
-from watermark import prf, stream
+from watermark import stream
+from watermark.prf import philox_torch
 from watermark.dedup import ContextDeduper
 from watermark.key import WatermarkKey
 from watermark.sampler import SamplerRows, route_keys
@@ -39,10 +40,10 @@ def replay_routes(token_ids: Sequence[int], key: WatermarkKey, seed: int, temper
         uses_b = torch.zeros(count, dtype=torch.bool)
     else:
         rows = SamplerRows(
-            key_a=prf.keys_tensor([key.key_a] * count), key_b=prf.keys_tensor([key.key_b] * count),
+            key_a=philox_torch.keys_tensor([key.key_a] * count), key_b=philox_torch.keys_tensor([key.key_b] * count),
             alpha=torch.full((count,), spec.alpha, dtype=torch.float32), contexts=[()] * count,
             watermark=torch.ones(count, dtype=torch.bool), greedy=torch.zeros(count, dtype=torch.bool),
-            stream_keys=prf.keys_tensor([stream.stream_key(seed)] * count),
+            stream_keys=philox_torch.keys_tensor([stream.stream_key(seed)] * count),
             positions=torch.arange(count, dtype=torch.int64),
         )
         _, uses_b = route_keys(rows)

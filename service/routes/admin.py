@@ -9,9 +9,9 @@ with the actor ``api:<token id>``. Also ``GET /v1/me``: what the presented token
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Annotated, Iterator
+from typing import Iterator
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from keys.audit import list_audit
@@ -19,27 +19,15 @@ from keys.errors import (DuplicateKey, DuplicateTenant, InvalidInput, InvalidTra
                          UnknownKey, UnknownTenant)
 from keys.lifecycle import get_key, list_keys, revoke_key, rotate_key
 from keys.tenants import list_tenants
-from service.auth import Identity, authenticate
+from service.auth import Identity
 from service.errors import BadRequest, Forbidden, NotFound, ServiceError, Unavailable, Unprocessable
-from service.state import Services
+from service.routes.deps import IdentityDep, ServicesDep
 
 MAX_AUDIT_EVENTS = 500
 
 
 class Conflict(ServiceError):
     status = 409
-
-
-async def _services(request: Request) -> Services:
-    return request.app.state.services
-
-
-async def _identity(request: Request, authorization: Annotated[str | None, Header()] = None) -> Identity:
-    return authenticate(request.app.state.services, authorization)
-
-
-ServicesDep = Annotated[Services, Depends(_services)]
-IdentityDep = Annotated[Identity, Depends(_identity)]
 
 
 def _admin(identity: Identity) -> Identity:

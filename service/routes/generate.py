@@ -1,0 +1,46 @@
+"""``POST /v1/generate``: Hallmark's own generation endpoint (JSON, or server-sent events)."""
+
+from __future__ import annotations
+
+from typing import AsyncIterator
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+
+from service import generation
+from service.engines.base import Delta
+from service.errors import ServiceError
+from service.generation import GenerateParams
+from service.http import SSE_DONE, sse
+from service.http_errors import service_error_payload
+from service.routes.deps import IdentityDep, ServicesDep
+from service.schemas import GenerateBody
+
+router = APIRouter()
+
+
+def _params(body: GenerateBody) -> GenerateParams:
+    return GenerateParams(prompt=body.prompt, max_tokens=body.max_tokens, temperature=body.temperature,
+                          top_p=body.top_p, top_k=body.top_k, seed=body.seed, stop=body.stops,
+                          watermark=body.watermark, tenant=body.tenant)
+
+
+@router.post("/v1/generate")
+async def generate_route(body: GenerateBody, services: ServicesDep, identity: IdentityDep):
+    params = _params(body)
+    if not body.stream:
+        return (await generation.generate(services, identity, params)).to_dict()
+    events = await generation.stream(services, identity, params)
+
+    async def stream() -> AsyncIterator[bytes]:
+        try:
+            async for event in events:
+                if isinstance(event, Delta):
+                    yield sse({"type": "delta", "text": event.text, "token_ids": list(event.token_ids)})
+                else:
+                    yield sse({"type": "done", **event.to_dict()})
+        except ServiceError as exc:
+            yield sse({"type": "error", **service_error_payload(exc)})
+        yield SSE_DONE
+
+    return StreamingResponse(stream(), media_type="text/event-stream")

@@ -1,0 +1,35 @@
+"""Operations: ``/healthz`` (alive), ``/readyz`` (model loaded, database reachable), ``/metrics``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+
+from service.errors import Unavailable
+from service.routes.deps import ServicesDep
+
+router = APIRouter()
+
+
+@router.get("/healthz")
+def healthz():
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(services: ServicesDep):
+    problems = []
+    if not services.engine.ready:
+        problems.append("model not loaded")
+    try:
+        services.check_database()
+    except Unavailable as exc:
+        problems.append(exc.message)
+    if problems:
+        return JSONResponse({"status": "not ready", "problems": problems}, status_code=503)
+    return {"status": "ready", "engine": services.engine.name, "model": services.engine.model_name}
+
+
+@router.get("/metrics")
+def metrics_route(services: ServicesDep):
+    return Response(services.metrics.render(), media_type="text/plain; version=0.0.4")
