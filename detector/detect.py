@@ -15,10 +15,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from detector import scoring, spans, stats
+from detector.defaults import DEFAULT_THRESHOLD
 from detector.result import Candidate, DetectionResult, KeyResult, Span
 
 DualStatistic = Literal["auto", "max", "weighted", "routed"]
-DEFAULT_THRESHOLD = 1e-6
 
 
 class DetectorConfig(BaseModel):

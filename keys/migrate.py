@@ -8,15 +8,18 @@ from the migrations to the store's models, never back)."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Engine, inspect, text
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+VERSION_TABLE = "alembic_version"
 
 
 def _migrations_dir() -> Path:
@@ -29,8 +32,10 @@ def _migrations_dir() -> Path:
 MIGRATIONS_DIR = _migrations_dir()
 
 
-def alembic_config(url: str | None = None) -> Config:
+def alembic_config(url: str | None = None) -> "Config":
     """A Config without an ini file: script location is the installed ``migrations`` package."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     if url is not None:
@@ -39,25 +44,67 @@ def alembic_config(url: str | None = None) -> Config:
     return config
 
 
+# Opening the store checks its schema revision on every command, so the check reads the
+# version scripts' `revision`/`down_revision` as data and the version table with one SELECT,
+# without importing Alembic (about a third of a store command's start-up otherwise).
+# tests/keys/test_migrations.py checks these against Alembic's own answers.
+
+
+def _literal(node: ast.stmt, name: str):
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+        return True, ast.literal_eval(node.value) if node.value is not None else None
+    if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == name):
+        return True, ast.literal_eval(node.value)
+    return False, None
+
+
+@lru_cache(maxsize=1)
+def script_revisions() -> dict[str, tuple[str, ...]]:
+    """Every revision of the version scripts -> its down revisions."""
+    revisions: dict[str, tuple[str, ...]] = {}
+    for path in sorted((MIGRATIONS_DIR / "versions").glob("*.py")):
+        found: dict[str, object] = {}
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            for name in ("revision", "down_revision"):
+                hit, value = _literal(node, name)
+                if hit:
+                    found[name] = value
+        if "revision" not in found:  # pragma: no cover - not a version script
+            continue
+        down = found.get("down_revision")
+        revisions[str(found["revision"])] = () if down is None else (down,) if isinstance(down, str) else tuple(down)
+    return revisions
+
+
 @lru_cache(maxsize=1)
 def head_revision() -> str:
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    if head is None:  # pragma: no cover - the package ships its versions
-        raise RuntimeError(f"no migrations found in {MIGRATIONS_DIR}")
-    return head
+    revisions = script_revisions()
+    below = {down for downs in revisions.values() for down in downs}
+    heads = sorted(set(revisions) - below)
+    if len(heads) != 1:  # pragma: no cover - the package ships one chain
+        raise RuntimeError(f"expected one head revision in {MIGRATIONS_DIR}, found {heads or 'none'}")
+    return heads[0]
 
 
 def known_revisions() -> set[str]:
-    return {s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+    return set(script_revisions())
 
 
 def current_revision(engine: Engine) -> str | None:
+    """The database's schema revision (None: not migrated); several heads read as a tuple
+    of them joined by commas, which matches no script."""
     with engine.connect() as connection:
-        return MigrationContext.configure(connection).get_current_revision()
+        if not inspect(connection).has_table(VERSION_TABLE):
+            return None
+        rows = sorted(row[0] for row in connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")))
+    return ",".join(rows) if rows else None
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Upgrade in one transaction (PostgreSQL and, through keys.db, SQLite have transactional DDL)."""
+    from alembic import command
+
     with engine.begin() as connection:
         config = alembic_config()
         config.attributes["connection"] = connection
@@ -65,6 +112,8 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 
 def downgrade(engine: Engine, revision: str) -> None:
+    from alembic import command
+
     with engine.begin() as connection:
         config = alembic_config()
         config.attributes["connection"] = connection

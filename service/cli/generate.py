@@ -8,7 +8,6 @@ server side, never by the caller; ``--no-watermark`` is the recorded opt-out.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -40,6 +39,8 @@ def _build_engine(engine: str, model: str | None, vllm_url: str | None):
 async def _run(services, params: list, *, tenant: str, needs_key: bool) -> list["Outcome"]:
     """Each prompt through :func:`service.generation.generate` (key choice, engine, ledger
     record), concurrently, as the operator (an admin identity acting for the tenant)."""
+    import asyncio
+
     from service import generation
     from service.auth import Identity
 
@@ -72,6 +73,8 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Generate watermarked text for one or more prompts and record its provenance."""
+    import asyncio
+
     from keys.errors import KeyStoreError
     from keys.ledger import hash_output
     from service.cli.store import cli_store

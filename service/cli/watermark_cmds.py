@@ -10,24 +10,25 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-import numpy as np
 import typer
-from pydantic import ValidationError
 
-from detector.detect import DEFAULT_THRESHOLD, DetectorConfig, detect as run_detect
-from detector.result import Candidate
+from detector.defaults import DEFAULT_THRESHOLD
 from service.cli.app import CliError, app, emit
-from service.validation import describe
-from watermark import prf
-from watermark.prf import philox
-from watermark.key import WatermarkKey
-from watermark.spec import WatermarkSpec
+
+if TYPE_CHECKING:  # loaded by the commands that use them (`hallmark --help` loads none)
+    from detector.detect import DetectorConfig
+    from watermark.key import WatermarkKey
+    from watermark.spec import WatermarkSpec
+
+MAX_TOKEN_ID = 2**32 - 1  # the PRF reads token ids as 32-bit words
 
 
 def parse_secret(value: Any) -> int:
     """A u64 given as an int, a decimal string or a 0x-prefixed hex string."""
+    from watermark import prf
+
     try:
         if isinstance(value, bool):
             raise ValueError
@@ -37,7 +38,12 @@ def parse_secret(value: Any) -> int:
         raise ValueError("a key (secret) must be an unsigned 64-bit integer, decimal or 0x hex") from None
 
 
-def spec_from_options(**fields: Any) -> WatermarkSpec:
+def spec_from_options(**fields: Any) -> "WatermarkSpec":
+    from pydantic import ValidationError
+
+    from service.validation import describe
+    from watermark.spec import WatermarkSpec
+
     try:
         return WatermarkSpec(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
@@ -59,12 +65,16 @@ def _open_lines(path: str) -> Iterator[str]:
 def _token_list(value: Any) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise ValueError("token ids must be a JSON list of integers")
-    if any(t < 0 or t > philox.MASK32 for t in value):
+    if any(t < 0 or t > MAX_TOKEN_ID for t in value):
         raise ValueError("token ids must be in [0, 2**32)")
     return value
 
 
 def _batch(path: str, handle_line) -> None:
+    from pydantic import ValidationError
+
+    from service.validation import describe
+
     failures = 0
     for number, line in enumerate(_open_lines(path), start=1):
         if not line.strip():
@@ -92,6 +102,9 @@ def prf_command(
     jsonl: str = typer.Option(..., "--jsonl", help='File ("-" for stdin): {"key": "<u64>", "context": [...], "tokens": [...]} per line.'),
 ) -> None:
     """PRF words and uniforms for (key, context, tokens), one output line per input line."""
+    import numpy as np
+
+    from watermark.prf import philox
 
     def one(item: dict) -> dict:
         key = parse_secret(item["key"])
@@ -110,12 +123,17 @@ def prf_command(
 def _token_list_or_pad(value: Any) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         raise ValueError("context must be a JSON list of integers (-1 for padding)")
-    if any(t < -1 or t > philox.MASK32 for t in value):
+    if any(t < -1 or t > MAX_TOKEN_ID for t in value):
         raise ValueError("context entries must be -1 or in [0, 2**32)")
     return value
 
 
-def _detector_config(threshold: float, statistic: str, spans: bool) -> DetectorConfig:
+def _detector_config(threshold: float, statistic: str, spans: bool) -> "DetectorConfig":
+    from pydantic import ValidationError
+
+    from detector.detect import DetectorConfig
+    from service.validation import describe
+
     try:
         return DetectorConfig(threshold=threshold, dual_statistic=statistic, spans=spans)
     except ValidationError as exc:
@@ -160,7 +178,9 @@ def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text
         raise CliError(str(exc)) from None
 
 
-def _inline_key(key: Optional[str], key_file: Optional[Path], spec: WatermarkSpec) -> WatermarkKey:
+def _inline_key(key: Optional[str], key_file: Optional[Path], spec: "WatermarkSpec") -> "WatermarkKey":
+    from watermark.key import WatermarkKey
+
     if key_file is not None:
         try:
             key = key_file.read_text(encoding="utf-8").strip()
@@ -195,6 +215,11 @@ def detect_command(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Score text against an inline key, a tenant's stored keys, or a JSONL batch."""
+    from detector.detect import detect as run_detect
+    from detector.result import Candidate
+    from watermark.key import WatermarkKey
+    from watermark.spec import WatermarkSpec
+
     config = _detector_config(threshold, statistic, spans)
     if jsonl is not None:
         if any(x is not None for x in (token_ids, token_ids_file, text, text_file, key, key_file, tenant)):

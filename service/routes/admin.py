@@ -9,7 +9,7 @@ with the actor ``api:<token id>``. Also ``GET /v1/me``: what the presented token
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Annotated, Iterator
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field

@@ -96,3 +96,17 @@ def test_offline_sql_generation(url):
     command.upgrade(config, "head", sql=True)
     sql = buffer.getvalue()
     assert "CREATE TABLE watermark_keys" in sql and "audit_events" in sql
+
+
+def test_light_revision_reading_agrees_with_alembic(engine):
+    """keys.migrate reads revisions without Alembic (start-up time); Alembic's answers agree."""
+    from alembic.script import ScriptDirectory
+
+    scripts = ScriptDirectory.from_config(migrate.alembic_config())
+    assert migrate.head_revision() == scripts.get_current_head()
+    assert migrate.known_revisions() == {s.revision for s in scripts.walk_revisions()}
+    for target in (None, migrate.head_revision()):
+        if target is not None:
+            migrate.upgrade(engine, target)
+        with engine.connect() as connection:
+            assert migrate.current_revision(engine) == MigrationContext.configure(connection).get_current_revision()

@@ -90,3 +90,8 @@ def test_interface_matches_the_numpy_functions(philox_golden):
         assert [int(w) for w in impl.words(np.uint64(key), contexts, tokens)] == case["words"]
         per_row = impl.uniforms(np.full(len(tokens), key, dtype=np.uint64), contexts, tokens)
         assert np.array_equal(per_row, np.array(case["uniforms"], dtype=np.float32))
+
+
+def test_every_name_looks_up_its_version():
+    for name, version in prf.NAMES.items():
+        assert prf.lookup(name).version == version == prf.canonical_name(name)

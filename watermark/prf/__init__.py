@@ -1,27 +1,25 @@
 """Watermark PRFs: one module per version, looked up by the spec's ``prf`` name.
 
 * :mod:`watermark.prf.base` -- the interface and the 64-bit key conventions all versions share;
+* :mod:`watermark.prf.versions` -- the version names a spec may use;
 * :mod:`watermark.prf.philox` -- ``philox4x32-10-v1`` (numpy and plain ints; no torch);
 * :mod:`watermark.prf.philox_torch` -- the same PRF on torch tensors, for the samplers
   (imported only where tensors are, so detection and the CLI never load torch).
 
 Adding a version: one module with a :class:`~watermark.prf.base.PRF` subclass, its golden
-vectors, and one line in :func:`lookup`.
+vectors, its name in :mod:`watermark.prf.versions` and one branch in :func:`lookup`.
 """
 
 from __future__ import annotations
 
-from watermark.prf import philox
 from watermark.prf.base import MAX_KEY, PRF, check_key, derive_key, to_signed64
+from watermark.prf.versions import NAMES, PHILOX_V1
 
-__all__ = ["MAX_KEY", "NAMES", "PRF", "DEFAULT", "canonical_name", "check_key", "derive_key", "lookup",
+__all__ = ["MAX_KEY", "NAMES", "PHILOX_V1", "PRF", "DEFAULT", "canonical_name", "check_key", "derive_key", "lookup",
            "to_signed64"]
 
-DEFAULT = philox.VERSION
+DEFAULT = PHILOX_V1
 """The version a spec names when it names none."""
-
-NAMES: dict[str, str] = {philox.NAME: philox.VERSION, philox.VERSION: philox.VERSION}
-"""Every accepted ``prf`` name (versions and vLLM's short names) -> its version."""
 
 
 def canonical_name(name: str) -> str:
@@ -32,8 +30,11 @@ def canonical_name(name: str) -> str:
 
 
 def lookup(name: str) -> PRF:
-    """The PRF implementation a spec's ``prf`` names."""
+    """The PRF implementation a spec's ``prf`` names. Implementations load here, so naming
+    a PRF (a spec, the key store) costs no numpy."""
     version = canonical_name(name)
-    if version == philox.VERSION:
+    if version == PHILOX_V1:
+        from watermark.prf import philox
+
         return philox.PHILOX
     raise ValueError(f"unknown prf: {name!r}; expected one of {sorted(NAMES)}")  # pragma: no cover

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import numpy as np
+if TYPE_CHECKING:  # the interface names numpy types; only implementations load numpy
+    import numpy as np
 
 MAX_KEY = 2**64 - 1
 

@@ -27,8 +27,9 @@ from __future__ import annotations
 import numpy as np
 
 from watermark.prf.base import PRF, check_key
+from watermark.prf.versions import PHILOX_V1
 
-VERSION = "philox4x32-10-v1"
+VERSION = PHILOX_V1
 NAME = "philox"
 
 MASK32 = 0xFFFFFFFF
