@@ -78,17 +78,21 @@ class VLLMEngine:
             return watermark_args.sealed_args(plan.key_id, plan.key, seed, self._transport_key)
         return watermark_args.reference_args(plan.key_id, seed)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta | Finished]:
-        if not self.ready:
-            raise EngineNotReady("the vllm engine is not started; call start() first")
+    def check(self, request: GenerationRequest) -> None:
+        """Raise ValueError for a request vLLM would refuse (before anything starts)."""
         validate_sampling(request.temperature, request.top_k, request.top_p)
         if request.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
+        if request.seed is not None and not 0 <= request.seed <= watermark_args.MAX_SEED:
+            raise ValueError("seed must be an integer in [0, 2**64 - 1]")
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta | Finished]:
+        if not self.ready:
+            raise EngineNotReady("the vllm engine is not started; call start() first")
+        self.check(request)
         # The seed of the request's ordinary stream: given, or drawn here so that the
         # routes can be replayed afterwards (the plugin draws from the same stream).
         seed = request.seed if request.seed is not None else watermark_args.new_seed()
-        if not 0 <= seed <= watermark_args.MAX_SEED:
-            raise ValueError("seed must be an integer in [0, 2**64 - 1]")
         sampling = Sampling(max_tokens=request.max_tokens, temperature=request.temperature,
                             top_p=request.top_p, top_k=request.top_k, seed=seed)
         tracker = StopTextTracker(self.tokenizer(), stop=tuple(request.stop))
