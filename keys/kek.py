@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from keys.errors import ConfigError, KekError
-from keys.settings import StoreSettings
+from keys.settings import DEFAULT_DATABASE_URL, DEV_KEK_FILE, StoreSettings
 
 log = logging.getLogger("hallmark.keys")
 
@@ -146,9 +146,14 @@ def load_kek(settings: StoreSettings) -> Kek:
         return Kek.from_base64(settings.kek.get_secret_value(), source="HALLMARK_KEK")
     if settings.kek_file is not None:
         return read_kek_file(settings.kek_file)
+    if settings.database_url == DEFAULT_DATABASE_URL and DEV_KEK_FILE.exists():
+        # Development defaults go together: ./var/hallmark.db is wrapped under ./var/kek.key.
+        return read_kek_file(DEV_KEK_FILE)
     raise KekError(
-        "no KEK configured: set HALLMARK_KEK (base64 of 32 random bytes) or "
-        f"HALLMARK_KEK_FILE ({_HOW_TO_MAKE_ONE})"
+        "no KEK configured: set HALLMARK_KEK_FILE to the KEK file the server uses (`make run` "
+        f"writes {DEV_KEK_FILE} in the directory it runs in, and the CLI finds it when run from "
+        "there) or HALLMARK_KEK (base64 of 32 random bytes); a newly generated KEK opens none "
+        f"of the existing keys (for a new store, {_HOW_TO_MAKE_ONE})"
     )
 
 

@@ -13,6 +13,9 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///./var/hallmark.db"
+# The development KEK that `hallmark quickstart` (`make run`) creates beside the default
+# database; with that database and no KEK configured, the CLI and the server both use it.
+DEV_KEK_FILE = Path("var/kek.key")
 
 
 class StoreSettings(BaseSettings):

@@ -10,4 +10,4 @@ from service.cli.app import app, main  # noqa: F401
 # Registration order is the order `hallmark --help` lists the commands in.
 from service.cli import watermark_cmds  # noqa: F401,E402  (prf, detect)
 from service.cli import tenant_cmds, key_cmds, token_cmds, audit_cmds, kek_cmds, db_cmds  # noqa: F401,E402
-from service.cli import serve, generate, deploy  # noqa: F401,E402
+from service.cli import serve, generate, deploy, doctor  # noqa: F401,E402

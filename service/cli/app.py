@@ -69,25 +69,58 @@ def emit(payload: Any, as_json: bool, text: str | None = None) -> None:
         typer.echo(text if text is not None else json.dumps(payload, indent=2, default=str))
 
 
-def main() -> None:
+def _click_classes(name: str) -> tuple[type[BaseException], ...]:
+    """``name`` (ClickException, Exit, Abort) from click and from the copy of click that
+    Typer vendors (``typer._click``, whose classes are not click's)."""
+    found = []
+    for module in ("click.exceptions", "typer._click.exceptions"):
+        try:
+            found.append(getattr(__import__(module, fromlist=[name]), name))
+        except (ImportError, AttributeError):
+            pass
+    return tuple(found)
+
+
+def _usage_line(argv: list[str]) -> str | None:
+    """The usage line of the deepest (sub)command named in ``argv``."""
     try:
-        code = app(standalone_mode=False)
+        command = typer.main.get_command(app)
+        names = ["hallmark"]
+        for word in argv:
+            sub = getattr(command, "commands", {}).get(word)
+            if sub is None:
+                break
+            command, names = sub, names + [word]
+        ctx = command.make_context(" ".join(names), [], resilient_parsing=True)
+        return ctx.get_usage()
+    except Exception:  # best effort: the error line alone is still printed
+        return None
+
+
+def main() -> None:
+    click_error, click_exit, click_abort = (_click_classes(n) for n in ("ClickException", "Exit", "Abort"))
+    try:
+        code = app(standalone_mode=False, prog_name="hallmark")
         if isinstance(code, int) and code:
             sys.exit(code)
     except CliError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except typer.Abort:
+    except (typer.Abort, *click_abort):
         typer.echo("error: aborted", err=True)
         sys.exit(1)
-    except Exception as exc:  # click usage errors and domain errors with safe messages
-        import click
-
-        if isinstance(exc, click.exceptions.Exit):
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
+    except click_exit as exc:
+        sys.exit(getattr(exc, "exit_code", 0))
+    except click_error as exc:
+        # A usage error (unknown command, missing option value): click's usage line and one
+        # error line, exit 2; never a traceback.
+        if getattr(exc, "ctx", True) is None:  # the option parser's errors carry no context
+            usage = _usage_line(sys.argv[1:])
+            if usage:
+                typer.echo(usage, err=True)
+        exc.show()
+        sys.exit(getattr(exc, "exit_code", 2))
+    except Exception as exc:  # domain errors with safe messages
         mapped = getattr(exc, "user_message", None)
         if mapped:
             typer.echo(f"error: {mapped}", err=True)

@@ -88,6 +88,8 @@ def generate(
         validate_sampling(temperature, top_k, top_p)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    from service.cli.progress import note
+
     built = _build_engine(engine, model, vllm_url)
     # The operator's own limits, not a public server's: no caps beyond the options given.
     settings = ServiceSettings(engine=engine, max_tokens_cap=max(max_tokens, 1024), max_prompt_tokens=sys.maxsize,
@@ -97,6 +99,8 @@ def generate(
                              seed=None if seed is None else (seed + index) % 2**64, stop=tuple(stop or ()),
                              watermark=not no_watermark, tenant=tenant)
               for index, text in enumerate(prompt)]
+    note(f"loading the model ({built.model_name}, engine {built.name}) and generating "
+         f"{len(prompt)} prompt(s)...", as_json=as_json)
     try:
         with cli_store(require_kek=True) as store:
             outcomes = asyncio.run(_run(Services(settings=settings, store=store, engine=built), params, tenant=tenant,

@@ -19,8 +19,10 @@ def kek_rotate(new_kek_file: Path = typer.Option(..., "--new-kek-file", help="Fi
     from keys.audit import default_actor
     from keys.kek import read_kek_file
     from keys.kek_rotation import rotate_kek
+    from service.cli.progress import note
 
     new = read_kek_file(new_kek_file)
+    note("re-wrapping every key under the new KEK in one transaction...", as_json=as_json)
     with cli_store(require_kek=True) as store, store.transaction() as session:
         result = rotate_kek(session, current=store.keyring, new=new, actor=default_actor())
     emit({"previous_kek_ids": list(result.previous_kek_ids), "new_kek_id": result.new_kek_id,

@@ -10,7 +10,7 @@ import typer
 
 from service.cli.app import CliError, app
 
-DEV_KEK_FILE = Path("var/kek.key")
+from keys.settings import DEV_KEK_FILE  # noqa: E402  (the one default the CLI and the server share)
 DEMO_TENANT = "demo"
 
 
@@ -32,6 +32,11 @@ def _serve(host: str, port: int, **overrides) -> None:
         raise CliError(exc.user_message) from None
     except ValueError as exc:
         raise CliError(f"invalid setting: {exc}") from None
+    from service.cli.progress import note
+    from service.engines import BUNDLED_MODELS
+
+    note(f"loading the model ({BUNDLED_MODELS.get(settings.model, settings.model)}); the server answers on "
+         f"http://{host}:{port} once it is loaded (the page: /ui, the API reference: /docs)")
     uvicorn.run(create_app(settings, store_settings=store_settings), host=host, port=port, log_level="info",
                 access_log=False)
 
@@ -104,5 +109,6 @@ def quickstart_command(
         typer.echo(f"API token for 'demo' (shown once, store it now): {token}")
     else:
         typer.echo("tenant 'demo' exists; use the token you saved (or `hallmark tokens issue --tenant demo`).")
-    typer.echo(f"serving on http://{host}:{port} (local engine, bundled models)")
+    typer.echo(f"serving on http://{host}:{port} (local engine, model hallmark-tiny-dsv32): the page is "
+               f"http://{host}:{port}/ui, the API reference http://{host}:{port}/docs, the CLI `hallmark --help`")
     _serve(host, port)

@@ -74,8 +74,10 @@ def _batch(path: str, handle_line) -> None:
     from pydantic import ValidationError
 
     from service.validation import describe
+    from service.cli.progress import Counter
 
     failures = 0
+    counter = Counter("lines")  # on a terminal only (stderr); the JSONL goes to stdout
     for number, line in enumerate(_open_lines(path), start=1):
         if not line.strip():
             continue
@@ -92,7 +94,9 @@ def _batch(path: str, handle_line) -> None:
             message = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             out, failures = {"line": number, "error": message}, failures + 1
         sys.stdout.write(json.dumps(out) + "\n")
+        counter.tick(failed="error" in out)
     sys.stdout.flush()
+    counter.close()
     if failures:
         raise CliError(f"{failures} line(s) failed; see the error objects in the output")
 

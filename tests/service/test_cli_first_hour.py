@@ -1,0 +1,98 @@
+"""A new user's first hour with the CLI: usage errors, the shared development KEK,
+`hallmark doctor`, and progress lines that stay off the record when output is not a terminal."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from keys.kek import ensure_dev_kek_file
+from service.cli import main
+
+
+@pytest.fixture
+def fresh_dir(tmp_path, monkeypatch):
+    """An empty working directory and no HALLMARK_* settings: what `make run`'s user has."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("HALLMARK_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run(monkeypatch, capsys, *argv: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["hallmark", *argv])
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("argv, usage", [
+    (["nosuch"], "Usage: hallmark [OPTIONS] COMMAND"),
+    (["keys", "create", "--tenant"], "Usage: hallmark keys create [OPTIONS]"),
+    (["tenants", "create"], "Usage: hallmark tenants create"),
+    (["keys", "create", "--nosuch", "x"], "Usage: hallmark keys create"),
+])
+def test_usage_errors_print_usage_and_one_error_line(monkeypatch, capsys, fresh_dir, argv, usage):
+    code, out, err = run(monkeypatch, capsys, *argv)
+    assert code == 2 and "Traceback" not in err + out
+    assert usage in err
+    assert [line for line in err.splitlines() if line.startswith("Error:")] == [err.splitlines()[-1]]
+
+
+def test_cli_finds_the_kek_that_make_run_made(monkeypatch, capsys, fresh_dir):
+    assert run(monkeypatch, capsys, "db", "upgrade")[0] == 0
+    assert run(monkeypatch, capsys, "tenants", "create", "acme")[0] == 0
+    # Without var/kek.key: the hint names the file the server uses, not a new KEK.
+    code, _, err = run(monkeypatch, capsys, "keys", "create", "--tenant", "acme")
+    assert code == 1 and "var/kek.key" in err and "Traceback" not in err and len(err.splitlines()) == 1
+    # What `hallmark quickstart` (make run) leaves behind: var/kek.key beside var/hallmark.db.
+    kek = ensure_dev_kek_file(fresh_dir / "var" / "kek.key")
+    code, out, err = run(monkeypatch, capsys, "keys", "create", "--tenant", "acme", "--json")
+    assert code == 0, err
+    assert '"state": "active"' in out and kek.id in out
+
+
+def test_a_configured_database_elsewhere_does_not_borrow_the_dev_kek(monkeypatch, capsys, fresh_dir):
+    ensure_dev_kek_file(fresh_dir / "var" / "kek.key")
+    monkeypatch.setenv("HALLMARK_DATABASE_URL", f"sqlite:///{fresh_dir / 'prod.db'}")
+    assert run(monkeypatch, capsys, "db", "upgrade")[0] == 0
+    assert run(monkeypatch, capsys, "tenants", "create", "acme")[0] == 0
+    code, _, err = run(monkeypatch, capsys, "keys", "create", "--tenant", "acme")
+    assert code == 1 and "no KEK configured" in err
+
+
+def test_doctor_says_what_to_fix_then_passes(monkeypatch, capsys, fresh_dir):
+    code, out, _ = run(monkeypatch, capsys, "doctor")
+    assert code == 1
+    assert "FAIL  database" in out and "hallmark db upgrade" in out and "FAIL  kek" in out
+    assert "ok    model        hallmark-tiny-dsv32" in out
+    ensure_dev_kek_file(fresh_dir / "var" / "kek.key")
+    assert run(monkeypatch, capsys, "db", "upgrade")[0] == 0
+    code, out, _ = run(monkeypatch, capsys, "doctor", "--json")
+    assert code == 0 and '"ok": true' in out
+    # A KEK that opens none of the stored keys is named as the problem.
+    assert run(monkeypatch, capsys, "tenants", "create", "acme")[0] == 0
+    assert run(monkeypatch, capsys, "keys", "create", "--tenant", "acme")[0] == 0
+    other = ensure_dev_kek_file(fresh_dir / "other.key")
+    monkeypatch.setenv("HALLMARK_KEK", other.to_base64())
+    code, out, _ = run(monkeypatch, capsys, "doctor")
+    assert code == 1 and "does not open the stored keys" in out
+
+
+def test_progress_stays_off_without_a_terminal(monkeypatch, capsys, fresh_dir):
+    from service.cli import progress
+
+    lines = fresh_dir / "batch.jsonl"
+    lines.write_text('{"key": "7", "context": [1, 2, 3, 4], "tokens": [5]}\n' * 3)
+    code, out, err = run(monkeypatch, capsys, "prf", "--jsonl", str(lines))
+    assert code == 0 and len(out.splitlines()) == 3 and err == ""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert progress.enabled() and not progress.enabled(as_json=True)
