@@ -83,7 +83,7 @@ def _kek(settings, store) -> Check:
 
 
 def _model_dir(name: str, role: str) -> Check:
-    from service.engines import BUNDLED_MODELS, resolve_model_path
+    from service.model_paths import BUNDLED_MODELS, resolve_model_path
 
     path = Path(resolve_model_path(name))
     shown = BUNDLED_MODELS.get(name, name)

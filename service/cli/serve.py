@@ -33,7 +33,7 @@ def _serve(host: str, port: int, **overrides) -> None:
     except ValueError as exc:
         raise CliError(f"invalid setting: {exc}") from None
     from service.cli.progress import note
-    from service.engines import BUNDLED_MODELS
+    from service.model_paths import BUNDLED_MODELS
 
     note(f"loading the model ({BUNDLED_MODELS.get(settings.model, settings.model)}); the server answers on "
          f"http://{host}:{port} once it is loaded (the page: /ui, the API reference: /docs)")

@@ -180,6 +180,7 @@ def _shot(driver, name):
         # The whole page, not just the window: size the window to the document first.
         height = driver.execute_script("return Math.max(document.body.scrollHeight, 700)")
         driver.set_window_size(1280, min(height + 20, 2400))
+        driver.execute_script("window.scrollTo(0, 0)")
         driver.save_screenshot(str(Path(SCREENSHOTS) / f"ui-{name}.png"))
         driver.set_window_size(1280, 1000)
 
