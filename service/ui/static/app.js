@@ -84,6 +84,10 @@ class ApiError extends Error {
 }
 
 async function api(method, path, body) {
+  return (await apiRaw(method, path, body)).payload;
+}
+
+async function apiRaw(method, path, body) {
   const headers = { "Accept": "application/json" };
   if (token()) headers["Authorization"] = "Bearer " + token();
   if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -93,7 +97,8 @@ async function api(method, path, body) {
   } catch (exc) {
     throw new ApiError(0, "the server could not be reached (" + exc.message + ")", "network_error");
   }
-  return readJson(response);
+  const raw = await response.clone().text();
+  return { payload: await readJson(response), raw };
 }
 
 async function readJson(response) {
@@ -181,8 +186,10 @@ function updateCount() {
 async function check() {
   const text = $("check-text").value;
   if (!text.trim()) throw new ApiError(0, "paste a text (or drop a file) to check", "empty");
-  const result = await api("POST", "/v1/detect", { text, evidence: true });
+  const { payload: result, raw } = await apiRaw("POST", "/v1/detect", { text, evidence: true });
   renderResult(text, result);
+  showSigned($("report-status"), raw, "report", { expectedType: "hallmark.detection_report" },
+    "This result is signed by the server");
 }
 
 function verdictWords(result) {
@@ -275,31 +282,30 @@ function renderLedger(result) {
   for (const m of matches) {
     const link = el("a", { href: "#record", "data-id": m.generation_id, text: m.generation_id });
     link.addEventListener("click", () => { $("record-id").value = m.generation_id; busy($("record-submit"), () => lookUp(m.generation_id)); });
-    const receipt = m.receipt ? receiptLine(m) : null;
+    const entry = m.ledger ? el("div", { class: "hint" }, "ledger entry ", el("code", { text: `#${m.ledger.seq}` }), " hash ",
+      el("code", { text: m.ledger.entry_hash.slice(0, 16) + "…", title: m.ledger.entry_hash })) : null;
     box.append(el("div", { class: "match" },
       el("strong", { text: "Exact copy of generation " }), link,
-      el("div", { class: "hint" }, `tenant ${m.tenant}, key v${m.key_version ?? "—"}, ${m.engine} / ${m.model}, ${m.watermarked_tokens} watermarked tokens, ${when(m.created_at)}`),
-      receipt));
+      el("div", { class: "hint" }, `tenant ${m.tenant}, key v${m.key_version ?? "—"}${m.key_state ? ` (${m.key_state})` : ""}, ${m.engine} / ${m.model}, ${m.watermarked_tokens} watermarked tokens, ${when(m.created_at)}${m.status ? `, ${m.status.replace("_", " ")}` : ""}`),
+      entry));
   }
 }
 
-function receiptLine(match) {
-  const line = el("div", { class: "receipt" }, "Receipt: ");
+// Verify the signed part `field` of a raw JSON response text in the browser and say so in `node`.
+function showSigned(node, rawText, field, options, label) {
+  node.hidden = true;
+  clear(node);
+  let document;
+  try { document = window.HallmarkVerify.parseRaw(rawText)[field]; } catch (_) { document = null; }
+  if (!document) return;
   const status = el("span", { text: "checking…" });
-  line.append(status);
-  verifyReceipt(match.receipt).then((ok) => {
-    status.textContent = ok === true ? "signature verifies" : ok === false ? "signature does NOT verify" : "present (not verifiable in this browser)";
-    status.className = ok === true ? "ok" : ok === false ? "bad" : "";
+  node.append(`${label}: `, status);
+  node.hidden = false;
+  window.HallmarkVerify.verifySigned(document, options).then((out) => {
+    status.textContent = out.message;
+    status.className = out.ok === true ? "ok" : out.ok === false ? "bad" : "";
+    node.dataset.verified = String(out.ok);
   });
-  return line;
-}
-
-async function verifyReceipt(receipt) {
-  // Receipts are verified by the server (it holds the public keys); the page shows the answer.
-  try {
-    const out = await api("POST", "/v1/receipts/verify", { receipt });
-    return out && out.valid === true ? true : out && out.valid === false ? false : null;
-  } catch (_) { return null; }
 }
 
 function renderPerKey(result) {
@@ -376,7 +382,11 @@ async function generate() {
           if (data === "[DONE]") continue;
           const event = JSON.parse(data);
           if (event.type === "delta") output.append(event.text);
-          else if (event.type === "done") finishGeneration(event);
+          else if (event.type === "done") {
+            finishGeneration(event);
+            showSigned($("receipt-status"), data, "receipt", { text: event.text, expectedType: "hallmark.receipt" },
+              "Receipt");
+          }
           else if (event.type === "error" || event.error) {
             const err = event.error || {};
             throw new ApiError(err.code || 500, err.message || "generation failed", err.type);
@@ -429,7 +439,6 @@ async function lookUp(id) {
     fact(dl, label, value);
   }
   if (record.spec) fact(dl, "Watermark spec", el("code", { text: JSON.stringify(record.spec) }));
-  if (record.receipt) fact(dl, "Receipt", receiptLine(record));
   $("record-result").hidden = false;
 }
 
