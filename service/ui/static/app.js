@@ -203,8 +203,20 @@ function verdictWords(result) {
   return { cls: "no", title: "Not watermarked", scored };
 }
 
+function normalisationNote(result) {
+  const n = result.normalization;
+  if (!n || !n.changed) return null;
+  const names = { zero_width: "zero-width characters dropped", bidi: "bidi controls dropped", nfkc: "compatibility forms folded",
+                  homoglyph: "look-alike letters mapped to Latin", whitespace: "runs of spaces collapsed" };
+  const parts = Object.entries(n).filter(([k, v]) => k !== "changed" && typeof v === "number" && v > 0)
+    .map(([k, v]) => `${v} ${names[k] || k.replaceAll("_", " ")}`);
+  return `Before scoring, the text was normalised against tokenisation tricks (${parts.join(", ") || "changed"}); offsets and highlights refer to the text as pasted.`;
+}
+
 function explain(result) {
   const items = [];
+  const note = normalisationNote(result);
+  if (note) items.push(note);
   const skipped = result.total_tokens - result.scored_tokens;
   const reasons = {};
   for (const t of (result.evidence && result.evidence.tokens) || []) {
@@ -221,6 +233,7 @@ function explain(result) {
     }
     items.push(`The chance that text without this watermark scores this high is below the threshold ${thresholdText(result.threshold)} (corrected for the ${result.keys_tested} key${result.keys_tested === 1 ? "" : "s"} tested).`);
     if (skipped > 0) items.push(`${skipped} token${skipped === 1 ? " was" : "s were"} not scored (${reasonText}): a repeated context carries no new evidence.`);
+    if (result.decided_by === "span") items.push("The whole text is not significant on its own; a stretch of it is (underlined below): part of the text is generated, the rest probably not.");
     if (result.spans && result.spans.length) items.push(`${result.spans.length} watermarked stretch${result.spans.length === 1 ? " is" : "es are"} underlined in the text below.`);
     return items;
   }
