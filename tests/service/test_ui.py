@@ -274,6 +274,23 @@ def test_a_wrong_token_shows_the_apis_error(server, browser):
     error = _visible(browser, "error", timeout=30)
     assert "401" in error.text and "unknown or revoked API token" in error.text
     assert "not accepted" in browser.find_element(By.ID, "token-status").text
+    # Screen-reader basics: every form control has a label, the error is an alert, focus starts
+    # at the skip link and then reaches the navigation before the token field.
+    unlabelled = browser.execute_script(
+        "return [...document.querySelectorAll('input, select, textarea')]"
+        ".filter(e => !e.labels.length && !e.getAttribute('aria-label')).map(e => e.id)")
+    assert unlabelled == []
+    assert error.get_attribute("role") == "alert"
+    browser.get(f"{server.url}/ui")
+    _visible(browser, "error", timeout=30)
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    order = []
+    for _ in range(4):
+        ActionChains(browser).send_keys(Keys.TAB).perform()
+        order.append(browser.execute_script("return document.activeElement.id || document.activeElement.className"))
+    assert order == ["skip", "tab-check", "tab-generate", "tab-record"], order
 
 
 def test_keys_page_rotates_a_key(server, browser):
