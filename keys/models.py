@@ -145,6 +145,18 @@ class ApiToken(Base):
     revoked_at: Mapped[datetime | None]
 
 
+class RateLimitBucket(Base):
+    """A token bucket shared by every gateway replica on this database (see
+    :mod:`service.limits`): its level and when it was last updated, in the database's
+    clock (epoch seconds), so that replicas' clocks never matter."""
+
+    __tablename__ = "rate_limit_buckets"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    level: Mapped[float]
+    updated: Mapped[float]
+
+
 class GenerationRecord(Base):
     """The provenance ledger: one row per generation, the output only as a hash."""
 

@@ -30,6 +30,11 @@ DISPLAY_PREFIX_LENGTH = 11  # "hm_" and 8 random characters: tells tokens apart,
 _TOKEN_LENGTH = len(TOKEN_PREFIX) + len(secrets.token_urlsafe(TOKEN_RANDOM_BYTES))
 
 
+def well_formed(raw_token: str) -> bool:
+    """Whether a presented token could be one this store issued (no lookup needed to refuse it)."""
+    return isinstance(raw_token, str) and len(raw_token) == _TOKEN_LENGTH and raw_token.startswith(TOKEN_PREFIX)
+
+
 def hash_token(raw_token: str) -> str:
     return hashlib.sha256(raw_token.encode("utf-8")).hexdigest()
 

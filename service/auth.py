@@ -1,13 +1,21 @@
-"""Bearer-token authentication against the key store's API tokens."""
+"""Bearer-token authentication against the key store's API tokens.
+
+Lookups are cached (:class:`service.caching.TokenCache`: known and unknown tokens apart);
+a cache miss queries the database in a worker thread (:func:`authenticate_async`), at most
+``_LOOKUPS`` at once, so that neither a slow database nor a flood of random tokens stalls
+the event loop or exhausts the connection pool.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from dataclasses import dataclass
 
 from keys.errors import KeyStoreError
-from keys.tokens import authenticate_token
-from service.errors import Forbidden, Unauthorized, Unavailable
+from keys.tokens import authenticate_token, well_formed
+from service.errors import Forbidden, Unauthorized
+from service.http_errors import store_error
 from service.state import Services
 
 
@@ -30,25 +38,51 @@ def bearer_token(header: str | None) -> str:
     return value.strip()
 
 
-def authenticate(services: Services, header: str | None) -> Identity:
-    """The identity behind an Authorization header (cached by token hash for a few seconds)."""
-    raw = bearer_token(header)
-    cache_key = ("token", hashlib.sha256(raw.encode()).hexdigest())
+_LOOKUPS = 4  # concurrent token lookups in the database, per process
+_lookup_slots: dict[int, asyncio.Semaphore] = {}
 
-    def load() -> Identity | None:
-        try:
-            with services.store.transaction(write=False) as session:
-                found = authenticate_token(session, raw_token=raw)
-        except KeyStoreError as exc:
-            raise Unavailable(exc.user_message) from None
-        if found is None:
-            return None
-        return Identity(token_id=found.token_id, tenant_id=found.tenant_id, tenant=found.tenant, admin=found.admin)
 
-    identity = services.token_cache.get_or_load(cache_key, load)
+def _load(services: Services, raw: str) -> Identity | None:
+    try:
+        with services.store.transaction(write=False) as session:
+            found = authenticate_token(session, raw_token=raw)
+    except KeyStoreError as exc:
+        raise store_error(exc) from None
+    if found is None:
+        return None
+    return Identity(token_id=found.token_id, tenant_id=found.tenant_id, tenant=found.tenant, admin=found.admin)
+
+
+def _known(identity: Identity | None) -> Identity:
     if identity is None:
         raise Unauthorized("unknown or revoked API token", headers={"WWW-Authenticate": "Bearer"})
     return identity
+
+
+def authenticate(services: Services, header: str | None) -> Identity:
+    """The identity behind an Authorization header (cached by token hash for a few seconds).
+    Blocking on a cache miss: from async code use :func:`authenticate_async`."""
+    raw = bearer_token(header)
+    cache_key = hashlib.sha256(raw.encode()).hexdigest()
+    return _known(services.token_cache.get_or_load(cache_key, lambda: _load(services, raw)))
+
+
+async def authenticate_async(services: Services, header: str | None) -> Identity:
+    """:func:`authenticate` with the database lookup in a worker thread."""
+    raw = bearer_token(header)
+    if not well_formed(raw):  # refused without a lookup (and without filling the cache)
+        return _known(None)
+    cache_key = hashlib.sha256(raw.encode()).hexdigest()
+    found, identity = services.token_cache.lookup(cache_key)
+    if found:
+        return _known(identity)
+    slots = _lookup_slots.setdefault(id(asyncio.get_running_loop()), asyncio.Semaphore(_LOOKUPS))
+    async with slots:
+        found, identity = services.token_cache.lookup(cache_key)  # another waiter may have loaded it
+        if not found:
+            identity = await asyncio.to_thread(_load, services, raw)
+            services.token_cache.store(cache_key, identity)
+    return _known(identity)
 
 
 def resolve_tenant(services: Services, identity: Identity, requested: str | None) -> tuple[str | None, str | None]:

@@ -43,7 +43,7 @@ def _config(params: DetectParams) -> DetectorConfig:
 
 def detect(services: Services, identity: Identity, params: DetectParams) -> dict[str, Any]:
     settings = services.settings
-    wait = services.detect_limiter.acquire(identity.token_id)
+    wait = services.detect_wait(identity.token_id)
     if wait > 0:
         services.metrics.rate_limited.labels("/v1/detect").inc()
         raise RateLimited(f"detection rate limit reached for this token; retry in {wait:.1f} s",

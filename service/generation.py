@@ -12,6 +12,7 @@ import asyncio
 import logging
 import threading
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
@@ -22,6 +23,7 @@ from service.engines.base import (Delta, EngineBusy, EngineFailure, Finished, Ge
                                   WatermarkPlan)
 from service.errors import BadRequest, Forbidden, Unavailable, Unprocessable
 from service.http_errors import store_error
+from service.limits import GenerationLease
 from service.state import Services
 from watermark.processing import validate_sampling
 
@@ -166,8 +168,39 @@ def _record_quietly(services: Services, prepared: _Prepared, done: Finished) -> 
         pass  # already logged by _record
 
 
+async def _admitted(services: Services, identity: Identity, params: GenerateParams) -> tuple[_Prepared, GenerationLease]:
+    """Validate and prepare (in a worker thread: key and tenant look-ups may query the
+    database), then take a place in the tenant's limits (429 beyond them)."""
+    prepared = await asyncio.to_thread(_prepare, services, identity, params)
+    lease = await services.tenant_limits.admit(prepared.tenant_id, prepared.request.max_tokens)
+    return prepared, lease
+
+
+async def _leased(events: AsyncIterator[Delta | Outcome], lease: GenerationLease) -> AsyncIterator[Delta | Outcome]:
+    """``events``, giving the lease back (with the tokens sent) however the stream ends."""
+    sent = 0
+    try:
+        async for event in events:
+            if isinstance(event, Delta):
+                sent += len(event.token_ids)
+            yield event
+    finally:
+        lease.release(sent)
+        await events.aclose()
+
+
 async def generate(services: Services, identity: Identity, params: GenerateParams) -> Outcome:
-    prepared = _prepare(services, identity, params)
+    prepared, lease = await _admitted(services, identity, params)
+    try:
+        outcome = await _generate(services, prepared)
+    except BaseException:
+        lease.release(0)
+        raise
+    lease.release(len(outcome.token_ids))
+    return outcome
+
+
+async def _generate(services: Services, prepared: _Prepared) -> Outcome:
     done = None
     try:
         async for event in services.engine.generate(prepared.request):
@@ -183,7 +216,7 @@ async def generate(services: Services, identity: Identity, params: GenerateParam
 async def stream(services: Services, identity: Identity, params: GenerateParams) -> AsyncIterator[Delta | Outcome]:
     """Deltas as they come, then the recorded :class:`Outcome`. Validation happens before the
     first event, so a bad request fails before any streaming starts."""
-    prepared = _prepare(services, identity, params)
+    prepared, lease = await _admitted(services, identity, params)
 
     async def events() -> AsyncIterator[Delta | Outcome]:
         done = None
@@ -214,4 +247,6 @@ async def stream(services: Services, identity: Identity, params: GenerateParams)
             raise Unavailable("the engine stopped before finishing the generation")
         yield _record(services, prepared, done)
 
-    return events()
+    leased = _leased(events(), lease)
+    weakref.finalize(leased, lease.release, 0)  # a stream never started still gives its place back
+    return leased

@@ -62,8 +62,9 @@ class ServiceSettings(BaseSettings):
     """Detection with ``"evidence": true`` above this many tokens gets 413 (the answer holds
     about 100 bytes per token)."""
 
-    detect_rate_per_minute: float = Field(default=600.0, gt=0)
-    """Per-token rate of /v1/detect: repeated queries leak the watermark's signal."""
+    detect_rate_per_minute: float = Field(default=600.0, ge=0)
+    """Per-token rate of /v1/detect: repeated queries leak the watermark's signal. Shared by
+    every replica (see rate_limit_backend); 0 disables the limit (benchmarks only)."""
 
     detect_burst: int = Field(default=60, ge=1)
 
@@ -71,12 +72,40 @@ class ServiceSettings(BaseSettings):
     """Whether tenant tokens may ask for unwatermarked output (`watermark: false`); admin
     tokens always may. Opted-out generations are recorded as such in the ledger."""
 
+    tenant_max_concurrent_generations: int = Field(default=32, ge=0)
+    """Generations one tenant may have in flight in this replica; more get 429 (0: no limit)."""
+
+    tenant_tokens_per_minute: float = Field(default=200_000.0, ge=0)
+    """Each tenant's generation budget in tokens a minute, shared by every replica; a request
+    reserves its max_tokens and gets back what it did not use; 429 beyond (0: no limit)."""
+
+    tenant_token_burst: int | None = Field(default=None, ge=1)
+    """Most tokens a tenant may use at once (default: one minute's budget)."""
+
+    rate_limit_backend: Literal["auto", "memory", "database", "redis"] = "auto"
+    """Where rate-limit buckets live: `auto` is Redis when redis_url is set, else the
+    database on PostgreSQL (shared by replicas), else this process's memory (SQLite)."""
+
+    redis_url: str | None = None
+    """Redis for shared rate limits, e.g. redis://127.0.0.1:6379/0."""
+
+    token_cache_entries: int = Field(default=10_000, ge=1)
+    """Known API tokens kept in the cache (least recently used evicted first); unknown tokens
+    are remembered in a separate cache of the same size, so a flood of them evicts none."""
+
     key_cache_seconds: float = Field(default=2.0, ge=0.0)
     """How long opened keys and token lookups are reused: rotation and revocation take
     effect within this time."""
+
+    @property
+    def token_burst(self) -> float:
+        return float(self.tenant_token_burst or self.tenant_tokens_per_minute)
 
     @model_validator(mode="after")
     def _caps(self) -> "ServiceSettings":
         if self.default_max_tokens > self.max_tokens_cap:
             raise ValueError("default_max_tokens cannot exceed max_tokens_cap")
+        if self.tenant_tokens_per_minute and self.token_burst < self.max_tokens_cap:
+            raise ValueError("the tenant token burst (tenant_token_burst, default tenant_tokens_per_minute) "
+                             "must be at least max_tokens_cap")
         return self

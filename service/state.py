@@ -13,11 +13,11 @@ from keys.db import Store
 from keys.material import StoredKey, active_key, detection_keys
 from keys.ledger import find_generations_by_output_hash
 from keys.tenants import get_tenant
-from service.caching import TTLCache
+from service.caching import TokenCache, TTLCache
 from service.engines.base import Engine
 from service.errors import Unavailable
 from service.metrics import Metrics
-from service.ratelimit import RateLimiter
+from service.limits import TenantLimits, create_buckets
 from service.settings import ServiceSettings
 
 
@@ -35,10 +35,21 @@ class Services:
     metrics: Metrics = field(default_factory=Metrics)
 
     def __post_init__(self) -> None:
-        ttl = self.settings.key_cache_seconds
-        self.token_cache: TTLCache = TTLCache(ttl)
+        settings = self.settings
+        ttl = settings.key_cache_seconds
+        self.token_cache: TokenCache = TokenCache(ttl, settings.token_cache_entries)
         self.key_cache: TTLCache = TTLCache(ttl)
-        self.detect_limiter = RateLimiter(self.settings.detect_rate_per_minute, self.settings.detect_burst)
+        self.buckets = create_buckets(settings, self.store)
+        self.tenant_limits = TenantLimits(self.buckets, max_concurrent=settings.tenant_max_concurrent_generations,
+                                          tokens_per_minute=settings.tenant_tokens_per_minute,
+                                          token_burst=settings.token_burst)
+
+    def detect_wait(self, token_id: str) -> float:
+        """Take one detection from the token's shared budget: 0, or seconds to wait (blocking)."""
+        rate = self.settings.detect_rate_per_minute
+        if rate <= 0:
+            return 0.0
+        return self.buckets.take(f"detect:{token_id}", 1.0, rate / 60.0, float(self.settings.detect_burst))
 
     def active_key(self, tenant_id: str) -> StoredKey:
         def load() -> StoredKey:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
@@ -12,10 +14,11 @@ from service.schemas import DetectBody
 router = APIRouter()
 
 
-# Async on purpose: detection is short and CPU-bound (see service.routes.deps).
 @router.post("/v1/detect")
 async def detect_route(body: DetectBody, services: ServicesDep, identity: IdentityDep):
     params = detection.DetectParams(text=body.text, token_ids=tuple(body.token_ids) if body.token_ids is not None
                                     else None, tenant=body.tenant, threshold=body.threshold,
                                     statistic=body.statistic, spans=body.spans, evidence=body.evidence)
-    return JSONResponse(detection.detect(services, identity, params))
+    # In a worker thread: the shared rate limit and the ledger look-up may query the database,
+    # which must never stall the event loop (a restarting database would stall every request).
+    return JSONResponse(await asyncio.to_thread(detection.detect, services, identity, params))

@@ -48,10 +48,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def provision(tmp: Path) -> tuple[StoreSettings, dict[str, str]]:
+def provision(tmp: Path, database_url: str | None = None) -> tuple[StoreSettings, dict[str, str]]:
+    """Tenants acme (dual key) and globex (gumbel), their tokens and an admin token, in a new
+    SQLite file under ``tmp`` or in the (empty) database at ``database_url``."""
     kek_file = tmp / "kek.key"
     generate_kek_file(kek_file)
-    settings = StoreSettings(database_url=f"sqlite:///{tmp / 'hallmark.db'}", kek_file=kek_file)
+    settings = StoreSettings(database_url=database_url or f"sqlite:///{tmp / 'hallmark.db'}", kek_file=kek_file)
     store = open_store(settings, require_kek=True, check_schema=False, create=True)
     tokens = {}
     try:
