@@ -17,6 +17,7 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     DateTime,
+    Double,
     ForeignKey,
     Index,
     Integer,
@@ -153,8 +154,8 @@ class RateLimitBucket(Base):
     __tablename__ = "rate_limit_buckets"
 
     name: Mapped[str] = mapped_column(String(200), primary_key=True)
-    level: Mapped[float]
-    updated: Mapped[float]
+    level: Mapped[float] = mapped_column(Double())
+    updated: Mapped[float] = mapped_column(Double())
 
 
 class GenerationRecord(Base):

@@ -23,8 +23,8 @@ def upgrade() -> None:
     op.create_table(
         "rate_limit_buckets",
         sa.Column("name", sa.String(200), nullable=False),
-        sa.Column("level", sa.Float(), nullable=False),
-        sa.Column("updated", sa.Float(), nullable=False),
+        sa.Column("level", sa.Double(), nullable=False),
+        sa.Column("updated", sa.Double(), nullable=False),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_rate_limit_buckets")),
     )
 

@@ -93,7 +93,8 @@ def generate(
     built = _build_engine(engine, model, vllm_url)
     # The operator's own limits, not a public server's: no caps beyond the options given.
     settings = ServiceSettings(engine=engine, max_tokens_cap=max(max_tokens, 1024), max_prompt_tokens=sys.maxsize,
-                               allow_opt_out=True)
+                               allow_opt_out=True, tenant_max_concurrent_generations=0, tenant_tokens_per_minute=0,
+                               rate_limit_backend="memory")
     params = [GenerateParams(prompt=text, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                              # One seed for the batch would give equal prompts equal outputs.
                              seed=None if seed is None else (seed + index) % 2**64, stop=tuple(stop or ()),
