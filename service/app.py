@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from keys.db import Store, open_store
 from keys.settings import StoreSettings
 from service.engines.base import Engine
-from service import http_errors
+from service import http_errors, openapi
 from service.body_limit import BodyLimit
 from service.middleware import RequestMetrics
 from service.routes import admin, detect, generate, generations, openai, ops
@@ -60,6 +60,7 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
 
     app = FastAPI(title="Hallmark", version="0.1.0", lifespan=lifespan)
     http_errors.install(app)
+    openapi.install(app, settings, state)
     for routes in (generate, openai, detect, generations, ops, admin):
         app.include_router(routes.router)
     mount_ui(app)

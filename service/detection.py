@@ -14,7 +14,7 @@ from keys.errors import KeyStoreError, UnknownTenant
 from keys.ledger import hash_output
 from service import evidence
 from service.auth import Identity, resolve_tenant
-from service.errors import NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
+from service.errors import Conflict, NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
 from service.state import Services
 from service.validation import describe
 
@@ -77,7 +77,9 @@ def detect(services: Services, identity: Identity, params: DetectParams) -> dict
         try:
             statistic_for(candidate, config)
         except ValueError as exc:
-            raise Unprocessable(f"statistic {params.statistic!r}: {exc}") from None
+            # 409: the request is well formed; the keys in scope (server state) lack a keyed coin.
+            raise Conflict(f"statistic {params.statistic!r}: {exc}; use 'auto', 'max' or 'weighted'",
+                           code="statistic_unavailable", headers={"x-should-retry": "false"}) from None
     if params.evidence:
         evidence.check_size(len(token_ids), settings.max_evidence_tokens)
     result = run_detect(token_ids, candidates, config)

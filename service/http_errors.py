@@ -103,6 +103,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+        if exc.status_code == 400 and message == "There was an error parsing the body":
+            # FastAPI's answer to a body that is not UTF-8: the same 422 as any invalid JSON.
+            return JSONResponse(error_payload(422, "the request body is not valid JSON (or not UTF-8 text)",
+                                              code="invalid_json"), status_code=422)
         if exc.status_code == 404 and message == "Not Found":
             message = f"no route {request.url.path}; see /docs for the API"
         elif exc.status_code == 405:

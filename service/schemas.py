@@ -15,14 +15,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from keys.tenants import NAME_PATTERN
 from watermark.processing import MAX_TEMPERATURE, MIN_TEMPERATURE
 
 MAX_STOPS = 8
 MAX_STOP_CHARS = 200
-MAX_SEED = 2**64 - 1
+MAX_SEED = 2**53 - 1
+"""JSON-safe integers only: above 2**53 a JSON number is not exact in most clients (and in
+the OpenAPI bounds themselves); the engines take any 64-bit seed from other callers."""
 MAX_TOP_K = 2**31 - 1
 """A static ceiling; the served model's vocabulary is the real bound (see /openapi.json)."""
 MAX_TOKEN_ID = 2**32 - 1
@@ -39,6 +41,27 @@ def _valid_unicode(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_valid_unicode)]
+
+
+def _json_integer(value: Any) -> Any:
+    # JSON Schema's integer is any number without a fractional part (313.0 included); strings
+    # and booleans stay refused by strict validation.
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _int(**bounds: int) -> Any:
+    """An integer as JSON Schema defines it (never a string or a boolean), within ``bounds``
+    (the bounds sit before the validator so that they appear in the JSON schema)."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_json_integer)]
+
+
+Count = _int(ge=1)
+TopK = _int(ge=0, le=MAX_TOP_K)
+Seed = _int(ge=0, le=MAX_SEED)
+TokenId = _int(ge=0, le=MAX_TOKEN_ID)
+One = _int(ge=1, le=1)
 """A string of Unicode characters (no lone surrogates)."""
 
 TenantName = Annotated[str, Field(pattern=f"^{NAME_PATTERN.pattern}$", max_length=64)]
@@ -73,13 +96,13 @@ class GenerateBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     prompt: Text = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Count | None = None
     """Tokens to generate (at most the server's cap; omitted: the server's default)."""
     temperature: Temperature = 1.0
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0, le=MAX_TOP_K)
+    top_k: TopK = 0
     """0 disables it; at most the model's vocabulary size."""
-    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    seed: Seed | None = None
     stop: Stop | None = None
     stream: bool = False
     watermark: bool = True
@@ -97,15 +120,15 @@ class _OpenAIBase(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     model: Text | None = Field(default=None, max_length=256)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Count | None = None
+    max_completion_tokens: Count | None = None
     temperature: OpenAITemperature | None = None
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0, le=MAX_TOP_K)
-    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    top_k: TopK | None = None
+    seed: Seed | None = None
     stop: Stop | None = None
     stream: bool = False
-    n: int = Field(default=1, ge=1, le=1)
+    n: One = 1
     watermark: bool = True
 
     @property
@@ -117,7 +140,7 @@ class _OpenAIBase(BaseModel):
         return self.max_completion_tokens or self.max_tokens
 
 
-TokenIds = Annotated[list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]], Field(min_length=1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class CompletionBody(_OpenAIBase):
@@ -178,7 +201,7 @@ class DetectBody(BaseModel):
     text: Text = Field(default=None, json_schema_extra={"description": (
         "Text to score, tokenized with the key's model tokenizer (above the server's "
         "max_detect_chars: 413).")})
-    token_ids: list[Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]] = Field(default=None)
+    token_ids: list[TokenId] = Field(default=None)
     tenant: TenantName | None = None
     """Admin tokens: the tenant whose keys to test (omit to test every tenant's keys)."""
     threshold: float | None = Field(default=None, gt=0.0, lt=1.0)

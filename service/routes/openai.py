@@ -16,7 +16,7 @@ from service import generation
 from service.auth import Identity
 from service.chat import chat_prompt_ids
 from service.engines.base import Delta
-from service.errors import ServiceError
+from service.errors import ServiceError, Unprocessable
 from service.generation import GenerateParams, Outcome
 from service.http import SSE_DONE, sse
 from service.http_errors import service_error_payload
@@ -28,6 +28,11 @@ router = APIRouter()
 
 
 def _openai_params(body: CompletionBody | ChatBody, services: Services, prompt_ids: tuple[int, ...]) -> GenerateParams:
+    cap = services.settings.max_tokens_cap
+    for name in ("max_tokens", "max_completion_tokens"):  # both are bounded, whichever one is used
+        value = getattr(body, name)
+        if value is not None and value > cap:
+            raise Unprocessable(f"{name} {value} exceeds this server's cap of {cap}")
     return GenerateParams(prompt_ids=prompt_ids, max_tokens=body.token_limit,
                           temperature=1.0 if body.temperature is None else body.temperature,
                           top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,

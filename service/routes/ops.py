@@ -6,6 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
 from service.errors import Unavailable
+from service.http_errors import error_payload
 from service.routes.deps import ServicesDep
 
 router = APIRouter()
@@ -26,7 +27,9 @@ def readyz(services: ServicesDep):
     except Unavailable as exc:
         problems.append(exc.message)
     if problems:
-        return JSONResponse({"status": "not ready", "problems": problems}, status_code=503)
+        # The one error shape, with the probe's own fields beside it.
+        return JSONResponse({**error_payload(503, "not ready: " + "; ".join(problems), code="not_ready"),
+                             "status": "not ready", "problems": problems}, status_code=503)
     return {"status": "ready", "engine": services.engine.name, "model": services.engine.model_name}
 
 

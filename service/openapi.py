@@ -1,0 +1,170 @@
+"""The OpenAPI document, made to tell the truth about the running gateway.
+
+FastAPI's default document lists only 200 and a 422 in its own ``{"detail"}`` shape, shows
+authentication as an optional header parameter, and knows nothing of server-sent events
+or Prometheus' text format. :func:`install` replaces it with one that has
+
+* a bearer security scheme (the Authorize button in ``/docs``) on every route that needs a
+  token, instead of an ``authorization`` header parameter;
+* every status a route can answer, each error in the one error shape (``Error``);
+* ``text/event-stream`` beside JSON for the generation routes (``"stream": true``) and
+  ``text/plain; version=0.0.4`` for ``/metrics``;
+* the deployment's own bounds: ``max_tokens`` up to this server's cap, ``top_k`` and prompt
+  token ids within the served model's vocabulary.
+
+It is built on first request, after start-up (the model's vocabulary is known then).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from service.schemas import MAX_TOKEN_ID, MAX_TOP_K
+
+ERROR_SCHEMA = {
+    "title": "Error",
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {
+        "type": "object",
+        "required": ["message", "type", "code"],
+        "properties": {
+            "message": {"type": "string", "description": "What is wrong and what to do."},
+            "type": {"type": "string", "description": "OpenAI's error type (invalid_request_error, ...)."},
+            "code": {"type": "string", "description": "A stable snake_case code to branch on."},
+        },
+    }},
+}
+
+_DESCRIPTIONS = {
+    400: "Bad request.",
+    401: "Missing, malformed, unknown or revoked bearer token.",
+    403: "The token may not do this (another tenant, an admin-only route, a refused opt-out).",
+    404: "Unknown route, record, tenant or key.",
+    409: "The server's state does not allow it (the tenant has no active key; the keys in scope "
+         "have no keyed coin for the `routed` statistic); "
+         "not retryable (`x-should-retry: false`) until an operator acts.",
+    413: "The body exceeds the server's byte limit, or the text or token count its detection limit.",
+    415: "The body is not JSON (send `Content-Type: application/json`).",
+    422: "Invalid request: a field's type or bounds, or a prompt longer than the model's context.",
+    429: "A rate limit (detection per token; generation concurrency or tokens per tenant); see Retry-After.",
+    500: "An unexpected server error (a bug); the request was not completed.",
+    503: "Temporarily unavailable: the database or the engine is down or restarting; retry (Retry-After).",
+}
+
+_GENERATION = (404, 409, 429, 503)
+_EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
+    ("post", "/v1/generate"): _GENERATION,
+    ("post", "/v1/completions"): _GENERATION,
+    ("post", "/v1/chat/completions"): _GENERATION,
+    ("post", "/v1/detect"): (404, 409, 413, 429, 503),
+    ("get", "/v1/generations/{generation_id}"): (404, 503),
+    ("get", "/readyz"): (503,),
+}
+_ADMIN = (400, 404, 409, 503)
+_STREAMING = {("post", "/v1/generate"), ("post", "/v1/completions"), ("post", "/v1/chat/completions")}
+_PROMETHEUS = "text/plain; version=0.0.4"
+# One server-sent event (OpenAPI before 3.2: the schema describes each event of the stream).
+_SSE_EVENT = {"type": "object", "required": ["data"], "properties": {
+    "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"},
+    "data": {"type": "string", "description": "A JSON object (a delta, the final summary, or an "
+                                              "error in the one error shape), or `[DONE]` last."}}}
+_SECURED_HEADER = "authorization"
+
+
+def _error_response(status: int) -> dict[str, Any]:
+    return {"description": _DESCRIPTIONS.get(status, "Error."),
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+def _bound(schema: Any, key: str, old: int, new: int) -> None:
+    """Replace the static ceiling ``old`` of ``key`` by ``new`` throughout ``schema``."""
+    if isinstance(schema, dict):
+        if schema.get(key) == old:
+            schema[key] = new
+        for value in schema.values():
+            _bound(value, key, old, new)
+    elif isinstance(schema, list):
+        for value in schema:
+            _bound(value, key, old, new)
+
+
+def _set_maximum(schemas: dict, model: str, field: str, maximum: int) -> None:
+    prop = schemas.get(model, {}).get("properties", {}).get(field)
+    if prop is None:
+        return
+    for option in prop.get("anyOf", [prop]):
+        if option.get("type") == "integer":
+            option["maximum"] = maximum
+
+
+def build(app: FastAPI, *, max_tokens_cap: int, vocab_size: int | None) -> dict[str, Any]:
+    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    components = doc.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    schemas.pop("HTTPValidationError", None)
+    schemas.pop("ValidationError", None)
+    schemas["Error"] = ERROR_SCHEMA
+    components["securitySchemes"] = {"bearerAuth": {
+        "type": "http", "scheme": "bearer",
+        "description": "An API token (`hallmark tokens issue`): `Authorization: Bearer hm_...`."}}
+
+    for model in ("GenerateBody", "CompletionBody", "ChatBody"):
+        for field in ("max_tokens", "max_completion_tokens"):
+            _set_maximum(schemas, model, field, max_tokens_cap)
+    if vocab_size:
+        for model in ("GenerateBody", "CompletionBody", "ChatBody"):
+            _bound(schemas.get(model, {}).get("properties", {}).get("top_k"), "maximum", MAX_TOP_K, vocab_size)
+        _bound(schemas.get("CompletionBody", {}).get("properties", {}).get("prompt"), "maximum", MAX_TOKEN_ID,
+               vocab_size - 1)
+
+    for path, item in doc.get("paths", {}).items():
+        for method, operation in item.items():
+            parameters = operation.get("parameters", [])
+            secured = any(p.get("in") == "header" and p.get("name", "").lower() == _SECURED_HEADER
+                          for p in parameters)
+            operation["parameters"] = [p for p in parameters if not (
+                p.get("in") == "header" and p.get("name", "").lower() == _SECURED_HEADER)]
+            if not operation["parameters"]:
+                del operation["parameters"]
+            responses = operation.setdefault("responses", {})
+            codes = {500}
+            if secured:
+                operation["security"] = [{"bearerAuth": []}]
+                codes |= {401, 403}
+            if "requestBody" in operation:
+                codes |= {413, 415, 422}
+            if operation.get("parameters"):
+                codes.add(422)
+            codes |= set(_EXTRA.get((method, path), _ADMIN if path.startswith("/v1/admin/") else ()))
+            responses.pop("422", None)
+            for status in sorted(codes):
+                responses[str(status)] = _error_response(status)
+            ok = responses.setdefault("200", {"description": "Successful Response"})
+            if (method, path) in _STREAMING:
+                ok["description"] = "JSON, or server-sent events (`data: {...}` lines, then `data: [DONE]`) " \
+                                    "when the body asks for `\"stream\": true`."
+                ok.setdefault("content", {})["text/event-stream"] = {"schema": _SSE_EVENT}
+            if (method, path) == ("get", "/metrics"):
+                ok["content"] = {_PROMETHEUS: {"schema": {"type": "string"}}}
+                ok["description"] = "Prometheus text exposition format."
+    return doc
+
+
+def install(app: FastAPI, settings, state: dict) -> None:
+    """Serve :func:`build`'s document at /openapi.json (and so in /docs)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            services = state.get("services")
+            vocab = getattr(services.engine, "vocab_size", None) if services is not None else None
+            doc = build(app, max_tokens_cap=settings.max_tokens_cap, vocab_size=vocab or None)
+            if services is None:  # before start-up: do not keep a document without the model's bounds
+                return doc
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi

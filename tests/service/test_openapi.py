@@ -1,0 +1,66 @@
+"""The OpenAPI document tells the truth, and schemathesis agrees: every operation, every
+check, zero failures (a short run here; ``python -m bench.schemathesis_run`` runs longer)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from bench.schemathesis_run import run
+from service import openapi
+from service.app import create_app
+from service.settings import ServiceSettings
+
+
+@pytest.fixture(scope="module")
+def doc():
+    app = create_app(ServiceSettings(max_tokens_cap=64, default_max_tokens=16))
+    return openapi.build(app, max_tokens_cap=64, vocab_size=8192)
+
+
+def _operations(doc):
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            yield method, path, operation
+
+
+def test_bearer_scheme_instead_of_a_header_parameter(doc):
+    assert doc["components"]["securitySchemes"]["bearerAuth"] == {
+        **doc["components"]["securitySchemes"]["bearerAuth"], "type": "http", "scheme": "bearer"}
+    secured = {(m, p) for m, p, op in _operations(doc) if op.get("security") == [{"bearerAuth": []}]}
+    assert {("post", "/v1/generate"), ("post", "/v1/detect"), ("get", "/v1/generations/{generation_id}"),
+            ("post", "/v1/chat/completions")} <= secured
+    assert ("get", "/healthz") not in secured
+    for _, _, op in _operations(doc):
+        assert all(p["name"].lower() != "authorization" for p in op.get("parameters", []))
+
+
+def test_every_error_has_the_error_schema(doc):
+    assert "HTTPValidationError" not in doc["components"]["schemas"]
+    for method, path, op in _operations(doc):
+        assert "500" in op["responses"], (method, path)
+        for status, response in op["responses"].items():
+            if int(status) >= 400:
+                assert response["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+    generate = doc["paths"]["/v1/generate"]["post"]["responses"]
+    assert {"401", "403", "409", "413", "415", "422", "429", "503"} <= set(generate)
+
+
+def test_content_types_and_deployment_bounds(doc):
+    for path in ("/v1/generate", "/v1/completions", "/v1/chat/completions"):
+        assert "text/event-stream" in doc["paths"][path]["post"]["responses"]["200"]["content"]
+    assert list(doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain; version=0.0.4"]
+    body = doc["components"]["schemas"]["GenerateBody"]["properties"]
+    assert body["max_tokens"]["anyOf"][0]["maximum"] == 64 and body["top_k"]["maximum"] == 8192
+    assert doc["components"]["schemas"]["GenerateBody"]["additionalProperties"] is False
+
+
+@pytest.mark.slow
+def test_schemathesis_every_check_zero_failures():
+    code, output, _ = run(12, seed=7)
+    selected = re.search(r"Selected: (\d+)/(\d+)", output)
+    tested = re.search(r"Tested: (\d+)", output)
+    assert code == 0, output[-6000:]
+    # Every operation of the document was exercised.
+    assert selected and tested and selected.group(1) == selected.group(2) == tested.group(1), output[-3000:]
