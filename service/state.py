@@ -74,7 +74,7 @@ class Services:
 
     def ledger_matches(self, output_sha256: str, tenant_id: str | None) -> list[dict]:
         """Ledger records whose output hashes to ``output_sha256`` (scoped to a tenant, or all)."""
-        with self.store.sessions() as session:
+        with self.store.transaction(write=False) as session:  # database faults as KeyStoreError (503)
             found = find_generations_by_output_hash(session, output_sha256=output_sha256, tenant_id=tenant_id)
         return [{"generation_id": e.id, "tenant": e.tenant, "key_id": e.key_id, "key_version": e.key_version,
                  "engine": e.engine, "model": e.model, "watermarked_tokens": e.watermarked_tokens,

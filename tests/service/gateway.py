@@ -72,8 +72,8 @@ def provision(tmp: Path, database_url: str | None = None) -> tuple[StoreSettings
     return settings, tokens
 
 
-def start(tmp: Path, **overrides) -> Gateway:
-    store_settings, tokens = provision(tmp)
+def start(tmp: Path, database_url: str | None = None, **overrides) -> Gateway:
+    store_settings, tokens = provision(tmp, database_url)
     options = {"model": TEST_MODEL, "draft_model": TEST_DRAFT, "device": "cpu", "max_batch": 8,
                "detect_rate_per_minute": 100_000, "detect_burst": 100_000, **overrides}
     settings = ServiceSettings(**options)
