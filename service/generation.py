@@ -210,7 +210,7 @@ async def _generate(services: Services, prepared: _Prepared) -> Outcome:
         raise Unavailable(str(exc)) from None
     if done is None:
         raise Unavailable("the engine stopped before finishing the generation")
-    return _record(services, prepared, done)
+    return await asyncio.to_thread(_record, services, prepared, done)  # the ledger write, off the event loop
 
 
 async def stream(services: Services, identity: Identity, params: GenerateParams) -> AsyncIterator[Delta | Outcome]:
@@ -245,7 +245,7 @@ async def stream(services: Services, identity: Identity, params: GenerateParams)
             await iterator.aclose()
         if done is None:
             raise Unavailable("the engine stopped before finishing the generation")
-        yield _record(services, prepared, done)
+        yield await asyncio.to_thread(_record, services, prepared, done)
 
     leased = _leased(events(), lease)
     weakref.finalize(leased, lease.release, 0)  # a stream never started still gives its place back
