@@ -124,3 +124,21 @@ class UnknownToken(KeyStoreError, LookupError):
 class AuditLogImmutable(KeyStoreError):
     def __init__(self) -> None:
         super().__init__("the audit log is append-only: events cannot be changed or deleted")
+
+
+class LedgerImmutable(KeyStoreError):
+    def __init__(self) -> None:
+        super().__init__("the provenance ledger is append-only: entries cannot be changed or deleted")
+
+
+class StaleKek(KekError):
+    """This process's KEK is not the store's current KEK (a rotation happened)."""
+
+
+class KeyRevoked(KeyStoreError):
+    """The key a generation ran under was revoked before its record was written."""
+
+    def __init__(self, key_id: str) -> None:
+        super().__init__(f"key {key_id} was revoked while the generation ran; its output is not recorded "
+                         "as watermarked by an active key")
+        self.key_id = key_id

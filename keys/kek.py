@@ -53,6 +53,10 @@ class Kek:
                 f"the KEK from {self.source} is {length} bytes long; a KEK must be exactly "
                 f"{KEK_BYTES} bytes, base64-encoded ({_HOW_TO_MAKE_ONE})"
             )
+        if len(set(self.material)) == 1:
+            # All zero or one repeated byte: a placeholder, not a key.
+            raise KekError(f"the KEK from {self.source} is one repeated byte, not a random key "
+                           f"({_HOW_TO_MAKE_ONE})")
 
     @property
     def id(self) -> str:
@@ -118,7 +122,8 @@ class Keyring:
 
 
 def read_kek_file(path: Path | str) -> Kek:
-    """Load a KEK file (base64 text). Warn when others can read it: they could open every key."""
+    """Load a KEK file (base64 text). Refuse one that group or others can access: they
+    could open every key (the vLLM plugin's keyring file is refused the same way)."""
     path = Path(path)
     source = f"file {path}"
     try:
@@ -134,7 +139,8 @@ def read_kek_file(path: Path | str) -> Kek:
         raise KekError(f"cannot read the KEK file {path}: {exc.strerror}; "
                        "check its path and permissions") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("KEK file %s is readable by group or others; chmod 600 it", path)
+        raise KekError(f"the KEK file {path} is accessible to group or others; `chmod 600 {path}` "
+                       "(and check who could have read it)")
     return Kek.from_base64(text, source=source)
 
 
@@ -157,8 +163,37 @@ def load_kek(settings: StoreSettings) -> Kek:
     )
 
 
+def load_previous_kek(settings: StoreSettings) -> Kek | None:
+    """The unwrap-only previous KEK of a staged rollout (``HALLMARK_KEK_PREVIOUS`` or
+    ``HALLMARK_KEK_PREVIOUS_FILE``), or None."""
+    if settings.kek_previous is not None and settings.kek_previous_file is not None:
+        raise KekError("both HALLMARK_KEK_PREVIOUS and HALLMARK_KEK_PREVIOUS_FILE are set; set only one")
+    if settings.kek_previous is not None:
+        return Kek.from_base64(settings.kek_previous.get_secret_value(), source="HALLMARK_KEK_PREVIOUS")
+    if settings.kek_previous_file is not None:
+        return read_kek_file(settings.kek_previous_file)
+    return None
+
+
 def load_keyring(settings: StoreSettings) -> Keyring:
-    return Keyring([load_kek(settings)])
+    """The configured KEK (wraps and unwraps) and, during a staged rollout, the previous
+    KEK (unwraps only): gateways given the new KEK with the old one as previous keep
+    serving before and after ``hallmark kek rotate``."""
+    primary = load_kek(settings)
+    previous = load_previous_kek(settings)
+    if previous is None or previous.id == primary.id:
+        return Keyring([primary])
+    return Keyring([primary, previous])
+
+
+KEK_ENVIRONMENT = ("HALLMARK_KEK", "HALLMARK_KEK_PREVIOUS")
+
+
+def forget_kek_environment() -> None:
+    """Remove the KEK variables from this process's environment once the settings hold
+    them, so no child process inherits them and no later code reads them there."""
+    for name in KEK_ENVIRONMENT:
+        os.environ.pop(name, None)
 
 
 def _write_new_kek_file(path: Path, kek: Kek) -> None:

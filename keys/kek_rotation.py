@@ -1,7 +1,15 @@
 """KEK rotation: re-wrap every stored secret under a new KEK, in one transaction.
 
-Either every key moves to the new KEK or none does. Afterwards the old KEK opens
-nothing: the rows carry the new KEK's id and ciphertexts under fresh nonces.
+Either every key (watermark and signing) moves to the new KEK or none does. Afterwards
+the old KEK opens nothing: the rows carry the new KEK's id and ciphertexts under fresh
+nonces.
+
+Concurrency (PostgreSQL): rotation first locks the ``store_kek`` row exclusively; every
+writer of a wrapped secret holds it shared until it commits (:func:`keys.material.
+check_wrapping_kek`). So a key created or rotated concurrently either commits before the
+rotation reads the rows (and is re-wrapped with them) or waits for the rotation and then
+finds the store under the new KEK (and is refused if it only has the old one). Before
+committing, the rotation checks under the lock that no row carries another KEK id.
 """
 
 from __future__ import annotations
@@ -10,17 +18,18 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from keys import clock
 from keys.audit import record_audit
 from keys.envelope import wrap_secret
-from keys.errors import KekError
+from keys.errors import ConcurrentChange, KekError
 from keys.kek import Kek, Keyring
-from keys.material import binding_of, open_secret
-from keys.models import Tenant
+from keys.material import binding_of, lock_store_kek, open_secret
+from keys.models import SigningKey, StoreKek
 from keys.models import WatermarkKey as KeyRow
+from keys.signing import rewrap_signing_key
 
 log = logging.getLogger("hallmark.keys")
 
@@ -41,11 +50,10 @@ def rotate_kek(session: Session, *, current: Keyring, new: Kek, actor: str,
         raise KekError(f"the new KEK (id {new.id}) is the KEK already in use; generate a new one "
                        "with `hallmark kek generate --out FILE`")
     now = clock.resolve(now)
-    # Key creation locks its tenant first; holding every tenant lock keeps a key from
-    # being added under the old KEK while this transaction runs (PostgreSQL).
-    session.execute(select(Tenant.id).order_by(Tenant.id).with_for_update()).all()
+    marker = lock_store_kek(session, exclusive=True)
     rows = list(session.scalars(select(KeyRow).order_by(KeyRow.id).with_for_update()))
-    previous = tuple(sorted({row.kek_id for row in rows}))
+    signing = list(session.scalars(select(SigningKey).order_by(SigningKey.id).with_for_update()))
+    previous = tuple(sorted({row.kek_id for row in rows} | {row.kek_id for row in signing}))
     target = Keyring([new])
     for row in rows:
         secret = open_secret(current, row)
@@ -53,10 +61,47 @@ def rotate_kek(session: Session, *, current: Keyring, new: Kek, actor: str,
         row.wrapped_secret = wrapped.ciphertext
         row.nonce = wrapped.nonce
         row.kek_id = wrapped.kek_id
+    for row in signing:
+        rewrap_signing_key(row, current, new)
+    if marker is not None:
+        marker.kek_id, marker.changed_at = new.id, now
     session.flush()
+    # Under the lock: nothing may remain under another KEK (a writer that bypassed the lock).
+    stray = session.scalar(select(func.count()).select_from(KeyRow).where(KeyRow.kek_id != new.id))
+    stray = (stray or 0) + (session.scalar(select(func.count()).select_from(SigningKey)
+                                           .where(SigningKey.kek_id != new.id)) or 0)
+    if stray:
+        raise ConcurrentChange(f"{stray} key(s) were written under another KEK during the rotation; "
+                               "nothing was changed, run `hallmark kek rotate` again")
     record_audit(session, actor=actor, action="kek.rotated",
                  details={"previous_kek_ids": list(previous), "new_kek_id": new.id,
-                          "rewrapped_keys": len(rows)}, now=now)
+                          "rewrapped_keys": len(rows), "rewrapped_signing_keys": len(signing)}, now=now)
     log.info("re-wrapped %d key(s) from KEK %s to KEK %s, by %s", len(rows), ", ".join(previous) or "-",
              new.id, actor)
-    return KekRotation(previous_kek_ids=previous, new_kek_id=new.id, rewrapped=len(rows))
+    return KekRotation(previous_kek_ids=previous, new_kek_id=new.id, rewrapped=len(rows) + len(signing))
+
+
+@dataclass(frozen=True)
+class KekStatus:
+    configured: tuple[str, ...]
+    """KEK ids this process holds, newest (the wrapping one) first."""
+    store_kek_id: str | None
+    """The KEK the last rotation moved the store to (None before any rotation)."""
+    watermark_keys: dict[str, int]
+    signing_keys: dict[str, int]
+
+    def to_dict(self) -> dict:
+        return {"configured": list(self.configured), "store_kek_id": self.store_kek_id,
+                "watermark_keys": self.watermark_keys, "signing_keys": self.signing_keys,
+                "unopenable": sorted(k for k in {*self.watermark_keys, *self.signing_keys}
+                                     if k not in self.configured)}
+
+
+def kek_status(session: Session, keyring: Keyring) -> KekStatus:
+    """Keys per KEK id, and which KEKs this process has."""
+    def count(model) -> dict[str, int]:
+        return dict(session.execute(select(model.kek_id, func.count()).group_by(model.kek_id)).all())
+
+    marker = session.get(StoreKek, 1)
+    return KekStatus(configured=keyring.ids, store_kek_id=marker.kek_id if marker else None,
+                     watermark_keys=count(KeyRow), signing_keys=count(SigningKey))

@@ -20,9 +20,9 @@ from sqlalchemy.orm import Session
 from keys import clock
 from keys.audit import record_audit
 from keys.envelope import KeyBinding, WrappedSecret, unwrap_secret
-from keys.errors import KekError, KeyStoreError, NoActiveKey, UnknownKey, UnknownTenant, UnwrapError
+from keys.errors import KekError, KeyStoreError, StaleKek, NoActiveKey, UnknownKey, UnknownTenant, UnwrapError
 from keys.kek import Keyring
-from keys.models import ACTIVE, Tenant
+from keys.models import ACTIVE, SigningKey, StoreKek, Tenant
 from keys.models import WatermarkKey as KeyRow
 from watermark.key import WatermarkKey, fingerprint
 from watermark.spec import WatermarkSpec
@@ -97,13 +97,29 @@ def open_secret(keyring: Keyring, row: KeyRow) -> int:
     return secret
 
 
+def lock_store_kek(session: Session, *, exclusive: bool = False) -> StoreKek | None:
+    """Lock the store's KEK row: shared by every writer of a wrapped secret, exclusive by
+    KEK rotation (PostgreSQL row locks; SQLite write transactions are exclusive anyway).
+    A writer holding it shared cannot interleave with a rotation: the rotation waits for
+    the writer to commit and then re-wraps its row too, and a writer that starts during a
+    rotation waits for it and then sees the new KEK on every row."""
+    query = select(StoreKek).where(StoreKek.id == 1)
+    query = query.with_for_update() if exclusive else query.with_for_update(read=True)
+    return session.scalar(query)
+
+
 def check_wrapping_kek(session: Session, keyring: Keyring) -> None:
     """Refuse to wrap a new secret under a KEK other than the one the store already uses,
-    which would leave the store split between two KEKs (run ``kek rotate`` instead)."""
+    which would leave the store split between two KEKs (run ``kek rotate`` instead). Takes
+    the store's KEK lock (shared) first, so the answer holds until the caller commits."""
+    marker = lock_store_kek(session)
     in_use = set(session.scalars(select(KeyRow.kek_id).distinct()))
+    in_use |= set(session.scalars(select(SigningKey.kek_id).distinct()))
+    if marker is not None and marker.kek_id is not None:
+        in_use.add(marker.kek_id)
     other = sorted(in_use - {keyring.primary.id})
     if other:
-        raise KekError(
+        raise StaleKek(
             f"the configured KEK (id {keyring.primary.id}) is not the KEK this store's keys are "
             f"wrapped with (id {', '.join(other)}); set HALLMARK_KEK or HALLMARK_KEK_FILE to "
             "that KEK"

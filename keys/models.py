@@ -2,9 +2,9 @@
 provenance ledger and the audit log.
 
 The schema is created only by the Alembic migrations in ``migrations/``; a test proves
-they produce exactly these tables. The audit log is append-only: the ORM refuses to
-update or delete an :class:`AuditEvent` (below), and the migration adds database
-triggers that refuse it to plain SQL as well.
+they produce exactly these tables. The audit log and the provenance ledger are append-only: the ORM refuses to
+update or delete an :class:`AuditEvent` or a :class:`LedgerEntry` (below), and the
+migrations add database triggers that refuse it to plain SQL as well.
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, ORMExecuteState, Session, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from keys.errors import AuditLogImmutable
+from keys.errors import AuditLogImmutable, LedgerImmutable
 
 ACTIVE = "active"
 VERIFY_ONLY = "verify-only"
 REVOKED = "revoked"
 KEY_STATES: tuple[str, ...] = (ACTIVE, VERIFY_ONLY, REVOKED)
+LEDGER_KINDS: tuple[str, ...] = ("started", "checkpoint", "finished")
+SIGNING_KEY_STATES: tuple[str, ...] = ("active", "retired")
 
 ID_LENGTH = 32
 NAME_LENGTH = 64
@@ -158,22 +160,54 @@ class RateLimitBucket(Base):
     updated: Mapped[float] = mapped_column(Double())
 
 
-class GenerationRecord(Base):
-    """The provenance ledger: one row per generation, the output only as a hash."""
+class LedgerEntry(Base):
+    """The provenance ledger: an append-only, per-tenant hash chain of generation events.
 
-    __tablename__ = "generation_records"
+    One generation is one or more entries sharing ``generation_id``: ``started`` (a stream,
+    written before its first token leaves), ``checkpoint`` (a stream, at most every 32
+    tokens, covering what is about to be sent), ``finished`` (the last entry, with its
+    ``finish_reason``). Every entry carries the whole record (tenant, key, spec, counts and
+    hashes of the output so far), so each one stands alone as evidence. ``seq`` counts a
+    tenant's entries from 1 and ``prev_hash`` is the previous entry's ``entry_hash``
+    (:mod:`keys.chain` documents the canonical encoding). Append-only: the ORM refuses
+    updates and deletes, and the migration adds database triggers that refuse them to plain
+    SQL as well.
+    """
+
+    __tablename__ = "ledger_entries"
     __table_args__ = (
+        UniqueConstraint("tenant_id", "seq"),
+        CheckConstraint("seq >= 1", name="seq_positive"),
+        CheckConstraint(f"kind IN {LEDGER_KINDS!r}", name="kind_known"),
         CheckConstraint("(key_id IS NULL) = (key_version IS NULL)", name="key_and_version"),
         CheckConstraint("prompt_tokens >= 0 AND output_tokens >= 0 AND watermarked_tokens >= 0 "
                         "AND watermarked_tokens <= output_tokens", name="token_counts"),
-        Index(None, "tenant_id", "created_at"),
+        CheckConstraint("(kind = 'finished') = (finish_reason IS NOT NULL)", name="finish_reason_iff_finished"),
+        # At most one start and one end per generation, whatever the application does.
+        Index("uq_ledger_entries_one_start", "generation_id", unique=True,
+              sqlite_where=text("kind = 'started'"), postgresql_where=text("kind = 'started'")),
+        Index("uq_ledger_entries_one_finish", "generation_id", unique=True,
+              sqlite_where=text("kind = 'finished'"), postgresql_where=text("kind = 'finished'")),
     )
 
-    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    # BIGINT on PostgreSQL; SQLite only auto-increments a column declared INTEGER.
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer(), "sqlite"),
+                                    primary_key=True, autoincrement=True)
+    """Insertion order across tenants (not hashed: the chain is per tenant)."""
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="RESTRICT"))
+    seq: Mapped[int] = mapped_column(BigInteger().with_variant(Integer(), "sqlite"))
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    entry_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    generation_id: Mapped[str] = mapped_column(String(ID_LENGTH), index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    writer: Mapped[str] = mapped_column(String(200))
+    """The process that wrote the entry (host/pid/start), to tell a dead stream from a live one."""
     key_id: Mapped[str | None] = mapped_column(ForeignKey("watermark_keys.id", ondelete="RESTRICT"),
                                                index=True)
     key_version: Mapped[int | None] = mapped_column(Integer)
+    key_state: Mapped[str | None] = mapped_column(String(16))
+    """The key's state when the entry was written (a key revoked mid-generation shows here)."""
     engine: Mapped[str] = mapped_column(String(NAME_LENGTH))
     model: Mapped[str] = mapped_column(String(200))
     spec: Mapped[dict[str, Any] | None]
@@ -182,7 +216,45 @@ class GenerationRecord(Base):
     watermarked_tokens: Mapped[int] = mapped_column(Integer)
     unwatermarked_reason: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
     output_sha256: Mapped[str] = mapped_column(String(64), index=True)
+    token_ids_sha256: Mapped[str | None] = mapped_column(String(64))
+    """None only for records carried over from before the chain (they kept no token ids)."""
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    details: Mapped[dict[str, Any] | None]
+    """Small JSON facts, e.g. a remote output's measured ``log10_p``."""
+
+
+class SigningKey(Base):
+    """An Ed25519 key that signs receipts and detection reports; the private half is
+    stored only wrapped under the KEK (AES-256-GCM, bound to the key id)."""
+
+    __tablename__ = "signing_keys"
+    __table_args__ = (
+        CheckConstraint(f"state IN {SIGNING_KEY_STATES!r}", name="state_known"),
+        Index("uq_signing_keys_one_active", "state", unique=True,
+              sqlite_where=text("state = 'active'"), postgresql_where=text("state = 'active'")),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    public_key: Mapped[bytes] = mapped_column(LargeBinary)
+    wrapped_private: Mapped[bytes] = mapped_column(LargeBinary)
+    nonce: Mapped[bytes] = mapped_column(LargeBinary)
+    kek_id: Mapped[str] = mapped_column(String(ID_LENGTH), index=True)
+    state: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime]
+    retired_at: Mapped[datetime | None]
+
+
+class StoreKek(Base):
+    """One row: the id of the KEK every wrapped secret of the store is under. Writers of
+    wrapped secrets lock it shared and KEK rotation locks it exclusively, so no secret can
+    be written under a KEK that a concurrent rotation is retiring."""
+
+    __tablename__ = "store_kek"
+    __table_args__ = (CheckConstraint("id = 1", name="single_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    kek_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    changed_at: Mapped[datetime | None]
 
 
 class AuditEvent(Base):
@@ -208,10 +280,18 @@ def _refuse_audit_change(mapper: Any, connection: Any, target: AuditEvent) -> No
     raise AuditLogImmutable()
 
 
+@event.listens_for(LedgerEntry, "before_update")
+@event.listens_for(LedgerEntry, "before_delete")
+def _refuse_ledger_change(mapper: Any, connection: Any, target: LedgerEntry) -> None:
+    raise LedgerImmutable()
+
+
 @event.listens_for(Session, "do_orm_execute")
 def _refuse_bulk_audit_change(state: ORMExecuteState) -> None:
     # Bulk UPDATE/DELETE statements skip the per-object mapper events above.
-    if (state.is_update or state.is_delete) and any(
-        m.class_ is AuditEvent for m in state.all_mappers
-    ):
-        raise AuditLogImmutable()
+    if state.is_update or state.is_delete:
+        classes = {m.class_ for m in state.all_mappers}
+        if AuditEvent in classes:
+            raise AuditLogImmutable()
+        if LedgerEntry in classes:
+            raise LedgerImmutable()

@@ -35,5 +35,11 @@ class StoreSettings(BaseSettings):
     kek_file: Path | None = None
     """A file (mode 0600) holding the base64 KEK; use instead of ``kek``, not with it."""
 
+    kek_previous: SecretStr | None = Field(default=None, repr=False, exclude=True)
+    """Staged KEK rollout: the previous KEK, used only to unwrap (never to wrap)."""
+
+    kek_previous_file: Path | None = None
+    """A file holding the previous KEK; use instead of ``kek_previous``."""
+
     busy_timeout_ms: int = Field(default=5000, ge=0)
     """SQLite: how long a writer waits for another writer before giving up."""

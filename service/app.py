@@ -6,6 +6,7 @@ around the services a running gateway holds (:class:`service.state.Services`).
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from contextlib import asynccontextmanager
@@ -14,17 +15,31 @@ from typing import AsyncIterator
 from fastapi import FastAPI
 
 from keys.db import Store, open_store
+from keys.ledger import recover_interrupted
+from keys.signing import ensure_signing_key
 from keys.settings import StoreSettings
 from service.engines.base import Engine
 from service import http_errors, openapi
 from service.body_limit import BodyLimit
 from service.middleware import RequestMetrics
-from service.routes import admin, detect, generate, generations, openai, ops
+from service.routes import admin, detect, generate, generations, openai, ops, provenance
 from service.settings import ServiceSettings
 from service.state import Services
 from service.ui import mount_ui
 
 log = logging.getLogger("hallmark.app")
+
+
+def _prepare_provenance(store: Store) -> None:
+    """At start: close the streams a dead predecessor left open (as interrupted), and make
+    sure a signing key exists for receipts."""
+    with store.transaction() as session:
+        closed = recover_interrupted(session)
+    if closed:
+        log.warning("closed %d generation(s) left open by a stopped process as interrupted: %s",
+                    len(closed), ", ".join(closed[:20]))
+    with store.transaction() as session:
+        ensure_signing_key(session, store.keyring, actor="service:start")
 
 
 def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
@@ -42,6 +57,7 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
 
             own_engine = create_engine(settings)
         services = Services(settings=settings, store=own_store, engine=own_engine)
+        await asyncio.to_thread(_prepare_provenance, own_store)
         state["services"] = services
         app.state.services = services
         await own_engine.start()
@@ -61,7 +77,7 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
     app = FastAPI(title="Hallmark", version="0.1.0", lifespan=lifespan)
     http_errors.install(app)
     openapi.install(app, settings, state)
-    for routes in (generate, openai, detect, generations, ops, admin):
+    for routes in (generate, openai, detect, generations, provenance, ops, admin):
         app.include_router(routes.router)
     mount_ui(app)
     app.add_middleware(RequestMetrics, services=state)

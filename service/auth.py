@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from dataclasses import dataclass
 
 from keys.errors import KeyStoreError
@@ -17,6 +18,8 @@ from keys.tokens import authenticate_token, well_formed
 from service.errors import Forbidden, Unauthorized
 from service.http_errors import store_error
 from service.state import Services
+
+log = logging.getLogger("hallmark.auth")
 
 
 @dataclass(frozen=True)
@@ -86,13 +89,13 @@ async def authenticate_async(services: Services, header: str | None) -> Identity
 
 
 def resolve_tenant(services: Services, identity: Identity, requested: str | None) -> tuple[str | None, str | None]:
-    """(tenant id, tenant name) a request acts for. Tenant tokens act for their tenant only;
-    admin tokens name one (or none: every tenant, where that makes sense)."""
-    if not identity.admin:
+    """(tenant id, tenant name) a request acts for. Tenant tokens and tenant-scoped admin
+    tokens act for their own tenant only (naming another, existing or not, is 403 with the
+    same message, so the answer tells nothing about other tenants); global admin tokens
+    name one (or none: every tenant, where that makes sense)."""
+    if identity.tenant_id is not None:
         if requested is not None and requested != identity.tenant:
-            raise Forbidden(f"this token belongs to tenant {identity.tenant!r} and cannot act for {requested!r}")
-        return identity.tenant_id, identity.tenant
-    if identity.tenant_id is not None and requested is None:
+            raise Forbidden(f"this token acts for tenant {identity.tenant!r} only")
         return identity.tenant_id, identity.tenant
     if requested is None:
         return None, None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,8 +16,12 @@ from keys.ledger import hash_output
 from service import evidence
 from service.auth import Identity, resolve_tenant
 from service.errors import Conflict, NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
+from service.http_errors import store_error
+from service.provenance import report_statement
 from service.state import Services
 from service.validation import describe
+
+log = logging.getLogger("hallmark.detection")
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ def detect(services: Services, identity: Identity, params: DetectParams) -> dict
     except UnknownTenant as exc:
         raise NotFound(exc.user_message) from None
     except KeyStoreError as exc:
-        raise Unavailable(exc.user_message) from None
+        raise store_error(exc) from None
     if not candidates:
         raise NotFound("no keys to test: the tenant has no watermark keys yet")
     offsets = None
@@ -97,6 +102,8 @@ def detect(services: Services, identity: Identity, params: DetectParams) -> dict
     out["ledger_matches"] = matches
     if params.evidence:
         out["evidence"] = evidence.evidence_for(result, token_ids, candidates, config, offsets)
+    # What the verdict rests on, signed (verifiable offline like a receipt).
+    out["report"] = services.sign(report_statement(out, text=text, token_ids=list(token_ids)))
     return out
 
 

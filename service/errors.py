@@ -7,6 +7,9 @@ snake_case ``code`` a client can branch on; :mod:`service.http_errors` renders t
 
 from __future__ import annotations
 
+import logging
+import uuid
+
 
 class ServiceError(Exception):
     status = 400

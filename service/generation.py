@@ -1,9 +1,11 @@
 """Generation as a plain function: pick the tenant's key, run the engine, record provenance.
 
 The key is always chosen here, from the authenticated tenant; a client never supplies
-key material. Every generation writes its ledger record before the response is complete:
-a non-streaming request whose record fails gets an error instead of the text; a streaming
-request whose record fails ends with an error event instead of its final summary.
+key material. Nothing leaves the server unrecorded: a non-streaming request writes its
+ledger record before the text is returned (a failed record withholds the text); a stream
+commits its ``started`` entry before its first token, checkpoints as it goes and ends in a
+``finished`` entry whatever ends it (see :func:`stream`). Ledger writes run in a worker
+thread, off the event loop.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from keys.errors import KeyStoreError
-from keys.ledger import record_generation
+from keys.errors import KeyRevoked, KeyStoreError
+from keys.ledger import (CHECKPOINT_TOKENS, GenerationEntry, checkpoint_generation, finish_generation,
+                         record_generation, start_generation)
 from service.auth import Identity, resolve_tenant
 from service.engines.base import (Delta, EngineBusy, EngineFailure, Finished, GenerationRequest, RouteCounts,
                                   WatermarkPlan)
@@ -57,13 +60,16 @@ class Outcome:
     """How many tokens each route produced (key A, key B, plain, greedy)."""
     unwatermarked_reason: str | None = None
     """Why the output is not (fully) watermarked, in the ledger's words (None: it is)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    receipt: dict[str, Any] | None = None
+    """The signed receipt (:mod:`keys.receipts`); None only when no signing key exists."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"generation_id": self.generation_id, "text": self.text, "token_ids": list(self.token_ids),
                 "finish_reason": self.finish_reason, "model": self.model,
                 "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.token_ids),
                           "total_tokens": self.prompt_tokens + len(self.token_ids)},
-                "watermark": self.watermark}
+                "watermark": self.watermark, "ledger": self.extra.get("ledger"), "receipt": self.receipt}
 
 
 @dataclass(frozen=True)
@@ -130,42 +136,68 @@ def _prepare(services: Services, identity: Identity, params: GenerateParams) -> 
     return _Prepared(request=request, tenant_id=tenant_id, plan=plan, spec=spec, reason=reason)
 
 
-def _record(services: Services, prepared: _Prepared, done: Finished) -> Outcome:
+def _watermark_dict(prepared: _Prepared, done_tokens: int, watermarked: int, key_state: str | None) -> dict | None:
     plan = prepared.plan
-    reason = prepared.reason or ("dedup" if plan and done.routes.plain else None)
+    if plan is None:
+        return None
+    share = watermarked / done_tokens if done_tokens else 0.0
+    return {"key_id": plan.key_id, "version": plan.version, "fingerprint": plan.fingerprint,
+            "key_state": key_state, "algorithm": prepared.spec.algorithm, "spec": prepared.spec.public_dict(),
+            "watermarked_tokens": watermarked, "watermarked_share": share}
+
+
+def _outcome(services: Services, prepared: _Prepared, done: Finished, entry: GenerationEntry) -> Outcome:
+    plan = prepared.plan
+    services.metrics.record_generation(services.engine.name, done, plan is not None)
+    if prepared.reason:
+        services.metrics.unwatermarked.labels(prepared.reason).inc()
+    watermarked = done.routes.watermarked if plan else 0
+    extra: dict[str, Any] = {"routes": {"key_a": done.routes.key_a, "key_b": done.routes.key_b,
+                                        "plain": done.routes.plain, "greedy": done.routes.greedy}}
+    if prepared.reason:
+        extra["unwatermarked_reason"] = prepared.reason
+    if done.drafted_tokens:
+        extra["speculative"] = {"drafted": done.drafted_tokens, "accepted": done.accepted_tokens}
+    extra["ledger"] = {"seq": entry.seq, "entry_hash": entry.entry_hash}
+    receipt = services.receipt_for(entry, fingerprint=plan.fingerprint if plan else None)
+    return Outcome(generation_id=prepared.request.request_id, text=done.text, token_ids=done.token_ids,
+                   finish_reason=done.finish_reason, prompt_tokens=done.prompt_tokens,
+                   watermark=_watermark_dict(prepared, len(done.token_ids), watermarked, entry.key_state),
+                   model=services.engine.model_name, extra=extra, receipt=receipt, routes=done.routes,
+                   unwatermarked_reason=_unwatermarked_reason(prepared, done.routes.plain))
+
+
+def _unwatermarked_reason(prepared: _Prepared, plain: int) -> str | None:
+    return prepared.reason or ("dedup" if prepared.plan and plain else None)
+
+
+def _record(services: Services, prepared: _Prepared, done: Finished) -> Outcome:
+    """One ``finished`` entry for a non-streaming generation (nothing has left yet). A key
+    revoked while it generated withholds the output instead of recording it."""
+    plan = prepared.plan
     try:
         with services.store.transaction() as session:
-            record_generation(
+            entry = record_generation(
                 session, tenant_id=prepared.tenant_id, key_id=plan.key_id if plan else None,
                 key_version=plan.version if plan else None, engine=services.engine.name,
                 model=services.engine.model_name, spec=prepared.spec, prompt_tokens=done.prompt_tokens,
-                output_tokens=len(done.token_ids), watermarked_tokens=done.routes.watermarked if plan else 0,
-                unwatermarked_reason=reason,
-                output_text=done.text,
-                generation_id=prepared.request.request_id)
+                watermarked_tokens=done.routes.watermarked if plan else 0,
+                unwatermarked_reason=_unwatermarked_reason(prepared, done.routes.plain),
+                output_text=done.text, token_ids=done.token_ids, finish_reason=_engine_reason(done.finish_reason),
+                generation_id=prepared.request.request_id, refuse_revoked_key=True)
+    except KeyRevoked:
+        log.warning("generation %s withheld: its key was revoked while it generated", prepared.request.request_id)
+        raise Unavailable("the watermark key was revoked while this generation ran, so the output is "
+                          "withheld; retry (the tenant's new active key will be used)") from None
     except KeyStoreError as exc:
         log.error("provenance record failed for generation %s: %s", prepared.request.request_id, exc.user_message)
         raise Unavailable("the provenance record could not be written, so the output is withheld; "
                           "retry later") from None
-    services.metrics.record_generation(services.engine.name, done, plan is not None)
-    if prepared.reason:
-        services.metrics.unwatermarked.labels(prepared.reason).inc()
-    watermark = None
-    if plan is not None:
-        share = done.routes.watermarked / len(done.token_ids) if done.token_ids else 0.0
-        watermark = {"key_id": plan.key_id, "version": plan.version, "fingerprint": plan.fingerprint,
-                     "algorithm": prepared.spec.algorithm, "spec": prepared.spec.public_dict(),
-                     "watermarked_tokens": done.routes.watermarked, "watermarked_share": share}
-    return Outcome(generation_id=prepared.request.request_id, text=done.text, token_ids=done.token_ids,
-                   finish_reason=done.finish_reason, prompt_tokens=done.prompt_tokens, watermark=watermark,
-                   model=services.engine.model_name, routes=done.routes, unwatermarked_reason=reason)
+    return _outcome(services, prepared, done, entry)
 
 
-def _record_quietly(services: Services, prepared: _Prepared, done: Finished) -> None:
-    try:
-        _record(services, prepared, done)
-    except Unavailable:
-        pass  # already logged by _record
+def _engine_reason(reason: str) -> str:
+    return reason if reason in ("stop", "length") else "stop"
 
 
 async def _admitted(services: Services, identity: Identity, params: GenerateParams) -> tuple[_Prepared, GenerationLease]:
@@ -210,43 +242,195 @@ async def _generate(services: Services, prepared: _Prepared) -> Outcome:
         raise Unavailable(str(exc)) from None
     if done is None:
         raise Unavailable("the engine stopped before finishing the generation")
-    return await asyncio.to_thread(_record, services, prepared, done)  # the ledger write, off the event loop
+    return await asyncio.to_thread(_record, services, prepared, done)
 
 
-async def stream(services: Services, identity: Identity, params: GenerateParams) -> AsyncIterator[Delta | Outcome]:
-    """Deltas as they come, then the recorded :class:`Outcome`. Validation happens before the
-    first event, so a bad request fails before any streaming starts."""
+def _failure_reason(exc: BaseException) -> str:
+    """The ledger's finish reason for an exception that ended a stream."""
+    try:
+        import httpx
+
+        from service.engines.vllm.remote import RemoteError
+    except ImportError:  # pragma: no cover - httpx is a dependency
+        return "engine_failure"
+    if isinstance(exc, (RemoteError, httpx.HTTPError)):
+        return "remote_error"
+    return "engine_failure"
+
+
+@dataclass
+class Stream:
+    """A started stream: its generation id (known, and recorded, before the first token)
+    and its events. Closing a stream that never ran (the client left before the response
+    began) still closes its record."""
+
+    generation_id: str
+    events: AsyncIterator[Delta | Outcome]
+    on_unstarted_close: Any = None
+    begun: bool = False
+
+    def __aiter__(self) -> AsyncIterator[Delta | Outcome]:
+        self.begun = True
+        return self.events.__aiter__()
+
+    async def aclose(self) -> None:
+        if not self.begun and self.on_unstarted_close is not None:
+            self.begun = True
+            self.on_unstarted_close()
+        await self.events.aclose()
+
+
+class _Progress:
+    """What a stream has sent, and how far the ledger covers it."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.token_ids: list[int] = []
+        self.routes = RouteCounts()
+        self.covered = 0
+
+    def write(self, services: Services, prepared: _Prepared, *, finish_reason: str | None,
+              details: dict | None = None) -> GenerationEntry:
+        plan = prepared.plan
+        values = dict(generation_id=prepared.request.request_id, tenant_id=prepared.tenant_id,
+                      output_text="".join(self.text), token_ids=list(self.token_ids),
+                      watermarked_tokens=min(self.routes.watermarked, len(self.token_ids)) if plan else 0,
+                      unwatermarked_reason=_unwatermarked_reason(prepared, self.routes.plain))
+        with services.store.transaction() as session:
+            if finish_reason is None:
+                entry = checkpoint_generation(session, **values)
+            else:
+                entry = finish_generation(session, finish_reason=finish_reason, details=details, **values)
+        self.covered = len(self.token_ids)
+        return entry
+
+    def close_quietly(self, services: Services, prepared: _Prepared, finish_reason: str) -> None:
+        try:
+            self.write(services, prepared, finish_reason=finish_reason)
+        except Exception:  # noqa: BLE001 - logged; recovery on restart closes it as interrupted
+            log.exception("could not write the final ledger entry of generation %s (%s)",
+                          prepared.request.request_id, finish_reason)
+
+
+def _start(services: Services, prepared: _Prepared) -> None:
+    plan = prepared.plan
+    try:
+        with services.store.transaction() as session:
+            start_generation(session, tenant_id=prepared.tenant_id, key_id=plan.key_id if plan else None,
+                             key_version=plan.version if plan else None, engine=services.engine.name,
+                             model=services.engine.model_name, spec=prepared.spec,
+                             prompt_tokens=len(prepared.request.prompt_ids), unwatermarked_reason=prepared.reason,
+                             generation_id=prepared.request.request_id)
+    except KeyStoreError as exc:
+        log.error("provenance record failed for generation %s: %s", prepared.request.request_id, exc.user_message)
+        raise Unavailable("the provenance record could not be written, so nothing is generated; "
+                          "retry later") from None
+
+
+async def stream(services: Services, identity: Identity, params: GenerateParams) -> Stream:
+    """Deltas as they come, then the recorded :class:`Outcome`.
+
+    Validation happens first, then the ledger's ``started`` entry is committed, so a bad
+    request or an unwritable ledger fails before any streaming starts. While streaming, a
+    ``checkpoint`` entry is committed before a delta would leave more than
+    :data:`~keys.ledger.CHECKPOINT_TOKENS` sent tokens uncovered, so a process killed at any
+    point leaves a record of all but at most that many of the tokens it sent. Whatever ends
+    the stream (the engine's end, an engine or remote failure, the deadline, the client
+    leaving) writes the ``finished`` entry with its reason."""
     prepared, lease = await _admitted(services, identity, params)
+    try:
+        await asyncio.to_thread(_start, services, prepared)
+    except BaseException:
+        lease.release(0)
+        raise
+    timeout = services.settings.generation_timeout_s
 
     async def events() -> AsyncIterator[Delta | Outcome]:
-        done = None
-        text: list[str] = []
-        tokens: list[int] = []
-        routes = RouteCounts()
+        progress = _Progress()
+        done: Finished | None = None
         iterator = services.engine.generate(prepared.request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        finished = False
         try:
-            async for event in iterator:
+            while True:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        event = await iterator.__anext__()
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    finished = True
+                    await asyncio.to_thread(progress.close_quietly, services, prepared, "timeout")
+                    raise Unavailable(f"the generation ran past this server's limit of {timeout:g} s; "
+                                      "the text sent so far is recorded") from None
                 if isinstance(event, Finished):
                     done = event
-                else:
-                    text.append(event.text)
-                    tokens.extend(event.token_ids)
-                    routes = event.routes or routes
-                    yield event
-        except (EngineBusy, EngineFailure) as exc:
-            raise Unavailable(str(exc)) from None
+                    break
+                ahead = len(progress.token_ids) + len(event.token_ids) - progress.covered
+                if ahead > CHECKPOINT_TOKENS:
+                    if len(event.token_ids) > CHECKPOINT_TOKENS:  # cover this large delta before it leaves
+                        progress.text.append(event.text)
+                        progress.token_ids.extend(event.token_ids)
+                        progress.routes = event.routes or progress.routes
+                        await asyncio.to_thread(progress.write, services, prepared, finish_reason=None)
+                        yield event
+                        continue
+                    await asyncio.to_thread(progress.write, services, prepared, finish_reason=None)
+                progress.text.append(event.text)
+                progress.token_ids.extend(event.token_ids)
+                progress.routes = event.routes or progress.routes
+                yield event
         except (GeneratorExit, asyncio.CancelledError):
-            # The client left mid-stream: what it was sent still gets its provenance record.
-            partial = Finished(text="".join(text), token_ids=tuple(tokens), finish_reason="cancelled",
-                               prompt_tokens=len(prepared.request.prompt_ids), routes=routes)
-            threading.Thread(target=_record_quietly, args=(services, prepared, partial), daemon=True).start()
+            # The client left mid-stream: close its record (a thread, since nothing can be
+            # awaited here any more; a restart's recovery closes it if this fails).
+            if not finished:
+                finished = True
+                threading.Thread(target=progress.close_quietly,
+                                 args=(services, prepared, "client_disconnect")).start()
             raise
+        except Unavailable:
+            raise
+        except KeyStoreError as exc:
+            # A checkpoint could not be written: stop sending what would go unrecorded.
+            finished = True
+            log.error("ledger checkpoint failed for generation %s: %s", prepared.request.request_id,
+                      exc.user_message)
+            await asyncio.to_thread(progress.close_quietly, services, prepared, "engine_failure")
+            raise Unavailable("the provenance record could not be written, so the stream stops here") from None
+        except Exception as exc:  # noqa: BLE001 - every engine or remote failure ends in a record
+            finished = True
+            reason = _failure_reason(exc)
+            log.warning("generation %s ended by %s: %s", prepared.request.request_id, reason, type(exc).__name__)
+            await asyncio.to_thread(progress.close_quietly, services, prepared, reason)
+            message = str(exc) if isinstance(exc, (EngineBusy, EngineFailure)) else (
+                "the remote vLLM server failed mid-stream" if reason == "remote_error" else
+                "the engine failed mid-stream")
+            raise Unavailable(f"{message}; the text sent so far is recorded") from None
         finally:
             await iterator.aclose()
         if done is None:
-            raise Unavailable("the engine stopped before finishing the generation")
-        yield await asyncio.to_thread(_record, services, prepared, done)
+            await asyncio.to_thread(progress.close_quietly, services, prepared, "engine_failure")
+            raise Unavailable("the engine stopped before finishing the generation; the text sent so far is recorded")
+        outcome = await asyncio.to_thread(_finish, services, prepared, done, progress)
+        yield outcome
+
+    def never_ran() -> None:
+        threading.Thread(target=_Progress().close_quietly, args=(services, prepared, "client_disconnect")).start()
 
     leased = _leased(events(), lease)
     weakref.finalize(leased, lease.release, 0)  # a stream never started still gives its place back
-    return leased
+    return Stream(generation_id=prepared.request.request_id, events=leased, on_unstarted_close=never_ran)
+
+
+def _finish(services: Services, prepared: _Prepared, done: Finished, progress: _Progress) -> Outcome:
+    progress.text[:] = [done.text]
+    progress.token_ids[:] = list(done.token_ids)
+    progress.routes = done.routes
+    try:
+        entry = progress.write(services, prepared, finish_reason=_engine_reason(done.finish_reason))
+    except KeyStoreError as exc:
+        log.error("final ledger entry failed for generation %s: %s", prepared.request.request_id, exc.user_message)
+        raise Unavailable("the final provenance record could not be written; the stream's record stops "
+                          "at its last checkpoint") from None
+    return _outcome(services, prepared, done, entry)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -49,9 +50,18 @@ def error_response(exc: ServiceError) -> JSONResponse:
     return JSONResponse(service_error_payload(exc), status_code=exc.status, headers=exc.headers)
 
 
+def _redacted(exc: KeyStoreError, what: str) -> str:
+    """A client-safe message: never a database URL, driver message or KEK id. The detail
+    goes to the log under a reference the client can quote."""
+    reference = uuid.uuid4().hex[:16]
+    log.error("store failure (reference %s, %s): %s", reference, type(exc).__name__, exc.user_message)
+    return f"{what}; retry later (reference {reference}; the operator's log has the detail)"
+
+
 def store_error(exc: KeyStoreError) -> ServiceError:
     """The HTTP error for a key-store failure: configuration problems are not retryable
-    (4xx), a database that is down, busy or read-only is (503 with Retry-After)."""
+    (4xx), a database that is down, busy or read-only is (503 with Retry-After). Database
+    and KEK faults are redacted (:func:`_redacted`); domain errors keep their message."""
     if isinstance(exc, NoActiveKey):
         # 409, and `x-should-retry: false`: OpenAI's clients retry a bare 409 ("lock timeout"),
         # but a missing key needs an operator, not a retry.
@@ -59,12 +69,14 @@ def store_error(exc: KeyStoreError) -> ServiceError:
     if isinstance(exc, UnknownTenant):
         return NotFound(exc.user_message, code="unknown_tenant")
     if isinstance(exc, ReadOnlyStore):
-        return Unavailable(exc.user_message, code="database_read_only", headers={"Retry-After": "30"})
+        return Unavailable(_redacted(exc, "the database is read-only"), code="database_read_only",
+                           headers={"Retry-After": "30"})
     if isinstance(exc, (StoreUnavailable, StoreBusy, ConcurrentChange)):
-        return Unavailable(exc.user_message, code="database_unavailable", headers={"Retry-After": "1"})
+        return Unavailable(_redacted(exc, "the database is unavailable"), code="database_unavailable",
+                           headers={"Retry-After": "1"})
     if isinstance(exc, (NotMigrated, KekError)):
-        return Unavailable(exc.user_message, code="misconfigured")
-    return Unavailable(exc.user_message, code="store_error")
+        return Unavailable(_redacted(exc, "the key store is misconfigured"), code="misconfigured")
+    return Unavailable(_redacted(exc, "the key store failed"), code="store_error")
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str]:

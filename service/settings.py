@@ -92,6 +92,9 @@ class ServiceSettings(BaseSettings):
     token_cache_entries: int = Field(default=10_000, ge=1)
     """Known API tokens kept in the cache (least recently used evicted first); unknown tokens
     are remembered in a separate cache of the same size, so a flood of them evicts none."""
+    generation_timeout_s: float = Field(default=600.0, gt=0, le=900)
+    """A stream running longer is ended (finish reason ``timeout``, recorded). At most 900 s:
+    the ledger reads a silent unfinished generation as interrupted after 15 minutes."""
 
     key_cache_seconds: float = Field(default=2.0, ge=0.0)
     """How long opened keys and token lookups are reused: rotation and revocation take

@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 from detector.result import Candidate, KeyInfo
 from keys.db import Store
 from keys.material import StoredKey, active_key, detection_keys
-from keys.ledger import find_generations_by_output_hash
+from keys.ledger import GenerationEntry, find_generations_by_output_hash
+from keys.receipts import Signer
+from keys.signing import NoSigningKey, active_signer, public_keyset
+from service.provenance import receipt_statement
 from keys.tenants import get_tenant
 from service.caching import TokenCache, TTLCache
 from service.engines.base import Engine
@@ -77,8 +80,39 @@ class Services:
         with self.store.transaction(write=False) as session:  # database faults as KeyStoreError (503)
             found = find_generations_by_output_hash(session, output_sha256=output_sha256, tenant_id=tenant_id)
         return [{"generation_id": e.id, "tenant": e.tenant, "key_id": e.key_id, "key_version": e.key_version,
-                 "engine": e.engine, "model": e.model, "watermarked_tokens": e.watermarked_tokens,
+                 "key_state": e.key_state, "engine": e.engine, "model": e.model,
+                 "watermarked_tokens": e.watermarked_tokens, "status": e.status,
+                 "ledger": {"seq": e.seq, "entry_hash": e.entry_hash},
                  "created_at": e.created_at.isoformat()} for e in found]
+
+    def signer(self) -> Signer | None:
+        """The active signing key, opened (cached like keys); None if the store has none."""
+        def load() -> Signer | None:
+            try:
+                with self.store.transaction(write=False) as session:
+                    return active_signer(session, self.store.keyring)
+            except NoSigningKey:
+                return None
+
+        return self.key_cache.get_or_load(("signer",), load)
+
+    def public_keyset(self) -> dict:
+        def load() -> dict:
+            with self.store.transaction(write=False) as session:
+                return public_keyset(session)
+
+        return self.key_cache.get_or_load(("keyset",), load)
+
+    def receipt_for(self, entry: GenerationEntry, *, fingerprint: str | None) -> dict | None:
+        """The signed receipt of a recorded generation (None when no signing key exists)."""
+        signer = self.signer()
+        if signer is None:
+            return None
+        return signer.sign(receipt_statement(entry, fingerprint=fingerprint))
+
+    def sign(self, statement: dict) -> dict | None:
+        signer = self.signer()
+        return signer.sign(statement) if signer is not None else None
 
     def check_database(self) -> None:
         try:

@@ -49,6 +49,10 @@ async def _run(services, params: list, *, tenant: str, needs_key: bool) -> list[
     tenant_id = services.tenant_id(tenant)
     if needs_key:
         services.active_key(tenant_id)
+    from keys.signing import ensure_signing_key
+
+    with services.store.transaction() as session:  # receipts need a signing key
+        ensure_signing_key(session, services.store.keyring, actor="cli:generate")
     await services.engine.start()
     try:
         return list(await asyncio.gather(*(generation.generate(services, operator, p) for p in params)))
@@ -124,6 +128,7 @@ def generate(
             "routes": {"key_a": routes.key_a, "key_b": routes.key_b, "plain": routes.plain, "greedy": routes.greedy},
             "unwatermarked_reason": outcome.unwatermarked_reason, "watermark": watermark,
             "output_sha256": hash_output(outcome.text),
+            "ledger": outcome.extra.get("ledger"), "receipt": outcome.receipt,
         })
     payload = {"engine": built.name, "model": built.model_name, "tenant": tenant, "generations": results}
     text = "\n\n".join(f"[{r['generation_id']}] {r['text']}\n({r['output_tokens']} tokens, "

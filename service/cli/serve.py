@@ -28,6 +28,9 @@ def _serve(host: str, port: int, **overrides) -> None:
         from keys.db import open_store
 
         open_store(store_settings, require_kek=True).close()  # fail fast with one line
+        from keys.kek import forget_kek_environment
+
+        forget_kek_environment()  # the settings hold it now; no child process inherits it
     except KeyStoreError as exc:
         raise CliError(exc.user_message) from None
     except ValueError as exc:

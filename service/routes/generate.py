@@ -31,16 +31,23 @@ async def generate_route(body: GenerateBody, services: ServicesDep, identity: Id
     if not body.stream:
         return (await generation.generate(services, identity, params)).to_dict()
     events = await generation.stream(services, identity, params)
+    generation_id = events.generation_id
 
     async def stream() -> AsyncIterator[bytes]:
+        # Every event names the generation (recorded before the first one), so a client
+        # that leaves can find its record.
         try:
+            yield sse({"type": "started", "generation_id": generation_id})
             async for event in events:
                 if isinstance(event, Delta):
-                    yield sse({"type": "delta", "text": event.text, "token_ids": list(event.token_ids)})
+                    yield sse({"type": "delta", "generation_id": generation_id, "text": event.text,
+                               "token_ids": list(event.token_ids)})
                 else:
                     yield sse({"type": "done", **event.to_dict()})
         except ServiceError as exc:
-            yield sse({"type": "error", **service_error_payload(exc)})
+            yield sse({"type": "error", "generation_id": generation_id, **service_error_payload(exc)})
+        finally:
+            await events.aclose()
         yield SSE_DONE
 
     return StreamingResponse(stream(), media_type="text/event-stream")

@@ -46,7 +46,8 @@ def _usage(outcome: Outcome) -> dict[str, int]:
 
 def _hallmark(outcome: Outcome) -> dict[str, Any]:
     return {"generation_id": outcome.generation_id, "watermark": outcome.watermark,
-            "token_ids": list(outcome.token_ids)}
+            "token_ids": list(outcome.token_ids), "ledger": outcome.extra.get("ledger"),
+            "receipt": outcome.receipt}
 
 
 def _finish(reason: str) -> str:
@@ -69,8 +70,8 @@ async def _openai(services: Services, identity: Identity, params: GenerateParams
                 "hallmark": _hallmark(outcome)}
     events = await generation.stream(services, identity, params)
     chunk_kind = "chat.completion.chunk" if chat else "text_completion"
-    # The id is known only at the end; chunks carry a per-stream id, the summary links it.
-    stream_id = ("chatcmpl-" if chat else "cmpl-") + services.engine.name + hex(id(events))[2:]
+    # The generation id is known (and recorded) before the first chunk: every chunk carries it.
+    stream_id = ("chatcmpl-" if chat else "cmpl-") + events.generation_id
 
     def chunk(delta_text: str | None, finish: str | None, first: bool = False) -> dict[str, Any]:
         if chat:
@@ -83,7 +84,7 @@ async def _openai(services: Services, identity: Identity, params: GenerateParams
         else:
             body = {"index": 0, "text": delta_text or "", "finish_reason": finish, "logprobs": None}
         return {"id": stream_id, "object": chunk_kind, "created": created, "model": services.engine.model_name,
-                "choices": [body]}
+                "choices": [body], "hallmark": {"generation_id": events.generation_id}}
 
     async def stream_events() -> AsyncIterator[bytes]:
         first = True
@@ -99,7 +100,11 @@ async def _openai(services: Services, identity: Identity, params: GenerateParams
                     final["hallmark"] = _hallmark(event)
                     yield sse(final)
         except ServiceError as exc:
-            yield sse(service_error_payload(exc))
+            payload = service_error_payload(exc)
+            payload["hallmark"] = {"generation_id": events.generation_id}
+            yield sse(payload)
+        finally:
+            await events.aclose()
         yield SSE_DONE
 
     return StreamingResponse(stream_events(), media_type="text/event-stream")

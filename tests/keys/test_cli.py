@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from keys import migrate
 import yaml
 from sqlalchemy import create_engine, inspect
 
@@ -265,6 +267,7 @@ def test_bad_kek_is_refused_naming_the_kek_and_changes_nothing(cli, database_url
     new_kek = _new_kek_file(tmp_path, "new.kek")
     short_file = tmp_path / "short.kek"
     short_file.write_text(base64.b64encode(os.urandom(16)).decode())
+    short_file.chmod(0o600)
     kek_settings = {
         "wrong length": ({"HALLMARK_KEK": base64.b64encode(os.urandom(16)).decode()}, "16 bytes"),
         "too long": ({"HALLMARK_KEK": base64.b64encode(os.urandom(48)).decode()}, "48 bytes"),

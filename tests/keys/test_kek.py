@@ -99,21 +99,31 @@ def test_kek_file_loading(tmp_path):
     with pytest.raises(KekError, match="KEK file .* does not exist"):
         read_kek_file(tmp_path / "missing")
     (tmp_path / "short").write_text(_b64(os.urandom(24)))
+    (tmp_path / "short").chmod(0o600)
     with pytest.raises(KekError, match="24 bytes"):
         read_kek_file(tmp_path / "short")
     (tmp_path / "binary").write_bytes(os.urandom(32) + b"\xff")
+    (tmp_path / "binary").chmod(0o600)
     with pytest.raises(KekError, match="KEK"):
         read_kek_file(tmp_path / "binary")
 
 
-def test_a_kek_file_others_can_read_draws_a_warning(tmp_path, caplog):
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_a_kek_file_others_can_read_is_refused(tmp_path, caplog, mode):
     path = tmp_path / "kek.b64"
     kek = generate_kek_file(path)
-    path.chmod(0o644)
-    with caplog.at_level(logging.WARNING, logger="hallmark.keys"):
+    path.chmod(mode)
+    with caplog.at_level(logging.WARNING, logger="hallmark.keys"), pytest.raises(KekError, match="chmod 600") as err:
         read_kek_file(path)
-    assert "chmod 600" in caplog.text
-    assert kek.to_base64() not in caplog.text
+    assert kek.to_base64() not in caplog.text + str(err.value)
+
+
+@pytest.mark.parametrize("material", [bytes(32), b"\xff" * 32, b"A" * 32])
+def test_degenerate_keks_are_refused(material):
+    with pytest.raises(KekError, match="repeated byte"):
+        Kek(material)
+    with pytest.raises(KekError, match="repeated byte"):
+        Kek.from_base64(_b64(material), source="HALLMARK_KEK")
 
 
 def test_generate_never_overwrites(tmp_path):

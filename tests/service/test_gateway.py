@@ -169,7 +169,7 @@ def test_health_ready_and_metrics(server):
 def test_a_failed_provenance_record_withholds_the_text(server):
     path = server.store_settings.database_url.removeprefix("sqlite:///")
     with sqlite3.connect(path) as db:
-        db.execute("CREATE TRIGGER refuse BEFORE INSERT ON generation_records BEGIN "
+        db.execute("CREATE TRIGGER refuse BEFORE INSERT ON ledger_entries BEGIN "
                    "SELECT RAISE(ABORT, 'disk full'); END")
     try:
         response = client(server).post("/v1/generate", json={"prompt": "x", "max_tokens": 5})
@@ -182,7 +182,7 @@ def test_a_failed_provenance_record_withholds_the_text(server):
 
 def _records(server) -> int:
     with sqlite3.connect(server.store_settings.database_url.removeprefix("sqlite:///")) as db:
-        return db.execute("SELECT count(*) FROM generation_records").fetchone()[0]
+        return db.execute("SELECT count(*) FROM ledger_entries WHERE kind = 'finished'").fetchone()[0]
 
 
 def test_cancelled_stream_frees_the_engine_and_is_recorded(server):

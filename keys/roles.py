@@ -1,0 +1,72 @@
+"""Role separation on PostgreSQL: the owner migrates, the service runs as a lesser role.
+
+The triggers that keep the ledger and the audit log append-only stop the application,
+not the tables' owner, who can disable or drop them. So in production the migrations run
+as the owner and the gateway connects as a separate role (``hallmark db
+grant-service-role NAME``) that may only:
+
+- SELECT and INSERT on ``ledger_entries`` and ``audit_events`` (append, never rewrite);
+- SELECT on ``tenants``, ``watermark_keys``, ``api_tokens`` and ``alembic_version`` (key
+  and token changes are the admin CLI's, run as the owner);
+- SELECT, INSERT, UPDATE on ``signing_keys`` and SELECT, UPDATE on ``store_kek`` (the
+  gateway creates the first signing key; UPDATE is what PostgreSQL requires for the row
+  locks those writes take);
+- SELECT, INSERT, UPDATE, DELETE on any other table (later migrations' working tables,
+  such as shared rate limits), and the sequences behind them.
+
+Not being the owner, the role cannot TRUNCATE, ALTER (disable triggers), or DROP
+anything; being refused superuser and BYPASSRLS here, it cannot escape that either.
+"""
+
+from __future__ import annotations
+
+import re
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+
+from keys.errors import InvalidInput
+
+APPEND_ONLY = ("ledger_entries", "audit_events")
+READ_ONLY = ("tenants", "watermark_keys", "api_tokens", "alembic_version")
+SPECIAL = {"signing_keys": "SELECT, INSERT, UPDATE", "store_kek": "SELECT, UPDATE"}
+_ROLE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def privileges_for(table: str) -> str:
+    if table in APPEND_ONLY:
+        return "SELECT, INSERT"
+    if table in READ_ONLY:
+        return "SELECT"
+    return SPECIAL.get(table, "SELECT, INSERT, UPDATE, DELETE")
+
+
+def grant_service_role(connection: Connection, role: str) -> dict[str, str]:
+    """Grant ``role`` exactly the service's privileges on every table of the current
+    database's ``public`` schema (revoking anything else it had there). Returns table ->
+    privileges. The role must exist, log in, and be neither superuser nor BYPASSRLS."""
+    if connection.dialect.name != "postgresql":
+        raise InvalidInput("role separation needs PostgreSQL; SQLite has no roles (protect the file instead)")
+    if not isinstance(role, str) or _ROLE.fullmatch(role) is None:
+        raise InvalidInput("the role name must be lowercase letters, digits and '_' (a plain PostgreSQL identifier)")
+    found = connection.execute(text("SELECT rolsuper, rolbypassrls FROM pg_roles WHERE rolname = :r"),
+                               {"r": role}).first()
+    if found is None:
+        raise InvalidInput(f"no PostgreSQL role {role!r}; create it first (CREATE ROLE {role} LOGIN PASSWORD '...')")
+    if found[0] or found[1]:
+        raise InvalidInput(f"role {role!r} is a superuser or bypasses row security; the service role must not be")
+    owner = connection.execute(text("SELECT current_user")).scalar_one()
+    if owner == role:
+        raise InvalidInput("the service role must not be the role that owns the tables (the one migrating)")
+    database = connection.execute(text("SELECT current_database()")).scalar_one()
+    tables = list(connection.execute(text(
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename")).scalars())
+    connection.exec_driver_sql(f'GRANT CONNECT ON DATABASE "{database}" TO {role}')
+    connection.exec_driver_sql(f"GRANT USAGE ON SCHEMA public TO {role}")
+    connection.exec_driver_sql(f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}")
+    granted = {}
+    for table in tables:
+        granted[table] = privileges_for(table)
+        connection.exec_driver_sql(f'GRANT {granted[table]} ON "{table}" TO {role}')
+    connection.exec_driver_sql(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    return granted

@@ -1,0 +1,226 @@
+"""Provenance commands: ``ledger verify``, ``receipt verify``, ``signing-keys``, ``kek status``,
+``db grant-service-role``.
+
+``receipt verify`` needs no database and no KEK: only the receipt, the public keys (a
+``hallmark-keys.json`` file or a gateway's URL) and, optionally, the text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from service.cli.app import JSON_OPTION, CliError, app, db_app, emit, kek_app, one_line_errors
+
+ledger_app = typer.Typer(no_args_is_help=True, help="The provenance ledger.")
+receipt_app = typer.Typer(no_args_is_help=True, help="Signed generation receipts.")
+signing_app = typer.Typer(no_args_is_help=True, help="Keys that sign receipts and detection reports.")
+app.add_typer(ledger_app, name="ledger")
+app.add_typer(receipt_app, name="receipt")
+app.add_typer(signing_app, name="signing-keys")
+
+_domain_errors = one_line_errors()
+
+
+@contextmanager
+def _store(*, require_kek: bool = False) -> Iterator[Any]:
+    from pydantic import ValidationError
+
+    from keys.db import open_store
+    from keys.settings import StoreSettings
+
+    try:
+        settings = StoreSettings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise CliError(f"HALLMARK_{'_'.join(str(p) for p in first['loc']).upper()}: {first['msg']}") from None
+    store = open_store(settings, require_kek=require_kek)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _actor() -> str:
+    from keys.audit import default_actor
+
+    return default_actor()
+
+
+# --- ledger ------------------------------------------------------------------------------
+
+
+@ledger_app.command("verify")
+@_domain_errors
+def ledger_verify(tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this tenant's chain."),
+                  as_json: bool = JSON_OPTION) -> None:
+    """Walk the hash chain(s); exit 1 naming the first modified, deleted, inserted or
+    reordered entry of each broken chain."""
+    from keys.ledger import verify_chain
+    from keys.tenants import get_tenant
+
+    with _store() as store, store.transaction(write=False) as session:
+        tenant_id = get_tenant(session, name=tenant).id if tenant is not None else None
+        report = verify_chain(session, tenant_id=tenant_id)
+    if as_json:
+        emit(report.to_dict(), True)
+    else:
+        for head in report.heads:
+            typer.echo(f"tenant {head.tenant}: {head.entries} entries, head seq {head.head_seq} "
+                       f"hash {head.head_hash}")
+    if not report.ok:
+        if not as_json:
+            for problem in report.problems:
+                typer.echo(f"error: ledger chain broken at {problem}", err=True)
+        raise typer.Exit(1)
+    if not as_json:
+        typer.echo(f"ok: {len(report.heads)} chain(s) intact")
+
+
+# --- receipts ----------------------------------------------------------------------------
+
+
+def _load_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CliError(f"{what} file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CliError(f"{what} file {path} is not JSON: {type(exc).__name__}") from None
+
+
+def _keyset(keys: Optional[Path], url: Optional[str]) -> dict[str, Any]:
+    if (keys is None) == (url is None):
+        raise CliError("give the public keys: --keys hallmark-keys.json or --url https://gateway")
+    if keys is not None:
+        return _load_json(keys, "key set")
+    import httpx
+
+    target = url.rstrip("/") + "/.well-known/hallmark-keys.json"
+    try:
+        response = httpx.get(target, timeout=10.0)
+        response.raise_for_status()
+        return response.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        raise CliError(f"cannot fetch the public keys from {target}: {type(exc).__name__}") from None
+
+
+@receipt_app.command("verify")
+def receipt_verify(receipt: Path = typer.Argument(..., help="The receipt (JSON; a whole generation response works too)."),
+                   text_file: Optional[Path] = typer.Option(None, "--text", help="Check that this file's text is the one attested."),
+                   keys: Optional[Path] = typer.Option(None, "--keys", help="Public keys (hallmark-keys.json)."),
+                   url: Optional[str] = typer.Option(None, "--url", help="Gateway base URL to fetch the public keys from."),
+                   as_json: bool = JSON_OPTION) -> None:
+    """Verify a receipt offline: signature, signing key id and (with --text) the text."""
+    from keys.receipts import ReceiptInvalid, public_keys, verify_receipt
+
+    document = _load_json(receipt, "receipt")
+    if isinstance(document, dict) and "statement" not in document:
+        # A whole response: REST (`receipt`), OpenAI (`hallmark.receipt`) or a `done` event.
+        document = document.get("receipt") or (document.get("hallmark") or {}).get("receipt") or document
+    text = None
+    if text_file is not None:
+        try:
+            text = text_file.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CliError(f"cannot read {text_file} as UTF-8 text: {type(exc).__name__}") from None
+    try:
+        statement = verify_receipt(document, public_keys(_keyset(keys, url)), text=text)
+    except ReceiptInvalid as exc:
+        raise CliError(f"receipt rejected: {exc}") from None
+    summary = (f"ok: receipt of generation {statement['generation_id']} (tenant {statement['tenant']}, "
+               f"ledger seq {statement['ledger']['seq']}) signed by {document['signature']['kid']}"
+               + ("; the text matches" if text is not None else ""))
+    emit({"valid": True, "text_matches": True if text is not None else None, "statement": statement}, as_json, summary)
+
+
+# --- signing keys ------------------------------------------------------------------------
+
+
+def _signing_line(info: Any) -> str:
+    return f"{info.kid}  {info.state:<8} kek {info.kek_id}  created {info.created_at.isoformat()}"
+
+
+@signing_app.command("create")
+@_domain_errors
+def signing_create(as_json: bool = JSON_OPTION) -> None:
+    """Create the first signing key (the gateway also creates one at start if none exists)."""
+    from keys.signing import create_signing_key
+
+    with _store(require_kek=True) as store, store.transaction() as session:
+        info = create_signing_key(session, store.keyring, actor=_actor())
+    emit(info.to_dict(), as_json, f"created signing key {info.kid}")
+
+
+@signing_app.command("rotate")
+@_domain_errors
+def signing_rotate(as_json: bool = JSON_OPTION) -> None:
+    """Retire the active signing key (it stays published) and make a new one active."""
+    from keys.signing import rotate_signing_key
+
+    with _store(require_kek=True) as store, store.transaction() as session:
+        new, retired = rotate_signing_key(session, store.keyring, actor=_actor())
+    emit({"new": new.to_dict(), "retired": retired.to_dict() if retired else None}, as_json,
+         f"signing key {new.kid} active" + (f"; {retired.kid} retired (still published)" if retired else ""))
+
+
+@signing_app.command("list")
+@_domain_errors
+def signing_list(as_json: bool = JSON_OPTION) -> None:
+    """Every signing key, retired ones too."""
+    from keys.signing import list_signing_keys
+
+    with _store() as store, store.transaction(write=False) as session:
+        infos = list_signing_keys(session)
+    emit([i.to_dict() for i in infos], as_json, "\n".join(_signing_line(i) for i in infos) or "no signing keys")
+
+
+@signing_app.command("export-public")
+@_domain_errors
+def signing_export_public() -> None:
+    """Print the public key set (what /.well-known/hallmark-keys.json serves)."""
+    from keys.signing import public_keyset
+
+    with _store() as store, store.transaction(write=False) as session:
+        typer.echo(json.dumps(public_keyset(session), indent=2))
+
+
+# --- kek status ----------------------------------------------------------------------------
+
+
+@kek_app.command("status")
+@_domain_errors
+def kek_status_command(as_json: bool = JSON_OPTION) -> None:
+    """Keys per KEK id (watermark and signing keys), and which KEKs this process holds.
+    During a staged rollout: all keys under the new KEK means the previous one can go."""
+    from keys.kek_rotation import kek_status
+
+    with _store(require_kek=True) as store, store.transaction(write=False) as session:
+        status = kek_status(session, store.keyring)
+    lines = [f"configured KEKs: {', '.join(status.configured)} (first wraps)"]
+    for kek_id in sorted({*status.watermark_keys, *status.signing_keys}):
+        where = "configured" if kek_id in status.configured else "NOT configured: cannot be opened"
+        lines.append(f"KEK {kek_id}: {status.watermark_keys.get(kek_id, 0)} watermark key(s), "
+                     f"{status.signing_keys.get(kek_id, 0)} signing key(s) ({where})")
+    emit(status.to_dict(), as_json, "\n".join(lines))
+
+
+# --- db grant-service-role ---------------------------------------------------------------
+
+
+@db_app.command("grant-service-role")
+@_domain_errors
+def db_grant_service_role(role: str = typer.Argument(..., help="Existing PostgreSQL role the gateway connects as."),
+                          as_json: bool = JSON_OPTION) -> None:
+    """PostgreSQL: grant ROLE only what the gateway needs (append-only ledger and audit log,
+    read-only keys and tokens). Run as the owner that migrates."""
+    from keys.roles import grant_service_role
+
+    with _store() as store, store.engine.begin() as connection:
+        granted = grant_service_role(connection, role)
+    emit(granted, as_json, "\n".join(f"{table}: {privileges}" for table, privileges in granted.items()))
