@@ -46,14 +46,16 @@ def rotate_kek(session: Session, *, current: Keyring, new: Kek, actor: str,
                now: datetime | None = None) -> KekRotation:
     """Re-wrap every key under ``new``. ``current`` must open every row (else
     :class:`KekError` and nothing changes). Audited as ``kek.rotated`` (ids and a count)."""
-    if new.id in current:
-        raise KekError(f"the new KEK (id {new.id}) is the KEK already in use; generate a new one "
-                       "with `hallmark kek generate --out FILE`")
     now = clock.resolve(now)
     marker = lock_store_kek(session, exclusive=True)
     rows = list(session.scalars(select(KeyRow).order_by(KeyRow.id).with_for_update()))
     signing = list(session.scalars(select(SigningKey).order_by(SigningKey.id).with_for_update()))
     previous = tuple(sorted({row.kek_id for row in rows} | {row.kek_id for row in signing}))
+    # A staged rollout may already list the new KEK (first, with the old one as previous);
+    # rotating to the KEK every row already uses is the mistake this refuses.
+    if new.id in current and (previous == (new.id,) or (not previous and new.id == current.primary.id)):
+        raise KekError(f"the new KEK (id {new.id}) is the KEK already in use; generate a new one "
+                       "with `hallmark kek generate --out FILE`")
     target = Keyring([new])
     for row in rows:
         secret = open_secret(current, row)

@@ -1,0 +1,115 @@
+"""Role separation on PostgreSQL: the service role appends to the ledger and the audit log
+and cannot rewrite, erase, truncate or un-trigger them."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+from pydantic import SecretStr
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+
+from keys import migrate
+from keys.db import create_store_engine, open_store
+from keys.errors import InvalidInput
+from keys.kek import Kek
+from keys.ledger import get_generation, record_generation, verify_chain
+from keys.lifecycle import create_key
+from keys.roles import grant_service_role
+from keys.settings import StoreSettings
+from keys.tenants import create_tenant
+from tests.keys.conftest import Cli
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def owned_database(pg_server):
+    name = pg_server.create_database()
+    url = pg_server.url_for(name)
+    engine = create_store_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    role = f"hallmark_svc_{secrets.token_hex(4)}"
+    with pg_server.engine.connect() as connection:
+        connection.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
+    try:
+        yield url, role
+    finally:
+        pg_server.drop_database(name)
+        with pg_server.engine.connect() as connection:
+            connection.exec_driver_sql(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_the_service_role_can_append_but_never_rewrite(owned_database, monkeypatch, capsys):
+    url, role = owned_database
+    cli = Cli(monkeypatch, capsys)
+    kek = Kek.generate()
+    granted = cli.ok("db", "grant-service-role", role, "--json",
+                     HALLMARK_DATABASE_URL=url, HALLMARK_KEK=kek.to_base64()).json()
+    assert granted["ledger_entries"] == "SELECT, INSERT" and granted["audit_events"] == "SELECT, INSERT"
+    assert granted["watermark_keys"] == "SELECT"
+    owner = open_store(StoreSettings(database_url=url, kek=SecretStr(kek.to_base64())), require_kek=True)
+    try:
+        with owner.transaction() as session:
+            tenant = create_tenant(session, name="acme", actor="test")
+            create_key(session, owner.keyring, tenant="acme", actor="test")
+    finally:
+        owner.close()
+
+    service_url = make_url(url).set(username=role).render_as_string(hide_password=False)
+    service = open_store(StoreSettings(database_url=service_url, kek=SecretStr(kek.to_base64())), require_kek=True)
+    try:
+        with service.transaction() as session:  # the service's own work: append and read
+            entry = record_generation(session, tenant_id=tenant.id, key_id=None, key_version=None, engine="local",
+                                      model="tiny", spec=None, prompt_tokens=1, watermarked_tokens=0,
+                                      unwatermarked_reason="opt_out", output_text="hello", token_ids=[1])
+        with service.transaction(write=False) as session:
+            assert get_generation(session, generation_id=entry.id, tenant_id=tenant.id) is not None
+            assert verify_chain(session).ok
+    finally:
+        service.close()
+
+    engine = create_engine(service_url)
+    attacks = [
+        "UPDATE ledger_entries SET output_tokens = 5",
+        "DELETE FROM ledger_entries",
+        "TRUNCATE ledger_entries",
+        "ALTER TABLE ledger_entries DISABLE TRIGGER ledger_entries_append_only",
+        "ALTER TABLE ledger_entries DISABLE TRIGGER ALL",
+        "DROP TRIGGER ledger_entries_append_only ON ledger_entries",
+        "DROP TABLE ledger_entries",
+        "SET session_replication_role = replica",
+        "UPDATE audit_events SET actor = 'mallory'",
+        "DELETE FROM audit_events",
+        "TRUNCATE audit_events",
+        "ALTER TABLE audit_events DISABLE TRIGGER ALL",
+        "UPDATE watermark_keys SET state = 'revoked'",
+        "DELETE FROM api_tokens",
+    ]
+    try:
+        for statement in attacks:
+            with pytest.raises(DBAPIError, match="permission denied|must be owner|append-only"):
+                with engine.begin() as connection:
+                    connection.exec_driver_sql(statement)
+    finally:
+        engine.dispose()
+    with create_engine(url).connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM ledger_entries")).scalar() == 1
+
+
+def test_grant_refuses_superusers_and_unknown_roles(owned_database):
+    url, _ = owned_database
+    engine = create_engine(url)
+    try:
+        with engine.begin() as connection:
+            with pytest.raises(InvalidInput, match="no PostgreSQL role"):
+                grant_service_role(connection, "no_such_role_here")
+            with pytest.raises(InvalidInput, match="superuser"):
+                grant_service_role(connection, "postgres")
+            with pytest.raises(InvalidInput, match="identifier"):
+                grant_service_role(connection, "bad; DROP TABLE x")
+    finally:
+        engine.dispose()
