@@ -21,6 +21,7 @@ from keys.lifecycle import get_key, list_keys, revoke_key, rotate_key
 from keys.tenants import list_tenants
 from service.auth import Identity
 from service.errors import BadRequest, Forbidden, NotFound, ServiceError, Unavailable, Unprocessable
+from service.http_errors import store_error
 from service.routes.deps import IdentityDep, ServicesDep
 
 MAX_AUDIT_EVENTS = 500
@@ -58,7 +59,7 @@ def _mapped() -> Iterator[None]:
     except (InvalidTransition, DuplicateKey, DuplicateTenant) as exc:
         raise Conflict(exc.user_message) from None
     except KeyStoreError as exc:
-        raise Unavailable(exc.user_message) from None
+        raise store_error(exc) from None
 
 
 class RotateBody(BaseModel):
@@ -117,7 +118,10 @@ def revoke_route(key_id: str, body: RevokeBody, services: ServicesDep, identity:
     """Revoke a compromised key: detections under it are reported as revoked."""
     _admin(identity)
     with _mapped(), services.store.transaction() as session:
-        _scope(identity, get_key(session, key_id=key_id).tenant)
+        owner = get_key(session, key_id=key_id).tenant
+        if identity.tenant is not None and owner != identity.tenant:
+            # Answer exactly as for a key that does not exist: nothing of another tenant leaks.
+            raise UnknownKey(key_id)
         info = revoke_key(session, key_id=key_id, reason=body.reason, actor=f"api:{identity.token_id}")
     services.key_cache.clear()
     return info.to_dict()
