@@ -404,7 +404,8 @@ def start_generation(
 def _continue(session: Session, *, generation_id: str, tenant_id: str, kind: str, output_text: str | None,
               token_ids: Sequence[int] | None, watermarked_tokens: int, unwatermarked_reason: str | None,
               finish_reason: str | None, details: dict[str, Any] | None, now: datetime | None,
-              output_sha256: str | None = None, output_tokens: int | None = None) -> GenerationEntry:
+              output_sha256: str | None = None, output_tokens: int | None = None,
+              token_ids_sha256: str | None = None) -> GenerationEntry:
     rows = _entries_of(session, generation_id, tenant_id)
     if not rows or rows[0].kind != "started":
         raise InvalidInput(f"generation {generation_id} has no started entry for this tenant")
@@ -413,11 +414,13 @@ def _continue(session: Session, *, generation_id: str, tenant_id: str, kind: str
     first = rows[0]
     header = {name: getattr(first, name) for name in ("key_id", "key_version", "engine", "model", "spec",
                                                       "prompt_tokens")}
+    progress = _progress(session, tenant_id, first.key_id, first.key_version, output_text=output_text,
+                         output_sha256=output_sha256, token_ids=token_ids, output_tokens=output_tokens,
+                         watermarked_tokens=watermarked_tokens, unwatermarked_reason=unwatermarked_reason)
+    if token_ids is None and token_ids_sha256 is not None:
+        progress["token_ids_sha256"] = _check_hash(token_ids_sha256, "token_ids_sha256")
     row = _append(session, tenant_id=tenant_id, now=clock.resolve(now), values={
-        **header, "generation_id": generation_id, "kind": kind, "writer": writer_id(),
-        **_progress(session, tenant_id, first.key_id, first.key_version, output_text=output_text,
-                    output_sha256=output_sha256, token_ids=token_ids, output_tokens=output_tokens,
-                    watermarked_tokens=watermarked_tokens, unwatermarked_reason=unwatermarked_reason),
+        **header, "generation_id": generation_id, "kind": kind, "writer": writer_id(), **progress,
         "finish_reason": finish_reason, "details": _check_details(details)})
     return _generation([*rows, row], get_tenant_by_id(session, tenant_id=tenant_id).name)
 
@@ -462,8 +465,8 @@ def recover_interrupted(session: Session, *, now: datetime | None = None) -> lis
                   output_text=None, output_sha256=last.output_sha256, output_tokens=last.output_tokens,
                   token_ids=None, watermarked_tokens=last.watermarked_tokens,
                   unwatermarked_reason=last.unwatermarked_reason, finish_reason="interrupted",
-                  details={"recovered_by": writer_id(), "last_writer": last.writer,
-                           "token_ids_sha256": last.token_ids_sha256}, now=now)
+                  token_ids_sha256=last.token_ids_sha256,
+                  details={"recovered_by": writer_id(), "last_writer": last.writer}, now=now)
         closed.append(generation_id)
     return closed
 

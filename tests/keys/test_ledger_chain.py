@@ -267,7 +267,7 @@ def test_a_dead_writers_stream_reads_interrupted_and_recovery_closes_it(store, t
     with store.transaction(write=False) as session:
         shown = get_generation(session, generation_id=gid, tenant_id=None)
     assert (shown.status, shown.finish_reason, shown.output_tokens) == ("interrupted", "interrupted", 4)
-    assert shown.output_sha256 == hash_output("abcd")
+    assert shown.output_sha256 == hash_output("abcd") and shown.token_ids_sha256 == hash_token_ids([1, 2, 3, 4])
     with store.transaction() as session:
         assert recover_interrupted(session) == []
         # A live writer's stream is not touched, unless silent for longer than the limit.
