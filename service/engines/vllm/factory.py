@@ -30,6 +30,10 @@ class VLLMSettings(BaseSettings):
     api_key: SecretStr | None = Field(default=None, repr=False, exclude=True)
     """The remote server's ``--api-key``, sent as a bearer token."""
 
+    allow_insecure_http: bool = False
+    """Allow a non-loopback remote URL over plain http or without an API key (a private
+    network the operator vouches for). Off: such a URL is refused at start."""
+
     tokenizer: str | None = None
     """Where the gateway loads the tokenizer from (default: ``model``). Remote mode needs a
     local copy of the served model's tokenizer."""
@@ -107,7 +111,8 @@ def create_vllm_engine(settings: Any = None) -> VLLMEngine:
         from service.engines.vllm.remote import RemoteBackend
 
         backend = RemoteBackend(settings.url, model_name=settings.model,
-                                api_key=settings.api_key.get_secret_value() if settings.api_key else None)
+                                api_key=settings.api_key.get_secret_value() if settings.api_key else None,
+                                allow_insecure_http=settings.allow_insecure_http)
         source = settings.tokenizer or settings.model
 
         def remote_tokenizer():

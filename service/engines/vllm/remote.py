@@ -13,8 +13,11 @@ can ask for any key id in the keyring. Run it on a private network with ``--api-
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import secrets
 from typing import Any, AsyncIterator
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -25,14 +28,34 @@ class RemoteError(RuntimeError):
     """The remote vLLM server refused or failed a request; the message says which."""
 
 
+def check_remote_url(url: str, *, api_key: str | None, allow_insecure_http: bool) -> None:
+    """A vLLM server off this host is reached over https with an API key: whoever can call
+    it can ask for any key id of its keyring. ``allow_insecure_http`` waives this for a
+    private network the operator vouches for."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if loopback or allow_insecure_http:
+        return
+    if parts.scheme != "https" or not api_key:
+        raise RemoteError(f"the vLLM server at {url} is not on this host: use https and an API key "
+                          "(HALLMARK_VLLM_API_KEY), or set HALLMARK_VLLM_ALLOW_INSECURE_HTTP=1 for a private "
+                          "network you trust")
+
+
 class RemoteBackend:
     """The OpenAI-compatible server of a ``vllm serve`` deployment."""
 
     sends_key_material = False
 
     def __init__(self, url: str, *, model_name: str | None = None, api_key: str | None = None,
-                 timeout_s: float = 600.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 timeout_s: float = 600.0, transport: httpx.AsyncBaseTransport | None = None,
+                 allow_insecure_http: bool = False) -> None:
         self.url = url.rstrip("/")
+        self._allow_insecure_http = allow_insecure_http
         self.model_name = model_name or ""
         self._api_key = api_key
         self._timeout = httpx.Timeout(timeout_s, connect=10.0)
@@ -48,6 +71,7 @@ class RemoteBackend:
         return self._ready
 
     async def start(self) -> None:
+        check_remote_url(self.url, api_key=self._api_key, allow_insecure_http=self._allow_insecure_http)
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         self._client = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=self._timeout,
                                          transport=self._transport)
@@ -70,7 +94,26 @@ class RemoteBackend:
             await self.stop()
             raise RemoteError(f"the vLLM server at {self.url} serves {served}, not {self.model_name!r}; "
                               "fix --model")
+        await self._prove_plugin()
         self._ready = True
+
+    async def _prove_plugin(self) -> None:
+        """Without the Hallmark plugin, vLLM passes a request's extra args through unchecked
+        and generates unwatermarked text. Prove it enforces: a key id no keyring holds must
+        be refused."""
+        from service.engines.vllm.watermark_args import KEY_ID, SEED
+
+        body = {"model": self.model_name, "prompt": [0], "max_tokens": 1, "stream": False,
+                "vllm_xargs": {KEY_ID: f"hallmark-probe-{secrets.token_hex(8)}", SEED: 0}}
+        try:
+            response = await self._client.post("/v1/completions", json=body)
+        except httpx.HTTPError as exc:
+            await self.stop()
+            raise RemoteError(f"cannot reach the vLLM server at {self.url}: {exc.__class__.__name__}") from None
+        if response.status_code == 200:
+            await self.stop()
+            raise RemoteError(f"the vLLM server at {self.url} does not run the Hallmark plugin (it generated "
+                              "for a key id no keyring holds); start it with the plugin and its keyring")
 
     async def stop(self) -> None:
         self._ready = False
