@@ -146,6 +146,13 @@ def _watermark_dict(prepared: _Prepared, done_tokens: int, watermarked: int, key
             "watermarked_tokens": watermarked, "watermarked_share": share}
 
 
+def _with_verification(watermark: dict | None, details: dict | None) -> dict | None:
+    if watermark is not None and details and "watermark_verified" in details:
+        watermark["verification"] = {"log10_p": details["watermark_log10_p"],
+                                     "verified": details["watermark_verified"]}
+    return watermark
+
+
 def _outcome(services: Services, prepared: _Prepared, done: Finished, entry: GenerationEntry) -> Outcome:
     plan = prepared.plan
     services.metrics.record_generation(services.engine.name, done, plan is not None)
@@ -162,9 +169,35 @@ def _outcome(services: Services, prepared: _Prepared, done: Finished, entry: Gen
     receipt = services.receipt_for(entry, fingerprint=plan.fingerprint if plan else None)
     return Outcome(generation_id=prepared.request.request_id, text=done.text, token_ids=done.token_ids,
                    finish_reason=done.finish_reason, prompt_tokens=done.prompt_tokens,
-                   watermark=_watermark_dict(prepared, len(done.token_ids), watermarked, entry.key_state),
+                   watermark=_with_verification(_watermark_dict(prepared, len(done.token_ids), watermarked,
+                                                                entry.key_state), entry.details),
                    model=services.engine.model_name, extra=extra, receipt=receipt, routes=done.routes,
                    unwatermarked_reason=_unwatermarked_reason(prepared, done.routes.plain))
+
+
+VERIFY_MIN_TOKENS = 16
+VERIFY_LOG10_P = -3.0
+"""A remote output of at least this many watermarked tokens must reach p <= 1e-3 under its key."""
+
+
+def _verification(services: Services, prepared: _Prepared, token_ids: tuple[int, ...] | list[int],
+                  watermarked: int) -> dict[str, Any] | None:
+    """A remote engine's output, checked with the detector before it is recorded (a vLLM
+    server without the plugin would return unwatermarked text): the measured log10 p, and
+    whether it verifies. Local engines sample in this process and are not re-checked."""
+    plan = prepared.plan
+    if plan is None or services.engine.name == "local" or not token_ids:
+        return None
+    from detector.detect import detect
+    from detector.result import Candidate
+
+    log10_p = float(detect(list(token_ids), [Candidate.inline(plan.key)]).log10_p_value)
+    verified: bool | None = log10_p <= VERIFY_LOG10_P if watermarked >= VERIFY_MIN_TOKENS else None
+    if verified is False:
+        services.metrics.watermark_unverified.labels(services.engine.name).inc()
+        log.warning("generation %s: watermark_unverified (log10 p %.2f over %d tokens) from engine %s",
+                    prepared.request.request_id, log10_p, len(token_ids), services.engine.name)
+    return {"watermark_log10_p": round(max(log10_p, -1e300), 6), "watermark_verified": verified}
 
 
 def _unwatermarked_reason(prepared: _Prepared, plain: int) -> str | None:
@@ -184,7 +217,8 @@ def _record(services: Services, prepared: _Prepared, done: Finished) -> Outcome:
                 watermarked_tokens=done.routes.watermarked if plan else 0,
                 unwatermarked_reason=_unwatermarked_reason(prepared, done.routes.plain),
                 output_text=done.text, token_ids=done.token_ids, finish_reason=_engine_reason(done.finish_reason),
-                generation_id=prepared.request.request_id, refuse_revoked_key=True)
+                generation_id=prepared.request.request_id, refuse_revoked_key=True,
+                details=_verification(services, prepared, done.token_ids, done.routes.watermarked if plan else 0))
     except KeyRevoked:
         log.warning("generation %s withheld: its key was revoked while it generated", prepared.request.request_id)
         raise Unavailable("the watermark key was revoked while this generation ran, so the output is "
@@ -427,8 +461,9 @@ def _finish(services: Services, prepared: _Prepared, done: Finished, progress: _
     progress.text[:] = [done.text]
     progress.token_ids[:] = list(done.token_ids)
     progress.routes = done.routes
+    details = _verification(services, prepared, done.token_ids, done.routes.watermarked if prepared.plan else 0)
     try:
-        entry = progress.write(services, prepared, finish_reason=_engine_reason(done.finish_reason))
+        entry = progress.write(services, prepared, finish_reason=_engine_reason(done.finish_reason), details=details)
     except KeyStoreError as exc:
         log.error("final ledger entry failed for generation %s: %s", prepared.request.request_id, exc.user_message)
         raise Unavailable("the final provenance record could not be written; the stream's record stops "

@@ -32,6 +32,9 @@ class Metrics:
         self.spec_accepted = Counter("hallmark_speculative_accepted_tokens", "Draft tokens accepted.", registry=r)
         self.spec_acceptance = Gauge("hallmark_speculative_acceptance_rate",
                                      "Accepted / drafted tokens since start.", registry=r)
+        self.watermark_unverified = Counter(
+            "hallmark_watermark_unverified", "Remote outputs whose watermark did not verify before recording.",
+            ["engine"], registry=r)
         self.detections = Counter("hallmark_detections", "Detections by verdict.", ["verdict"], registry=r)
         self.rate_limited = Counter("hallmark_rate_limited", "Requests refused by the rate limit.", ["route"],
                                     registry=r)

@@ -259,3 +259,14 @@ def test_detection_report_is_signed_and_says_what_it_rests_on(server):
     tampered["statement"]["verdict"] = "watermarked" if report["verdict"] == "not_watermarked" else "not_watermarked"
     with pytest.raises(Exception, match="bad signature"):
         verify_signed(tampered, public_keys(keyset))
+
+
+def test_remote_style_output_is_verified_before_it_is_recorded(server):
+    """An engine other than the local one is checked with the detector: this scripted one
+    does not watermark, so its output is recorded as watermark_unverified and counted."""
+    generated = _client(server).post("/v1/generate", json={"prompt": "hi", "max_tokens": 40}).json()
+    assert generated["watermark"]["verification"]["verified"] is False
+    final = _entries(server, generated["generation_id"])[-1]
+    assert final.details["watermark_verified"] is False and final.details["watermark_log10_p"] > -3
+    metrics = httpx.get(server.url + "/metrics").text
+    assert 'hallmark_watermark_unverified_total{engine="scripted"}' in metrics
