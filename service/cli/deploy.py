@@ -122,11 +122,12 @@ def deploy_keyring(
         stored = []
         for name in tenant or [None]:
             stored += detection_keys(session, store.keyring, tenant=name)
-        # Verify-only keys stay so that requests in flight across a rotation still resolve.
+        # Revoked keys stay out; verify-only keys are listed with their state, so that the
+        # plugin refuses them by name (it generates with active keys only).
         usable = [key for key in stored if key.state != REVOKED]
         for key in usable:
             entries.append(KeyringEntry(key_id=key.key_id, tenant=key.tenant, version=key.version,
-                                        fingerprint=key.fingerprint, key=key.material))
+                                        fingerprint=key.fingerprint, key=key.material, state=key.state))
             record_audit(session, actor=default_actor(), action="key.exported_to_vllm_keyring",
                          tenant_id=key.tenant_id, key_id=key.key_id,
                          details={"version": key.version, "fingerprint": key.fingerprint, "file": str(out)})

@@ -60,3 +60,25 @@ def test_a_server_that_refuses_an_unknown_key_id_is_accepted():
     asyncio.run(backend.start())
     assert backend.ready
     asyncio.run(backend.stop())
+
+
+def test_the_plugin_keyring_refuses_verify_only_and_revoked_keys(tmp_path):
+    from service.engines.vllm.keyring import Keyring, KeyringEntry, KeyringError, write_keyring
+    from watermark.key import WatermarkKey
+
+    keys = {state: WatermarkKey(secret=0x1234_0000 + i) for i, state in enumerate(("active", "verify-only", "revoked"))}
+    path = write_keyring(tmp_path / "keyring.json", [
+        KeyringEntry(key_id=f"key_{state}", tenant="acme", version=i + 1, fingerprint=key.fingerprint, key=key,
+                     state=state) for i, (state, key) in enumerate(keys.items())])
+    ring = Keyring(path)
+    assert ring.lookup("key_active").key == keys["active"]
+    for state in ("verify-only", "revoked"):
+        with pytest.raises(KeyringError, match=f"is {state}: this vLLM server generates only with active keys"):
+            ring.lookup(f"key_{state}")
+    # A keyring written before states were kept reads its keys as active.
+    data = json.loads(path.read_text())
+    for entry in data["keys"].values():
+        entry.pop("state")
+    path.write_text(json.dumps(data))
+    path.chmod(0o600)
+    assert Keyring(path).lookup("key_revoked").state == "active"

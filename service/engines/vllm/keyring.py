@@ -46,6 +46,8 @@ class KeyringEntry:
     version: int
     fingerprint: str
     key: WatermarkKey = field(repr=False)
+    state: str = "active"
+    """The key's state when the keyring was written: the plugin generates with active keys only."""
 
 
 def check_private(path: Path) -> None:
@@ -81,7 +83,7 @@ def render(entries: Iterable[KeyringEntry]) -> str:
     for entry in entries:
         keys[entry.key_id] = {"secret": f"0x{entry.key.secret:016x}", "spec": entry.key.spec.public_dict(),
                               "tenant": entry.tenant, "version": entry.version,
-                              "fingerprint": entry.fingerprint}
+                              "fingerprint": entry.fingerprint, "state": entry.state}
     return json.dumps({"format": FORMAT, "keys": keys}, indent=2) + "\n"
 
 
@@ -100,6 +102,7 @@ def _parse_entry(key_id: str, raw: object, path: Path) -> KeyringEntry:
         prf.check_key(secret)
         spec = WatermarkSpec.model_validate(raw["spec"])
         tenant, version, printed = str(raw["tenant"]), int(raw["version"]), str(raw["fingerprint"])
+        state = str(raw.get("state", "active"))  # files written before states were kept
     except (KeyError, TypeError, ValueError, ValidationError):
         # Never repeat the offending value: it may be the secret.
         raise KeyringError(f"entry {key_id!r} of {path} is malformed; rewrite the file with "
@@ -107,7 +110,7 @@ def _parse_entry(key_id: str, raw: object, path: Path) -> KeyringEntry:
     if fingerprint(secret) != printed:
         raise KeyringError(f"entry {key_id!r} of {path}: the secret does not match its fingerprint")
     return KeyringEntry(key_id=key_id, tenant=tenant, version=version, fingerprint=printed,
-                        key=WatermarkKey(secret=secret, spec=spec))
+                        key=WatermarkKey(secret=secret, spec=spec), state=state)
 
 
 def read_keyring(path: Path | str) -> dict[str, KeyringEntry]:
@@ -159,6 +162,9 @@ class Keyring:
             raise KeyringError(f"key {key_id!r} is not in this vLLM server's keyring {self.path}; "
                                "rewrite it with `hallmark deploy keyring` after creating or "
                                "rotating keys")
+        if entry.state != "active":
+            raise KeyringError(f"key {key_id!r} is {entry.state}: this vLLM server generates only with "
+                               "active keys")
         return entry
 
 
