@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from watermark.kernels import launch
+
 # Mirrors of watermark.dedup.PAD and watermark.spec.DEDUP_SCOPES / MAX_CONTEXT_WIDTH (a CPU
 # test asserts they agree): watermark.dedup imports the pydantic spec module, which the
 # GPU image does not carry, and these kernels must run there.
@@ -112,6 +114,7 @@ def insert_last(table_row, hist_row, tmask, window, width, position):
 
 
 # Nothing here selects a compiled variant: one compile per kernel serves every batch.
+DEDUP_OPTIONS = {"num_warps": 1}
 _APPEND_ARGS = ["hist_ptr", "table_ptr", "length_ptr", "generated_ptr", "width_ptr", "scope_ptr", "overflow_ptr",
                 "slots_ptr", "tokens_ptr", "tokens_stride", "counts_ptr", "capacity", "table_size", "generated_flag"]
 _QUERY_ARGS = ["hist_ptr", "table_ptr", "length_ptr", "generated_ptr", "width_ptr", "scope_ptr", "history_ptr",
@@ -233,9 +236,9 @@ class GpuDeduper:
         counts = torch.as_tensor(counts, device=self.device).to(torch.int32).contiguous()
         if slots.shape[0] == 0:
             return
-        _dedup_append_kernel[(slots.shape[0],)](
+        launch.launch(_dedup_append_kernel, "dedup_append", (slots.shape[0],), (
             self.history, self.table, self.length, self.generated, self.width, self.scope, self.overflow, slots,
-            tokens, tokens.stride(0), counts, self.capacity, self.table_size, int(generated), num_warps=1)
+            tokens, tokens.stride(0), counts, self.capacity, self.table_size, int(generated)), options=DEDUP_OPTIONS)
 
     def repeated(self, slots: torch.Tensor, drafts: torch.Tensor | None = None) -> torch.Tensor:
         """Decisions [B, k + 1] (bool) for positions L .. L + k of each row's request, the
@@ -250,7 +253,8 @@ class GpuDeduper:
         k = drafts.shape[1]
         out = torch.empty((batch, k + 1), dtype=torch.int8, device=self.device)
         if batch:
-            _dedup_query_kernel[(batch,)](
+            launch.launch(_dedup_query_kernel, "dedup_query", (batch,), (
                 self.history, self.table, self.length, self.generated, self.width, self.scope, self.max_history,
-                slots, drafts, max(drafts.stride(0), 1), k, out, self.capacity, self.table_size, num_warps=1)
+                slots, drafts, max(drafts.stride(0), 1), k, out, self.capacity, self.table_size),
+                options=DEDUP_OPTIONS)
         return out.view(torch.bool)  # 0/1 bytes: a view, no conversion kernel

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from watermark import stream
-from watermark.kernels import philox, race
+from watermark.kernels import launch, philox, race
 from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, SampleResult
 
 LANE_ROUTE = tl.constexpr(stream.LANE_ROUTE)
@@ -186,6 +186,24 @@ class LaunchConfig:
 # (fp32/bf16/fp16, aligned or not) without spilling (140 uncapped for fp32).
 DEFAULT_CONFIG = LaunchConfig(maxnreg=128, compact=False)
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Every launch configuration the dispatchers (watermark.sampler, watermark.gumbel and the
+# engines, which pass no config) can select; the warm-up registry enumerates these.
+DISPATCH_CONFIGS = (DEFAULT_CONFIG,)
+STRIDE_MULTS = (16, 1)
+
+
+def compile_time_args(config: LaunchConfig, mult: int) -> tuple[dict, dict]:
+    """(compile-time constants, launch options) of a vocabulary-kernel launch."""
+    return (dict(BLOCK=config.block, STRIDE_MULT=mult, NB=config.reduce_block, COMPACT=config.compact),
+            config.launch_options())
+
+
+def aligned_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself if its first element is 16-byte aligned, else an aligned copy: pointer
+    alignment never selects a compiled variant (views that start mid-row are rare)."""
+    if x.numel() and x.data_ptr() % 16:
+        return x.clone(memory_format=torch.contiguous_format)
+    return x
 
 
 def _vocab_rows(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -196,7 +214,7 @@ def _vocab_rows(x: torch.Tensor, name: str) -> torch.Tensor:
         x = x.to(torch.float32)
     if x.shape[1] > 1 and x.stride(1) != 1:
         x = x.contiguous()
-    return x
+    return aligned_rows(x)
 
 
 def stride_mult(x: torch.Tensor) -> int:
@@ -221,7 +239,7 @@ def flags_int8(x, shape: tuple, device: torch.device, name: str) -> torch.Tensor
     return x.view(torch.int8) if x.dtype == torch.bool else (x != 0).to(torch.int8)
 
 
-def _launch_race(kernel, values: torch.Tensor, keys: torch.Tensor, states: torch.Tensor,
+def _launch_race(kernel, name: str, values: torch.Tensor, keys: torch.Tensor, states: torch.Tensor,
                  config: LaunchConfig, blocks_per_row: int | None) -> torch.Tensor:
     batch, vocab = values.shape
     device = values.device
@@ -237,9 +255,11 @@ def _launch_race(kernel, values: torch.Tensor, keys: torch.Tensor, states: torch
     per_block, nblk = race.split_rows(batch, vocab, config.block, device, config.programs_per_sm, blocks_per_row)
     ws = race.workspace(device, batch, batch * nblk, batch * nblk * 2 * config.block)
     mult = stride_mult(values)
-    kernel[(batch, nblk)](values, values.stride(0) // mult, vocab, keys, states, tokens, ws.scores, ws.tokens,
-                          ws.counters, ws.scratch, per_block, nblk, BLOCK=config.block, STRIDE_MULT=mult,
-                          NB=config.reduce_block, COMPACT=config.compact, **config.launch_options())
+    constexprs, options = compile_time_args(config, mult)
+    launch.launch(kernel, name, (batch, nblk),
+                  (values, values.stride(0) // mult, vocab, keys, states, tokens, ws.scores, ws.tokens, ws.counters,
+                   ws.scratch, per_block, nblk), dtype=values.dtype, constexprs=constexprs, options=options,
+                  aligned=(values,))
     return tokens
 
 
@@ -247,15 +267,16 @@ def gumbel_argmax(logits: torch.Tensor, keys: torch.Tensor, states: torch.Tensor
                   config: LaunchConfig = DEFAULT_CONFIG, blocks_per_row: int | None = None) -> torch.Tensor:
     """Same result as :func:`watermark.gumbel.gumbel_argmax_reference`: logits [B, V]
     (float32/bfloat16/float16, any row stride), keys [B] int64, states [B, 4] -> tokens [B]."""
-    return _launch_race(_gumbel_argmax_kernel, _vocab_rows(logits, "logits"), keys, states, config, blocks_per_row)
+    return _launch_race(_gumbel_argmax_kernel, "gumbel_argmax", _vocab_rows(logits, "logits"), keys, states, config,
+                        blocks_per_row)
 
 
 def exponential_race(weights: torch.Tensor, keys: torch.Tensor, states: torch.Tensor, *,
                      config: LaunchConfig = DEFAULT_CONFIG, blocks_per_row: int | None = None) -> torch.Tensor:
     """Same result as :func:`watermark.gumbel.exponential_race_reference` for weights >= 0
     (finite or +inf): weights [B, V], keys [B], states [B, 4] -> tokens [B]."""
-    return _launch_race(_exponential_race_kernel, _vocab_rows(weights, "weights"), keys, states, config,
-                        blocks_per_row)
+    return _launch_race(_exponential_race_kernel, "exponential_race", _vocab_rows(weights, "weights"), keys, states,
+                        config, blocks_per_row)
 
 
 def gumbel_sample(logits: torch.Tensor, *, temperature: torch.Tensor, key_a: torch.Tensor, key_b: torch.Tensor,
@@ -292,7 +313,8 @@ def gumbel_sample(logits: torch.Tensor, *, temperature: torch.Tensor, key_a: tor
     per_block, nblk = race.split_rows(batch, vocab, config.block, device, config.programs_per_sm, blocks_per_row)
     ws = race.workspace(device, batch, batch * nblk, batch * nblk * 2 * config.block)
     mult = stride_mult(values)
-    _gumbel_sample_kernel[(batch, nblk)](
+    constexprs, options = compile_time_args(config, mult)
+    launch.launch(_gumbel_sample_kernel, "gumbel_sample", (batch, nblk), (
         values, values.stride(0) // mult, vocab,
         _row_tensor(temperature, batch, torch.float32, device, "temperature"),
         _row_tensor(key_a, batch, torch.int64, device, "key_a"),
@@ -302,7 +324,6 @@ def gumbel_sample(logits: torch.Tensor, *, temperature: torch.Tensor, key_a: tor
         flags_int8(watermark, (batch,), device, "watermark"),
         _row_tensor(stream_keys, batch, torch.int64, device, "stream_keys"),
         _row_tensor(positions, batch, torch.int64, device, "positions"), lane,
-        tokens, routes, ws.scores, ws.tokens, ws.counters, ws.scratch, per_block, nblk,
-        BLOCK=config.block, STRIDE_MULT=mult, NB=config.reduce_block, COMPACT=config.compact,
-        **config.launch_options())
+        tokens, routes, ws.scores, ws.tokens, ws.counters, ws.scratch, per_block, nblk),
+        dtype=values.dtype, constexprs=constexprs, options=options, aligned=(values,))
     return SampleResult(tokens=tokens, routes=routes)

@@ -1,22 +1,29 @@
 """Warm-up registry: the compiled variants each kernel can be launched with, and
 :func:`warm_up`, which compiles all of them at engine start.
 
-Triton compiles a kernel the first time it meets a new *specialisation* (a new dtype of a
+Triton compiles a kernel the first time it meets a new *variant* (a new dtype of a
 pointer, a new value of a compile-time constant, an integer that becomes 1 or a multiple
 of 16...). Compiling takes seconds; on a user's first request that is a stall. So every
-size, stride, count and per-row tensor argument is marked ``do_not_specialize`` and the
-launchers fix every pointer dtype; what is left selects a variant on purpose, and is
-listed here:
+size, stride, count and per-row tensor argument is marked ``do_not_specialize``, the
+launchers fix every pointer dtype and copy the rare misaligned view, and every launch goes
+through :func:`watermark.kernels.launch.launch`, which names the variant it selects. What
+is left selects a variant on purpose, and the variants are enumerated *by construction*
+from what the dispatchers can choose:
 
-* the dtype of the logits / probabilities (float32, bfloat16, float16);
-* whether row strides are multiples of 16 elements (16-byte vector loads), ``aligned``;
-* the launch configuration (tile shape, warps): :data:`watermark.kernels.gumbel.DEFAULT_CONFIG`.
+* the value dtype (float32, bfloat16, float16: anything else is converted to float32);
+* the row-stride alignment: ``STRIDE_MULT`` 16 (rows 16 elements apart: vector loads) or 1;
+* the launch configuration: every entry of ``gumbel.DISPATCH_CONFIGS`` (vocabulary
+  kernels) and ``speculative.DISPATCH_CONFIGS`` (verification): tile shape, warps,
+  register cap, compaction flag. The dispatchers (watermark.sampler, watermark.gumbel,
+  watermark.speculative, the engines) pass no configuration, so today each holds one.
 
 Everything else is a run-time value read by the kernel: batch size, vocabulary size,
 stride values, per-row temperature (greedy rows and T == 1 included), single or dual
 key (alpha), watermarked or ordinary-stream rows, context width (1..16), keys, positions,
-draft count k, dedup scope and window. Row pointers must start 16-byte aligned (every
-torch allocation does; a view that starts mid-row compiles one more variant on first use).
+draft count k, dedup scope and window.
+``tests/watermark/kernels/test_registry.py`` sweeps the dispatchers on the CPU (launches
+recorded, not run) and fails if any reaches a variant not declared here; on a GPU it
+checks that after :func:`warm_up` a mixed workload compiles nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from watermark.kernels import dedup, gumbel, speculative
+from watermark.kernels import dedup, gumbel, launch, speculative
+from watermark.kernels.gumbel import LaunchConfig
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 RUNTIME_VALUES = (
@@ -44,7 +52,20 @@ class Specialisation:
     dtype: torch.dtype | None
     """Logit / probability dtype; None for kernels without one (dedup)."""
     aligned: bool
-    """Row strides are multiples of 16 elements."""
+    """Row strides are multiples of 16 elements (STRIDE_MULT 16)."""
+    config: LaunchConfig | None = None
+    """Launch configuration (None for dedup kernels)."""
+
+    def variant(self) -> launch.Variant:
+        """The variant a launch of this specialisation selects (as launch.launch names it)."""
+        mult = 16 if self.aligned else 1
+        if self.kernel == "verify":
+            constexprs, options = speculative.compile_time_args(self.config, mult)
+        elif self.config is not None:
+            constexprs, options = gumbel.compile_time_args(self.config, mult)
+        else:
+            constexprs, options = {}, dedup.DEDUP_OPTIONS
+        return launch.variant(self.kernel, self.dtype, constexprs, options)
 
 
 KERNELS = {
@@ -55,15 +76,22 @@ KERNELS = {
     "dedup_append": dedup._dedup_append_kernel,
     "dedup_query": dedup._dedup_query_kernel,
 }
+VOCABULARY_KERNELS = {"gumbel_sample": gumbel.DISPATCH_CONFIGS, "gumbel_argmax": gumbel.DISPATCH_CONFIGS,
+                      "exponential_race": gumbel.DISPATCH_CONFIGS, "verify": speculative.DISPATCH_CONFIGS}
 
 
 def specialisations() -> tuple[Specialisation, ...]:
-    """Every variant :func:`warm_up` compiles."""
+    """Every variant :func:`warm_up` compiles: kernel x reachable config x dtype x alignment."""
     out = []
-    for name in ("gumbel_sample", "gumbel_argmax", "exponential_race", "verify"):
-        out += [Specialisation(name, dtype, aligned) for dtype in DTYPES for aligned in (True, False)]
+    for name, configs in VOCABULARY_KERNELS.items():
+        out += [Specialisation(name, dtype, aligned, config)
+                for config in configs for dtype in DTYPES for aligned in (True, False)]
     out += [Specialisation("dedup_append", None, True), Specialisation("dedup_query", None, True)]
     return tuple(out)
+
+
+def declared_variants() -> frozenset[launch.Variant]:
+    return frozenset(spec.variant() for spec in specialisations())
 
 
 @dataclass(frozen=True)
@@ -87,11 +115,11 @@ def _launch(spec: Specialisation, device: torch.device, dd: dedup.GpuDeduper) ->
                                                                                  device=device),
             widths=torch.tensor([4, 16], dtype=torch.int32, device=device),
             watermark=torch.tensor([True, False], device=device), stream_keys=keys + 4,
-            positions=torch.zeros(rows, dtype=torch.int64, device=device))
+            positions=torch.zeros(rows, dtype=torch.int64, device=device), config=spec.config)
     elif spec.kernel in ("gumbel_argmax", "exponential_race"):
         values = torch.rand(rows, vocab, device=device).to(spec.dtype)
         states = torch.zeros(rows, 4, dtype=torch.int64, device=device)
-        getattr(gumbel, spec.kernel)(values, keys, states)
+        getattr(gumbel, spec.kernel)(values, keys, states, config=spec.config)
     elif spec.kernel == "verify":
         k = 2
         # V = 64 gives strides (V, (k+1) V) that are multiples of 16; 65 does not.
@@ -104,7 +132,7 @@ def _launch(spec: Specialisation, device: torch.device, dd: dedup.GpuDeduper) ->
             widths=torch.tensor([1, 4], dtype=torch.int32, device=device),
             watermark=torch.ones(rows, k + 1, dtype=torch.bool, device=device),
             greedy=torch.tensor([False, True], device=device), stream_keys=keys + 2,
-            positions=torch.zeros(rows, dtype=torch.int64, device=device))
+            positions=torch.zeros(rows, dtype=torch.int64, device=device), config=spec.config)
     elif spec.kernel == "dedup_append":
         dd.append(torch.tensor([0], device=device), torch.tensor([[5, 6]], device=device))
     elif spec.kernel == "dedup_query":
@@ -120,8 +148,12 @@ def warm_up(device: torch.device | str = "cuda") -> WarmUpReport:
     dd = dedup.GpuDeduper(1, 8, device)
     dd.open(0, width=2, scope="single_turn", max_history=None)
     specs = specialisations()
-    for spec in specs:
-        _launch(spec, device, dd)
+    with launch.recording() as seen:
+        for spec in specs:
+            _launch(spec, device, dd)
+    missing = declared_variants() - seen.variants
+    if missing:  # the warm-up launch of a specialisation selected another variant: a registry bug
+        raise RuntimeError(f"warm-up did not reach declared variants: {sorted(map(str, missing))}")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return WarmUpReport(specialisations=specs, seconds=time.perf_counter() - start, compiled=compiled_variants())

@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from watermark import stream
-from watermark.kernels import philox, race
-from watermark.kernels.gumbel import LaunchConfig, flags_int8
+from watermark.kernels import launch, philox, race
+from watermark.kernels.gumbel import LaunchConfig, aligned_rows, flags_int8
 from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, VerifyResult
 
 LANE_SAMPLE = tl.constexpr(stream.LANE_SAMPLE)
@@ -35,6 +35,13 @@ R_KEY_B = tl.constexpr(ROUTE_KEY_B)
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # No register cap: the verification kernel needs ~168 registers and spills under 128.
 VERIFY_CONFIG = LaunchConfig()
+# The configurations the dispatcher (watermark.speculative.verify) can select.
+DISPATCH_CONFIGS = (VERIFY_CONFIG,)
+
+
+def compile_time_args(config: LaunchConfig, mult: int) -> tuple[dict, dict]:
+    """(compile-time constants, launch options) of a verification launch."""
+    return dict(BLOCK=config.block, STRIDE_MULT=mult, NB=config.reduce_block), config.launch_options()
 
 _ARGS = ["p_ptr", "p_sb", "p_sj", "q_ptr", "q_sb", "q_sj", "vocab", "k", "x_ptr", "key_b_ptr", "key_coin_ptr",
          "keyed_ptr", "ctx_ptr", "ctx_sb", "ctx_sj", "width_ptr", "wm_ptr", "greedy_ptr", "skey_ptr", "pos_ptr",
@@ -233,7 +240,7 @@ def _probability_rows(x: torch.Tensor, name: str, rows: int) -> torch.Tensor:
         x = x.to(torch.float32)
     if x.shape[2] > 1 and x.stride(2) != 1:
         x = x.contiguous()
-    return x
+    return aligned_rows(x)
 
 
 def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor, *,
@@ -255,6 +262,8 @@ def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: 
     q = _probability_rows(draft_probs, "draft_probs", k)
     if p.shape[0] != batch or q.shape[0] != batch or p.shape[2] != q.shape[2]:
         raise ValueError("target_probs, draft_probs and draft_tokens disagree on B or V")
+    if q.dtype != p.dtype:  # one dtype per variant: widen both (exact) rather than compile a mixed one
+        p, q = aligned_rows(p.to(torch.float32)), aligned_rows(q.to(torch.float32))
     vocab = p.shape[2]
     tokens = torch.empty((batch, k + 1), dtype=torch.int64, device=device)
     routes = torch.empty((batch, k + 1), dtype=torch.int8, device=device)
@@ -279,12 +288,14 @@ def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: 
     per_block, nblk = race.split_rows(batch, vocab, config.block, device, config.programs_per_sm, blocks_per_row)
     ws = race.workspace(device, batch, batch * nblk * max(k + 1, 3))
     mult = 16 if all(s % 16 == 0 for s in (p.stride(0), p.stride(1), q.stride(0), q.stride(1) if k else 0)) else 1
-    _verify_kernel[(batch, nblk)](
+    constexprs, options = compile_time_args(config, mult)
+    launch.launch(_verify_kernel, "verify", (batch, nblk), (
         p, p.stride(0) // mult, p.stride(1) // mult, q, q.stride(0) // mult, (q.stride(1) if k else 0) // mult,
         vocab, k, draft_tokens.to(device=device, dtype=torch.int64).contiguous(),
-        rows(key_b, torch.int64, "key_b"), rows(key_coin, torch.int64, "key_coin"), flags_int8(keyed_coin, (batch,), device, "keyed_coin"),
+        rows(key_b, torch.int64, "key_b"), rows(key_coin, torch.int64, "key_coin"),
+        flags_int8(keyed_coin, (batch,), device, "keyed_coin"),
         contexts, contexts.stride(0), contexts.stride(1), rows(widths, torch.int32, "widths"), marks,
         flags_int8(greedy, (batch,), device, "greedy"), rows(stream_keys, torch.int64, "stream_keys"),
         rows(positions, torch.int64, "positions"), tokens, accepted, routes, ws.scores, ws.tokens, ws.counters,
-        per_block, nblk, BLOCK=config.block, STRIDE_MULT=mult, NB=config.reduce_block, **config.launch_options())
+        per_block, nblk), dtype=p.dtype, constexprs=constexprs, options=options, aligned=(p, q))
     return VerifyResult(tokens=tokens, num_accepted=accepted, routes=routes)

@@ -130,6 +130,11 @@ def reference_sample(logits: torch.Tensor, args: dict, lane: int = stream.LANE_S
                                     lane=lane)
 
 
+def _config(default, **changes):
+    """``default`` with the non-None ``changes`` applied."""
+    return dataclasses.replace(default, **{name: value for name, value in changes.items() if value is not None})
+
+
 def assert_same(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
     got = got.cpu()
     want = want.cpu().to(got.dtype)
@@ -144,11 +149,13 @@ def assert_same(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
 
 def check_gumbel_sample(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *,
                         layout: str = "contiguous", blocks_per_row: int | None = None, dist: str = "normal",
-                        compact: bool = True, block: int = 2048, lane: int = stream.LANE_SAMPLE) -> None:
+                        compact: bool | None = None, block: int | None = None,
+                        lane: int = stream.LANE_SAMPLE) -> None:
+    """``compact`` / ``block`` None: the dispatchers' configuration (no variant beyond the registry's)."""
     from watermark.kernels import gumbel as kernels
 
     logits, kernel_logits, args = sampler_case(seed, batch, vocab, dtype, device, layout=layout, dist=dist)
-    config = dataclasses.replace(kernels.DEFAULT_CONFIG, compact=compact, block=block)
+    config = _config(kernels.DEFAULT_CONFIG, compact=compact, block=block)
     got = kernels.gumbel_sample(kernel_logits, **args, blocks_per_row=blocks_per_row, config=config, lane=lane)
     want = reference_sample(logits, args, lane=lane)
     assert_same(f"gumbel_sample tokens (seed {seed})", got.tokens, want.tokens)
@@ -167,13 +174,13 @@ def race_case(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, dis
 
 def check_gumbel_argmax(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *,
                         layout: str = "contiguous", blocks_per_row: int | None = None, dist: str = "normal",
-                        compact: bool = True) -> None:
+                        compact: bool | None = None) -> None:
     from watermark.kernels import gumbel as kernels
 
     logits, keys, states = race_case(seed, batch, vocab, dtype, device, dist=dist)
     view = non_contiguous(logits, _gen(seed + 1), layout)
     got = kernels.gumbel_argmax(view, keys, states, blocks_per_row=blocks_per_row,
-                                config=dataclasses.replace(kernels.DEFAULT_CONFIG, compact=compact))
+                                config=_config(kernels.DEFAULT_CONFIG, compact=compact))
     assert_same(f"gumbel_argmax (seed {seed})", got, gumbel.gumbel_argmax_reference(logits, keys, states))
 
 
@@ -397,13 +404,13 @@ def pruning_edge_case(margin: float, device, dtype: torch.dtype = torch.float32)
     return logits.to(device), keys.to(device), states.to(device), reference.to(device)
 
 
-def check_pruning_edge(device, *, compact: bool = True) -> None:
+def check_pruning_edge(device, *, compact: bool | None = None) -> None:
     """A winner NOISE_MAX below the best other logit is found; one just short of it is not."""
     from watermark.kernels import gumbel as kernels
 
     for margin in (2e-3, -2e-3):
         logits, keys, states, reference = pruning_edge_case(margin, device)
-        config = dataclasses.replace(kernels.DEFAULT_CONFIG, compact=compact)
+        config = _config(kernels.DEFAULT_CONFIG, compact=compact)
         for blocks in (1, 2):
             got = kernels.gumbel_argmax(logits, keys, states, config=config, blocks_per_row=blocks)
             assert_same(f"pruning edge (margin {margin}, {blocks} blocks, compact {compact})", got, reference)
