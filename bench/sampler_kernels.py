@@ -17,6 +17,14 @@
 3. writes DIR/sampler-h200.json after every section (a crash leaves the sections before
    it) and prints a compact table last.
 
+Side by side with vLLM (``--vllm-from DIR``): vLLM 0.32's own watermark kernels
+(``philox_gumbel_sample``), loaded from an installed vLLM's package files that
+``--prepare-vllm-from SITE --vllm-from DIR`` copies into DIR (an ignored folder; nothing of
+vLLM is committed: ``vllm/v1/worker/gpu/sample/{watermark,gumbel}.py``,
+``vllm/v1/watermarking/prfs/{base,philox}.py``, empty ``__init__.py`` files and a
+``vllm/triton_utils.py`` exporting triton, tl, HAS_TRITON), timed in the same harness on
+the same logits as ours, with token agreement checked on every configuration.
+
 Timing: CUDA-graph replays of one call per input set, sets rotated so that the logits
 read by consecutive calls exceed three times the L2 cache (no call reads from a warm L2);
 the median replay over the number of calls. ``eager_us`` is triton.testing.do_bench's
@@ -289,8 +297,9 @@ def section_pytest(run: Run, select: str | None = None) -> None:
     import importlib.util
 
     if importlib.util.find_spec("xdist") is not None:
-        # Compiling the tested variants dominates: four workers compile in parallel.
-        cmd += ["-n", "4"]
+        # Compiling the tested variants dominates: eight workers compile in parallel (the
+        # registry's request-time-compile test must also pass under -n 8).
+        cmd += ["-n", "8"]
     t = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
@@ -460,6 +469,40 @@ def section_compare_b256(run: Run) -> None:
             run.save()
 
 
+PRUNING_CONFIGS = (  # (name, LaunchConfig changes, programs per row at B = 256 or None: the default split)
+    ("default", {}, None),
+    ("queue 2048/4w", {"compact": True}, None),
+    ("dense 512/1w x8", {"block": 512, "num_warps": 1}, 8),
+    ("queue 512/1w x8", {"block": 512, "num_warps": 1, "compact": True}, 8),
+    ("queue 512/1w x16", {"block": 512, "num_warps": 1, "compact": True}, 16),
+    ("queue 1024/2w x8", {"block": 1024, "num_warps": 2, "compact": True}, 8),
+    ("queue 1024/4w x4", {"block": 1024, "num_warps": 4, "compact": True}, 4),
+)
+
+
+def section_pruning_sweep(run: Run) -> None:
+    """B = 256 fp32 single key, Zipf(2) and N(0,1): the exact candidate queue with small
+    programs (one or two warps: the live-token count and prefix sum stay inside a warp, no
+    block barrier per tile) against the dense default, every row checked against the reference."""
+    from watermark.kernels.gumbel import DEFAULT_CONFIG
+
+    rows = run.results.setdefault("pruning_sweep_b256_fp32_single", [])
+    for name, changes, nblk in PRUNING_CONFIGS:
+        for dist in ("zipf", "normal"):
+            if run.left() < 8:
+                run.results["errors"].append({"section": "pruning_sweep", "error": "budget: configurations skipped"})
+                return
+            config = dataclasses.replace(DEFAULT_CONFIG, **changes)
+            try:
+                row = bench_sampler_config(S.big, torch.float32, dist, "single", config=config, blocks_per_row=nblk,
+                                           reference=True, seed=41)
+                rows.append({"config": name, "dist": dist, "us": row["us"], "bit_exact": row["bit_exact"],
+                             "blocks_per_row": nblk or "default"})
+            except Exception as error:  # noqa: BLE001
+                rows.append({"config": name, "dist": dist, "error": repr(error)[:300]})
+            run.save()
+
+
 def load_previous() -> dict:
     """The previous results file, read before this run writes (--out may be bench/results)."""
     try:
@@ -626,6 +669,104 @@ def section_warm_up(run: Run) -> None:
                               "note": "compiled kernels come from Triton's disk cache after the pytest run"}
 
 
+# --------------------------------------------------------------------------- vLLM side by side
+
+VLLM_FILES = ("v1/worker/gpu/sample/watermark.py", "v1/worker/gpu/sample/gumbel.py",
+              "v1/watermarking/prfs/base.py", "v1/watermarking/prfs/philox.py",
+              "v1/sample/logits_processor/interface.py")
+
+
+def prepare_vllm(site: Path, dest: Path) -> None:
+    """Copy vLLM's watermark kernel files out of an installed vLLM (``site``: the folder that
+    holds the ``vllm`` package, or the package itself) into ``dest`` as a minimal package."""
+    import shutil
+
+    package = site if (site / "v1").is_dir() else site / "vllm"
+    for rel in VLLM_FILES:
+        target = dest / "vllm" / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(package / rel, target)
+    for folder in [dest / "vllm", *(p for p in (dest / "vllm").rglob("*") if p.is_dir())]:
+        (folder / "__init__.py").touch()
+    (dest / "vllm" / "triton_utils.py").write_text(
+        "import triton\nimport triton.language as tl\n\nHAS_TRITON = True\n")
+    version = "unknown"
+    for meta in site.glob("vllm*.dist-info/METADATA"):
+        for line in meta.read_text().splitlines():
+            if line.startswith("Version:"):
+                version = line.split(":", 1)[1].strip()
+    (dest / "VERSION").write_text(version + "\n")
+
+
+def load_vllm(dest: Path):
+    """vLLM's ``philox_gumbel_sample`` from the copied files (``dest`` first on sys.path)."""
+    import importlib
+
+    sys.path.insert(0, str(dest))
+    module = importlib.import_module("vllm.v1.worker.gpu.sample.watermark")
+    if not str(Path(module.__file__).resolve()).startswith(str(dest.resolve())):
+        raise RuntimeError(f"imported vLLM from {module.__file__}, not from {dest}")
+    return module
+
+
+VLLM_GRID = ((1, "normal", "single"), (1, "normal", "dual"), (8, "normal", "single"), (32, "normal", "single"),
+             (256, "normal", "single"), (256, "normal", "dual"), (256, "zipf", "single"), (256, "zipf", "dual"),
+             (512, "normal", "single"))
+
+
+def section_vllm(run: Run, dest: Path) -> None:
+    """Single key: one launch each (vLLM's key is one int for the batch, ours per row and
+    equal here); dual key: vLLM needs two launches (key A, key B) and a select by route,
+    ours one. Same logits sets, same harness; tokens compared on the first set."""
+    from watermark import prf
+    from watermark.kernels import gumbel as kernels
+
+    module = load_vllm(dest)
+    out = run.results.setdefault("vllm_side_by_side", {"source": str(dest), "rows": []})
+    version = dest / "VERSION"
+    out["vllm_version"] = version.read_text().strip() if version.exists() else "unknown"
+    rows = out["rows"]
+    grid = VLLM_GRID if not S.smoke else ((1, "normal", "single"), (3, "zipf", "dual"))
+    for batch, dist, mode in grid:
+        if run.left() < 6:
+            run.results["errors"].append({"section": "vllm", "error": "budget: configurations skipped"})
+            return
+        gen = torch.Generator(device=S.device).manual_seed(1000 + batch)
+        bytes_per_set = batch * S.vocab * 4
+        logits_sets = [make_logits(batch, dist, torch.float32, gen) for _ in range(sets_for(bytes_per_set))]
+        key_a, key_b = 0x0123456789ABCDEF, 0x0FEDCBA987654321
+        contexts = torch.randint(0, 129_000, (batch, 4), device=S.device, generator=gen)
+        args = dict(temperature=torch.ones(batch, device=S.device),
+                    key_a=torch.full((batch,), prf.to_signed64(key_a), device=S.device),
+                    key_b=torch.full((batch,), prf.to_signed64(key_b), device=S.device),
+                    alpha=torch.full((batch,), 0.5 if mode == "dual" else 0.0, device=S.device),
+                    contexts=contexts, widths=torch.full((batch,), 4, dtype=torch.int32, device=S.device),
+                    watermark=torch.ones(batch, dtype=torch.bool, device=S.device),
+                    stream_keys=torch.randint(-2**62, 2**62, (batch,), device=S.device, generator=gen),
+                    positions=torch.randint(0, 4096, (batch,), device=S.device, generator=gen))
+        ours = kernels.gumbel_sample(logits_sets[0], **args)
+        use_b = ours.routes == 3  # the rows our routing coin sent to key B
+
+        def theirs(logits, use_b=use_b):
+            a = module.philox_gumbel_sample(logits, contexts, key_a)
+            if mode == "single":
+                return a
+            return torch.where(use_b, module.philox_gumbel_sample(logits, contexts, key_b), a)
+
+        got = theirs(logits_sets[0])
+        row = {"batch": batch, "dist": dist, "mode": mode, "input_sets": len(logits_sets),
+               "token_agreement": float((got == ours.tokens).float().mean())}
+        row["hallmark_us"] = graph_time_us([(lambda x=x: kernels.gumbel_sample(x, **args))
+                                            for x in logits_sets])
+        row["vllm_us"] = graph_time_us([(lambda x=x: theirs(x)) for x in logits_sets])
+        row["vllm_over_hallmark"] = row["vllm_us"] / row["hallmark_us"]
+        rows.append(row)
+        del logits_sets
+        free()
+        run.save()
+    out["all_tokens_agree"] = all(r["token_agreement"] == 1.0 for r in rows)
+
+
 def table(results: dict) -> str:
     lines = ["", "fused sampler (us, CUDA-graph median; floor = logits bytes / copy bandwidth)",
              f"{'B':>4} {'dtype':>8} {'dist':>6} {'key':>6} {'us':>8} {'floor%':>7} {'ref us':>9} {'x ref':>7} exact"]
@@ -642,6 +783,9 @@ def table(results: dict) -> str:
         lines.append(f"B=256 fp32 {row.get('dist')} single compact={row.get('compact')} "
                      f"blocks/row={row.get('blocks_per_row', 'default')}: {row.get('us', float('nan')):.1f} us "
                      f"exact {row.get('bit_exact')}")
+    for row in listed("pruning_sweep_b256_fp32_single"):
+        lines.append(f"pruning B=256 fp32 single {row.get('config'):>18} {row.get('dist'):>6}: "
+                     f"{row.get('us', float('nan')):7.1f} us exact {row.get('bit_exact')} {row.get('error', '')[:60]}")
     for row in listed("speculative_b64_k4"):
         lines.append(f"verify B=64 k=4 {row['dtype']}: {row['us']:.1f} us (floor {100 * row['floor_fraction']:.0f}%, "
                      f"ref {row.get('reference_us', float('nan')):.0f} us, exact {row['bit_exact']})")
@@ -655,6 +799,13 @@ def table(results: dict) -> str:
     p = results.get("parity_pytest", {})
     lines.append(f"pytest -m gpu: passed={p.get('passed')} tests={p.get('tests')} failures={p.get('failures')} "
                  f"errors={p.get('errors')} skipped={p.get('skipped')}")
+    side = results.get("vllm_side_by_side", {})
+    if side.get("rows"):
+        lines.append(f"vLLM {side.get('vllm_version')} side by side (same harness, same logits, fp32, V={S.vocab}):")
+        for r in side["rows"]:
+            lines.append(f"  B={r['batch']:>3} {r['dist']:>6} {r['mode']:>6}: hallmark {r['hallmark_us']:7.1f} us, "
+                         f"vllm {r['vllm_us']:7.1f} us, x{r['vllm_over_hallmark']:.2f}, "
+                         f"agreement {r['token_agreement']:.3f}")
     for name, t in results.get("targets", {}).items():
         lines.append(f"target {name}: {t['achieved_us']} us vs <= {t['target_us']} -> {t['met']}")
     lines.append(f"bit_exact_vs_reference: {results.get('bit_exact_vs_reference')}   "
@@ -671,10 +822,25 @@ def main() -> int:
                              "verify and dedup; sweeps and warm-up copied from the previous run as 'not re-run'")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU + Triton interpreter, tiny sizes: checks this script runs (set TRITON_INTERPRET=1)")
+    parser.add_argument("--vllm-from", type=Path, default=None,
+                        help="folder with vLLM's watermark kernel files (see --prepare-vllm-from): time them "
+                             "beside ours")
+    parser.add_argument("--prepare-vllm-from", type=Path, default=None,
+                        help="copy the kernel files out of an installed vLLM (its site-packages folder) into "
+                             "--vllm-from, then exit")
+    parser.add_argument("--budget", type=float, default=None, help="seconds this run may take (default 335)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated sections to run (e.g. vllm,sampler_headline,pytest): a short call")
     options = parser.parse_args()
+    if options.prepare_vllm_from is not None:
+        prepare_vllm(options.prepare_vllm_from, options.vllm_from)
+        print(f"copied vLLM's kernel files into {options.vllm_from}")
+        return 0
     options.out.mkdir(parents=True, exist_ok=True)
     previous = load_previous()
     run = Run(options.out)
+    if options.budget is not None:
+        run.budget_s = options.budget
     if options.quick:
         run.budget_s = QUICK_BUDGET_S
         REFERENCE_TIMED.clear()
@@ -693,7 +859,28 @@ def main() -> int:
     if "copy_bandwidth" in run.results:
         BANDWIDTH[0] = run.results["copy_bandwidth"]["GBps"] * 1e9
     fp32, bf16 = torch.float32, torch.bfloat16
-    if options.quick:
+    sections = {
+        "pytest": (lambda: section_pytest(run), 100),
+        "approximation_error": (lambda: section_error_bound(run), 0),
+        "sampler_headline": (lambda: section_sampler(run, (S.big, S.small), (fp32,), ("normal", "zipf"),
+                                                     ("single", "dual"), "sampler", budget_each=0), 0),
+        "vllm": (lambda: section_vllm(run, options.vllm_from), 20),
+        "pruning_sweep": (lambda: section_pruning_sweep(run), 20),
+        "sampler_bf16_b256_b1": (lambda: section_sampler(run, (S.big, S.small), (bf16,), ("normal", "zipf"),
+                                                         ("single", "dual"), "sampler"), 10),
+        "sampler_grid": (lambda: section_sampler(run, S.grid, (fp32, bf16), ("normal", "zipf"), ("single", "dual"),
+                                                 "sampler", budget_each=3), 20),
+        "speculative": (lambda: section_speculative(run), 10),
+        "dedup": (lambda: section_dedup(run), 15),
+        "warm_up": (lambda: section_warm_up(run), 10),
+    }
+    if options.only:
+        for name in options.only.split(","):
+            fn, needs = sections[name]
+            run.section(name, fn, needs_s=needs)
+            if name == "sampler_headline":
+                headline(run)
+    elif options.quick:
         # Parity tests of the changed kernels first, then every timed configuration is also
         # checked against the reference in this process.
         if not options.skip_pytest:
@@ -737,10 +924,12 @@ def main() -> int:
         run.section("temperature", lambda: section_temperature(run), needs_s=20)
         run.section("warm_up", lambda: section_warm_up(run), needs_s=15)
         run.section("sweep", lambda: section_sweep(run), needs_s=30)
+        if options.vllm_from is not None:
+            run.section("vllm", lambda: section_vllm(run, options.vllm_from), needs_s=20)
 
     headline(run)
     checked = [row for key in ("sampler", "temperature_0p7", "speculative_b64_k4", "dense_only_fp32_single",
-                               "sweep_b256_fp32_single_quick")
+                               "sweep_b256_fp32_single_quick", "pruning_sweep_b256_fp32_single")
                if isinstance(run.results.get(key), list) for row in run.results[key]]
     sampler_exact = [row.get("bit_exact") for row in checked if "bit_exact" in row]
     bound_ok = run.results.get("approximation_error", {}).get("within_bounds") is True

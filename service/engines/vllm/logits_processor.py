@@ -29,24 +29,14 @@ key, seed and context, and so repeat one text).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import torch
 from vllm import SamplingParams
-from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
-from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from service.engines.vllm.watermark_args import RequestWatermark, WatermarkArgsError, resolve
+from service.engines.vllm.plugin_state import PluginState, RequestSpec
+from service.engines.vllm.watermark_args import WatermarkArgsError, resolve
 from watermark import stream
-from watermark.prf import philox_torch
-from watermark.dedup import ContextDeduper
-from watermark.processing import ProcessingParams, process_logits
-from watermark.dispatch import sample
-from watermark.sampler import SamplerRows
-
-# Output-list entry vLLM uses for a token still in flight under async scheduling; it is
-# replaced before the sampler runs, so seeing one here means the context is unknown.
-_PLACEHOLDER = -1
 
 log = logging.getLogger("hallmark.vllm")
 
@@ -62,57 +52,22 @@ def check_sampling(params: SamplingParams) -> None:
         raise WatermarkArgsError("min_p is not supported with the Hallmark watermark; use top_p or top_k")
 
 
-@dataclass
-class _Request:
-    """One watermarked request's state, keyed by its row in vLLM's persistent batch."""
-
-    watermark: RequestWatermark = field(repr=False)
-    output_ids: list[int]
-    """vLLM's live output-token list of the request (it appends as tokens are sampled)."""
-    deduper: ContextDeduper
-    temperature: float
-    top_k: int
-    top_p: float
-    key_a: int
-    key_b: int
-    alpha: float
-    stream_key: int
-    stalled: bool = False
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    def sync(self) -> None:
-        """Feed the tokens generated since the last step into the deduper."""
-        output = self.output_ids
-        while self.deduper.generated < len(output):
-            token = output[self.deduper.generated]
-            if token == _PLACEHOLDER:
-                if not self.stalled:
-                    log.error("Hallmark: request with key %s has an in-flight output token at "
-                              "sampling time; its watermark context is incomplete",
-                              self.watermark.key_id)
-                    self.stalled = True
-                return
-            self.deduper.push(token)
-
-
 def _request_state(params: SamplingParams, prompt_ids: list[int] | None,
-                   output_ids: list[int]) -> _Request | None:
+                   output_ids: list[int]) -> RequestSpec | None:
+    """The request's watermark as plain values, or None (opted out, or greedy: vLLM's
+    greedy argmax is Hallmark's unwatermarked greedy choice, so greedy rows are left alone)."""
     watermark = resolve(params.extra_args, params.seed)
-    if watermark is None:
+    if watermark is None or float(params.temperature) == 0.0:
         return None
     spec = watermark.key.spec
-    deduper = ContextDeduper(spec.context_width, spec.dedup, spec.dedup_max_history, prompt=prompt_ids or ())
     if spec.algorithm == "gumbel":
         key_a, key_b, alpha = watermark.key.secret, watermark.key.secret, 0.0
     else:
         key_a, key_b, alpha = watermark.key.key_a, watermark.key.key_b, spec.alpha
-    return _Request(watermark=watermark, output_ids=output_ids, deduper=deduper,
-                    temperature=float(params.temperature), top_k=max(int(params.top_k), 0),
-                    top_p=float(params.top_p), key_a=key_a, key_b=key_b, alpha=alpha,
-                    stream_key=stream.stream_key(watermark.seed))
+    return RequestSpec(key_a=key_a, key_b=key_b, alpha=alpha, stream_key=stream.stream_key(watermark.seed),
+                       width=spec.context_width, scope=spec.dedup, max_history=spec.dedup_max_history,
+                       temperature=float(params.temperature), top_k=max(int(params.top_k), 0),
+                       top_p=float(params.top_p))
 
 
 class _Refused:
@@ -133,18 +88,44 @@ class HallmarkLogitsProcessor(LogitsProcessor):
             check_sampling(sampling_params)
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
-        self.device = device
-        self._rows: dict[int, _Request | _Refused] = {}
+        self.device = torch.device(device)
+        self._refused: dict[int, _Refused] = {}
         self._eos_ids = _eos_ids(vllm_config)
+        slots = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None) or 64
+        capacity = getattr(getattr(vllm_config, "model_config", None), "max_model_len", None) or 4096
+        self._state = PluginState(self.device, slots=int(slots), capacity=int(capacity))
+        self._state.warm_up()
 
     def is_argmax_invariant(self) -> bool:
         return False  # it picks the token, so it must also run for greedy batches
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        process_dict_updates(self._rows, batch_update, self._new_state)
+        """Follow vLLM's persistent batch (added, then removed, then moved, the order of
+        vLLM's own ``process_dict_updates``); per-request state stays in the plugin's slots."""
+        if not batch_update:
+            return
+        for index, params, prompt_ids, output_ids in batch_update.added:
+            self._refused.pop(index, None)
+            self._state.remove(index)
+            entry = self._new_state(params, prompt_ids, output_ids)
+            if isinstance(entry, _Refused):
+                self._refused[index] = entry
+            elif entry is not None:
+                self._state.add(index, entry, prompt_ids, output_ids)
+        for index in batch_update.removed:
+            self._refused.pop(index, None)
+            self._state.remove(index)
+        for a_index, b_index, direct in batch_update.moved:
+            swap = direct == MoveDirectionality.SWAP
+            self._state.move(a_index, b_index, swap)
+            a_entry, b_entry = self._refused.pop(a_index, None), self._refused.pop(b_index, None)
+            if a_entry is not None:
+                self._refused[b_index] = a_entry
+            if b_entry is not None and swap:
+                self._refused[a_index] = b_entry
 
     def _new_state(self, params: SamplingParams, prompt_ids: list[int] | None,
-                   output_ids: list[int]) -> _Request | _Refused | None:
+                   output_ids: list[int]) -> RequestSpec | _Refused | None:
         try:
             return _request_state(params, prompt_ids, output_ids)
         except ValueError as exc:
@@ -154,36 +135,11 @@ class HallmarkLogitsProcessor(LogitsProcessor):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits [num_reqs, V] (float32): watermarked rows come back one-hot (0 at the
         drawn token, -inf elsewhere); other rows are unchanged."""
-        if not self._rows:
-            return logits
-        batch: list[tuple[int, _Request]] = []
-        for row, state in self._rows.items():
-            if row >= logits.shape[0]:
-                continue
-            if isinstance(state, _Refused):
+        for row in self._refused:
+            if row < logits.shape[0]:
                 self._force_end(logits, row)
-                continue
-            state.sync()
-            if not state.greedy:
-                batch.append((row, state))
-        if batch:
-            self._draw(logits, batch)
+        self._state.step(logits)
         return logits
-
-    def _draw(self, logits: torch.Tensor, batch: list[tuple[int, _Request]]) -> None:
-        device = logits.device
-        index = torch.tensor([row for row, _ in batch], dtype=torch.int64, device=device)
-        requests = [state for _, state in batch]
-        params = ProcessingParams(
-            temperature=torch.tensor([r.temperature for r in requests], dtype=torch.float32, device=device),
-            top_k=torch.tensor([r.top_k for r in requests], dtype=torch.int64, device=device),
-            top_p=torch.tensor([r.top_p for r in requests], dtype=torch.float32, device=device),
-        )
-        rows = sampler_rows(requests, device)
-        tokens = sample(process_logits(logits[index], params), rows).tokens
-        one_hot = torch.full((len(batch), logits.shape[1]), float("-inf"), dtype=logits.dtype, device=device)
-        one_hot.scatter_(1, tokens.view(-1, 1), 0.0)
-        logits[index] = one_hot
 
     def _force_end(self, logits: torch.Tensor, row: int) -> None:
         keep = logits[row].clone()
@@ -191,20 +147,6 @@ class HallmarkLogitsProcessor(LogitsProcessor):
         for token in self._eos_ids:
             if token < logits.shape[1]:
                 logits[row, token] = torch.nan_to_num(keep[token], neginf=0.0)
-
-
-def sampler_rows(requests: list[_Request], device: torch.device | str) -> SamplerRows:
-    """The sampler's per-row inputs for these requests' next tokens."""
-    return SamplerRows(
-        key_a=philox_torch.keys_tensor([r.key_a for r in requests], device),
-        key_b=philox_torch.keys_tensor([r.key_b for r in requests], device),
-        alpha=torch.tensor([r.alpha for r in requests], dtype=torch.float32, device=device),
-        contexts=[r.deduper.context for r in requests],
-        watermark=torch.tensor([not r.deduper.next_repeated() for r in requests], dtype=torch.bool, device=device),
-        greedy=torch.zeros(len(requests), dtype=torch.bool, device=device),
-        stream_keys=philox_torch.keys_tensor([r.stream_key for r in requests], device),
-        positions=torch.tensor([r.deduper.generated for r in requests], dtype=torch.int64, device=device),
-    )
 
 
 def _eos_ids(vllm_config) -> tuple[int, ...]:

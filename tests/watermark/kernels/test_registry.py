@@ -27,7 +27,7 @@ VALUE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def _rows(batch: int, device, width: int = 16):
-    from watermark import prf
+    from watermark.prf import philox_torch as prf
     from watermark.sampler import SamplerRows
 
     keys = prf.keys_tensor([2**64 - 1 - b for b in range(batch)], device)
@@ -41,8 +41,8 @@ def _rows(batch: int, device, width: int = 16):
 def sweep_dispatchers(device) -> None:
     """Every dispatch path over dtypes x layouts x sizes (outputs unused)."""
     from watermark.kernels import dedup, gumbel as kernels, speculative as spec_kernels
-    from watermark.sampler import sample_cuda
-    from watermark.speculative import VerifyRows, _verify_cuda
+    from watermark.dispatch import sample_cuda, verify_cuda as _verify_cuda
+    from watermark.speculative import VerifyRows
 
     gen = torch.Generator().manual_seed(0)
     for dtype, layout, (batch, vocab) in itertools.product(

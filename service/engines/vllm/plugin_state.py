@@ -1,0 +1,338 @@
+"""The vLLM plugin's per-request state, kept between steps in arrays, and its decode step.
+
+Nothing here imports vLLM, pydantic or the key store: :mod:`.logits_processor` resolves a
+request's key and hands this module plain values. Every request gets a *slot* (its row in
+the arrays below and in the deduper) for its whole life; vLLM's row index is only a map
+row -> slot, so vLLM condensing its batch moves nothing but that map.
+
+One step (:meth:`PluginState.step`), with no Python loop over rows:
+
+1. **Sync.** The token vLLM appended to a watermarked row is the one the plugin drew the
+   step before (the row came back one-hot), so it is committed from the plugin's own
+   record: the output lists are only measured (``map(len, ...)``) and their last entries
+   compared, both C-level iterations. A row whose list grew otherwise (a greedy step, a
+   resumed request, an in-flight placeholder) takes the slow path, alone.
+2. **Dedup and contexts** for every row at once: the compiled CPU deduper
+   (:mod:`watermark.cpu_dedup`) or the GPU one (:mod:`watermark.kernels.dedup`).
+3. **Draw**: on CUDA the fused Triton sampler (routing, context states and the race in one
+   launch); on the CPU the compiled race (:mod:`watermark.cpu_race`), whose logit pruning
+   skips Philox only where a row is peaked or masked (free where it does not pay).
+4. **One-hot write-back** of the drawn rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import operator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from watermark import cpu_dedup, cpu_race, prf, stream  # prf: key conventions (to_signed64)
+from watermark.processing import ProcessingParams, process_logits
+
+log = logging.getLogger("hallmark.vllm")
+
+PLACEHOLDER = -1  # vLLM's output entry for a token still in flight (async scheduling)
+_LAST = operator.itemgetter(-1)
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """What a watermarked request needs, resolved once when it joins the batch."""
+
+    key_a: int
+    key_b: int
+    alpha: float
+    stream_key: int
+    width: int
+    scope: str
+    max_history: int | None
+    temperature: float
+    top_k: int
+    top_p: float
+
+
+def _signed(values: np.ndarray) -> np.ndarray:
+    return values.view(np.int64)
+
+
+class PluginState:
+    """Slots of the watermarked (non-greedy) requests in vLLM's batch."""
+
+    def __init__(self, device: torch.device, slots: int = 64, capacity: int = 4096, *,
+                 kernels: bool | None = None) -> None:
+        """``kernels``: the Triton path (GPU deduper, fused sampler); default on CUDA only
+        (tests run it on the CPU through Triton's interpreter)."""
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda" if kernels is None else kernels
+        self.capacity = capacity
+        self._allocate(slots)
+        self.rows: dict[int, int] = {}  # vLLM row -> slot
+        self._dirty = True
+        self._pending_copy: tuple | None = None
+
+    # ------------------------------------------------------------------ slots
+
+    def _allocate(self, slots: int) -> None:
+        self.slots = slots
+        self.free = list(range(slots - 1, -1, -1))
+        self.key_a = np.zeros(slots, np.uint64)
+        self.key_b = np.zeros(slots, np.uint64)
+        self.stream_key = np.zeros(slots, np.uint64)
+        self.alpha = np.zeros(slots, np.float32)
+        self.temperature = np.ones(slots, np.float32)
+        self.top_k = np.zeros(slots, np.int64)
+        self.top_p = np.ones(slots, np.float32)
+        self.committed = np.zeros(slots, np.int64)  # generated tokens committed to the deduper
+        self.pending = np.full(slots, -1, np.int64)  # the token drawn for the slot's next position
+        self.stalled = np.zeros(slots, bool)
+        self.outputs: list = [None] * slots
+        if self.cuda:
+            from watermark.kernels.dedup import GpuDeduper
+
+            self.dedup = GpuDeduper(slots, self.capacity, self.device)
+            self.keys_dev = torch.zeros((4, slots), dtype=torch.int64, device=self.device)  # a, b, stream, -
+            self.alpha_dev = torch.zeros(slots, dtype=torch.float32, device=self.device)
+            self.temperature_dev = torch.ones(slots, dtype=torch.float32, device=self.device)
+        else:
+            self.dedup = cpu_dedup.CpuDeduper(slots, self.capacity)
+
+    def _grow(self) -> None:
+        """Double the slots, keeping every live request's state."""
+        old = {name: getattr(self, name) for name in ("key_a", "key_b", "stream_key", "alpha", "temperature",
+                                                       "top_k", "top_p", "committed", "pending", "stalled")}
+        old_outputs, old_dedup, n = self.outputs, self.dedup, self.slots
+        extra = {}
+        if self.cuda:
+            extra = {"keys_dev": self.keys_dev, "alpha_dev": self.alpha_dev, "temperature_dev": self.temperature_dev}
+        self._allocate(2 * n)
+        for name, values in old.items():
+            getattr(self, name)[:n] = values
+        for name, values in extra.items():
+            getattr(self, name)[..., :n] = values
+        self.outputs[:n] = old_outputs
+        for name in ("history", "table", "length", "generated", "width", "scope", "max_history", "overflow"):
+            getattr(self.dedup, name)[:n] = getattr(old_dedup, name)
+        used = set(self.rows.values())
+        self.free = [s for s in range(2 * n - 1, -1, -1) if s not in used]
+
+    def add(self, row: int, spec: RequestSpec, prompt: list[int] | None, output: list[int]) -> None:
+        self.remove(row)
+        if not self.free:
+            self._grow()
+        slot = self.free.pop()
+        self.rows[row] = slot
+        self.key_a[slot], self.key_b[slot], self.stream_key[slot] = spec.key_a, spec.key_b, spec.stream_key
+        self.alpha[slot], self.temperature[slot] = spec.alpha, spec.temperature
+        self.top_k[slot], self.top_p[slot] = spec.top_k, spec.top_p
+        self.committed[slot] = 0
+        self.pending[slot] = -1
+        self.stalled[slot] = False
+        self.outputs[slot] = output
+        self.dedup.open(slot, width=spec.width, scope=spec.scope, max_history=spec.max_history,
+                        prompt=prompt or ())
+        if self.cuda:
+            keys = torch.tensor([prf.to_signed64(k) for k in (spec.key_a, spec.key_b, spec.stream_key)],
+                                dtype=torch.int64)
+            self.keys_dev[:3, slot] = keys.to(self.device)
+            self.alpha_dev[slot] = spec.alpha
+            self.temperature_dev[slot] = spec.temperature
+        self._dirty = True
+
+    def remove(self, row: int) -> None:
+        slot = self.rows.pop(row, None)
+        if slot is not None:
+            self.outputs[slot] = None
+            self.free.append(slot)
+            self._dirty = True
+
+    def move(self, a: int, b: int, swap: bool) -> None:
+        slot_a = self.rows.pop(a, None)
+        slot_b = self.rows.pop(b, None)
+        if slot_a is not None:
+            self.rows[b] = slot_a
+        if slot_b is not None:
+            if swap:
+                self.rows[a] = slot_b
+            else:  # b's request left the batch
+                self.outputs[slot_b] = None
+                self.free.append(slot_b)
+        self._dirty = True
+
+    def _index(self) -> None:
+        """Row/slot arrays of the live requests (rebuilt only when the batch changed)."""
+        if not self._dirty:
+            return
+        pairs = sorted(self.rows.items())
+        self.row_index = np.array([r for r, _ in pairs], dtype=np.int64)
+        self.slot_index = np.array([s for _, s in pairs], dtype=np.int64)
+        self.lists = [self.outputs[s] for _, s in pairs]
+        self.identity_rows = bool(len(pairs)) and bool((self.row_index == np.arange(len(pairs))).all())
+        if self.cuda:
+            self.row_index_dev = torch.from_numpy(self.row_index).to(self.device)
+            self.slot_index_dev = torch.from_numpy(self.slot_index).to(self.device)
+        self._dirty = False
+
+    # ------------------------------------------------------------------ step
+
+    def _sync(self) -> None:
+        """Commit the tokens vLLM appended since the last step (see the module docstring)."""
+        if self._pending_copy is not None:  # CUDA: last step's draws, copied to the host
+            event, host, slots = self._pending_copy
+            event.synchronize()
+            self.pending[slots] = host.numpy()
+            self._pending_copy = None
+        slots, lists = self.slot_index, self.lists
+        n = len(slots)
+        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=n)
+        fresh = lengths - self.committed[slots]
+        pending = self.pending[slots]
+        fast = (fresh == 1) & (pending >= 0)
+        if fast.any():
+            lasts = np.fromiter(map(_LAST, itertools.compress(lists, fast)), dtype=np.int64)
+            ok = lasts == pending[fast]
+            fast[np.flatnonzero(fast)[~ok]] = False
+        if fast.any():
+            commit = slots[fast]
+            self._append(commit, self.pending[commit])
+            self.committed[commit] += 1
+        self.pending[slots] = -1
+        for i in np.flatnonzero((fresh != 0) & ~fast):  # rare: see the module docstring
+            self._sync_slow(int(slots[i]))
+
+    def _sync_slow(self, slot: int) -> None:
+        output = self.outputs[slot]
+        start = int(self.committed[slot])
+        tokens = []
+        for token in output[start:]:
+            if token == PLACEHOLDER:
+                if not self.stalled[slot]:
+                    log.error("Hallmark: a request has an in-flight output token at sampling time; its "
+                              "watermark context is incomplete")
+                    self.stalled[slot] = True
+                break
+            tokens.append(int(token))
+        if tokens:
+            self._append(np.array([slot]), np.array([tokens], dtype=np.int64))
+            self.committed[slot] += len(tokens)
+
+    def _append(self, slots: np.ndarray, tokens: np.ndarray) -> None:
+        if self.cuda:
+            self.dedup.append(torch.from_numpy(slots).to(self.device),
+                              torch.from_numpy(np.ascontiguousarray(tokens)).to(self.device))
+        else:
+            self.dedup.append(slots, tokens)
+
+    def step(self, logits: torch.Tensor) -> None:
+        """Draw every live request's token and make its row one-hot (in place)."""
+        if not self.rows:
+            return
+        self._index()
+        self._sync()
+        rows, slots = self.row_index, self.slot_index
+        inside = rows < logits.shape[0]
+        if not inside.all():
+            rows, slots = rows[inside], slots[inside]
+        if len(rows) == 0:
+            return
+        if self.cuda:
+            self._step_cuda(logits, rows, slots, bool(inside.all()))
+        else:
+            self._step_cpu(logits, rows, slots)
+
+    def _processing(self, slots: np.ndarray, device) -> ProcessingParams | None:
+        """Processing params when any row needs top-k / top-p (else the race takes T itself)."""
+        if not ((self.top_k[slots] > 0).any() or (self.top_p[slots] < 1.0).any()):
+            return None
+        return ProcessingParams(temperature=torch.from_numpy(self.temperature[slots]).to(device),
+                                top_k=torch.from_numpy(self.top_k[slots]).to(device),
+                                top_p=torch.from_numpy(self.top_p[slots]).to(device))
+
+    def _step_cpu(self, logits: torch.Tensor, rows: np.ndarray, slots: np.ndarray) -> None:
+        # numpy views of vLLM's logits: no torch dispatch (or its thread pool) for small ops.
+        array = logits.detach().numpy() if logits.dtype == torch.float32 else None
+        params = self._processing(slots, logits.device)
+        if params is not None:
+            values = process_logits(logits[torch.from_numpy(rows)], params).numpy()
+        else:
+            values = array[rows] if array is not None else logits[torch.from_numpy(rows)].to(torch.float32).numpy()
+            values = np.where(np.isnan(values), np.float32(-np.inf), values)
+            temperature = self.temperature[slots]
+            if (temperature != 1.0).any():  # IEEE float32 division, as process_logits
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    values = values / temperature[:, None]
+                values = np.where(np.isnan(values), np.float32(-np.inf), values)
+        watermark = ~self.dedup.next_repeated(slots)
+        contexts = self.dedup.contexts(slots)
+        keys, states = cpu_race.row_states(
+            self.key_a[slots], self.key_b[slots], self.alpha[slots], self.stream_key[slots], contexts,
+            self.dedup.width[slots], watermark, self.committed[slots], stream.LANE_SAMPLE)
+        tokens = cpu_race.race(values, keys, states)
+        self.pending[slots] = tokens
+        if array is not None:
+            array[rows] = -np.inf
+            array[rows, tokens] = 0.0
+        else:
+            index = torch.from_numpy(rows)
+            logits[index] = float("-inf")
+            logits[index, torch.from_numpy(tokens)] = 0.0
+
+    def _step_cuda(self, logits: torch.Tensor, rows: np.ndarray, slots: np.ndarray, all_rows: bool) -> None:
+        from watermark.kernels.gumbel import gumbel_sample
+
+        device = logits.device
+        if all_rows:
+            rows_t, slots_t = self.row_index_dev, self.slot_index_dev
+        else:
+            rows_t, slots_t = torch.from_numpy(rows).to(device), torch.from_numpy(slots).to(device)
+        n = len(rows)
+        identity = all_rows and self.identity_rows
+        selected = logits[:n] if identity else logits.index_select(0, rows_t)
+        params = self._processing(slots, device)
+        temperature = self.temperature_dev.index_select(0, slots_t)
+        if params is not None:
+            selected = process_logits(selected, params)
+            temperature = torch.ones_like(temperature)
+        dd = self.dedup
+        watermark = ~dd.repeated(slots_t)[:, 0]
+        # Each row's context: its last w generated tokens (history entries), PAD before them.
+        width = dd.width.index_select(0, slots_t).unsqueeze(1)
+        length = dd.length.index_select(0, slots_t).unsqueeze(1)
+        generated = dd.generated.index_select(0, slots_t).unsqueeze(1)
+        lane = torch.arange(cpu_dedup.MAX_WIDTH, device=device).unsqueeze(0)
+        back = width - lane
+        column = (cpu_dedup.MAX_WIDTH + length - back).clamp(min=0).to(torch.int64)
+        contexts = dd.history[slots_t.unsqueeze(1), column].to(torch.int64)
+        contexts = torch.where((lane < width) & (back <= generated), contexts, torch.full_like(contexts, -1))
+        keys = self.keys_dev.index_select(1, slots_t)
+        result = gumbel_sample(selected, temperature=temperature, key_a=keys[0], key_b=keys[1],
+                               alpha=self.alpha_dev.index_select(0, slots_t), contexts=contexts,
+                               widths=width.squeeze(1), watermark=watermark, stream_keys=keys[2],
+                               positions=generated.squeeze(1).to(torch.int64))
+        tokens = result.tokens
+        if identity:
+            logits[:n].fill_(float("-inf")).scatter_(1, tokens.unsqueeze(1), 0.0)
+        else:
+            logits.index_fill_(0, rows_t, float("-inf"))
+            logits.index_put_((rows_t, tokens), torch.zeros((), dtype=logits.dtype, device=device))
+        if device.type == "cuda":  # copied to the host while vLLM finishes its step
+            host = torch.empty(n, dtype=torch.int64, pin_memory=True)
+            host.copy_(tokens, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._pending_copy = (event, host, slots.copy())
+        else:
+            self.pending[slots] = tokens.numpy()
+
+    def warm_up(self) -> None:
+        """Compile what the first step would (numba on the CPU), so no request pays for it."""
+        if not self.cuda:
+            cpu_race.warm_up()
+            probe = cpu_dedup.CpuDeduper(1, 8)
+            probe.open(0, width=2, scope="all", max_history=3, prompt=[1, 2])
+            probe.append(np.array([0]), np.array([[3]]))
+            probe.next_repeated(np.array([0]))
+            probe.contexts(np.array([0]))
