@@ -140,6 +140,7 @@ def main() -> int:
     work = torch.empty_like(sets[0])
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     walls, hosts = [], []
+    plugin._state.profile = {}
     for step in range(args.steps):
         if step == args.steps // 2:  # vLLM condenses its batch: rows 0 and 1 swap
             plugin.update_state(BatchUpdate(batch_size=batch, removed=[], added=[],
@@ -163,6 +164,7 @@ def main() -> int:
               "apply_wall_ms_median": 1e3 * statistics.median(walls),
               "apply_host_ms_median": 1e3 * statistics.median(hosts),
               "setup_s": round(time.perf_counter() - started, 2)}
+    result["sync_host_ms_per_step"] = 1e3 * plugin._state.profile.get("sync_s", 0.0) / args.steps
     finite = torch.isfinite(work).sum(1)
     result["rows_one_hot"] = bool((finite == 1).all())
     if device.type == "cuda":

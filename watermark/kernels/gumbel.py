@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from watermark import stream
+from watermark.processing import MIN_TEMPERATURE
 from watermark.kernels import launch, philox, race
 from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, SampleResult
 
@@ -32,6 +33,7 @@ R_GREEDY = tl.constexpr(ROUTE_GREEDY)
 R_PLAIN = tl.constexpr(ROUTE_PLAIN)
 R_KEY_A = tl.constexpr(ROUTE_KEY_A)
 R_KEY_B = tl.constexpr(ROUTE_KEY_B)
+MIN_T = tl.constexpr(MIN_TEMPERATURE)
 
 # Sizes, strides, counts and per-row tensors never select a compiled variant: only the
 # logits' dtype, the row-stride alignment (STRIDE_MULT) and the tile shape do.
@@ -66,6 +68,8 @@ def _gumbel_sample_kernel(logits_ptr, stride_row, vocab, temp_ptr, key_a_ptr, ke
 
     temperature = tl.load(temp_ptr + row)
     greedy = temperature == 0.0
+    # process_logits raises non-zero temperatures below MIN_TEMPERATURE to it (a clamp: exact).
+    temperature = tl.where(greedy, temperature, tl.maximum(temperature, MIN_T))
     marked = tl.load(wm_ptr + row) != 0
     alpha = tl.load(alpha_ptr + row)
     sk0, sk1 = philox.split_key(tl.load(skey_ptr + row))

@@ -25,13 +25,14 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from watermark import cpu_dedup, cpu_race, prf, stream  # prf: key conventions (to_signed64)
-from watermark.processing import ProcessingParams, process_logits
+from watermark.processing import MIN_TEMPERATURE, ProcessingParams, process_logits
 
 log = logging.getLogger("hallmark.vllm")
 
@@ -71,6 +72,7 @@ class PluginState:
         self.capacity = capacity
         self._allocate(slots)
         self.rows: dict[int, int] = {}  # vLLM row -> slot
+        self.profile: dict | None = None  # set to {} to accumulate host seconds per phase
         self._dirty = True
         self._pending_copy: tuple | None = None
 
@@ -97,11 +99,15 @@ class PluginState:
             self.keys_dev = torch.zeros((4, slots), dtype=torch.int64, device=self.device)  # a, b, stream, -
             self.alpha_dev = torch.zeros(slots, dtype=torch.float32, device=self.device)
             self.temperature_dev = torch.ones(slots, dtype=torch.float32, device=self.device)
+            pinned = self.device.type == "cuda"
+            self._host_tokens = torch.empty(slots, dtype=torch.int64, pin_memory=pinned)
+            self._copied = torch.cuda.Event() if pinned else None
         else:
             self.dedup = cpu_dedup.CpuDeduper(slots, self.capacity)
 
     def _grow(self) -> None:
         """Double the slots, keeping every live request's state."""
+        self._collect_pending()
         old = {name: getattr(self, name) for name in ("key_a", "key_b", "stream_key", "alpha", "temperature",
                                                        "top_k", "top_p", "committed", "pending", "stalled")}
         old_outputs, old_dedup, n = self.outputs, self.dedup, self.slots
@@ -171,20 +177,39 @@ class PluginState:
         self.slot_index = np.array([s for _, s in pairs], dtype=np.int64)
         self.lists = [self.outputs[s] for _, s in pairs]
         self.identity_rows = bool(len(pairs)) and bool((self.row_index == np.arange(len(pairs))).all())
-        if self.cuda:
+        if self.cuda and len(pairs):
+            # What stays fixed while the batch does: each row's slot, keys, alpha,
+            # temperature, and the history columns of its context relative to its length.
             self.row_index_dev = torch.from_numpy(self.row_index).to(self.device)
-            self.slot_index_dev = torch.from_numpy(self.slot_index).to(self.device)
+            slots_t = torch.from_numpy(self.slot_index).to(self.device)
+            self.slot_index_dev = slots_t
+            self.sel_keys = self.keys_dev.index_select(1, slots_t)
+            self.sel_alpha = self.alpha_dev.index_select(0, slots_t)
+            self.sel_temperature = self.temperature_dev.index_select(0, slots_t)
+            width = self.dedup.width.index_select(0, slots_t)
+            self.sel_width = width
+            lane = torch.arange(cpu_dedup.MAX_WIDTH, device=self.device)
+            # Context of the next position: history entries length - w .. length - 1, at buffer
+            # columns MAX_WIDTH + length - w + lane (the PAD prefix gives -1 before the first
+            # token; for scope "all" a context still holding prompt tokens is a repeated row,
+            # drawn without the watermark, so its context is never read). Lanes >= w unread.
+            self.sel_columns = (cpu_dedup.MAX_WIDTH - width.to(torch.int64)).unsqueeze(1) + lane.unsqueeze(0)
+            self.sel_slot_column = slots_t.unsqueeze(1)
         self._dirty = False
 
     # ------------------------------------------------------------------ step
 
+    def _collect_pending(self) -> None:
+        """CUDA: last step's draws, copied to the host while vLLM finished that step."""
+        if self._pending_copy is not None:
+            slots = self._pending_copy
+            self._copied.synchronize()
+            self.pending[slots] = self._host_tokens[:len(slots)].numpy()
+            self._pending_copy = None
+
     def _sync(self) -> None:
         """Commit the tokens vLLM appended since the last step (see the module docstring)."""
-        if self._pending_copy is not None:  # CUDA: last step's draws, copied to the host
-            event, host, slots = self._pending_copy
-            event.synchronize()
-            self.pending[slots] = host.numpy()
-            self._pending_copy = None
+        self._collect_pending()
         slots, lists = self.slot_index, self.lists
         n = len(slots)
         lengths = np.fromiter(map(len, lists), dtype=np.int64, count=n)
@@ -220,9 +245,11 @@ class PluginState:
             self.committed[slot] += len(tokens)
 
     def _append(self, slots: np.ndarray, tokens: np.ndarray) -> None:
-        if self.cuda:
-            self.dedup.append(torch.from_numpy(slots).to(self.device),
-                              torch.from_numpy(np.ascontiguousarray(tokens)).to(self.device))
+        if self.cuda:  # one host-to-device copy for slots and tokens
+            tokens = np.asarray(tokens, dtype=np.int64).reshape(len(slots), -1)
+            packed = torch.from_numpy(np.concatenate([np.asarray(slots, dtype=np.int64)[:, None], tokens], axis=1))
+            packed = packed.to(self.device, non_blocking=True)
+            self.dedup.append(packed[:, 0], packed[:, 1:])
         else:
             self.dedup.append(slots, tokens)
 
@@ -231,7 +258,10 @@ class PluginState:
         if not self.rows:
             return
         self._index()
+        started = time.perf_counter() if self.profile is not None else 0.0
         self._sync()
+        if self.profile is not None:
+            self.profile["sync_s"] = self.profile.get("sync_s", 0.0) + time.perf_counter() - started
         rows, slots = self.row_index, self.slot_index
         inside = rows < logits.shape[0]
         if not inside.all():
@@ -260,7 +290,7 @@ class PluginState:
         else:
             values = array[rows] if array is not None else logits[torch.from_numpy(rows)].to(torch.float32).numpy()
             values = np.where(np.isnan(values), np.float32(-np.inf), values)
-            temperature = self.temperature[slots]
+            temperature = np.maximum(self.temperature[slots], np.float32(MIN_TEMPERATURE))  # process_logits' clamp
             if (temperature != 1.0).any():  # IEEE float32 division, as process_logits
                 with np.errstate(invalid="ignore", divide="ignore"):
                     values = values / temperature[:, None]
@@ -284,46 +314,40 @@ class PluginState:
         from watermark.kernels.gumbel import gumbel_sample
 
         device = logits.device
+        n = len(rows)
+        dd = self.dedup
         if all_rows:
             rows_t, slots_t = self.row_index_dev, self.slot_index_dev
-        else:
-            rows_t, slots_t = torch.from_numpy(rows).to(device), torch.from_numpy(slots).to(device)
-        n = len(rows)
+            keys, alpha, temperature = self.sel_keys, self.sel_alpha, self.sel_temperature
+            width, columns, slot_column = self.sel_width, self.sel_columns, self.sel_slot_column
+        else:  # rows beyond this step's logits (vLLM never does this; kept correct, not fast)
+            keep = torch.from_numpy(np.flatnonzero(self.row_index < logits.shape[0])).to(device)
+            rows_t, slots_t = self.row_index_dev[keep], self.slot_index_dev[keep]
+            keys, alpha = self.sel_keys[:, keep], self.sel_alpha[keep]
+            temperature, width = self.sel_temperature[keep], self.sel_width[keep]
+            columns, slot_column = self.sel_columns[keep], self.sel_slot_column[keep]
         identity = all_rows and self.identity_rows
         selected = logits[:n] if identity else logits.index_select(0, rows_t)
         params = self._processing(slots, device)
-        temperature = self.temperature_dev.index_select(0, slots_t)
         if params is not None:
             selected = process_logits(selected, params)
             temperature = torch.ones_like(temperature)
-        dd = self.dedup
         watermark = ~dd.repeated(slots_t)[:, 0]
-        # Each row's context: its last w generated tokens (history entries), PAD before them.
-        width = dd.width.index_select(0, slots_t).unsqueeze(1)
-        length = dd.length.index_select(0, slots_t).unsqueeze(1)
-        generated = dd.generated.index_select(0, slots_t).unsqueeze(1)
-        lane = torch.arange(cpu_dedup.MAX_WIDTH, device=device).unsqueeze(0)
-        back = width - lane
-        column = (cpu_dedup.MAX_WIDTH + length - back).clamp(min=0).to(torch.int64)
-        contexts = dd.history[slots_t.unsqueeze(1), column].to(torch.int64)
-        contexts = torch.where((lane < width) & (back <= generated), contexts, torch.full_like(contexts, -1))
-        keys = self.keys_dev.index_select(1, slots_t)
-        result = gumbel_sample(selected, temperature=temperature, key_a=keys[0], key_b=keys[1],
-                               alpha=self.alpha_dev.index_select(0, slots_t), contexts=contexts,
-                               widths=width.squeeze(1), watermark=watermark, stream_keys=keys[2],
-                               positions=generated.squeeze(1).to(torch.int64))
+        length = dd.length.index_select(0, slots_t)
+        contexts = dd.history[slot_column, (columns + length.unsqueeze(1)).clamp(max=dd.history.shape[1] - 1)]
+        result = gumbel_sample(selected, temperature=temperature, key_a=keys[0], key_b=keys[1], alpha=alpha,
+                               contexts=contexts, widths=width, watermark=watermark, stream_keys=keys[2],
+                               positions=dd.generated.index_select(0, slots_t))
         tokens = result.tokens
         if identity:
             logits[:n].fill_(float("-inf")).scatter_(1, tokens.unsqueeze(1), 0.0)
         else:
             logits.index_fill_(0, rows_t, float("-inf"))
             logits.index_put_((rows_t, tokens), torch.zeros((), dtype=logits.dtype, device=device))
-        if device.type == "cuda":  # copied to the host while vLLM finishes its step
-            host = torch.empty(n, dtype=torch.int64, pin_memory=True)
-            host.copy_(tokens, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            self._pending_copy = (event, host, slots.copy())
+        if self._copied is not None:  # copied to the host while vLLM finishes its step
+            self._host_tokens[:n].copy_(tokens, non_blocking=True)
+            self._copied.record()
+            self._pending_copy = slots.copy()
         else:
             self.pending[slots] = tokens.numpy()
 
