@@ -59,13 +59,16 @@ class PgServer:
                                     connect_args={"connect_timeout": 3})
         self.created: list[str] = []
         self._count = 0
+        # Several servers live in one run (the keys' fixture, fault and limit tests): each
+        # names its databases apart, or the second one's first CREATE DATABASE collides.
+        self._tag = secrets.token_hex(2)
 
     def url_for(self, name: str) -> str:
         return self.admin_url.set(database=name).render_as_string(hide_password=False)
 
     def create_database(self) -> str:
         self._count += 1
-        name = f"hallmark_test_{RUN_ID}_{self._count}"
+        name = f"hallmark_test_{RUN_ID}_{self._tag}_{self._count}"
         with self.engine.connect() as connection:
             connection.exec_driver_sql(f"CREATE DATABASE {name}")
         self.created.append(name)
