@@ -521,17 +521,25 @@ def find_generations_by_output_hash(session: Session, *, output_sha256: str, ten
     return _generations(session, ids, tenant_id)
 
 
-def list_generations(session: Session, *, tenant_id: str | None, limit: int = 50,
-                     offset: int = 0) -> list[GenerationEntry]:
-    """Generations newest first (by their first entry), scoped as :func:`get_generation`."""
+def list_generations(session: Session, *, tenant_id: str | None, limit: int = 50, offset: int = 0,
+                     since: datetime | None = None, until: datetime | None = None,
+                     key_id: str | None = None) -> list[GenerationEntry]:
+    """Generations newest first (by their first entry), scoped as :func:`get_generation`;
+    optionally only those started in [``since``, ``until``) (timezone-aware) or under ``key_id``."""
     limit = max(1, min(int(limit), MAX_RESULTS))
     offset = max(0, int(offset))
     first = func.min(Row.id)
     query = select(Row.generation_id, first)
     if tenant_id is not None:
         query = query.where(Row.tenant_id == tenant_id)
-    ids = [g for g, _ in session.execute(query.group_by(Row.generation_id).order_by(first.desc())
-                                         .limit(limit).offset(offset)).all()]
+    if key_id is not None:
+        query = query.where(Row.key_id == key_id)
+    query = query.group_by(Row.generation_id)
+    if since is not None:
+        query = query.having(func.min(Row.created_at) >= clock.resolve(since))
+    if until is not None:
+        query = query.having(func.min(Row.created_at) < clock.resolve(until))
+    ids = [g for g, _ in session.execute(query.order_by(first.desc()).limit(limit).offset(offset)).all()]
     return _generations(session, ids, tenant_id)
 
 

@@ -1,10 +1,15 @@
-"""``GET /v1/generations/{id}``: a generation's provenance record from the ledger."""
+"""``GET /v1/generations`` (one's generations, newest first, paged and filtered) and
+``GET /v1/generations/{id}`` (a generation's provenance record) from the ledger."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from datetime import datetime, timezone
+from typing import Annotated
 
-from keys.ledger import get_generation
+from fastapi import APIRouter, Query
+
+from keys.ledger import get_generation, list_generations
+from service.auth import resolve_tenant
 from service.errors import NotFound
 from service.routes.deps import IdentityDep, ServicesDep
 
@@ -19,3 +24,31 @@ def generation_route(generation_id: str, services: ServicesDep, identity: Identi
     if entry is None:
         raise NotFound(f"no generation {generation_id!r} for this token")
     return entry.to_dict()
+
+
+MAX_PAGE = 200
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    """A timestamp without a zone is read as UTC."""
+    return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
+
+
+@router.get("/v1/generations")
+def generations_route(services: ServicesDep, identity: IdentityDep,
+                      limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+                      offset: Annotated[int, Query(ge=0)] = 0,
+                      since: datetime | None = None, until: datetime | None = None,
+                      key_id: str | None = None, tenant: str | None = None):
+    """The caller's generations, newest first, ``limit`` per page from ``offset``; only those
+    started in [``since``, ``until``) (ISO 8601; UTC when no zone is given) or under
+    ``key_id``. An admin token sees every tenant's (or ``tenant``'s)."""
+    scope, _ = resolve_tenant(services, identity, tenant)
+    with services.store.transaction(write=False) as session:
+        # One more than asked: whether another page exists, without a count query.
+        found = list_generations(session, tenant_id=scope, limit=limit + 1, offset=offset,
+                                 since=_utc(since), until=_utc(until), key_id=key_id)
+    page = found[:limit]
+    has_more = len(found) > limit
+    return {"generations": [g.to_dict() for g in page], "limit": limit, "offset": offset,
+            "has_more": has_more, "next_offset": offset + len(page) if has_more else None}

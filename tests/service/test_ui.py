@@ -224,6 +224,10 @@ def test_generate_then_check_shows_watermarked_with_spans(server, browser):
     output = browser.find_element(By.ID, "gen-output").text
     assert len(output) > 100
     assert "dual_key_gumbel" in browser.find_element(By.ID, "gen-summary").text
+    # The receipt verifies in the browser (WebCrypto Ed25519 against /.well-known/hallmark-keys.json).
+    _wait(browser, lambda d: d.find_element(By.ID, "receipt-status").get_attribute("data-verified"), 30)
+    receipt = browser.find_element(By.ID, "receipt-status")
+    assert receipt.get_attribute("data-verified") == "true" and "signature verifies" in receipt.text, receipt.text
     _shot(browser, "generate")
 
     browser.find_element(By.ID, "gen-to-check").click()
@@ -240,6 +244,8 @@ def test_generate_then_check_shows_watermarked_with_spans(server, browser):
     assert browser.execute_script("return document.getElementById('heat').textContent") == \
         browser.execute_script("return document.getElementById('check-text').value")
     assert generation_id in browser.find_element(By.ID, "ledger").text
+    _wait(browser, lambda d: d.find_element(By.ID, "report-status").get_attribute("data-verified"), 30)
+    assert browser.find_element(By.ID, "report-status").get_attribute("data-verified") == "true"
     _shot(browser, "check")
     _no_console_errors(browser)
 
@@ -248,6 +254,24 @@ def test_generate_then_check_shows_watermarked_with_spans(server, browser):
     facts = browser.find_element(By.ID, "record-facts").text
     assert "acme" in facts and "hallmark-tiny-dsv32" in facts
     _shot(browser, "record")
+
+
+def test_an_altered_receipt_does_not_verify_in_the_browser(server, browser):
+    import json
+
+    out = generate(server, seed=21, max_tokens=16)
+    raw = json.dumps(out["receipt"], separators=(",", ":"), ensure_ascii=False)
+    _open(browser, server, "acme")
+    script = """const [raw, text, done] = arguments;
+        const doc = HallmarkVerify.parseRaw(raw);
+        HallmarkVerify.verifySigned(doc, {text, expectedType: "hallmark.receipt"}).then(r => done(r));"""
+    browser.set_script_timeout(30)
+    assert browser.execute_async_script(script, raw, out["text"])["ok"] is True
+    assert browser.execute_async_script(script, raw, out["text"] + " ")["ok"] is False
+    altered = raw.replace(f'"output_tokens":{out["usage"]["completion_tokens"]}', '"output_tokens":1')
+    assert altered != raw
+    result = browser.execute_async_script(script, altered, out["text"])
+    assert result["ok"] is False and "bad signature" in result["message"]
 
 
 def test_human_text_is_not_watermarked_and_explained(server, browser):
@@ -320,3 +344,52 @@ def test_keys_page_rotates_a_key(server, browser):
     assert sorted(k["state"] for k in keys) == ["active", "verify-only"]
     _shot(browser, "keys")
     _no_console_errors(browser)
+
+
+def test_generations_are_listed_newest_first_paged_and_filtered(server):
+    first = generate(server, seed=11, max_tokens=8)
+    second = generate(server, seed=12, max_tokens=8)
+    acme = client(server)
+    page = acme.get("/v1/generations", params={"limit": 1}).json()
+    assert [g["id"] for g in page["generations"]] == [second["generation_id"]]
+    assert page["has_more"] and page["next_offset"] == 1
+    older = acme.get("/v1/generations", params={"limit": 1, "offset": 1}).json()
+    assert [g["id"] for g in older["generations"]] == [first["generation_id"]]
+    started = acme.get(f"/v1/generations/{second['generation_id']}").json()["created_at"]
+    recent = acme.get("/v1/generations", params={"since": started}).json()["generations"]
+    assert [g["id"] for g in recent] == [second["generation_id"]]
+    before = acme.get("/v1/generations", params={"until": started, "limit": 200}).json()["generations"]
+    assert second["generation_id"] not in [g["id"] for g in before] and first["generation_id"] in [g["id"] for g in before]
+    key = second["watermark"]["key_id"]
+    assert all(g["key_id"] == key for g in acme.get("/v1/generations", params={"key_id": key}).json()["generations"])
+    assert acme.get("/v1/generations", params={"key_id": "key_nosuch"}).json()["generations"] == []
+    # Tenant scoping: globex sees none of acme's; the admin sees both tenants'.
+    assert all(g["tenant"] == "globex" for g in client(server, "globex").get("/v1/generations").json()["generations"])
+    everyone = client(server, "admin").get("/v1/generations", params={"limit": 200}).json()["generations"]
+    assert second["generation_id"] in [g["id"] for g in everyone]
+    assert acme.get("/v1/generations", params={"limit": 0}).status_code == 422
+    assert acme.get("/v1/generations", params={"since": "yesterday"}).status_code == 422
+
+
+def test_ledger_list_command(server, monkeypatch, capsys):
+    import json
+    import sys
+
+    from service.cli import main
+
+    out = generate(server, seed=13, max_tokens=8)
+    monkeypatch.setenv("HALLMARK_DATABASE_URL", server.store_settings.database_url)
+    monkeypatch.setenv("HALLMARK_KEK_FILE", str(server.store_settings.kek_file))
+    def run(*argv):
+        monkeypatch.setattr(sys, "argv", ["hallmark", *argv])
+        try:
+            main()
+        except SystemExit as exc:
+            return exc.code
+        return 0
+
+    assert run("ledger", "list", "--tenant", "acme", "--limit", "1", "--json") == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [g["id"] for g in listed] == [out["generation_id"]]
+    assert run("ledger", "list", "--since", "not-a-time") == 1
+    assert "--since takes an ISO 8601 time" in capsys.readouterr().err
