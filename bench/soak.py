@@ -235,7 +235,7 @@ def check_ledger(db_url: str, stats: Stats) -> tuple[int, int]:
     engine = create_engine(db_url)
     ids = [g["id"] for g in stats.generations]
     with engine.connect() as connection:
-        found = {row[0] for row in connection.execute(text("SELECT id FROM generation_records"))}
+        found = {row[0] for row in connection.execute(text("SELECT DISTINCT generation_id FROM ledger_entries"))}
     engine.dispose()
     return sum(1 for i in ids if i in found), len(ids)
 
@@ -243,7 +243,7 @@ def check_ledger(db_url: str, stats: Stats) -> tuple[int, int]:
 async def check_detection(url: str, db_url: str, tokens: dict[str, str], stats: Stats) -> tuple[int, int, list[str]]:
     engine = create_engine(db_url)
     with engine.connect() as connection:
-        keys = {row[0]: row[1] for row in connection.execute(text("SELECT id, key_id FROM generation_records"))}
+        keys = {row[0]: row[1] for row in connection.execute(text("SELECT generation_id, key_id FROM ledger_entries"))}
     engine.dispose()
     checked = ok = 0
     bad = []

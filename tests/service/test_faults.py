@@ -125,7 +125,7 @@ def _records(pg_url) -> int:
     engine = create_engine(pg_url)
     try:
         with engine.connect() as connection:
-            return connection.execute(text("SELECT count(*) FROM generation_records")).scalar_one()
+            return connection.execute(text("SELECT count(DISTINCT generation_id) FROM ledger_entries")).scalar_one()
     finally:
         engine.dispose()
 
