@@ -168,6 +168,8 @@ def _open(driver, server, who, page="check"):
     """Open the page in a fresh tab state with ``who``'s token entered in the header form."""
     driver.get(f"{server.url}/ui#{page}")
     driver.execute_script("sessionStorage.clear()")
+    # A new document each time (a change of fragment alone would keep the previous page state).
+    driver.get("about:blank")
     driver.get(f"{server.url}/ui#{page}")
     field = _visible(driver, "token-input")
     field.clear()
