@@ -85,6 +85,21 @@ class PgServer:
         self.engine.dispose()
 
 
+def reachable_pg_server() -> PgServer:
+    """The test server, or the run skips (fails under HALLMARK_REQUIRE_POSTGRES=1) when it
+    is unreachable."""
+    server = PgServer(PG_ADMIN_URL)
+    try:
+        with server.engine.connect() as connection:
+            connection.exec_driver_sql("SELECT 1")
+    except Exception as exc:  # noqa: BLE001
+        server.engine.dispose()
+        if REQUIRE_POSTGRES:
+            pytest.fail(f"PostgreSQL not reachable: {exc}")
+        pytest.skip("PostgreSQL not reachable")
+    return server
+
+
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
     server = PgServer(PG_ADMIN_URL)

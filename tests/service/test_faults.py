@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 
 from keys import migrate
 from keys.db import create_store_engine
-from tests.keys.conftest import PG_ADMIN_URL, REQUIRE_POSTGRES, PgServer
+from tests.keys.conftest import PG_ADMIN_URL, reachable_pg_server
 from tests.service import gateway as gw
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -85,15 +85,7 @@ class Proxy:
 
 @pytest.fixture(scope="module")
 def pg_url():
-    server = PgServer(PG_ADMIN_URL)
-    try:
-        with server.engine.connect() as connection:
-            connection.exec_driver_sql("SELECT 1")
-    except Exception as exc:  # noqa: BLE001
-        server.engine.dispose()
-        if REQUIRE_POSTGRES:
-            pytest.fail(f"PostgreSQL not reachable: {exc}")
-        pytest.skip("PostgreSQL not reachable")
+    server = reachable_pg_server()
     url = server.url_for(server.create_database())
     engine = create_store_engine(url)
     try:

@@ -26,7 +26,7 @@ from keys.db import create_store_engine, open_store
 from keys.settings import StoreSettings
 from service.caching import TokenCache
 from service.limits import DatabaseBuckets, FailoverBuckets, MemoryBuckets, RedisBuckets
-from tests.keys.conftest import PG_ADMIN_URL, REQUIRE_POSTGRES, PgServer
+from tests.keys.conftest import reachable_pg_server
 from tests.service import gateway as gw
 
 REDIS_URL = os.environ.get("HALLMARK_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -35,15 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def pg():
-    server = PgServer(PG_ADMIN_URL)
-    try:
-        with server.engine.connect() as connection:
-            connection.exec_driver_sql("SELECT 1")
-    except Exception as exc:  # noqa: BLE001
-        server.engine.dispose()
-        if REQUIRE_POSTGRES:
-            pytest.fail(f"PostgreSQL not reachable: {exc}")
-        pytest.skip("PostgreSQL not reachable")
+    server = reachable_pg_server()
     yield server
     server.close()
 
