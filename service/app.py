@@ -9,12 +9,16 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable, TypeVar
+
+from sqlalchemy.orm import Session
 
 from fastapi import FastAPI
 
 from keys.db import Store, open_store
+from keys.errors import ConcurrentChange
 from keys.ledger import recover_interrupted
 from keys.signing import ensure_signing_key
 from keys.settings import StoreSettings
@@ -28,18 +32,32 @@ from service.state import Services
 from service.ui import mount_ui
 
 log = logging.getLogger("hallmark.app")
+T = TypeVar("T")
 
 
 def _prepare_provenance(store: Store) -> None:
     """At start: close the streams a dead predecessor left open (as interrupted), and make
     sure a signing key exists for receipts."""
-    with store.transaction() as session:
-        closed = recover_interrupted(session)
+    closed = _retrying(store, recover_interrupted)
     if closed:
         log.warning("closed %d generation(s) left open by a stopped process as interrupted: %s",
                     len(closed), ", ".join(closed[:20]))
-    with store.transaction() as session:
-        ensure_signing_key(session, store.keyring, actor="service:start")
+    _retrying(store, lambda session: ensure_signing_key(session, store.keyring, actor="service:start"))
+
+
+def _retrying(store: Store, step: Callable[[Session], T], attempts: int = 5) -> T:
+    """Run one start-up step in its own transaction, again when it collides with another
+    replica starting at the same moment (both create the first signing key, or both close
+    the same dead writer's streams): the loser's retry then sees the winner's rows."""
+    for attempt in range(attempts):
+        try:
+            with store.transaction() as session:
+                return step(session)
+        except ConcurrentChange:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
