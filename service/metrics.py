@@ -54,5 +54,14 @@ class Metrics:
             if drafted:
                 self.spec_acceptance.set(self.spec_accepted._value.get() / drafted)  # noqa: SLF001
 
+    def watch_engine(self, engine) -> None:
+        """Export an engine's telemetry (``hallmark_engine_*``) if it keeps any; read at scrape
+        time, so an engine that attaches its telemetry when it loads is seen once loaded."""
+        from service.metrics_engine import EngineCollector
+
+        if hasattr(engine, "telemetry"):
+            self.registry.register(EngineCollector(engine))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+

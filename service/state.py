@@ -39,6 +39,7 @@ class Services:
 
     def __post_init__(self) -> None:
         settings = self.settings
+        self.metrics.watch_engine(self.engine)
         ttl = settings.key_cache_seconds
         self.token_cache: TokenCache = TokenCache(ttl, settings.token_cache_entries)
         self.key_cache: TTLCache = TTLCache(ttl)

@@ -165,8 +165,14 @@ def test_health_ready_and_metrics(server):
     metrics = httpx.get(server.url + "/metrics").text
     for name in ("hallmark_http_requests_total", "hallmark_http_request_duration_seconds",
                  "hallmark_generated_tokens_total", "hallmark_watermarked_share", "hallmark_dedup_skipped_tokens_total",
-                 "hallmark_speculative_acceptance_rate", "hallmark_detections_total"):
+                 "hallmark_speculative_acceptance_rate", "hallmark_detections_total",
+                 # engine telemetry (service/engines/local/telemetry.py)
+                 "hallmark_engine_kv_cache_tokens_in_use", "hallmark_engine_kv_cache_tokens_capacity",
+                 "hallmark_engine_kv_hole_compactions_total", "hallmark_engine_sparse_attention_share",
+                 "hallmark_engine_attention_queries_total", "hallmark_engine_indexer_keys_cached",
+                 "hallmark_engine_speculative_blocks_per_step_bucket", "hallmark_engine_forwards_total"):
         assert name in metrics, name
+    assert 'hallmark_engine_forwards_total{group="plain",mode="eager"}' in metrics
     assert 'route="/v1/generate"' in metrics
 
 

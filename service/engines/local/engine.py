@@ -24,7 +24,7 @@ import signal
 import threading
 import time
 from collections import deque
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import torch
 
@@ -33,6 +33,7 @@ from service.engines.base import EngineBusy, EngineFailure, Event, Finished, Gen
 from service.engines.local.request import RequestState
 from service.engines.local.runner import Group, load_model
 from service.engines.local import cache as kv
+from service.engines.local.telemetry import EngineTelemetry, StepReport
 from service.engines.local.scheduler import SpeculativeGroups, plain_step, process, sample_next, sample_rows, \
     speculative_step
 from watermark import stream
@@ -69,6 +70,9 @@ class LocalEngine:
         self.on_fatal = on_fatal or _terminate_process
         self._deaths: list[float] = []
         self._looping = False
+        # Called after every step with a StepReport (host-side facts only; see telemetry.py).
+        self.step_hooks: list[Callable[[StepReport], None]] = []
+        self.telemetry: EngineTelemetry | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -117,6 +121,8 @@ class LocalEngine:
             except ImportError:
                 log.warning("Triton kernels unavailable; the CUDA path uses the torch reference")
         self._warm_up()
+        if self.telemetry is None:  # after the warm-up, so that its steps are not counted
+            self.telemetry = EngineTelemetry.attach(self)
         self._ready = True
 
     def _warm_up(self) -> None:
@@ -346,6 +352,10 @@ class LocalEngine:
     def _step(self) -> None:
         plain = [s for s in self._running if s.rid in set(self.plain.ids)]
         spec = [s for s in self._running if self.spec is not None and s.rid in set(self.spec_target.ids)]
+        report = None
+        if self.step_hooks:  # lengths before the step
+            report = StepReport(tuple(len(s.request.prompt_ids) + len(s.output) for s in plain),
+                                tuple(len(s.request.prompt_ids) + len(s.output) for s in spec), self.k)
         if plain:
             plain = sorted(plain, key=lambda s: self.plain.ids.index(s.rid))
             plain_step(self.plain, plain)
@@ -355,6 +365,16 @@ class LocalEngine:
             speculative_step(self.spec, spec, pending)
             for s, p in zip(spec, pending):
                 self._pending[id(s)] = p
+        if report is not None:
+            self._run_hooks(report)
+
+    def _run_hooks(self, report: StepReport) -> None:
+        # A failing hook must not fail (and so roll back and repeat) a step that has emitted tokens.
+        for hook in self.step_hooks:
+            try:
+                hook(report)
+            except Exception:  # noqa: BLE001 - telemetry never takes generation down
+                log.exception("engine step hook failed")
 
     def _retire(self) -> None:
         for state in self._running:

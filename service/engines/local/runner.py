@@ -41,6 +41,10 @@ class Group:
     cache: object | None = None
     mask: torch.Tensor | None = None  # [B, T] int64, 1 = attend
     next_pos: torch.Tensor | None = None  # [B] int64
+    # Telemetry counters (read by service.engines.local.telemetry).
+    eager_forwards: int = 0
+    graph_replays: int = 0
+    compactions: int = 0
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -50,6 +54,7 @@ class Group:
         """Run one prompt alone; returns (its cache, its mask [1, T], last logits [V] float32)."""
         ids = torch.tensor([prompt_ids], dtype=torch.int64, device=self.device)
         cache = DynamicCache(config=self.model.config)
+        self.eager_forwards += 1
         out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache, use_cache=True)
         return cache, torch.ones_like(ids), out.logits[0, -1].float()
 
@@ -81,6 +86,7 @@ class Group:
         positions = self.next_pos.unsqueeze(1) + torch.cumsum(live, dim=1) - 1
         positions = positions.clamp(min=0)
         self.mask = torch.cat([self.mask, live], dim=1)
+        self.eager_forwards += 1
         out = self.model(input_ids=input_ids, attention_mask=self.mask, position_ids=positions,
                          past_key_values=self.cache, use_cache=True)
         self.next_pos = self.next_pos + live.sum(dim=1)
@@ -99,3 +105,4 @@ class Group:
         holes = (self.mask == 0).sum().item()
         if holes > _HOLE_SHARE_TO_COMPACT * self.mask.numel():
             self.mask = kv.compact(self.cache, self.mask)
+            self.compactions += 1
