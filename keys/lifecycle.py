@@ -31,7 +31,7 @@ from keys.models import ACTIVE, REVOKED, VERIFY_ONLY, Tenant
 from keys.models import WatermarkKey as KeyRow
 from keys.tenants import get_tenant, get_tenant_by_id, new_id
 from watermark import prf
-from watermark.key import fingerprint
+from watermark.key import check_value, fingerprint
 from watermark.spec import WatermarkSpec
 
 log = logging.getLogger("hallmark.keys")
@@ -82,7 +82,7 @@ class Rotation:
 
 def key_info(row: KeyRow, tenant_name: str) -> KeyInfo:
     return KeyInfo(key_id=row.id, tenant_id=row.tenant_id, tenant=tenant_name, version=row.version,
-                   state=row.state, fingerprint=row.fingerprint, spec=spec_of(row), kek_id=row.kek_id,
+                   state=row.state, fingerprint=row.shown_fingerprint, spec=spec_of(row), kek_id=row.kek_id,
                    imported=row.imported, import_source=row.import_source, created_at=row.created_at,
                    activated_at=row.activated_at, verify_only_at=row.verify_only_at,
                    revoked_at=row.revoked_at, revocation_reason=row.revocation_reason)
@@ -114,13 +114,13 @@ def _insert_key(session: Session, keyring: Keyring, *, tenant: Tenant, secret: i
                 spec: WatermarkSpec, state: str, imported: bool, import_source: str | None,
                 now: datetime) -> KeyRow:
     """Wrap and insert a new version of ``tenant``'s key. Caller holds the tenant lock."""
-    print_ = fingerprint(secret)
+    check = check_value(secret)  # private: the column, never shown (see watermark.key)
     clash = session.execute(
         select(KeyRow.id, Tenant.name).join(Tenant, Tenant.id == KeyRow.tenant_id)
-        .where(KeyRow.fingerprint == print_)
+        .where(KeyRow.fingerprint == check)
     ).first()
     if clash is not None:
-        raise DuplicateKey(print_, clash[0], clash[1])
+        raise DuplicateKey(fingerprint(secret), clash[0], clash[1])
     version = (session.scalar(select(func.max(KeyRow.version)).where(KeyRow.tenant_id == tenant.id))
                or 0) + 1
     key_id = new_id("key")
@@ -128,7 +128,7 @@ def _insert_key(session: Session, keyring: Keyring, *, tenant: Tenant, secret: i
                           binding=KeyBinding(tenant_id=tenant.id, key_id=key_id, version=version))
     row = KeyRow(id=key_id, tenant_id=tenant.id, version=version, wrapped_secret=wrapped.ciphertext,
                  nonce=wrapped.nonce, kek_id=wrapped.kek_id, spec=_spec_json(spec),
-                 fingerprint=print_, state=state, imported=imported, import_source=import_source,
+                 fingerprint=check, state=state, imported=imported, import_source=import_source,
                  created_at=now, activated_at=now if state == ACTIVE else None,
                  verify_only_at=now if state == VERIFY_ONLY else None)
     session.add(row)
@@ -144,7 +144,7 @@ def _active_row(session: Session, tenant_id: str, *, lock: bool = False) -> KeyR
 
 
 def _new_key_details(row: KeyRow) -> dict[str, Any]:
-    return {"version": row.version, "state": row.state, "fingerprint": row.fingerprint,
+    return {"version": row.version, "state": row.state, "fingerprint": row.shown_fingerprint,
             "kek_id": row.kek_id, "spec": row.spec}
 
 
@@ -162,7 +162,7 @@ def create_key(session: Session, keyring: Keyring, *, tenant: str, actor: str,
     record_audit(session, actor=actor, action="key.created", tenant_id=tenant_row.id, key_id=row.id,
                  details=_new_key_details(row), now=now)
     log.info("created key %s (tenant %s, version %d, %s, fingerprint %s) by %s",
-             row.id, tenant_row.name, row.version, row.state, row.fingerprint, actor)
+             row.id, tenant_row.name, row.version, row.state, row.shown_fingerprint, actor)
     return key_info(row, tenant_row.name)
 
 
@@ -185,7 +185,7 @@ def import_key(session: Session, keyring: Keyring, *, tenant: str, secret: int, 
     record_audit(session, actor=actor, action="key.imported", tenant_id=tenant_row.id, key_id=row.id,
                  details={**_new_key_details(row), "source": source}, now=now)
     log.info("imported key %s (tenant %s, version %d, %s, fingerprint %s, source %s) by %s",
-             row.id, tenant_row.name, row.version, row.state, row.fingerprint, source, actor)
+             row.id, tenant_row.name, row.version, row.state, row.shown_fingerprint, source, actor)
     return key_info(row, tenant_row.name)
 
 

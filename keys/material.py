@@ -24,7 +24,7 @@ from keys.errors import KekError, KeyStoreError, StaleKek, NoActiveKey, UnknownK
 from keys.kek import Keyring
 from keys.models import ACTIVE, SigningKey, StoreKek, Tenant
 from keys.models import WatermarkKey as KeyRow
-from watermark.key import WatermarkKey, fingerprint
+from watermark.key import WatermarkKey, check_value
 from watermark.spec import WatermarkSpec
 
 log = logging.getLogger("hallmark.keys")
@@ -92,7 +92,7 @@ def open_secret(keyring: Keyring, row: KeyRow) -> int:
     """The row's secret; :class:`KekError` for a KEK not on the ring, :class:`UnwrapError`
     for anything that does not authenticate or does not match the row's fingerprint."""
     secret = unwrap_secret(keyring, wrapped=wrapped_of(row), binding=binding_of(row))
-    if fingerprint(secret) != row.fingerprint:
+    if check_value(secret) != row.fingerprint:
         raise UnwrapError(row.id)
     return secret
 
@@ -129,7 +129,7 @@ def check_wrapping_kek(session: Session, keyring: Keyring) -> None:
 def _stored(keyring: Keyring, row: KeyRow, tenant_name: str) -> StoredKey:
     spec = spec_of(row)
     return StoredKey(tenant_id=row.tenant_id, tenant=tenant_name, key_id=row.id,
-                     version=row.version, state=row.state, fingerprint=row.fingerprint, spec=spec,
+                     version=row.version, state=row.state, fingerprint=row.shown_fingerprint, spec=spec,
                      created_at=row.created_at, revoked_at=row.revoked_at,
                      material=WatermarkKey(secret=open_secret(keyring, row), spec=spec))
 
@@ -171,9 +171,9 @@ def export_key(session: Session, keyring: Keyring, *, key_id: str, actor: str,
     tenant = session.get(Tenant, row.tenant_id)
     secret = open_secret(keyring, row)
     record_audit(session, actor=actor, action="key.exported", tenant_id=row.tenant_id, key_id=row.id,
-                 details={"version": row.version, "fingerprint": row.fingerprint, "state": row.state},
+                 details={"version": row.version, "fingerprint": row.shown_fingerprint, "state": row.state},
                  now=clock.resolve(now))
-    log.info("exported key %s (fingerprint %s) with its secret, by %s", row.id, row.fingerprint, actor)
+    log.info("exported key %s (fingerprint %s) with its secret, by %s", row.id, row.shown_fingerprint, actor)
     return ExportedKey(tenant=tenant.name if tenant else row.tenant_id, key_id=row.id,
-                       version=row.version, state=row.state, fingerprint=row.fingerprint,
+                       version=row.version, state=row.state, fingerprint=row.shown_fingerprint,
                        spec=spec_of(row), secret=secret)

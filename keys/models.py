@@ -34,6 +34,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, ORMExecuteState, Session, ma
 from sqlalchemy.types import TypeDecorator
 
 from keys.errors import AuditLogImmutable, LedgerImmutable
+from watermark.key import fingerprint_of_check_value
 
 ACTIVE = "active"
 VERIFY_ONLY = "verify-only"
@@ -119,6 +120,8 @@ class WatermarkKey(Base):
     spec: Mapped[dict[str, Any]]
     """WatermarkSpec.public_dict(): algorithm, context width, alpha, dedup, PRF, coin."""
     fingerprint: Mapped[str] = mapped_column(String(ID_LENGTH), unique=True)
+    """watermark.key.check_value(secret): 64 bits that confirm a guessed secret, so private
+    to the store (unwrap check, duplicate imports). Show :attr:`shown_fingerprint` instead."""
     state: Mapped[str] = mapped_column(String(16))
     imported: Mapped[bool] = mapped_column(default=False)
     import_source: Mapped[str | None] = mapped_column(String(200))
@@ -127,6 +130,11 @@ class WatermarkKey(Base):
     verify_only_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
     revocation_reason: Mapped[str | None] = mapped_column(Text)
+
+    @property
+    def shown_fingerprint(self) -> str:
+        """The public 24-bit fingerprint (watermark.key.fingerprint of the secret)."""
+        return fingerprint_of_check_value(self.fingerprint)
 
 
 class ApiToken(Base):

@@ -20,6 +20,9 @@ of the UTF-8 text), token_ids_sha256 (SHA-256 of the ids as 4-byte big-endian),
 output_tokens, watermarked_tokens, watermarked_share (watermarked/output tokens, 6
 decimals), unwatermarked_reason and ledger (the tenant chain's seq and entry_hash of the
 entry it attests). The golden files ``tests/data/receipt-v1*.json`` pin this encoding.
+The key's fingerprint is an opaque string to the encoding: receipts signed before
+fingerprints were cut to 24 bits (``watermark.key``) carry 16 hex digits, later ones 6;
+both verify alike (the signature covers whatever string was signed).
 
 This module needs only ``cryptography`` and the standard library: ``hallmark receipt
 verify`` runs it in a fresh process with no database and no KEK.

@@ -1,7 +1,27 @@
 """A watermark key: a 64-bit secret with its spec, and the sub-keys derived from it.
 
 The secret never appears in ``repr``/``str``; :func:`fingerprint` names a key without
-revealing it (a truncated HMAC-SHA256 of a fixed label under the secret).
+revealing it.
+
+Two values are computed from HMAC-SHA256(secret as 8 bytes big-endian, label):
+
+- :func:`check_value`, its first 16 hex digits (64 bits). It confirms a guessed secret
+  offline, so it never leaves the store: it is the ``watermark_keys.fingerprint`` column,
+  which catches a re-sealed foreign secret on unwrap and a duplicate import.
+- :func:`fingerprint`, its first 6 hex digits (24 bits): what tenants, receipts, detection
+  results, the CLI and logs show. Each value is shared by about 2**40 of the 2**64 secrets,
+  so it is no offline check of the secret: brute force over the whole space leaves 2**40
+  candidates, and a random guess that matches is the secret with probability 2**-40.
+
+Why truncation and not an HMAC under a server-held secret: a truncated value needs no
+extra secret in the store (no table, no migration, nothing more to re-wrap on KEK
+rotation or to back up), it stays the same across KEK rotations, and anyone who holds the
+key legitimately (an exported key, a vLLM keyring file, the plugin) can still compute and
+check it without the server, so receipts and keyrings stay verifiable offline. The cost:
+24 bits still single out a secret drawn from a space smaller than about 2**24 (a
+low-entropy imported key such as a vLLM config's ``key: 42``), and two keys can show the
+same fingerprint (the key id, not the fingerprint, names a key uniquely). A server-keyed
+HMAC would close the first gap and is the upgrade path if low-entropy imports matter.
 """
 
 from __future__ import annotations
@@ -20,11 +40,27 @@ KEY_B_DOMAIN = "key_b"
 KEY_COIN_DOMAIN = "hallmark_coin"
 
 
-def fingerprint(secret: int) -> str:
-    """16 hex digits of HMAC-SHA256(secret, label): stable, public, reveals nothing useful."""
+# 64 bits: stored, never shown. 24 bits: shown; about 2**40 secrets share each value.
+CHECK_VALUE_HEX_DIGITS = 16
+FINGERPRINT_HEX_DIGITS = 6
+
+
+def check_value(secret: int) -> str:
+    """16 hex digits of HMAC-SHA256(secret, label): the store's private integrity and
+    duplicate check. It identifies the secret, so never show it (see the module docstring)."""
     prf.check_key(secret)
     mac = hmac.new(secret.to_bytes(8, "big"), FINGERPRINT_LABEL, hashlib.sha256)
-    return mac.hexdigest()[:16]
+    return mac.hexdigest()[:CHECK_VALUE_HEX_DIGITS]
+
+
+def fingerprint(secret: int) -> str:
+    """The public name of a key: 6 hex digits (24 bits), shared by about 2**40 secrets."""
+    return check_value(secret)[:FINGERPRINT_HEX_DIGITS]
+
+
+def fingerprint_of_check_value(value: str) -> str:
+    """The public fingerprint of a stored :func:`check_value` (its prefix), without the secret."""
+    return value[:FINGERPRINT_HEX_DIGITS]
 
 
 @dataclass(frozen=True)

@@ -50,5 +50,5 @@ def test_key_repr_and_fingerprint_do_not_reveal_secret():
     text = repr(key) + str(key)
     for form in (str(secret), hex(secret), f"{secret:x}"):
         assert form not in text
-    assert len(key.fingerprint) == 16 and key.fingerprint == fingerprint(secret)
+    assert len(key.fingerprint) == 6 and key.fingerprint == fingerprint(secret)
     assert fingerprint(secret) != fingerprint(secret + 1)

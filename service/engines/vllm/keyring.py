@@ -9,7 +9,7 @@ server need not restart. Format (JSON)::
 
     {"format": "hallmark-vllm-keyring/v1",
      "keys": {"<key id>": {"secret": "0x<16 hex>", "spec": {...}, "tenant": "...",
-                            "version": 1, "fingerprint": "<16 hex>"}}}
+                            "version": 1, "fingerprint": "<6 hex>"}}}
 
 Each entry's fingerprint is checked against its secret when the file is read, so a
 misfiled secret is refused. Nothing here prints or logs a secret.
@@ -28,7 +28,7 @@ from typing import Iterable
 from pydantic import ValidationError
 
 from watermark import prf
-from watermark.key import WatermarkKey, fingerprint
+from watermark.key import WatermarkKey, check_value, fingerprint
 from watermark.spec import WatermarkSpec
 
 KEYRING_ENV = "HALLMARK_VLLM_KEYRING"
@@ -107,9 +107,10 @@ def _parse_entry(key_id: str, raw: object, path: Path) -> KeyringEntry:
         # Never repeat the offending value: it may be the secret.
         raise KeyringError(f"entry {key_id!r} of {path} is malformed; rewrite the file with "
                            "`hallmark deploy keyring`") from None
-    if fingerprint(secret) != printed:
+    # Files written before fingerprints were cut to 24 bits hold the 64-bit check value.
+    if printed not in (fingerprint(secret), check_value(secret)):
         raise KeyringError(f"entry {key_id!r} of {path}: the secret does not match its fingerprint")
-    return KeyringEntry(key_id=key_id, tenant=tenant, version=version, fingerprint=printed,
+    return KeyringEntry(key_id=key_id, tenant=tenant, version=version, fingerprint=fingerprint(secret),
                         key=WatermarkKey(secret=secret, spec=spec), state=state)
 
 
