@@ -1,0 +1,48 @@
+"""Llama (the bundled draft) over a StaticCache: transformers' LlamaForCausalLM math
+(RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU MLP) with fixed shapes."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rope(positions: torch.Tensor, inv_freq: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [B, S] -> cos, sin [B, S, 2 * len(inv_freq)] (transformers' layout)."""
+    freqs = positions.unsqueeze(-1).float() * inv_freq.float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def forward(model, cache, input_ids, positions, columns, mask) -> torch.Tensor:
+    c = model.config
+    inner = model.model
+    batch, seq = input_ids.shape
+    heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    x = inner.embed_tokens(input_ids)
+    cos, sin = rope(positions, inner.rotary_emb.inv_freq, x.dtype)
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, S, 1, D]
+    attn_mask = mask.unsqueeze(1)  # [B, 1, S, T]
+    for i, layer in enumerate(inner.layers):
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        q = attn.q_proj(h).view(batch, seq, heads, head_dim)
+        k = attn.k_proj(h).view(batch, seq, kv_heads, head_dim)
+        v = attn.v_proj(h).view(batch, seq, kv_heads, head_dim)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        keys = cache.write(i, "k", columns, k.reshape(batch, seq, -1)).view(batch, -1, kv_heads, head_dim)
+        values = cache.write(i, "v", columns, v.reshape(batch, seq, -1)).view(batch, -1, kv_heads, head_dim)
+        keys = keys.transpose(1, 2).repeat_interleave(heads // kv_heads, dim=1)
+        values = values.transpose(1, 2).repeat_interleave(heads // kv_heads, dim=1)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.to(q.dtype), values.to(q.dtype),
+                                             attn_mask=attn_mask, scale=attn.scaling)
+        x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return model.lm_head(inner.norm(x))
