@@ -1,8 +1,14 @@
 """Triton kernels behind the watermark samplers, each beside its torch reference.
 
 * :mod:`watermark.kernels.philox` -- the PRF ``philox4x32-10-v1`` as Triton building blocks;
+* :mod:`watermark.kernels.approximation` -- stage 1 of the race: fast float32 noise, its
+  error budget, and the exact float64 values of stage 2;
+* :mod:`watermark.kernels.tiles` -- tile layout, loads and lane helpers;
 * :mod:`watermark.kernels.race` -- the exact two-stage Gumbel / exponential race over a
-  vocabulary chunk and the in-kernel cross-block reduction;
+  vocabulary chunk, and the plain argmax;
+* :mod:`watermark.kernels.reduction` -- the in-kernel cross-block reduction and its workspace;
+* :mod:`watermark.kernels.geometry` -- programs per row (launch geometry);
+* :mod:`watermark.kernels.error_bound` -- the approximation error measured over all 2^24 uniforms;
 * :mod:`watermark.kernels.gumbel` -- the fused batched sampler (``gumbel_sample``) and the
   CUDA paths of :func:`watermark.dispatch.gumbel_argmax` / :func:`~watermark.dispatch.exponential_race`;
 * :mod:`watermark.kernels.speculative` -- fused speculative verification;

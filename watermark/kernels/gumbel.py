@@ -9,7 +9,8 @@
   functions of :mod:`watermark.dispatch` (rows' states given).
 
 Grid (rows, programs per row); each program races a chunk of whole tiles of its row (see
-:mod:`watermark.kernels.race`) and the last program of the row to finish reduces it.
+:mod:`watermark.kernels.race`) and the last program of the row to finish reduces it
+(:mod:`watermark.kernels.reduction`).
 The route (key A or key B) is decided from the request's stream before the vocabulary
 pass, so only the routed key's PRF words are computed: a dual-key row costs what a
 single-key row costs, one pass over the logits.
@@ -25,7 +26,7 @@ import triton.language as tl
 
 from watermark import stream
 from watermark.processing import MIN_TEMPERATURE
-from watermark.kernels import launch, philox, race
+from watermark.kernels import geometry, launch, philox, race, reduction, tiles
 from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, SampleResult
 
 LANE_ROUTE = tl.constexpr(stream.LANE_ROUTE)
@@ -63,7 +64,7 @@ def _gumbel_sample_kernel(logits_ptr, stride_row, vocab, temp_ptr, key_a_ptr, ke
     row_ptr = logits_ptr + row.to(tl.int64) * (stride_row * STRIDE_MULT)
     tile_begin = blk * tiles_per_block
     tile_end = tl.minimum(tile_begin + tiles_per_block, tl.cdiv(vocab, BLOCK))
-    x0, x1, x2, x3 = race.first_tile(row_ptr, tile_begin, tile_end, vocab, float("-inf"), BLOCK)
+    x0, x1, x2, x3 = tiles.first_tile(row_ptr, tile_begin, tile_end, vocab, float("-inf"), BLOCK)
     scratch = scratch_ptr + (row.to(tl.int64) * nblk + blk) * (2 * BLOCK)
 
     temperature = tl.load(temp_ptr + row)
@@ -100,10 +101,10 @@ def _gumbel_sample_kernel(logits_ptr, stride_row, vocab, temp_ptr, key_a_ptr, ke
         best_s, best_i = race.log_race_chunk(row_ptr, x0, x1, x2, x3, tile_begin, tile_end, vocab, temperature,
                                              temperature != 1.0, s0, s1, s2, s3, k0, k1, scratch, BLOCK, COMPACT)
 
-    last, score, token = race.combine_blocks(part_s_ptr, part_i_ptr, count_ptr, row, blk, nblk, best_s, best_i, NB)
+    last, score, token = reduction.combine_blocks(part_s_ptr, part_i_ptr, count_ptr, row, blk, nblk, best_s, best_i, NB)
     if last:
         # No finite score anywhere (every logit -inf or NaN): token 0, as torch.argmax gives.
-        token = tl.where(score == race.NEG_INF, 0, token)
+        token = tl.where(score == tiles.NEG_INF, 0, token)
         tl.store(tokens_ptr + row, token.to(tl.int64))
         tl.store(routes_ptr + row, route.to(tl.int8))
 
@@ -130,14 +131,14 @@ def _gumbel_argmax_kernel(logits_ptr, stride_row, vocab, keys_ptr, states_ptr, t
     row_ptr = logits_ptr + row.to(tl.int64) * (stride_row * STRIDE_MULT)
     tile_begin = blk * tiles_per_block
     tile_end = tl.minimum(tile_begin + tiles_per_block, tl.cdiv(vocab, BLOCK))
-    x0, x1, x2, x3 = race.first_tile(row_ptr, tile_begin, tile_end, vocab, float("-inf"), BLOCK)
+    x0, x1, x2, x3 = tiles.first_tile(row_ptr, tile_begin, tile_end, vocab, float("-inf"), BLOCK)
     scratch = scratch_ptr + (row.to(tl.int64) * nblk + blk) * (2 * BLOCK)
     s0, s1, s2, s3, k0, k1 = _row_state(keys_ptr, states_ptr, row)
     best_s, best_i = race.log_race_chunk(row_ptr, x0, x1, x2, x3, tile_begin, tile_end, vocab, 1.0, False,
                                          s0, s1, s2, s3, k0, k1, scratch, BLOCK, COMPACT)
-    last, score, token = race.combine_blocks(part_s_ptr, part_i_ptr, count_ptr, row, blk, nblk, best_s, best_i, NB)
+    last, score, token = reduction.combine_blocks(part_s_ptr, part_i_ptr, count_ptr, row, blk, nblk, best_s, best_i, NB)
     if last:
-        token = tl.where(score == race.NEG_INF, 0, token)
+        token = tl.where(score == tiles.NEG_INF, 0, token)
         tl.store(tokens_ptr + row, token.to(tl.int64))
 
 
@@ -153,7 +154,7 @@ def _exponential_race_kernel(logits_ptr, stride_row, vocab, keys_ptr, states_ptr
     tile_end = tl.minimum(tile_begin + tiles_per_block, tl.cdiv(vocab, BLOCK))
     s0, s1, s2, s3, k0, k1 = _row_state(keys_ptr, states_ptr, row)
     best_s, best_i = race.ratio_race_chunk(row_ptr, tile_begin, tile_end, vocab, s0, s1, s2, s3, k0, k1, BLOCK)
-    last, score, token = race.combine_blocks(part_s_ptr, part_i_ptr, count_ptr, row, blk, nblk, best_s, best_i, NB)
+    last, score, token = reduction.combine_blocks(part_s_ptr, part_i_ptr, count_ptr, row, blk, nblk, best_s, best_i, NB)
     if last:
         tl.store(tokens_ptr + row, token.to(tl.int64))
 
@@ -256,8 +257,8 @@ def _launch_race(kernel, name: str, values: torch.Tensor, keys: torch.Tensor, st
     states = torch.as_tensor(states, device=device).to(torch.int64).contiguous()
     if states.shape != (batch, 4):
         raise ValueError(f"states must be [{batch}, 4]; got {tuple(states.shape)}")
-    per_block, nblk = race.split_rows(batch, vocab, config.block, device, config.programs_per_sm, blocks_per_row)
-    ws = race.workspace(device, batch, batch * nblk, batch * nblk * 2 * config.block)
+    per_block, nblk = geometry.split_rows(batch, vocab, config.block, device, config.programs_per_sm, blocks_per_row)
+    ws = reduction.workspace(device, batch, batch * nblk, batch * nblk * 2 * config.block)
     mult = stride_mult(values)
     constexprs, options = compile_time_args(config, mult)
     launch.launch(kernel, name, (batch, nblk),
@@ -314,8 +315,8 @@ def gumbel_sample(logits: torch.Tensor, *, temperature: torch.Tensor, key_a: tor
     if contexts.stride(1) != 1:
         contexts = contexts.contiguous()
     widths = _row_tensor(widths, batch, torch.int32, device, "widths")
-    per_block, nblk = race.split_rows(batch, vocab, config.block, device, config.programs_per_sm, blocks_per_row)
-    ws = race.workspace(device, batch, batch * nblk, batch * nblk * 2 * config.block)
+    per_block, nblk = geometry.split_rows(batch, vocab, config.block, device, config.programs_per_sm, blocks_per_row)
+    ws = reduction.workspace(device, batch, batch * nblk, batch * nblk * 2 * config.block)
     mult = stride_mult(values)
     constexprs, options = compile_time_args(config, mult)
     launch.launch(_gumbel_sample_kernel, "gumbel_sample", (batch, nblk), (

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from watermark import stream
-from watermark.kernels import launch, philox, race
+from watermark.kernels import geometry, launch, philox, race, reduction, tiles
 from watermark.kernels.gumbel import LaunchConfig, aligned_rows, flags_int8
 from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, VerifyResult
 
@@ -73,7 +73,7 @@ def _residual_loaded(c, p0, p1, p2, p3, q0, q1, q2, q3, s0, s1, s2, k0, k1, run_
     w1 = tl.maximum(p1.to(tl.float32) - q1.to(tl.float32), 0.0)
     w2 = tl.maximum(p2.to(tl.float32) - q2.to(tl.float32), 0.0)
     w3 = tl.maximum(p3.to(tl.float32) - q3.to(tl.float32), 0.0)
-    nonzero = nonzero | (tl.max(race.max4(w0, w1, w2, w3), 0) > 0.0)
+    nonzero = nonzero | (tl.max(tiles.max4(w0, w1, w2, w3), 0) > 0.0)
     run_max, best_s, best_i = race.ratio_race_weights(c, w0, w1, w2, w3, s0, s1, s2, k0, k1, run_max, best_s,
                                                       best_i)
     return run_max, best_s, best_i, nonzero
@@ -92,20 +92,20 @@ def _residual_chunk(p_row, q_row, has_q, tile_begin, tile_end, vocab, s0, s1, s2
     nonzero = tl.full([], 0, tl.int1)
     full_end = tl.minimum(tile_end, vocab // BLOCK)
     q_end = tl.where(has_q, full_end, 0)
-    np0, np1, np2, np3 = race.load_next(p_row, tile_begin, full_end, 0.0, BLOCK)
-    nq0, nq1, nq2, nq3 = race.load_next(q_row, tile_begin, q_end, 0.0, BLOCK)
+    np0, np1, np2, np3 = tiles.load_next(p_row, tile_begin, full_end, 0.0, BLOCK)
+    nq0, nq1, nq2, nq3 = tiles.load_next(q_row, tile_begin, q_end, 0.0, BLOCK)
     for tile in range(tile_begin, full_end):
         p0, p1, p2, p3 = np0, np1, np2, np3
         q0, q1, q2, q3 = nq0, nq1, nq2, nq3
-        np0, np1, np2, np3 = race.load_next(p_row, tile + 1, full_end, 0.0, BLOCK)
-        nq0, nq1, nq2, nq3 = race.load_next(q_row, tile + 1, q_end, 0.0, BLOCK)
-        run_max, best_s, best_i, nonzero = _residual_loaded(race.tile_counters(tile, BLOCK), p0, p1, p2, p3, q0,
+        np0, np1, np2, np3 = tiles.load_next(p_row, tile + 1, full_end, 0.0, BLOCK)
+        nq0, nq1, nq2, nq3 = tiles.load_next(q_row, tile + 1, q_end, 0.0, BLOCK)
+        run_max, best_s, best_i, nonzero = _residual_loaded(tiles.tile_counters(tile, BLOCK), p0, p1, p2, p3, q0,
                                                             q1, q2, q3, s0, s1, s2, kk0, kk1, run_max, best_s,
                                                             best_i, nonzero)
     if full_end < tile_end:
-        c = race.tile_counters(full_end, BLOCK)
-        p0, p1, p2, p3 = race.load_tile(p_row, c, vocab, 0.0, BLOCK)
-        q0, q1, q2, q3 = race.load_tile(q_row, c, tl.where(has_q, vocab, 0), 0.0, BLOCK)
+        c = tiles.tile_counters(full_end, BLOCK)
+        p0, p1, p2, p3 = tiles.load_tile(p_row, c, vocab, 0.0, BLOCK)
+        q0, q1, q2, q3 = tiles.load_tile(q_row, c, tl.where(has_q, vocab, 0), 0.0, BLOCK)
         run_max, best_s, best_i, nonzero = _residual_loaded(c, p0, p1, p2, p3, q0, q1, q2, q3, s0, s1, s2, kk0,
                                                             kk1, run_max, best_s, best_i, nonzero)
     return best_s, best_i, nonzero
@@ -114,15 +114,15 @@ def _residual_chunk(p_row, q_row, has_q, tile_begin, tile_end, vocab, s0, s1, s2
 @triton.jit
 def _merge(part_s_ptr, part_i_ptr, base, stride, field, nblk, NB: tl.constexpr):
     """Lexicographic best (score, token) of partial ``field`` over the row's programs."""
-    s_out = tl.full([], race.NEG_INF, tl.float32)
-    i_out = tl.full([], race.BIG_INDEX, tl.int32)
+    s_out = tl.full([], tiles.NEG_INF, tl.float32)
+    i_out = tl.full([], tiles.BIG_INDEX, tl.int32)
     for b0 in range(0, nblk, NB):
         idx = b0 + tl.arange(0, NB)
         at = base + idx.to(tl.int64) * stride + field
         ps = tl.load(part_s_ptr + at, mask=idx < nblk, other=float("-inf"), volatile=True)
         pi = tl.load(part_i_ptr + at, mask=idx < nblk, other=2**31 - 1, volatile=True)
         cs = tl.max(ps, 0)
-        ci = tl.min(tl.where(ps == cs, pi, race.BIG_INDEX), 0)
+        ci = tl.min(tl.where(ps == cs, pi, tiles.BIG_INDEX), 0)
         better = (cs > s_out) | ((cs == s_out) & (ci < i_out))
         s_out = tl.where(better, cs, s_out)
         i_out = tl.where(better, ci, i_out)
@@ -168,7 +168,7 @@ def _verify_kernel(p_ptr, p_sb, p_sj, q_ptr, q_sb, q_sj, vocab, k, x_ptr, key_b_
                 coin = _coin(row, j, keyed, marked_j, key_coin_ptr, ctx_row + j * ctx_sj, width, sk0, sk1, position)
                 px = tl.load(p_row + j * p_step + x).to(tl.float32)
                 qx = tl.load(q_row + j * q_step + x).to(tl.float32)
-                ratio = tl.where(qx > 0.0, (px.to(tl.float64) / qx.to(tl.float64)).to(tl.float32), race.POS_INF)
+                ratio = tl.where(qx > 0.0, (px.to(tl.float64) / qx.to(tl.float64)).to(tl.float32), tiles.POS_INF)
                 going = coin < ratio
                 at = tl.where(going, at + 1, at)
         marked = tl.load(wm_ptr + row64 * (k + 1) + at) != 0
@@ -184,7 +184,7 @@ def _verify_kernel(p_ptr, p_sb, p_sj, q_ptr, q_sb, q_sj, vocab, k, x_ptr, key_b_
         rs, ri, nonzero = _residual_chunk(p_at, q_at, at < k, tile_begin, tile_end, vocab, s0, s1, s2, s3, k0,
                                           k1, BLOCK)
         ps = tl.full([], 0.0, tl.float32)
-        pi = tl.full([], race.BIG_INDEX, tl.int32)
+        pi = tl.full([], tiles.BIG_INDEX, tl.int32)
         if nonzero == 0:
             # Wanted only if the whole row's residual is empty; this chunk cannot tell.
             ps, pi = race.ratio_race_chunk(p_at, tile_begin, tile_end, vocab, s0, s1, s2, s3, k0, k1, BLOCK)
@@ -209,7 +209,7 @@ def _verify_kernel(p_ptr, p_sb, p_sj, q_ptr, q_sb, q_sj, vocab, k, x_ptr, key_b_
             for j in range(0, k + 1):
                 if going:
                     v, i = _merge(part_s_ptr, part_i_ptr, first, fields, j, nblk, NB)
-                    i = tl.where(v == race.NEG_INF, 0, i)  # argmax of an all -inf row is 0
+                    i = tl.where(v == tiles.NEG_INF, 0, i)  # argmax of an all -inf row is 0
                     correction = i
                     if j < k:
                         going = tl.load(x_ptr + row64 * k + j).to(tl.int32) == i
@@ -285,8 +285,8 @@ def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: 
             raise ValueError(f"{name} must have shape [{batch}]")
         return x.to(dtype).contiguous()
 
-    per_block, nblk = race.split_rows(batch, vocab, config.block, device, config.programs_per_sm, blocks_per_row)
-    ws = race.workspace(device, batch, batch * nblk * max(k + 1, 3))
+    per_block, nblk = geometry.split_rows(batch, vocab, config.block, device, config.programs_per_sm, blocks_per_row)
+    ws = reduction.workspace(device, batch, batch * nblk * max(k + 1, 3))
     mult = 16 if all(s % 16 == 0 for s in (p.stride(0), p.stride(1), q.stride(0), q.stride(1) if k else 0)) else 1
     constexprs, options = compile_time_args(config, mult)
     launch.launch(_verify_kernel, "verify", (batch, nblk), (
