@@ -32,7 +32,7 @@ from service.model_paths import BUNDLED_MODELS, resolve_model_path
 from service.engines.base import EngineBusy, EngineFailure, Event, Finished, GenerationRequest, WatermarkPlan
 from service.engines.local.request import RequestState
 from service.engines.local.runner import Group, load_model
-from service.engines.local import cache as kv
+from service.engines.local.static_runner import StaticGroup
 from service.engines.local.telemetry import EngineTelemetry, StepReport
 from service.engines.local.scheduler import SpeculativeGroups, plain_step, process, sample_next, sample_rows, \
     speculative_step
@@ -47,7 +47,8 @@ class LocalEngine:
 
     def __init__(self, model: str = "bundled", draft_model: str | None = None, *, device: str = "auto",
                  max_batch: int = 16, speculative_k: int = 4, max_queue: int = 256,
-                 restart_delay: float = 1.0, max_restarts: int = 3, on_fatal=None) -> None:
+                 restart_delay: float = 1.0, max_restarts: int = 3, on_fatal=None,
+                 static_cache: bool | None = None, cuda_graphs: bool = True) -> None:
         # Reported as the bundled model's real name ("bundled" is only an alias for it).
         self.model_name = BUNDLED_MODELS.get(model, model)
         self.draft_name = draft_model
@@ -55,6 +56,9 @@ class LocalEngine:
         self.max_batch = max_batch
         self.k = speculative_k
         self.max_queue = max_queue
+        # Static preallocated KV caches (service/engines/local/model); None = on CUDA only.
+        self.static_cache = static_cache
+        self.cuda_graphs = cuda_graphs
         self._ready = False
         self._tokenizer = None
         self._waiting: deque[RequestState] = deque()
@@ -98,14 +102,23 @@ class LocalEngine:
         device = self._device()
         self.device = device
         target = load_model(resolve_model_path(self.model_name), device)
-        self.plain = Group(target, device)
-        self.spec_target = Group(target, device)
+        self.max_context_tokens = int(getattr(target.config, "max_position_embeddings", 2048))
+        static = self.static_cache if self.static_cache is not None else device.type == "cuda"
+
+        def group(model):
+            if static:  # preallocated KV cache; decode/verify forwards replayed as CUDA graphs on CUDA
+                return StaticGroup(model, device, slots=self.max_batch, context=self.max_context_tokens + self.k + 1,
+                                   graphs=self.cuda_graphs)
+            return Group(model, device)
+
+        self.plain = group(target)
+        self.spec_target = group(target)
         self.spec: SpeculativeGroups | None = None
         if self.draft_name:
             draft = load_model(resolve_model_path(self.draft_name), device)
             if draft.config.vocab_size != target.config.vocab_size:
                 raise ValueError("the draft model's vocabulary differs from the target's; they must share a tokenizer")
-            self.spec = SpeculativeGroups(target=self.spec_target, draft=Group(draft, device), k=self.k)
+            self.spec = SpeculativeGroups(target=self.spec_target, draft=group(draft), k=self.k)
         tok = self.tokenizer()
         eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
         gen_eos = getattr(target.generation_config, "eos_token_id", None)
@@ -121,6 +134,11 @@ class LocalEngine:
             except ImportError:
                 log.warning("Triton kernels unavailable; the CUDA path uses the torch reference")
         self._warm_up()
+        for group in self._groups():  # capture every decode/verify graph now, not at request time
+            if isinstance(group, StaticGroup) and group.graphs_enabled:
+                widths = (1, 2) if self.spec is not None and group is self.spec.draft else \
+                    (self.k + 1,) if group is self.spec_target else (1,)
+                group.capture_all(widths)
         if self.telemetry is None:  # after the warm-up, so that its steps are not counted
             self.telemetry = EngineTelemetry.attach(self)
         self._ready = True
@@ -307,22 +325,12 @@ class LocalEngine:
         return [g for g in (self.plain, self.spec_target, self.spec.draft if self.spec else None) if g is not None]
 
     def _snapshot(self) -> list:
-        """References to every group's state (tensors are replaced, never written in place,
-        by forward passes and cache surgery, so references are a consistent copy)."""
-        saved = []
-        for group in self._groups():
-            layers = []
-            if group.cache is not None:
-                layers = [(layer, name, value) for layer in group.cache.layers
-                          for name, _, value in kv._layer_tensors(layer)]  # noqa: SLF001
-            saved.append((group, list(group.ids), group.cache, group.mask, group.next_pos, layers))
-        return saved
+        """Each group's state, restorable after a failed step (see Group.snapshot)."""
+        return [(group, group.snapshot()) for group in self._groups()]
 
     def _restore(self, saved: list) -> None:
-        for group, ids, cache, mask, next_pos, layers in saved:
-            group.ids, group.cache, group.mask, group.next_pos = ids, cache, mask, next_pos
-            for layer, name, value in layers:
-                setattr(layer, name, value)
+        for group, state in saved:
+            group.restore(state)
 
     def _reset_groups(self) -> None:
         for group in (self.plain, self.spec_target, self.spec.draft if self.spec else None):

@@ -58,6 +58,27 @@ class Group:
         out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache, use_cache=True)
         return cache, torch.ones_like(ids), out.logits[0, -1].float()
 
+    def snapshot(self):
+        """References to this group's state (tensors are replaced, never written in place, by
+        forward passes and cache surgery, so references are a consistent copy)."""
+        layers = []
+        if self.cache is not None:
+            layers = [(layer, name, value) for layer in self.cache.layers for name, _, value in kv._layer_tensors(layer)]  # noqa: SLF001
+        return list(self.ids), self.cache, self.mask, self.next_pos, layers
+
+    def restore(self, saved) -> None:
+        self.ids, self.cache, self.mask, self.next_pos, layers = saved
+        for layer, name, value in layers:
+            setattr(layer, name, value)
+
+    def occupancy(self) -> tuple[int, int, int]:
+        """(live KV tokens, allocated KV tokens, layers caching indexer keys), read now."""
+        mask, cache = self.mask, self.cache  # references: consistent even mid-step
+        if mask is None or cache is None:
+            return 0, 0, 0
+        layers = sum(1 for layer in cache.layers if getattr(layer, "indexer_keys", None) is not None)
+        return int((mask != 0).sum()), int(mask.numel()), layers
+
     def join(self, request_id: str, cache, mask: torch.Tensor, next_pos: int) -> None:
         self.cache, self.mask = kv.merge(self.cache, self.mask, cache, mask)
         pos = torch.tensor([next_pos], dtype=torch.int64, device=self.device)

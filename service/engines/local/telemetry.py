@@ -104,15 +104,7 @@ class EngineTelemetry:
 
     def sample_groups(self) -> list[GroupSample]:
         """Read each group's cache occupancy now (one small reduction per group)."""
-        out = []
-        for name, group in self.groups.items():
-            mask, cache = group.mask, group.cache  # references: consistent even mid-step
-            if mask is None or cache is None:
-                out.append(GroupSample(name, 0, 0, 0))
-                continue
-            layers = sum(1 for layer in cache.layers if getattr(layer, "indexer_keys", None) is not None)
-            out.append(GroupSample(name, int((mask != 0).sum()), int(mask.numel()), layers))
-        return out
+        return [GroupSample(name, *group.occupancy()) for name, group in self.groups.items()]
 
     def forward_counts(self) -> dict[str, tuple[int, int, int]]:
         """name -> (graph replays, eager forwards, hole compactions)."""

@@ -1,0 +1,196 @@
+"""A batch group over a static, preallocated KV cache (service/engines/local/model), with
+CUDA-graph replay of its decode and verify forwards per batch bucket.
+
+Same interface as ``runner.Group`` (prefill, join, keep, forward, reject_tail), so the
+scheduler is unchanged. Rows are cache slots 0..B-1 in ``ids`` order. A row's live tokens
+occupy columns 0..n-1 and its position equals its column; placeholder inputs (``live`` 0)
+are written to a scratch column no row attends to. Rejected drafts are always a row's
+newest live columns, so rejecting them just moves the row's column count back: no holes,
+no compaction. Only this step's columns are written in place; everything a rollback needs
+(``ids``, ``next_pos``, ``valid``) is replaced, never written in place, so a snapshot of
+references restores a failed step (later writes land beyond the restored live region).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from service.engines.local.model import StaticCache, forward as static_forward
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class StaticGroup:
+    def __init__(self, model, device: torch.device, slots: int, context: int, graphs: bool) -> None:
+        self.model, self.device = model, device
+        self.columns = context + 2  # + the scratch column, + one spare
+        self.scratch = self.columns - 1
+        dtype = next(model.parameters()).dtype
+        self.cache = StaticCache.for_model(model, slots, self.columns, device, dtype)
+        self.ids: list[str] = []
+        self.next_pos = torch.zeros((0,), dtype=torch.int64, device=device)  # [B] live tokens = next column
+        self.valid = torch.zeros((0, self.columns), dtype=torch.bool, device=device)  # [B, T]
+        self.graphs_enabled = graphs and device.type == "cuda"
+        self._graphs: dict[tuple[int, int], tuple] = {}
+        self.eager_forwards = self.graph_replays = self.compactions = 0
+        self.indexer_layers = model.config.num_hidden_layers if model.config.model_type == "deepseek_v32" else 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.valid
+
+    def occupancy(self) -> tuple[int, int, int]:
+        """(live KV tokens, allocated KV tokens, layers caching indexer keys)."""
+        valid = self.valid  # a reference: consistent even mid-step
+        return int(valid.sum()), self.cache.slots * self.columns, self.indexer_layers
+
+    # ------------------------------------------------------------------ rows
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: list[int]):
+        """Run one prompt alone into the next free slot; returns (slot, None, last logits [V] float32)."""
+        row = len(self.ids)
+        if row >= self.cache.slots:
+            raise RuntimeError(f"the static KV cache has {self.cache.slots} slots, all in use")
+        if len(prompt_ids) >= self.scratch:
+            raise ValueError(f"the prompt ({len(prompt_ids)} tokens) does not fit the static cache")
+        n = len(prompt_ids)
+        ids = torch.tensor([prompt_ids], dtype=torch.int64, device=self.device)
+        cols = torch.arange(n, device=self.device).unsqueeze(0)
+        valid = torch.zeros((1, self.columns), dtype=torch.bool, device=self.device)
+        valid[0, :n] = True
+        self.eager_forwards += 1
+        logits = static_forward(self.model, _Rows(self.cache, row), ids, cols, cols, valid)
+        return row, valid, logits[0, -1].float()
+
+    def join(self, request_id: str, slot, valid: torch.Tensor, next_pos: int) -> None:
+        if slot != len(self.ids):
+            raise RuntimeError("a prefilled slot must join before the next prefill")
+        self.ids = self.ids + [request_id]
+        self.next_pos = torch.cat([self.next_pos, torch.tensor([next_pos], dtype=torch.int64, device=self.device)])
+        self.valid = torch.cat([self.valid, valid])
+
+    def keep(self, keep_ids: list[str]) -> None:
+        """Drop every row not in ``keep_ids`` (order preserved); kept rows move to slots 0..n-1."""
+        if keep_ids == self.ids:
+            return
+        rows = [self.ids.index(i) for i in keep_ids]
+        if rows:
+            index = torch.tensor(rows, dtype=torch.int64, device=self.device)
+            if rows != list(range(len(rows))):
+                for layer in self.cache.layers:
+                    for tensor in layer.values():
+                        tensor[:len(rows)] = tensor.index_select(0, index)
+            self.next_pos = self.next_pos.index_select(0, index)
+            self.valid = self.valid.index_select(0, index)
+        else:
+            self.next_pos = self.next_pos[:0]
+            self.valid = self.valid[:0]
+        self.ids = list(keep_ids)
+
+    def snapshot(self):
+        return (list(self.ids), self.next_pos, self.valid)
+
+    def restore(self, saved) -> None:
+        self.ids, self.next_pos, self.valid = saved
+
+    # ------------------------------------------------------------------ steps
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, live: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids [B, n] (live [B, n] marks real inputs) -> logits [B, n, V] float32."""
+        batch, n = input_ids.shape
+        if live is None:
+            live = torch.ones_like(input_ids)
+        live = live.to(torch.int64)
+        bucket = next((b for b in BUCKETS if b >= batch), None)
+        if self.graphs_enabled and bucket is not None and bucket <= self.cache.slots:
+            logits, next_pos, valid = self._replay(bucket, input_ids, live)
+            self.graph_replays += 1
+        else:
+            logits, next_pos, valid = _step(self.model, self.cache, input_ids, live, self.next_pos, self.valid,
+                                            self.scratch)
+            self.eager_forwards += 1
+        # Copies: a replay's outputs live in the graph's buffers, which the next replay overwrites.
+        self.next_pos, self.valid = next_pos[:batch].clone(), valid[:batch].clone()
+        return logits[:batch].float()
+
+    def _replay(self, bucket: int, input_ids, live):
+        batch, n = input_ids.shape
+        key = (bucket, n)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(bucket, n)
+        graph, (ids_buf, live_buf, pos_buf, valid_buf), outputs = self._graphs[key]
+        ids_buf.zero_()
+        live_buf.zero_()
+        ids_buf[:batch].copy_(input_ids)
+        live_buf[:batch].copy_(live)
+        pos_buf[:batch].copy_(self.next_pos)
+        valid_buf[:batch].copy_(self.valid)
+        graph.replay()
+        return outputs
+
+    def capture_all(self, widths: tuple[int, ...]) -> None:
+        """Capture the graphs of every bucket up to the slot count for these input widths."""
+        for bucket in BUCKETS:
+            if bucket > self.cache.slots:
+                break
+            for n in widths:
+                if (bucket, n) not in self._graphs:
+                    self._graphs[(bucket, n)] = self._capture(bucket, n)
+
+    def _capture(self, bucket: int, n: int):
+        dev = self.device
+        ids = torch.zeros((bucket, n), dtype=torch.int64, device=dev)
+        live = torch.zeros((bucket, n), dtype=torch.int64, device=dev)
+        pos = torch.zeros((bucket,), dtype=torch.int64, device=dev)
+        valid = torch.zeros((bucket, self.columns), dtype=torch.bool, device=dev)
+        # Padding rows have no live input: they write only the scratch column.
+        stream = torch.cuda.Stream(dev)
+        stream.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the graph (allocations, lazy inits)
+                _step(self.model, self.cache, ids, live, pos, valid, self.scratch)
+        torch.cuda.current_stream(dev).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = _step(self.model, self.cache, ids, live, pos, valid, self.scratch)
+        return graph, (ids, live, pos, valid), outputs
+
+    def reject_tail(self, counts: torch.Tensor) -> None:
+        """Drop each row's newest ``counts[b]`` live tokens (rejected drafts): its column
+        count moves back and those columns stop being valid; they are rewritten next step."""
+        next_pos = self.next_pos - counts
+        cols = torch.arange(self.columns, device=self.device).unsqueeze(0)
+        self.valid = self.valid & (cols < next_pos.unsqueeze(1))
+        self.next_pos = next_pos
+
+
+def _step(model, cache, input_ids, live, next_pos, valid, scratch: int):
+    """Fixed-shape step: columns/positions from the rows' counts, valid updated, forward run.
+    Returns (logits [B, n, V], next_pos [B], valid [B, T]) as new tensors."""
+    rank = torch.cumsum(live, dim=1) - 1
+    columns = torch.where(live > 0, next_pos.unsqueeze(1) + rank, torch.full_like(rank, scratch))
+    positions = torch.where(live > 0, columns, torch.zeros_like(columns))
+    written = torch.zeros_like(valid).scatter(1, columns, live > 0)
+    written[:, scratch] = False
+    valid = valid | written
+    logits = static_forward(model, _Rows(cache, 0), input_ids, positions, columns, valid)
+    return logits, next_pos + live.sum(dim=1), valid
+
+
+class _Rows:
+    """A StaticCache seen from slot ``first`` on (prefill writes a new request's slot alone)."""
+
+    def __init__(self, cache: StaticCache, first: int) -> None:
+        self.cache, self.first = cache, first
+
+    def write(self, layer: int, name: str, columns: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        tensor = self.cache.layers[layer][name]
+        batch = columns.shape[0]
+        rows = torch.arange(self.first, self.first + batch, device=columns.device).unsqueeze(1).expand_as(columns)
+        tensor.index_put_((rows, columns), values.to(tensor.dtype))
+        return tensor[self.first:self.first + batch]
