@@ -3,7 +3,6 @@ and the local engine on the bundled models, served by uvicorn on a free local po
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -23,9 +22,7 @@ from service.app import create_app
 from service.settings import ServiceSettings
 from watermark.spec import WatermarkSpec
 
-# Tests may point at another checkpoint pair (e.g. while the bundled models are rebuilt).
-TEST_MODEL = os.environ.get("HALLMARK_TEST_MODEL", "bundled")
-TEST_DRAFT = os.environ.get("HALLMARK_TEST_DRAFT", "hallmark-tiny-draft")
+from tests.service.engine_models import TEST_DRAFT, TEST_MODEL  # noqa: F401 - re-exported for tests
 
 
 @dataclass

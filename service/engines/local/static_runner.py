@@ -133,6 +133,7 @@ class StaticGroup:
         graph.replay()
         return outputs
 
+    @torch.inference_mode()
     def capture_all(self, widths: tuple[int, ...]) -> None:
         """Capture the graphs of every bucket up to the slot count for these input widths."""
         for bucket in BUCKETS:

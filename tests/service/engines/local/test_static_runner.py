@@ -11,7 +11,7 @@ import torch
 
 from service.engines.base import Finished, GenerationRequest, WatermarkPlan
 from service.engines.local.engine import LocalEngine
-from tests.service.gateway import TEST_DRAFT, TEST_MODEL
+from tests.service.engine_models import TEST_DRAFT, TEST_MODEL
 from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
 

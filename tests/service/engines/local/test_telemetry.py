@@ -11,7 +11,7 @@ from service.engines.base import Finished, GenerationRequest, WatermarkPlan
 from service.engines.local.engine import LocalEngine
 from service.engines.local.telemetry import EngineTelemetry, StepReport
 from service.metrics import Metrics
-from tests.service.gateway import TEST_DRAFT, TEST_MODEL
+from tests.service.engine_models import TEST_DRAFT, TEST_MODEL
 from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
 
