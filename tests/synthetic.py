@@ -19,17 +19,11 @@ def generate(key: WatermarkKey, n: int, *, vocab: int = 2000, scale: float = 2.0
     gen = torch.Generator().manual_seed(seed)
     spec = key.spec
     dedup = ContextDeduper(spec.context_width, spec.dedup, spec.dedup_max_history, prompt=prompt)
-    dual = spec.algorithm == "dual_key_gumbel"
-    key_a = key.key_a if dual else key.secret
-    stream_key = philox_torch.keys_tensor([stream.stream_key(seed)])
     tokens, routes = [], []
     for position in range(n):
         logits = torch.randn(1, vocab, generator=gen) * scale
-        rows = sampler.SamplerRows(
-            key_a=philox_torch.keys_tensor([key_a]), key_b=philox_torch.keys_tensor([key.key_b if dual else 0]),
-            alpha=torch.tensor([spec.alpha if dual else 0.0]), contexts=[dedup.context],
-            watermark=torch.tensor([not dedup.next_repeated()]), greedy=torch.tensor([False]),
-            stream_keys=stream_key, positions=torch.tensor([position]))
+        rows = sampler.sampler_rows([key.row_keys()], contexts=[dedup.context], watermark=[not dedup.next_repeated()],
+                                    greedy=[False], stream_keys=[stream.stream_key(seed)], positions=[position])
         result = dispatch.sample(logits, rows)
         token = int(result.tokens[0])
         tokens.append(token)
@@ -54,10 +48,9 @@ def generate_speculative(key: WatermarkKey, n: int, *, k: int = 4, vocab: int = 
         for j in range(k):
             decisions = dedup.block_repeated(drafts)
             context = speculative.block_contexts(dedup.context, drafts)[j]
-            rows = sampler.SamplerRows(
-                key_a=philox_torch.keys_tensor([key.key_a]), key_b=philox_torch.keys_tensor([key.key_b]), alpha=torch.zeros(1),
-                contexts=[context], watermark=torch.tensor([not decisions[j]]), greedy=torch.tensor([False]),
-                stream_keys=stream_key, positions=torch.tensor([len(tokens) + j]))
+            rows = sampler.sampler_rows([key.row_keys()], contexts=[context], watermark=[not decisions[j]],
+                                        greedy=[False], stream_keys=[stream.stream_key(seed)],
+                                        positions=[len(tokens) + j], routed=False)
             drafts.append(int(dispatch.sample(draft[j:j + 1], rows, lane=stream.LANE_DRAFT).tokens[0]))
         decisions = dedup.block_repeated(drafts)
         rows = speculative.VerifyRows(

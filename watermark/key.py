@@ -89,8 +89,48 @@ class WatermarkKey:
     def key_coin(self) -> int:
         return prf.derive_key(self.secret, KEY_COIN_DOMAIN)
 
+    def row_keys(self) -> "RowKeys":
+        """The keys and routing share of this key's sampler rows (:class:`RowKeys`)."""
+        return row_keys(self)
+
     def scoring_keys(self) -> tuple[int, ...]:
         """The PRF keys a token of this key's text may carry: (key,) or (key_a, key_b)."""
         if self.spec.algorithm == "gumbel":
             return (self.secret,)
         return (self.key_a, self.key_b)
+
+
+@dataclass(frozen=True)
+class RowKeys:
+    """What one request's sampler rows carry (unsigned 64-bit keys): the single source of
+    the key A / key B / alpha derivation for every engine (local scheduler, vLLM plugin,
+    route replay).
+
+    A single-key (`gumbel`) request uses its secret as key A *and* key B with alpha 0: the
+    routing coin never picks key B then, and if any path did draw under key B (a
+    speculative residual or bonus draw), the token would still carry the request's one
+    key, never a public key such as 0. vLLM's `gumbel` watermark has a single PRF keyed by
+    the secret, so this is also what its text carries.
+    """
+
+    key_a: int
+    """The key of a `gumbel` request; derive(secret, "key_a") of a dual-key one."""
+    key_b: int
+    """derive(secret, "key_b") of a dual-key request; the secret itself for `gumbel`."""
+    key_coin: int
+    """The keyed acceptance coin's key (dual-key only; 0 otherwise)."""
+    alpha: float
+    """Probability of key B for a non-speculative token (0 for `gumbel`)."""
+
+
+UNKEYED = RowKeys(key_a=0, key_b=0, key_coin=0, alpha=0.0)
+"""Rows of an unwatermarked request (every token from the ordinary stream)."""
+
+
+def row_keys(key: WatermarkKey | None) -> RowKeys:
+    """The sampler-row keys of ``key`` (:data:`UNKEYED` for None: an opted-out request)."""
+    if key is None:
+        return UNKEYED
+    if key.spec.algorithm == "gumbel":
+        return RowKeys(key_a=key.secret, key_b=key.secret, key_coin=0, alpha=0.0)
+    return RowKeys(key_a=key.key_a, key_b=key.key_b, key_coin=key.key_coin, alpha=key.spec.alpha)

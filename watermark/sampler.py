@@ -16,7 +16,7 @@ and whose context is its (position, lane) stream context.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -25,6 +25,9 @@ from watermark import stream
 from watermark.prf import philox, philox_torch
 from watermark.gumbel import gumbel_argmax_cpu, race_numpy
 from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, SampleResult
+
+if TYPE_CHECKING:  # watermark.key imports pydantic (the spec), which the GPU image lacks
+    from watermark.key import RowKeys
 
 
 
@@ -35,7 +38,8 @@ class SamplerRows:
     key_a: torch.Tensor
     """int64 bit patterns: the key of a `gumbel` row, key A of a dual-key row."""
     key_b: torch.Tensor
-    """int64 bit patterns: key B of a dual-key row (any value for `gumbel` rows)."""
+    """int64 bit patterns: key B of a dual-key row (the key itself for `gumbel` rows, see
+    :class:`watermark.key.RowKeys`)."""
     alpha: torch.Tensor
     """float32: probability of key B (0 for `gumbel` rows)."""
     contexts: Sequence[Sequence[int]]
@@ -48,6 +52,24 @@ class SamplerRows:
     """int64 bit patterns of each request's stream key."""
     positions: torch.Tensor
     """int64: each row's position in its request's output (stream counter)."""
+
+
+def sampler_rows(keys: Sequence[RowKeys], *, contexts: Sequence[Sequence[int]], watermark: Sequence[bool],
+                 greedy: Sequence[bool], stream_keys: Sequence[int], positions: Sequence[int],
+                 routed: bool = True, device: torch.device | str = "cpu") -> SamplerRows:
+    """The one way to build :class:`SamplerRows` from each row's :func:`watermark.key.row_keys`
+    (unsigned keys; stream keys unsigned too). ``routed`` False draws dual-key rows under
+    key A whatever alpha (speculative drafts)."""
+    return SamplerRows(
+        key_a=philox_torch.keys_tensor([k.key_a for k in keys], device),
+        key_b=philox_torch.keys_tensor([k.key_b for k in keys], device),
+        alpha=torch.tensor([k.alpha if routed else 0.0 for k in keys], dtype=torch.float32, device=device),
+        contexts=contexts,
+        watermark=torch.tensor(list(watermark), dtype=torch.bool, device=device),
+        greedy=torch.tensor(list(greedy), dtype=torch.bool, device=device),
+        stream_keys=philox_torch.keys_tensor(list(stream_keys), device),
+        positions=torch.tensor(list(positions), dtype=torch.int64, device=device),
+    )
 
 
 def route_keys(rows: SamplerRows) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,13 +25,12 @@ from service.engines.vllm import sealing, watermark_args  # noqa: E402
 from service.engines.vllm.logits_processor import HallmarkLogitsProcessor  # noqa: E402
 from service.engines.vllm.route_replay import replay_routes  # noqa: E402
 from watermark import stream  # noqa: E402
-from watermark.prf import philox_torch
 from watermark.dedup import ContextDeduper  # noqa: E402
 from watermark.key import WatermarkKey  # noqa: E402
 from watermark.processing import ProcessingParams, process_logits  # noqa: E402
 from watermark.dispatch import sample  # noqa: E402
 from watermark.results import ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN  # noqa: E402
-from watermark.sampler import SamplerRows  # noqa: E402
+from watermark.sampler import sampler_rows  # noqa: E402
 from watermark.spec import WatermarkSpec  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -63,23 +62,16 @@ def expected_tokens(logits: torch.Tensor, requests: list[dict]) -> torch.Tensor:
         key, spec = r["key"], r["key"].spec
         deduper = ContextDeduper(spec.context_width, spec.dedup, spec.dedup_max_history, prompt=r["prompt"])
         deduper.extend(r["output"])
-        dual = spec.algorithm == "dual_key_gumbel"
-        rows.append(dict(key_a=key.key_a if dual else key.secret, key_b=key.key_b if dual else key.secret,
-                         alpha=spec.alpha if dual else 0.0, context=deduper.context,
-                         watermark=not deduper.next_repeated(), stream=stream.stream_key(r["seed"]),
-                         position=deduper.generated))
-    sampler_rows = SamplerRows(
-        key_a=philox_torch.keys_tensor([r["key_a"] for r in rows]), key_b=philox_torch.keys_tensor([r["key_b"] for r in rows]),
-        alpha=torch.tensor([r["alpha"] for r in rows], dtype=torch.float32),
-        contexts=[r["context"] for r in rows], watermark=torch.tensor([r["watermark"] for r in rows]),
-        greedy=torch.zeros(len(rows), dtype=torch.bool),
-        stream_keys=philox_torch.keys_tensor([r["stream"] for r in rows]),
-        positions=torch.tensor([r["position"] for r in rows], dtype=torch.int64))
+        rows.append(dict(keys=key.row_keys(), context=deduper.context, watermark=not deduper.next_repeated(),
+                         stream=stream.stream_key(r["seed"]), position=deduper.generated))
+    rows_in = sampler_rows([r["keys"] for r in rows], contexts=[r["context"] for r in rows],
+                           watermark=[r["watermark"] for r in rows], greedy=[False] * len(rows),
+                           stream_keys=[r["stream"] for r in rows], positions=[r["position"] for r in rows])
     processing = ProcessingParams(
         temperature=torch.tensor([r["params"].temperature for r in requests], dtype=torch.float32),
         top_k=torch.tensor([max(r["params"].top_k, 0) for r in requests], dtype=torch.int64),
         top_p=torch.tensor([r["params"].top_p for r in requests], dtype=torch.float32))
-    return sample(process_logits(logits, processing), sampler_rows)
+    return sample(process_logits(logits, processing), rows_in)
 
 
 def noisy_logits(generator: torch.Generator, batch: int) -> torch.Tensor:

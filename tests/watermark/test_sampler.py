@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from tests.stats_helpers import binomial_two_sided_p, chi_square_p
-from watermark import dispatch, results, sampler, stream
+from watermark import dispatch, prf, results, sampler, stream
 from watermark.prf import philox, philox_torch
-from watermark.key import WatermarkKey
+from watermark.key import UNKEYED, RowKeys, WatermarkKey, row_keys
 from watermark.processing import ProcessingParams, process_logits
 from watermark.spec import WatermarkSpec
 
@@ -98,10 +98,8 @@ def test_watermarked_token_is_the_keyed_gumbel_argmax():
     key = WatermarkKey(2**63 + 12345, WatermarkSpec())
     logits = torch.randn(1, 1000, generator=torch.Generator().manual_seed(3))
     context = (5, 6, 7, 8)
-    rows = sampler.SamplerRows(
-        key_a=philox_torch.keys_tensor([key.secret]), key_b=philox_torch.keys_tensor([0]), alpha=torch.zeros(1),
-        contexts=[context], watermark=torch.tensor([True]), greedy=torch.tensor([False]),
-        stream_keys=philox_torch.keys_tensor([stream.stream_key(1)]), positions=torch.tensor([0]))
+    rows = sampler.sampler_rows([key.row_keys()], contexts=[context], watermark=[True], greedy=[False],
+                                stream_keys=[stream.stream_key(1)], positions=[0])
     token = dispatch.sample(logits, rows).tokens.item()
     u = philox.words_numpy(key.secret, np.array([context] * 1000), np.arange(1000))
     u = philox.uniforms_from_words_numpy(u).astype(np.float64)
@@ -139,3 +137,27 @@ def test_cpu_path_equals_torch_reference(seed):
         reference = sampler.sample_reference(logits, rows, lane=lane)
         assert torch.equal(fast.tokens, reference.tokens)
         assert torch.equal(fast.routes, reference.routes)
+
+
+def test_row_keys_single_dual_and_unkeyed():
+    """The one key A / key B / alpha derivation every engine uses (watermark.key.row_keys):
+    a single-key key is its own key A and key B with alpha 0 (vLLM's `gumbel` has one PRF
+    keyed by the secret); a dual-key key uses derive(secret, "key_a"/"key_b") and its alpha."""
+    single = WatermarkKey(2**63 + 12345, WatermarkSpec())
+    dual = WatermarkKey(2**40 + 7, WatermarkSpec(algorithm="dual_key_gumbel", alpha=0.25))
+    assert row_keys(single) == RowKeys(key_a=single.secret, key_b=single.secret, key_coin=0, alpha=0.0)
+    assert row_keys(dual) == RowKeys(key_a=prf.derive_key(dual.secret, "key_a"),
+                                     key_b=prf.derive_key(dual.secret, "key_b"),
+                                     key_coin=dual.key_coin, alpha=0.25)
+    assert row_keys(None) == UNKEYED
+    rows = sampler.sampler_rows([row_keys(single), row_keys(dual), row_keys(dual)], contexts=[(), (1,), (2,)],
+                                watermark=[True, True, False], greedy=[False, False, True],
+                                stream_keys=[2**64 - 1, 0, 5], positions=[0, 1, 2], routed=False)
+    assert rows.key_a.tolist() == philox_torch.keys_tensor([single.secret, dual.key_a, dual.key_a]).tolist()
+    assert rows.key_b.tolist() == philox_torch.keys_tensor([single.secret, dual.key_b, dual.key_b]).tolist()
+    assert rows.alpha.tolist() == [0.0, 0.0, 0.0]  # not routed: speculative drafts use key A
+    assert rows.stream_keys.tolist() == [-1, 0, 5]
+    assert rows.watermark.tolist() == [True, True, False] and rows.greedy.tolist() == [False, False, True]
+    routed = sampler.sampler_rows([row_keys(dual)], contexts=[()], watermark=[True], greedy=[False],
+                                  stream_keys=[0], positions=[0])
+    assert routed.alpha.tolist() == [0.25]

@@ -9,13 +9,12 @@ from typing import Callable
 
 from service.engines.base import Delta, Finished, GenerationRequest, RouteCounts
 from service.engines.stops import StopTextTracker
-from watermark import prf, stream
+from watermark import stream
 from watermark.dedup import ContextDeduper
+from watermark.key import row_keys
 from watermark.processing import validate_sampling
 from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN
 from watermark.spec import WatermarkSpec
-
-_NO_KEY = 0
 
 
 @dataclass
@@ -40,21 +39,15 @@ class RequestState:
         # validates first; this guards every other caller).
         validate_sampling(req.temperature, req.top_k, req.top_p)
         self.tracker = StopTextTracker(self.tokenizer, req.stop)
-        self.stream_key = prf.to_signed64(stream.stream_key(req.seed))
+        self.stream_key = stream.stream_key(req.seed)
         plan = req.watermark
         self.spec: WatermarkSpec | None = plan.key.spec if plan else None
+        self.keys = row_keys(plan.key if plan else None)
         if plan is None:
-            self.key_a = self.key_b = self.key_coin = _NO_KEY
-            self.alpha = 0.0
             width = 1
             self.dedup = ContextDeduper(width, "none", None)
         else:
             key = plan.key
-            dual = key.spec.algorithm == "dual_key_gumbel"
-            self.key_a = prf.to_signed64(key.key_a if dual else key.secret)
-            self.key_b = prf.to_signed64(key.key_b if dual else _NO_KEY)
-            self.key_coin = prf.to_signed64(key.key_coin if dual else _NO_KEY)
-            self.alpha = key.spec.alpha if dual else 0.0
             self.dedup = ContextDeduper(key.spec.context_width, key.spec.dedup, key.spec.dedup_max_history,
                                         prompt=req.prompt_ids)
 

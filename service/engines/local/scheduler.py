@@ -22,6 +22,7 @@ import torch
 from service.engines.local.request import RequestState
 from service.engines.local.runner import Group
 from watermark import dispatch, sampler, speculative, stream
+from watermark.prf import philox_torch
 from watermark.results import SampleResult
 from watermark.processing import ProcessingParams, process_logits
 
@@ -38,25 +39,18 @@ def _params(rows: list[RequestState], repeat: int, device) -> ProcessingParams:
 
 
 def _keys(values: list[int], device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int64, device=device)
+    return philox_torch.keys_tensor(values, device)
 
 
 def sample_rows(processed: torch.Tensor, rows: list[RequestState], contexts: list[tuple[int, ...]],
                 repeated: list[bool], offsets: list[int], *, routed: bool, lane: int) -> SampleResult:
     """One token per row from processed logits [B, V] (:func:`process`); ``routed`` applies
     dual-key routing (alpha), otherwise dual-key rows use key A (speculative drafts)."""
-    device = processed.device
-    sampler_rows = sampler.SamplerRows(
-        key_a=_keys([r.key_a for r in rows], device),
-        key_b=_keys([r.key_b for r in rows], device),
-        alpha=torch.tensor([r.alpha if routed else 0.0 for r in rows], dtype=torch.float32, device=device),
-        contexts=contexts,
-        watermark=torch.tensor([r.watermarked and not rep for r, rep in zip(rows, repeated)], device=device),
-        greedy=torch.tensor([r.greedy for r in rows], device=device),
-        stream_keys=_keys([r.stream_key for r in rows], device),
-        positions=torch.tensor([len(r.output) + off for r, off in zip(rows, offsets)], dtype=torch.int64,
-                               device=device),
-    )
+    sampler_rows = sampler.sampler_rows(
+        [r.keys for r in rows], contexts=contexts,
+        watermark=[r.watermarked and not rep for r, rep in zip(rows, repeated)], greedy=[r.greedy for r in rows],
+        stream_keys=[r.stream_key for r in rows], positions=[len(r.output) + off for r, off in zip(rows, offsets)],
+        routed=routed, device=processed.device)
     return dispatch.sample(processed, sampler_rows, lane=lane)
 
 
@@ -122,8 +116,8 @@ def speculative_step(groups: SpeculativeGroups, rows: list[RequestState], pendin
     target_probs = torch.softmax(processed, dim=-1).reshape(batch, k + 1, -1)
     decisions = [r.dedup.block_repeated(d) for r, d in zip(rows, drafts)]
     verify_rows = speculative.VerifyRows(
-        key_b=_keys([r.key_b for r in rows], device),
-        key_coin=_keys([r.key_coin for r in rows], device),
+        key_b=_keys([r.keys.key_b for r in rows], device),
+        key_coin=_keys([r.keys.key_coin for r in rows], device),
         keyed_coin=torch.tensor([r.keyed_coin for r in rows], device=device),
         contexts=[speculative.block_contexts(r.dedup.context, d) for r, d in zip(rows, drafts)],
         watermark=torch.tensor([[r.watermarked and not rep for rep in dec] for r, dec in zip(rows, decisions)],

@@ -37,6 +37,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 from service.engines.vllm.plugin_state import PluginState, RequestSpec
 from service.engines.vllm.watermark_args import WatermarkArgsError, resolve
 from watermark import stream
+from watermark.key import row_keys
 
 log = logging.getLogger("hallmark.vllm")
 
@@ -60,11 +61,8 @@ def _request_state(params: SamplingParams, prompt_ids: list[int] | None,
     if watermark is None or float(params.temperature) == 0.0:
         return None
     spec = watermark.key.spec
-    if spec.algorithm == "gumbel":
-        key_a, key_b, alpha = watermark.key.secret, watermark.key.secret, 0.0
-    else:
-        key_a, key_b, alpha = watermark.key.key_a, watermark.key.key_b, spec.alpha
-    return RequestSpec(key_a=key_a, key_b=key_b, alpha=alpha, stream_key=stream.stream_key(watermark.seed),
+    keys = row_keys(watermark.key)
+    return RequestSpec(key_a=keys.key_a, key_b=keys.key_b, alpha=keys.alpha, stream_key=stream.stream_key(watermark.seed),
                        width=spec.context_width, scope=spec.dedup, max_history=spec.dedup_max_history,
                        temperature=float(params.temperature), top_k=max(int(params.top_k), 0),
                        top_p=float(params.top_p))

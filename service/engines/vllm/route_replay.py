@@ -12,14 +12,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
-
 from service.engines.base import RouteCounts
 from watermark import stream
-from watermark.prf import philox_torch
 from watermark.dedup import ContextDeduper
-from watermark.key import WatermarkKey
-from watermark.sampler import SamplerRows, route_keys
+from watermark.key import WatermarkKey, row_keys
+from watermark.sampler import route_keys, sampler_rows
 
 
 def replay_routes(token_ids: Sequence[int], key: WatermarkKey, seed: int, temperature: float,
@@ -36,17 +33,10 @@ def replay_routes(token_ids: Sequence[int], key: WatermarkKey, seed: int, temper
     for token in token_ids:
         watermarked.append(not deduper.next_repeated())
         deduper.push(token)
-    if spec.algorithm == "gumbel":
-        uses_b = torch.zeros(count, dtype=torch.bool)
-    else:
-        rows = SamplerRows(
-            key_a=philox_torch.keys_tensor([key.key_a] * count), key_b=philox_torch.keys_tensor([key.key_b] * count),
-            alpha=torch.full((count,), spec.alpha, dtype=torch.float32), contexts=[()] * count,
-            watermark=torch.ones(count, dtype=torch.bool), greedy=torch.zeros(count, dtype=torch.bool),
-            stream_keys=philox_torch.keys_tensor([stream.stream_key(seed)] * count),
-            positions=torch.arange(count, dtype=torch.int64),
-        )
-        _, uses_b = route_keys(rows)
+    rows = sampler_rows([row_keys(key)] * count, contexts=[()] * count, watermark=[True] * count,
+                        greedy=[False] * count, stream_keys=[stream.stream_key(seed)] * count,
+                        positions=range(count))
+    _, uses_b = route_keys(rows)
     key_b = sum(1 for w, b in zip(watermarked, uses_b.tolist()) if w and b)
     plain = watermarked.count(False)
     return RouteCounts(key_a=count - plain - key_b, key_b=key_b, plain=plain)
