@@ -17,16 +17,14 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
+from bench.gateway import Gateway, percentile
 from keys import migrate
 from keys.db import open_store
 from keys.kek import generate_kek_file
@@ -53,12 +51,6 @@ def _provision(tmp: Path) -> tuple[dict[str, str], str]:
     finally:
         store.close()
     return env, token
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Connection:
@@ -125,23 +117,11 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         env, token = _provision(Path(tmp))
-        port = _port()
         env = {**os.environ, **env, "HALLMARK_DETECT_RATE_PER_MINUTE": "1e9", "HALLMARK_DETECT_BURST": "1000000000"}
-        server = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port)], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        url = f"http://127.0.0.1:{port}"
+        server = Gateway(env, Path(tmp) / "gateway.log")
+        port, url = server.port, server.url
         try:
-            deadline = time.time() + 300
-            while True:
-                try:
-                    if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.time() > deadline or server.poll() is not None:
-                    raise SystemExit("server did not start: " + (server.stderr.read().decode()[-2000:]
-                                                                 if server.poll() is not None else "timeout"))
-                time.sleep(0.5)
+            server.wait_ready()
             headers = {"Authorization": f"Bearer {token}"}
             # Texts of about 200 tokens (generation may stop early at EOS: keep the long ones).
             texts = []
@@ -156,10 +136,8 @@ def main() -> None:
             check = httpx.post(url + "/v1/detect", headers=headers, json=bodies[0], timeout=30).json()
             latencies, errors = asyncio.run(_load(port, token, bodies, args.clients, args.seconds, args.warmup))
         finally:
-            server.terminate()
-            server.wait(30)
-    latencies.sort()
-    pct = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e3  # noqa: E731
+            server.stop(30)
+    pct = lambda q: percentile(latencies, q) * 1e3  # noqa: E731
     result = {
         "clients": args.clients, "seconds": args.seconds, "requests": len(latencies), "errors": errors,
         "requests_per_second": len(latencies) / args.seconds, "p50_ms": pct(0.50), "p90_ms": pct(0.90),

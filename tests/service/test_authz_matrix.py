@@ -86,59 +86,39 @@ def _tenant(target):
 
 
 # Each row: (method, path template, body template, expected(credential, target) -> status).
-def _scoped(ok_status=200):
-    """Tenant-scoped routes: tenant tokens and scoped admins act for their own tenant only."""
+UNAUTHENTICATED = ("revoked", "unknown", "none")
+
+
+def _expect(*, ok=200, other=403, tenant_token=None, global_admin=None):
+    """The status a cell expects: 401 without a valid token; then ``tenant_token`` for a
+    tenant token and ``global_admin`` for a global admin where given; otherwise ``ok`` for
+    a global admin or the credential's own tenant and ``other`` for another tenant."""
     def expected(credential, target):
-        if credential in ("revoked", "unknown", "none"):
+        if credential in UNAUTHENTICATED:
             return 401
-        if credential == GLOBAL or target == "own":
-            return ok_status
-        return 403
+        if credential == "tenant" and tenant_token is not None:
+            return tenant_token
+        if credential == GLOBAL:
+            return ok if global_admin is None else global_admin
+        return ok if target == "own" else other
     return expected
 
 
-def _admin_scoped(credential, target):
-    if credential in ("revoked", "unknown", "none"):
-        return 401
-    if credential == "tenant":
-        return 403
-    if credential == GLOBAL or target == "own":
-        return 200
-    return 403
+def _scoped(ok_status=200):
+    """Tenant-scoped routes: tenant tokens and scoped admins act for their own tenant only."""
+    return _expect(ok=ok_status)
 
 
-def _lookup(credential, target):
-    """Reads by id: another tenant's record reads as absent (404), exactly as a missing one."""
-    if credential in ("revoked", "unknown", "none"):
-        return 401
-    if credential == GLOBAL or target == "own":
-        return 200
-    return 404
-
-
-def _authenticated(credential, target):
-    return 401 if credential in ("revoked", "unknown", "none") else 200
-
-
-def _openai(credential, target):
-    """No tenant field in OpenAI's schemas (an extra one is ignored, as OpenAI's own API
-    does): a tenant token acts for its tenant whatever the body says (the cell checks the
-    record is its own); a global admin must use /v1/generate to name a tenant (403)."""
-    if credential in ("revoked", "unknown", "none"):
-        return 401
-    if credential == GLOBAL:
-        return 403
-    return 200
-
-
-def _revoke(credential, target):
-    if credential in ("revoked", "unknown", "none"):
-        return 401
-    if credential == "tenant":
-        return 403
-    if credential == GLOBAL or target == "own":
-        return 200
-    return 404
+# Admin routes: never a tenant token's.
+_admin_scoped = _expect(tenant_token=403)
+# Reads by id: another tenant's record reads as absent (404), exactly as a missing one.
+_lookup = _expect(other=404)
+_authenticated = _expect(other=200)
+# No tenant field in OpenAI's schemas (an extra one is ignored, as OpenAI's own API does):
+# a tenant token acts for its tenant whatever the body says (the cell checks the record is
+# its own); a global admin must use /v1/generate to name a tenant (403).
+_openai = _expect(other=200, global_admin=403)
+_revoke = _expect(other=404, tenant_token=403)
 
 
 def _public(credential, target):

@@ -1,0 +1,63 @@
+"""A `hallmark serve` process for the HTTP benchmarks: start it, wait until ready, stop it,
+and the latency percentile they all report."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Gateway:
+    """One gateway process on a free loopback port, its stderr in ``log``."""
+
+    def __init__(self, env: dict[str, str], log: Path, *, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        with open(log, "a") as stderr:
+            self.process = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)],
+                                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        """Poll /readyz; SystemExit with the log's tail if the process dies or never gets ready."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise SystemExit("the gateway did not start: " + self.log.read_text()[-3000:])
+            time.sleep(0.5)
+
+    def stop(self, timeout: float = 60) -> None:
+        """SIGTERM (the gateway closes its streams' records), SIGKILL after ``timeout``."""
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile of ``values`` (nan when empty)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
