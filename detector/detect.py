@@ -1,24 +1,35 @@
 """Detection: score a text (token ids) against one key or many, with error control.
 
-Skeleton per key: scored positions -> per-token scores -> sum -> exact p (log space).
-Across keys (a tenant's rotation history, or every tenant): each key's p is Holm-adjusted
-in ``per_key``; the global p is the best key's p under Šidák's correction for the number
-of keys, and that key is reported as the source when the global p passes the threshold.
+Skeleton per key: scored positions -> per-token scores -> tests -> exact p (log space).
+Two whole-text tests run on the same per-token scores: the sum (Gamma null; best without
+edits) and Tr-GoF (:mod:`detector.trgof`; best when edits leave sparse signal). Across
+keys (a tenant's rotation history, or every tenant): each key's p is Holm-adjusted in
+``per_key``; the best key's p is Šidák-corrected for the number of keys.
+
+The verdict is one weighted Bonferroni test over every component (state weights, fixed
+before looking at the data; :func:`weights`): whole-text sum 1/2, whole-text Tr-GoF 1/4,
+spans 1/4 (the span p-values are already corrected for every window and key). The global
+p is min over components of p_c / w_c, so under the null P(global p <= t) <= t; a text
+is watermarked when the whole text or any span passes its share. Without edits this
+costs the sum test one factor 2 of p-value (0.3 in log10).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from detector import scoring, spans, stats
+from detector import scoring, spans, stats, trgof
 from detector.defaults import DEFAULT_THRESHOLD
 from detector.result import Candidate, DetectionResult, KeyResult, Span
 
 DualStatistic = Literal["auto", "max", "weighted", "routed"]
+Test = Literal["auto", "sum", "trgof"]
+TESTS: tuple[str, ...] = ("auto", "sum", "trgof")
 
 
 class DetectorConfig(BaseModel):
@@ -41,6 +52,40 @@ class DetectorConfig(BaseModel):
     """Localise watermarked spans (windows of ``span_min_length`` tokens and up)."""
 
     span_min_length: int = Field(default=32, ge=4)
+
+    test: Test = "auto"
+    """Whole-text test. `auto`: the sum and Tr-GoF under one weighted Bonferroni correction
+    (see the module docstring); `sum` or `trgof` alone."""
+
+
+def weights(config: "DetectorConfig", with_spans: bool) -> dict[str, float]:
+    """Bonferroni weights of the verdict's components (sum to 1): fixed by the config and
+    the text length only, never by the data."""
+    raw = {}
+    if config.test in ("auto", "sum"):
+        raw["sum"] = 2.0
+    if config.test in ("auto", "trgof"):
+        raw["trgof"] = 1.0
+    if with_spans:
+        raw["spans"] = 1.0
+    total = sum(raw.values())
+    return {name: value / total for name, value in raw.items()}
+
+
+@dataclass(frozen=True)
+class KeyEvidence:
+    """One key's evidence on one text (named fields; never read by position)."""
+
+    candidate: Candidate
+    scored: scoring.ScoredPositions
+    statistic: str
+    per_token: np.ndarray  # [n] per-token scores
+    total: float
+    log10_p_sum: float
+    log10_p_trgof: float
+    log10_p: float
+    """This key's combined whole-text p: min over its tests of p / weight share."""
+    log10_sf: object  # Callable[[float, int], float], the sum statistic's null tail
 
 
 def statistic_for(candidate: Candidate, config: DetectorConfig) -> scoring.Statistic:
@@ -70,8 +115,10 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
     if tokens.size and (tokens.min() < 0 or tokens.max() > 0xFFFFFFFF):
         raise ValueError("token ids must be integers in [0, 2**32)")
     log10_threshold = math.log10(config.threshold)
+    with_spans = config.spans and len(tokens) >= 2 * config.span_min_length
+    share = weights(config, with_spans)
     positions_cache: dict[tuple[int, str], scoring.ScoredPositions] = {}
-    evidence = []
+    evidence: list[KeyEvidence] = []
     for candidate in candidates:
         spec = candidate.key.spec
         cache_key = (spec.context_width, "all" if spec.dedup == "all" else "text")
@@ -83,35 +130,59 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
         per_token = scoring.token_scores(candidate.key, scored, statistic, tau=config.routed_tau)
         total = float(per_token.sum())
         log10_sf = _log10_sf(statistic, spec.alpha)
-        log10_p = log10_sf(total, len(per_token))
-        evidence.append((candidate, scored, statistic, per_token, total, log10_p, log10_sf))
+        log10_p_sum = log10_sf(total, len(per_token))
+        log10_p_trgof = 0.0
+        combined = []
+        if "sum" in share:
+            combined.append(log10_p_sum - math.log10(share["sum"]))
+        if "trgof" in share:
+            # Tr-GoF needs Exp(1)-null scores; the weighted statistic's are not, so it runs
+            # on the per-token maximum (Šidák) scores of the same key.
+            gof_scores = per_token if statistic != "weighted" else scoring.token_scores(
+                candidate.key, scored, "max")
+            log10_p_trgof = trgof.log10_pvalue(gof_scores)
+            combined.append(log10_p_trgof - math.log10(share["trgof"]))
+        evidence.append(KeyEvidence(candidate=candidate, scored=scored, statistic=statistic,
+                                    per_token=per_token, total=total, log10_p_sum=log10_p_sum,
+                                    log10_p_trgof=log10_p_trgof, log10_p=min(0.0, min(combined)),
+                                    log10_sf=log10_sf))
 
     m = len(evidence)
-    adjusted = stats.holm_adjusted([e[5] * stats.LN10 for e in evidence])
+    adjusted = stats.holm_adjusted([e.log10_p * stats.LN10 for e in evidence])
     per_key = tuple(
-        KeyResult(key=c.info, statistic=st, score=total, scored_tokens=len(sc.positions),
-                  log10_p_value=lp, log10_p_adjusted=adj / stats.LN10)
-        for (c, sc, st, _, total, lp, _), adj in zip(evidence, adjusted)
+        KeyResult(key=e.candidate.info, statistic=e.statistic, score=e.total,
+                  scored_tokens=len(e.scored.positions), log10_p_value=e.log10_p,
+                  log10_p_adjusted=adj / stats.LN10, log10_p_sum=e.log10_p_sum,
+                  log10_p_trgof=e.log10_p_trgof if "trgof" in share else None)
+        for e, adj in zip(evidence, adjusted)
     )
-    best = min(range(m), key=lambda i: evidence[i][5])
-    candidate, scored, statistic, per_token, _, best_log10_p, log10_sf = evidence[best]
-    global_log10_p = stats.log_sidak(best_log10_p * stats.LN10, m) / stats.LN10
-    watermarked = global_log10_p <= log10_threshold
+    best = min(evidence, key=lambda e: e.log10_p)
+    whole_log10_p = stats.log_sidak(best.log10_p * stats.LN10, m) / stats.LN10
+    global_log10_p = whole_log10_p
 
     found: tuple[Span, ...] = ()
-    if config.spans and len(tokens) >= 2 * config.span_min_length:
-        hits = spans.locate(scored.positions, per_token, len(tokens), min_length=config.span_min_length,
-                            family_size_factor=m, log10_threshold=log10_threshold, log10_sf=log10_sf)
-        found = tuple(Span(h.start, h.end, h.scored_tokens, h.log10_p_value, candidate.info.fingerprint)
+    if with_spans:
+        # The span family gets its own share of the threshold: a span passes when its
+        # (window- and key-corrected) p is at most share * threshold.
+        log10_share = math.log10(share["spans"])
+        hits = spans.locate(best.scored.positions, best.per_token, len(tokens),
+                            min_length=config.span_min_length, family_size_factor=m,
+                            log10_threshold=log10_threshold + log10_share, log10_sf=best.log10_sf)
+        hits = spans.refine(hits, best.scored.positions, best.per_token, len(tokens))
+        found = tuple(Span(h.start, h.end, h.scored_tokens, h.log10_p_value, best.candidate.info.fingerprint)
                       for h in hits)
+        if hits:
+            global_log10_p = min(global_log10_p, min(h.log10_p_value for h in hits) - log10_share)
+    watermarked = global_log10_p <= log10_threshold
     return DetectionResult(
         watermarked=watermarked,
         log10_p_value=global_log10_p,
         threshold=config.threshold,
-        scored_tokens=len(scored.positions),
+        scored_tokens=len(best.scored.positions),
         total_tokens=int(len(tokens)),
-        key=candidate.info if watermarked else None,
+        key=best.candidate.info if watermarked else None,
         keys_tested=m,
         per_key=per_key,
         spans=found,
+        basis=("watermark",) if watermarked else (),
     )

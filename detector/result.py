@@ -53,11 +53,16 @@ class KeyResult:
     """Unadjusted, for this key alone."""
     log10_p_adjusted: float
     """Holm-adjusted over every key tested."""
+    log10_p_sum: float | None = None
+    """The sum test alone (Gamma null), unweighted."""
+    log10_p_trgof: float | None = None
+    """Tr-GoF alone, unweighted (None when the test was not run)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.key.to_dict(), "statistic": self.statistic, "score": self.score,
                 "scored_tokens": self.scored_tokens, "p_value": _p(self.log10_p_value),
-                "log10_p_value": self.log10_p_value, "log10_p_adjusted": self.log10_p_adjusted}
+                "log10_p_value": self.log10_p_value, "log10_p_adjusted": self.log10_p_adjusted,
+                "log10_p_sum": self.log10_p_sum, "log10_p_trgof": self.log10_p_trgof}
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,8 @@ class DetectionResult:
     per_key: tuple[KeyResult, ...]
     spans: tuple[Span, ...] = ()
     ledger_matches: tuple[dict[str, Any], ...] = ()
+    basis: tuple[str, ...] = ()
+    """What a positive verdict rests on: "watermark", "ledger", or both; empty if negative."""
 
     @property
     def p_value(self) -> float:
@@ -114,4 +121,5 @@ class DetectionResult:
             "per_key": [r.to_dict() for r in self.per_key],
             "spans": [s.to_dict() for s in self.spans],
             "ledger_matches": list(self.ledger_matches),
+            "basis": list(self.basis),
         }

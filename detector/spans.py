@@ -6,7 +6,9 @@ one window flush with the end of the text per length. Each window gets its exact
 from the same null as the whole text; the family (every window, times the number of keys
 examined) is corrected with a union bound, so under the null the chance that any span is
 reported is at most the threshold. Significant windows are then reduced to disjoint spans,
-most significant first (see :func:`merge`).
+most significant first (see :func:`merge`), and their boundaries are refined at token
+resolution (see :func:`refine`). The p-value reported for a span is its grid window's
+corrected one: refinement moves the offsets only, so it spends no error budget.
 """
 
 from __future__ import annotations
@@ -92,6 +94,44 @@ def merge(hits: list[SpanHit], positions: np.ndarray) -> list[SpanHit]:
     a tighter one, so this returns tight, disjoint spans."""
     kept: list[SpanHit] = []
     for hit in sorted(hits, key=lambda h: (h.log10_p_value, h.end - h.start)):
+        if all(hit.end <= k.start or hit.start >= k.end for k in kept):
+            kept.append(hit)
+    return sorted(kept, key=lambda h: h.start)
+
+
+def refine(hits: list[SpanHit], positions: np.ndarray, scores: np.ndarray, total: int) -> list[SpanHit]:
+    """Token-resolution boundaries for each grid hit: within the hit extended by half its
+    length on each side, the stretch of scored tokens maximising sum(score - c), with c
+    halfway between the null mean 1 and the hit's mean score (a likelihood-ratio cut-off
+    for a shift in mean; Kadane's maximum-subarray scan). Offsets [start, end) become the
+    first and one past the last token of that stretch; the p-value stays the window's."""
+    out: list[SpanHit] = []
+    for hit in hits:
+        length = hit.end - hit.start
+        lo_pos, hi_pos = max(0, hit.start - length // 2), min(total, hit.end + length // 2)
+        lo, hi = np.searchsorted(positions, [lo_pos, hi_pos], side="left")
+        in_lo, in_hi = np.searchsorted(positions, [hit.start, hit.end], side="left")
+        if in_hi <= in_lo or hi <= lo:
+            out.append(hit)
+            continue
+        cut = 0.5 * (1.0 + float(scores[in_lo:in_hi].mean()))
+        gains = scores[lo:hi] - cut
+        best, best_range, running, run_start = -math.inf, (in_lo, in_hi), 0.0, lo
+        for offset, gain in enumerate(gains.tolist()):
+            if running <= 0.0:
+                running, run_start = 0.0, lo + offset
+            running += gain
+            if running > best:
+                best, best_range = running, (run_start, lo + offset + 1)
+        first, last = best_range
+        out.append(SpanHit(int(positions[first]), int(positions[last - 1]) + 1, int(last - first),
+                           hit.log10_p_value))
+    return _disjoint(out)
+
+
+def _disjoint(hits: list[SpanHit]) -> list[SpanHit]:
+    kept: list[SpanHit] = []
+    for hit in sorted(hits, key=lambda h: h.log10_p_value):
         if all(hit.end <= k.start or hit.start >= k.end for k in kept):
             kept.append(hit)
     return sorted(kept, key=lambda h: h.start)

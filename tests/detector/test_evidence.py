@@ -26,7 +26,7 @@ def test_scores_sum_to_the_detectors_statistic(algorithm):
     assert len(evidence.tokens) == len(tokens) and len(scored) == result.scored_tokens
     assert math.isclose(sum(t.score for t in scored), result.per_key[0].score, rel_tol=1e-12)
     n = len(scored)
-    assert math.isclose(stats.gamma_log10_sf(sum(t.score for t in scored), n), result.per_key[0].log10_p_value,
+    assert math.isclose(stats.gamma_log10_sf(sum(t.score for t in scored), n), result.per_key[0].log10_p_sum,
                         rel_tol=1e-9)
     skipped = [t for t in evidence.tokens if not t.scored]
     assert skipped and all(t.reason == REPEATED_CONTEXT and t.score is None for t in skipped)

@@ -1,0 +1,113 @@
+"""Tr-GoF: the exact null against Monte Carlo, the conservative tail, and the default
+combination's validity and power under edits."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from detector import trgof
+from detector.detect import DetectorConfig, detect
+from detector.result import Candidate
+from tests.detector.test_detect import generate
+from watermark.key import WatermarkKey
+from watermark.spec import WatermarkSpec
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("n", [1, 2, 7, 40, 200])
+def test_exact_null_matches_monte_carlo(n):
+    rng = np.random.default_rng(n)
+    trials = 40_000
+    sims = np.array([trgof.statistic(rng.random(n)) for _ in range(trials)])
+    for q in (0.5, 0.9, 0.99, 0.999):
+        s = float(np.quantile(sims, q))
+        if s <= 0.0:
+            continue
+        empirical = float(np.mean(sims >= s))
+        exact = math.exp(trgof.log_sf(s, n))
+        sigma = math.sqrt(exact * (1 - exact) / trials)
+        assert abs(empirical - exact) <= 4.5 * sigma + 1e-4, (n, q, empirical, exact)
+
+
+@pytest.mark.parametrize("n", [3, 50, 400, 1000])
+def test_tail_is_monotone_and_below_the_union_bound(n):
+    previous = 1.0
+    for s in np.linspace(0.5, 60.0, 40):
+        log_p = trgof.log_sf(float(s), n)
+        assert log_p <= math.log(trgof.order_count(n)) - s + 1e-12  # the union (Chernoff) bound
+        assert log_p <= math.log(previous) + 1e-12
+        previous = math.exp(log_p)
+    # Down to 1e-12 and beyond, never 0: log space.
+    assert trgof.log10_sf(500.0, n) < -12 and math.isfinite(trgof.log10_sf(500.0, n))
+
+
+def test_boundaries_round_up():
+    n, s = 300, 20.0
+    log_a = trgof.log_boundaries(s, n)
+    u = np.arange(1, trgof.order_count(n) + 1) / n
+    assert np.all(n * trgof._kl(u, np.exp(log_a)) <= s + 1e-9)
+    assert np.all(n * trgof._kl(u, np.exp(log_a) * (1 - 1e-9)) >= s - 1e-6)
+
+
+def test_token_pvalues_are_conservative_on_the_prf_grid():
+    # Smallest uniform the PRF can give for 1 - u: one grid step; its p must be >= P(p <= it).
+    grid = 2.0 ** 24
+    u = np.float32((grid) / (grid + 1))  # the largest uniform on the grid
+    p = trgof.token_pvalues(-np.log1p(-np.array([u], dtype=np.float64)))[0]
+    assert p >= 1.0 / grid
+
+
+def test_statistic_edge_cases():
+    assert trgof.statistic(np.array([])) == 0.0
+    assert trgof.statistic(np.full(10, 0.9)) == 0.0
+    assert trgof.log_sf(0.0, 10) == 0.0 and trgof.log_sf(5.0, 0) == 0.0
+
+
+@pytest.mark.statistical
+@pytest.mark.parametrize("test", ["auto", "trgof"])
+def test_default_combination_is_valid_on_null_text(test):
+    rng = np.random.default_rng(17)
+    config = DetectorConfig(test=test)
+    trials = 1500
+    ps = []
+    for _ in range(trials):
+        key = WatermarkKey(int(rng.integers(0, 2**63)), WatermarkSpec())
+        ps.append(detect(rng.integers(0, 5000, int(rng.integers(20, 400))), [Candidate.inline(key)], config).p_value)
+    ps = np.array(ps)
+    for t in (0.01, 0.05, 0.2):
+        assert np.mean(ps <= t) <= t + 3 * math.sqrt(t * (1 - t) / trials), t
+
+
+def _substitute(tokens, rate, rng):
+    tokens = list(tokens)
+    for i in np.flatnonzero(rng.random(len(tokens)) < rate):
+        tokens[i] = int(rng.integers(0, 5000))
+    return tokens
+
+
+def test_auto_detects_edited_text_the_sum_misses_more_often():
+    rng = np.random.default_rng(3)
+    wins = {"sum": 0, "auto": 0}
+    for seed in range(12):
+        key = WatermarkKey(7000 + seed, WatermarkSpec())
+        tokens, _ = generate(key, 300, scale=1.5, seed=seed)
+        edited = _substitute(tokens, 0.3, rng)
+        for test in wins:
+            wins[test] += detect(edited, [Candidate.inline(key)], DetectorConfig(test=test, spans=False)).watermarked
+    assert wins["auto"] >= wins["sum"]
+
+
+def test_span_aware_verdict_and_refined_offsets():
+    key = WatermarkKey(31337, WatermarkSpec())
+    marked, _ = generate(key, 200, scale=2.5, seed=11)
+    rng = np.random.default_rng(0)
+    text = list(rng.integers(0, 5000, 400)) + marked + list(rng.integers(0, 5000, 400))
+    result = detect(text, [Candidate.inline(key)])
+    assert result.watermarked and result.basis == ("watermark",)
+    span = min(result.spans, key=lambda s: s.log10_p_value)
+    overlap = min(span.end, 600) - max(span.start, 400)
+    iou = overlap / (max(span.end, 600) - min(span.start, 400))
+    assert iou >= 0.85, (span.start, span.end)
