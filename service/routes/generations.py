@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timezone
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from pydantic import BeforeValidator
 
 from keys.ledger import get_generation, list_generations
 from service.auth import resolve_tenant
@@ -29,6 +31,20 @@ def generation_route(generation_id: str, services: ServicesDep, identity: Identi
 MAX_PAGE = 200
 
 
+_ISO_DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]")
+
+
+def _iso_8601(value: object) -> object:
+    """Only ISO 8601 date-time text, as the schema's ``date-time`` format says: pydantic would
+    also read a number (``until=0.5``) as a Unix time, or a bare date as midnight."""
+    if isinstance(value, str) and not _ISO_DATE_TIME.match(value):
+        raise ValueError("expected an ISO 8601 date-time such as 2026-12-03T06:00:00Z")
+    return value
+
+
+Timestamp = Annotated[datetime | None, BeforeValidator(_iso_8601)]
+
+
 def _utc(value: datetime | None) -> datetime | None:
     """A timestamp without a zone is read as UTC."""
     return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
@@ -38,7 +54,7 @@ def _utc(value: datetime | None) -> datetime | None:
 def generations_route(services: ServicesDep, identity: IdentityDep,
                       limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
                       offset: Annotated[int, Query(ge=0)] = 0,
-                      since: datetime | None = None, until: datetime | None = None,
+                      since: Timestamp = None, until: Timestamp = None,
                       key_id: str | None = None, tenant: str | None = None):
     """The caller's generations, newest first, ``limit`` per page from ``offset``; only those
     started in [``since``, ``until``) (ISO 8601; UTC when no zone is given) or under

@@ -371,6 +371,9 @@ def test_generations_are_listed_newest_first_paged_and_filtered(server):
     assert second["generation_id"] in [g["id"] for g in everyone]
     assert acme.get("/v1/generations", params={"limit": 0}).status_code == 422
     assert acme.get("/v1/generations", params={"since": "yesterday"}).status_code == 422
+    # Only ISO 8601 date-times (the schema's format): not a Unix time, not a bare date.
+    for value in ("0.5", "1733200000", "2026-12-03"):
+        assert acme.get("/v1/generations", params={"until": value}).status_code == 422, value
 
 
 def test_ledger_list_command(server, monkeypatch, capsys):
