@@ -18,6 +18,10 @@ import torch
 from service.engines.local.model import StaticCache, forward as static_forward
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Column windows: a step reads only the first W columns of the cache (every live column of
+# its rows lies below W - 1; column W - 1 is the window's scratch), so attention, the
+# indexer's scores and the latent expansion cost O(W), not O(context).
+WINDOWS = (128, 256, 512, 1024)
 
 
 class StaticGroup:
@@ -30,6 +34,8 @@ class StaticGroup:
         self.ids: list[str] = []
         self.next_pos = torch.zeros((0,), dtype=torch.int64, device=device)  # [B] live tokens = next column
         self.valid = torch.zeros((0, self.columns), dtype=torch.bool, device=device)  # [B, T]
+        self.lengths: list[int] = []  # per row, an upper bound of its live tokens (host-side)
+        self.windows = tuple(w for w in WINDOWS if w < self.columns) + (self.columns,)
         self.graphs_enabled = graphs and device.type == "cuda"
         self._graphs: dict[tuple[int, int], tuple] = {}
         self.eager_forwards = self.graph_replays = self.compactions = 0
@@ -63,13 +69,14 @@ class StaticGroup:
         valid = torch.zeros((1, self.columns), dtype=torch.bool, device=self.device)
         valid[0, :n] = True
         self.eager_forwards += 1
-        logits = static_forward(self.model, _Rows(self.cache, row), ids, cols, cols, valid)
+        logits = static_forward(self.model, _Rows(self.cache, row, self.columns), ids, cols, cols, valid)
         return row, valid, logits[0, -1].float()
 
     def join(self, request_id: str, slot, valid: torch.Tensor, next_pos: int) -> None:
         if slot != len(self.ids):
             raise RuntimeError("a prefilled slot must join before the next prefill")
         self.ids = self.ids + [request_id]
+        self.lengths = self.lengths + [next_pos]
         self.next_pos = torch.cat([self.next_pos, torch.tensor([next_pos], dtype=torch.int64, device=self.device)])
         self.valid = torch.cat([self.valid, valid])
 
@@ -89,13 +96,14 @@ class StaticGroup:
         else:
             self.next_pos = self.next_pos[:0]
             self.valid = self.valid[:0]
+        self.lengths = [self.lengths[r] for r in rows]
         self.ids = list(keep_ids)
 
     def snapshot(self):
-        return (list(self.ids), self.next_pos, self.valid)
+        return (list(self.ids), self.next_pos, self.valid, list(self.lengths))
 
     def restore(self, saved) -> None:
-        self.ids, self.next_pos, self.valid = saved
+        self.ids, self.next_pos, self.valid, self.lengths = saved
 
     # ------------------------------------------------------------------ steps
 
@@ -106,23 +114,25 @@ class StaticGroup:
         if live is None:
             live = torch.ones_like(input_ids)
         live = live.to(torch.int64)
+        need = max(self.lengths) + n + 1  # live columns below W - 1 after this step
+        window = next((w for w in self.windows if w >= need), self.columns)
+        self.lengths = [length + n for length in self.lengths]
         bucket = next((b for b in BUCKETS if b >= batch), None)
         if self.graphs_enabled and bucket is not None and bucket <= self.cache.slots:
-            logits, next_pos, valid = self._replay(bucket, input_ids, live)
+            logits, next_pos, valid = self._replay(bucket, window, input_ids, live)
             self.graph_replays += 1
         else:
-            logits, next_pos, valid = _step(self.model, self.cache, input_ids, live, self.next_pos, self.valid,
-                                            self.scratch)
+            logits, next_pos, valid = _step(self.model, self.cache, input_ids, live, self.next_pos, self.valid, window)
             self.eager_forwards += 1
         # Copies: a replay's outputs live in the graph's buffers, which the next replay overwrites.
         self.next_pos, self.valid = next_pos[:batch].clone(), valid[:batch].clone()
         return logits[:batch].float()
 
-    def _replay(self, bucket: int, input_ids, live):
+    def _replay(self, bucket: int, window: int, input_ids, live):
         batch, n = input_ids.shape
-        key = (bucket, n)
+        key = (bucket, n, window)
         if key not in self._graphs:
-            self._graphs[key] = self._capture(bucket, n)
+            self._graphs[key] = self._capture(bucket, n, window)
         graph, (ids_buf, live_buf, pos_buf, valid_buf), outputs = self._graphs[key]
         ids_buf.zero_()
         live_buf.zero_()
@@ -140,10 +150,11 @@ class StaticGroup:
             if bucket > self.cache.slots:
                 break
             for n in widths:
-                if (bucket, n) not in self._graphs:
-                    self._graphs[(bucket, n)] = self._capture(bucket, n)
+                for window in self.windows:
+                    if (bucket, n, window) not in self._graphs:
+                        self._graphs[(bucket, n, window)] = self._capture(bucket, n, window)
 
-    def _capture(self, bucket: int, n: int):
+    def _capture(self, bucket: int, n: int, window: int):
         dev = self.device
         ids = torch.zeros((bucket, n), dtype=torch.int64, device=dev)
         live = torch.zeros((bucket, n), dtype=torch.int64, device=dev)
@@ -154,44 +165,51 @@ class StaticGroup:
         stream.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up outside the graph (allocations, lazy inits)
-                _step(self.model, self.cache, ids, live, pos, valid, self.scratch)
+                _step(self.model, self.cache, ids, live, pos, valid, window)
         torch.cuda.current_stream(dev).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            outputs = _step(self.model, self.cache, ids, live, pos, valid, self.scratch)
+            outputs = _step(self.model, self.cache, ids, live, pos, valid, window)
         return graph, (ids, live, pos, valid), outputs
 
     def reject_tail(self, counts: torch.Tensor) -> None:
         """Drop each row's newest ``counts[b]`` live tokens (rejected drafts): its column
         count moves back and those columns stop being valid; they are rewritten next step."""
+        # Host bounds follow (counts was just built from host values: this read waits for little).
+        self.lengths = [length - c for length, c in zip(self.lengths, counts.tolist())]
         next_pos = self.next_pos - counts
         cols = torch.arange(self.columns, device=self.device).unsqueeze(0)
         self.valid = self.valid & (cols < next_pos.unsqueeze(1))
         self.next_pos = next_pos
 
 
-def _step(model, cache, input_ids, live, next_pos, valid, scratch: int):
-    """Fixed-shape step: columns/positions from the rows' counts, valid updated, forward run.
+def _step(model, cache, input_ids, live, next_pos, valid, window: int):
+    """Fixed-shape step over the first ``window`` columns (column window - 1 is scratch):
+    columns/positions from the rows' counts, valid updated, forward run.
     Returns (logits [B, n, V], next_pos [B], valid [B, T]) as new tensors."""
+    total = valid.shape[1]
+    scratch = window - 1
+    valid = valid[:, :window]
     rank = torch.cumsum(live, dim=1) - 1
     columns = torch.where(live > 0, next_pos.unsqueeze(1) + rank, torch.full_like(rank, scratch))
     positions = torch.where(live > 0, columns, torch.zeros_like(columns))
     written = torch.zeros_like(valid).scatter(1, columns, live > 0)
     written[:, scratch] = False
     valid = valid | written
-    logits = static_forward(model, _Rows(cache, 0), input_ids, positions, columns, valid)
-    return logits, next_pos + live.sum(dim=1), valid
+    logits = static_forward(model, _Rows(cache, 0, window), input_ids, positions, columns, valid)
+    return logits, next_pos + live.sum(dim=1), torch.nn.functional.pad(valid, (0, total - window))
 
 
 class _Rows:
-    """A StaticCache seen from slot ``first`` on (prefill writes a new request's slot alone)."""
+    """A StaticCache seen from slot ``first`` on (prefill writes a new request's slot alone),
+    columns below ``window`` only."""
 
-    def __init__(self, cache: StaticCache, first: int) -> None:
-        self.cache, self.first = cache, first
+    def __init__(self, cache: StaticCache, first: int, window: int) -> None:
+        self.cache, self.first, self.window = cache, first, window
 
     def write(self, layer: int, name: str, columns: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         tensor = self.cache.layers[layer][name]
         batch = columns.shape[0]
         rows = torch.arange(self.first, self.first + batch, device=columns.device).unsqueeze(1).expand_as(columns)
         tensor.index_put_((rows, columns), values.to(tensor.dtype))
-        return tensor[self.first:self.first + batch]
+        return tensor[self.first:self.first + batch, :self.window]
