@@ -25,17 +25,14 @@ if TYPE_CHECKING:  # loaded by the commands that use them (`hallmark --help` loa
 MAX_TOKEN_ID = 2**32 - 1  # the PRF reads token ids as 32-bit words
 
 
-def parse_secret(value: Any) -> int:
-    """A u64 given as an int, a decimal string or a 0x-prefixed hex string."""
-    from watermark import prf
+def _secret(value: Any, *, source: str) -> int:
+    """A u64 secret: :func:`keys.importing.parse_secret` (decimal or 0x hex, never echoed),
+    also given as a JSON integer (a JSONL batch's ``"key": 42``)."""
+    from keys.importing import parse_secret as parse
 
-    try:
-        if isinstance(value, bool):
-            raise ValueError
-        secret = value if isinstance(value, int) else int(str(value).strip(), 0)
-        return prf.check_key(secret)
-    except (ValueError, TypeError):
-        raise ValueError("a key (secret) must be an unsigned 64-bit integer, decimal or 0x hex") from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    return parse(value, source=source)
 
 
 def spec_from_options(**fields: Any) -> "WatermarkSpec":
@@ -111,7 +108,7 @@ def prf_command(
     from watermark.prf import philox
 
     def one(item: dict) -> dict:
-        key = parse_secret(item["key"])
+        key = _secret(item["key"], source='the line\'s "key"')
         context = _token_list_or_pad(item["context"])
         tokens = _token_list(item["tokens"])
         if not 1 <= len(context) <= 16:
@@ -191,7 +188,7 @@ def _inline_key(key: Optional[str], key_file: Optional[Path], spec: "WatermarkSp
         except OSError as exc:
             raise CliError(f"cannot read key file {key_file}: {exc.strerror}") from None
     try:
-        return WatermarkKey(parse_secret(key), spec)
+        return WatermarkKey(_secret(key, source=f"the key file {key_file}" if key_file else "--key"), spec)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
@@ -231,7 +228,7 @@ def detect_command(
 
         def one(item: dict) -> dict:
             spec_fields = dict(item["key"])
-            secret = parse_secret(spec_fields.pop("secret"))
+            secret = _secret(spec_fields.pop("secret"), source='the line\'s key "secret"')
             candidate = Candidate.inline(WatermarkKey(secret, WatermarkSpec(**spec_fields)))
             return run_detect(_token_list(item["token_ids"]), [candidate], config).to_dict()
 

@@ -73,7 +73,7 @@ def test_detect_jsonl_batch_streams_and_reports_bad_lines(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["detect", "--token-ids", "[1,2]", "--key", "5", "--algorithm", "sbw"], "algorithm"),
     (["detect", "--token-ids", "[1,2]", "--key", "5", "--context-width", "0"], "context_width"),
-    (["detect", "--token-ids", "[1,2]", "--key", str(2**64)], "64-bit"),
+    (["detect", "--token-ids", "[1,2]", "--key", str(2**64)], "2**64"),
     (["detect", "--token-ids", "[1,2]"], "give a key"),
     (["detect", "--token-ids", "[1,-2]", "--key", "3"], "token ids"),
     (["detect", "--key", "3"], "exactly one input"),
@@ -84,3 +84,22 @@ def test_detect_bad_input_one_line(args, needle):
     assert run.returncode != 0
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
+
+
+def test_prf_key_forms_are_those_of_key_import(tmp_path):
+    """The CLI reads a secret as keys.importing.parse_secret does (decimal, leading zeros
+    allowed, or 0x hex; a JSON integer too), and refuses Python literal forms that int(x, 0)
+    would take (0o, 0b, underscores, a sign) without echoing them."""
+    accepted = ["10", "010", "0xA", "0Xa", 10]
+    refused = ["0o12", "0b1010", "1_0", "+10", True, "0x" + "1" * 17]
+    lines = [json.dumps({"key": k, "context": [1, 2, 3, 4], "tokens": [5, 6]}) for k in accepted + refused]
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    run = hallmark("prf", "--jsonl", str(path))
+    out = [json.loads(line) for line in run.stdout.splitlines()]
+    words = {json.dumps(o["words"]) for o in out[:len(accepted)]}
+    assert len(words) == 1 and all("error" not in o for o in out[:len(accepted)]), out
+    assert all("error" in o for o in out[len(accepted):]), out
+    for o, k in zip(out[len(accepted):], refused):
+        assert str(k) not in o["error"] or len(str(k)) <= 4
+    assert run.returncode != 0
