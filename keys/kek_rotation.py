@@ -28,7 +28,7 @@ from keys.errors import ConcurrentChange, KekError
 from keys.kek import Kek, Keyring
 from keys.material import binding_of, lock_store_kek, open_secret
 from keys.models import SigningKey, StoreKek
-from keys.models import WatermarkKey as KeyRow
+from keys.models import KeyRow
 from keys.signing import rewrap_signing_key
 
 log = logging.getLogger("hallmark.keys")

@@ -44,7 +44,7 @@ from keys.errors import InvalidInput, KeyRevoked, UnknownKey
 from keys.models import REVOKED
 from keys.models import LedgerEntry as Row
 from keys.models import Tenant
-from keys.models import WatermarkKey as KeyRow
+from keys.models import KeyRow
 from keys.tenants import get_tenant_by_id
 from watermark.spec import WatermarkSpec
 

@@ -28,7 +28,7 @@ from keys.errors import DuplicateKey, InvalidInput, InvalidTransition, NoActiveK
 from keys.kek import Keyring
 from keys.material import check_wrapping_kek, spec_of
 from keys.models import ACTIVE, REVOKED, VERIFY_ONLY, Tenant
-from keys.models import WatermarkKey as KeyRow
+from keys.models import KeyRow
 from keys.tenants import get_tenant, get_tenant_by_id, new_id
 from watermark import prf
 from watermark.key import check_value, fingerprint

@@ -23,7 +23,7 @@ from keys.envelope import KeyBinding, WrappedSecret, unwrap_secret
 from keys.errors import KekError, KeyStoreError, StaleKek, NoActiveKey, UnknownKey, UnknownTenant, UnwrapError
 from keys.kek import Keyring
 from keys.models import ACTIVE, SigningKey, StoreKek, Tenant
-from keys.models import WatermarkKey as KeyRow
+from keys.models import KeyRow
 from watermark.key import WatermarkKey, check_value
 from watermark.spec import WatermarkSpec
 

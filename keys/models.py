@@ -95,7 +95,7 @@ class Tenant(Base):
     created_at: Mapped[datetime]
 
 
-class WatermarkKey(Base):
+class KeyRow(Base):
     """One version of a tenant's watermark key. The secret is stored only wrapped."""
 
     __tablename__ = "watermark_keys"

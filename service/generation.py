@@ -60,7 +60,8 @@ class Outcome:
     """How many tokens each route produced (key A, key B, plain, greedy)."""
     unwatermarked_reason: str | None = None
     """Why the output is not (fully) watermarked, in the ledger's words (None: it is)."""
-    extra: dict[str, Any] = field(default_factory=dict)
+    ledger: dict[str, Any] | None = None
+    """The ledger entry written for this output: ``{"seq": int, "entry_hash": str}``."""
     receipt: dict[str, Any] | None = None
     """The signed receipt (:mod:`keys.receipts`); None only when no signing key exists."""
 
@@ -69,7 +70,7 @@ class Outcome:
                 "finish_reason": self.finish_reason, "model": self.model,
                 "usage": {"prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.token_ids),
                           "total_tokens": self.prompt_tokens + len(self.token_ids)},
-                "watermark": self.watermark, "ledger": self.extra.get("ledger"), "receipt": self.receipt}
+                "watermark": self.watermark, "ledger": self.ledger, "receipt": self.receipt}
 
 
 @dataclass(frozen=True)
@@ -159,19 +160,13 @@ def _outcome(services: Services, prepared: _Prepared, done: Finished, entry: Gen
     if prepared.reason:
         services.metrics.unwatermarked.labels(prepared.reason).inc()
     watermarked = done.routes.watermarked if plan else 0
-    extra: dict[str, Any] = {"routes": {"key_a": done.routes.key_a, "key_b": done.routes.key_b,
-                                        "plain": done.routes.plain, "greedy": done.routes.greedy}}
-    if prepared.reason:
-        extra["unwatermarked_reason"] = prepared.reason
-    if done.drafted_tokens:
-        extra["speculative"] = {"drafted": done.drafted_tokens, "accepted": done.accepted_tokens}
-    extra["ledger"] = {"seq": entry.seq, "entry_hash": entry.entry_hash}
     receipt = services.receipt_for(entry, fingerprint=plan.fingerprint if plan else None)
     return Outcome(generation_id=prepared.request.request_id, text=done.text, token_ids=done.token_ids,
                    finish_reason=done.finish_reason, prompt_tokens=done.prompt_tokens,
                    watermark=_with_verification(_watermark_dict(prepared, len(done.token_ids), watermarked,
                                                                 entry.key_state), entry.details),
-                   model=services.engine.model_name, extra=extra, receipt=receipt, routes=done.routes,
+                   model=services.engine.model_name, receipt=receipt,
+                   ledger={"seq": entry.seq, "entry_hash": entry.entry_hash}, routes=done.routes,
                    unwatermarked_reason=_unwatermarked_reason(prepared, done.routes.plain))
 
 

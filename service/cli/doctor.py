@@ -60,7 +60,7 @@ def _kek(settings, store) -> Check:
 
     from keys.errors import KeyStoreError
     from keys.kek import load_keyring
-    from keys.models import WatermarkKey as KeyRow
+    from keys.models import KeyRow
 
     try:
         keyring = load_keyring(settings)

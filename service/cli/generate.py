@@ -19,21 +19,18 @@ if TYPE_CHECKING:
     from service.generation import Outcome
 
 
-def _build_engine(engine: str, model: str | None, vllm_url: str | None):
-    if engine == "vllm":
+def _build_engine(settings):
+    """The engine through the gateway's own factory (:func:`service.engines.factory.create_engine`)."""
+    from service.engines.factory import create_engine
+
+    if settings.engine == "vllm":
         from service.cli.deploy import vllm_logs_to_stderr
-        from service.engines.vllm.factory import VLLMSettings, create_vllm_engine
 
         vllm_logs_to_stderr()
-        try:
-            return create_vllm_engine(VLLMSettings(model=model, url=vllm_url))
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-    if engine == "local":
-        from service.engines.local.engine import LocalEngine
-
-        return LocalEngine(model or "bundled", "hallmark-tiny-draft" if model is None else None)
-    raise CliError(f"unknown engine: {engine}; expected one of local, vllm")
+    try:
+        return create_engine(settings)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 async def _run(services, params: list, *, tenant: str, needs_key: bool) -> list["Outcome"]:
@@ -94,11 +91,16 @@ def generate(
         raise CliError(str(exc)) from None
     from service.cli.progress import note
 
-    built = _build_engine(engine, model, vllm_url)
+    if engine not in ("local", "vllm"):
+        raise CliError(f"unknown engine: {engine}; expected one of local, vllm")
     # The operator's own limits, not a public server's: no caps beyond the options given.
-    settings = ServiceSettings(engine=engine, max_tokens_cap=max(max_tokens, 1024), max_prompt_tokens=sys.maxsize,
+    # Without --model the local engine runs the bundled pair (target + draft).
+    settings = ServiceSettings(engine=engine, model=model or "bundled",
+                               draft_model="hallmark-tiny-draft" if model is None else None, vllm_url=vllm_url,
+                               max_tokens_cap=max(max_tokens, 1024), max_prompt_tokens=sys.maxsize,
                                allow_opt_out=True, tenant_max_concurrent_generations=0, tenant_tokens_per_minute=0,
                                rate_limit_backend="memory")
+    built = _build_engine(settings)
     params = [GenerateParams(prompt=text, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                              # One seed for the batch would give equal prompts equal outputs.
                              seed=None if seed is None else (seed + index) % 2**64, stop=tuple(stop or ()),
@@ -128,7 +130,7 @@ def generate(
             "routes": {"key_a": routes.key_a, "key_b": routes.key_b, "plain": routes.plain, "greedy": routes.greedy},
             "unwatermarked_reason": outcome.unwatermarked_reason, "watermark": watermark,
             "output_sha256": hash_output(outcome.text),
-            "ledger": outcome.extra.get("ledger"), "receipt": outcome.receipt,
+            "ledger": outcome.ledger, "receipt": outcome.receipt,
         })
     payload = {"engine": built.name, "model": built.model_name, "tenant": tenant, "generations": results}
     text = "\n\n".join(f"[{r['generation_id']}] {r['text']}\n({r['output_tokens']} tokens, "

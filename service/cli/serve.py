@@ -10,7 +10,6 @@ import typer
 
 from service.cli.app import CliError, app
 
-from keys.settings import DEV_KEK_FILE  # noqa: E402  (the one default the CLI and the server share)
 DEMO_TENANT = "demo"
 
 
@@ -94,6 +93,7 @@ def quickstart_command(
     an active key and an API token (printed once), then the gateway with the bundled models."""
     from keys.errors import KeyStoreError
     from keys.kek import ensure_dev_kek_file
+    from keys.settings import DEV_KEK_FILE  # the one default the CLI and the server share (pydantic-settings: load late)
 
     if not os.environ.get("HALLMARK_KEK") and not os.environ.get("HALLMARK_KEK_FILE"):
         try:

@@ -46,7 +46,7 @@ def _usage(outcome: Outcome) -> dict[str, int]:
 
 def _hallmark(outcome: Outcome) -> dict[str, Any]:
     return {"generation_id": outcome.generation_id, "watermark": outcome.watermark,
-            "token_ids": list(outcome.token_ids), "ledger": outcome.extra.get("ledger"),
+            "token_ids": list(outcome.token_ids), "ledger": outcome.ledger,
             "receipt": outcome.receipt}
 
 

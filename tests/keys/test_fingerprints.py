@@ -16,7 +16,7 @@ from keys.audit import list_audit
 from keys.errors import DuplicateKey
 from keys.lifecycle import create_key, import_key, list_keys
 from keys.material import active_key, export_key
-from keys.models import WatermarkKey as KeyRow
+from keys.models import KeyRow
 from keys.tenants import create_tenant
 from watermark.key import WatermarkKey, check_value, fingerprint
 from watermark.spec import WatermarkSpec

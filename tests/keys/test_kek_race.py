@@ -21,7 +21,7 @@ from keys.kek import Kek, Keyring, load_keyring
 from keys.kek_rotation import kek_status, rotate_kek
 from keys.lifecycle import create_key, rotate_key
 from keys.material import detection_keys
-from keys.models import SigningKey, WatermarkKey
+from keys.models import KeyRow, SigningKey
 from keys.settings import StoreSettings
 from keys.signing import active_signer, create_signing_key
 from keys.tenants import create_tenant
@@ -35,7 +35,7 @@ def _open(url: str, kek: Kek):
 
 def _assert_all_under(store, new: Kek) -> int:
     with store.transaction(write=False) as session:
-        kek_ids = {row.kek_id for row in session.query(WatermarkKey)} | {r.kek_id for r in session.query(SigningKey)}
+        kek_ids = {row.kek_id for row in session.query(KeyRow)} | {r.kek_id for r in session.query(SigningKey)}
         opened = detection_keys(session, Keyring([new]))
         active_signer(session, Keyring([new]))
     assert kek_ids == {new.id}, kek_ids

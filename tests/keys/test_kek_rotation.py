@@ -11,7 +11,7 @@ from keys.kek import Kek, Keyring
 from keys.kek_rotation import rotate_kek
 from keys.lifecycle import create_key, rotate_key
 from keys.material import detection_keys
-from keys.models import WatermarkKey as KeyRow
+from keys.models import KeyRow
 from keys.tenants import create_tenant
 from tests.keys.conftest import snapshot
 

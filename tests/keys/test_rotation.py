@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from keys.audit import list_audit
 from keys.db import open_store
 from keys.lifecycle import Rotation, create_key, list_keys, rotate_key
-from keys.models import WatermarkKey as KeyRow
+from keys.models import KeyRow
 from keys.settings import StoreSettings
 from keys.tenants import create_tenant
 

@@ -11,7 +11,7 @@ from keys.envelope import KeyBinding, wrap_secret
 from keys.errors import KekError, UnwrapError
 from keys.lifecycle import create_key
 from keys.material import active_key, detection_keys, export_key
-from keys.models import WatermarkKey as KeyRow
+from keys.models import KeyRow
 from keys.tenants import create_tenant
 
 ACTOR = "test"

@@ -37,11 +37,9 @@ from watermark.kernels import dedup, gumbel, launch, speculative
 from watermark.kernels.gumbel import LaunchConfig
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-RUNTIME_VALUES = (
-    "batch size", "vocabulary size", "stride values", "temperature (greedy rows, T == 1)", "single or dual key",
-    "watermarked or ordinary-stream rows", "context width 1..16", "keys", "positions", "draft count k",
-    "dedup scope and window",
-)
+# Runtime values, never a recompile: batch size, vocabulary size, stride values, temperature
+# (greedy rows, T == 1), single or dual key, watermarked or ordinary-stream rows, context
+# width 1..16, keys, positions, draft count k, dedup scope and window.
 
 
 @dataclass(frozen=True)
