@@ -185,4 +185,6 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
         per_key=per_key,
         spans=found,
         basis=("watermark",) if watermarked else (),
+        correction=("weighted Bonferroni: " + ", ".join(f"{name} {w:.3g}" for name, w in share.items())
+                    + f"; sidak over {m} key(s) tested; spans union-bound over windows x keys"),
     )

@@ -103,6 +103,8 @@ class DetectionResult:
     ledger_matches: tuple[dict[str, Any], ...] = ()
     basis: tuple[str, ...] = ()
     """What a positive verdict rests on: "watermark", "ledger", or both; empty if negative."""
+    correction: str = ""
+    """The multiple-testing correction behind the global p (components and their weights)."""
 
     @property
     def p_value(self) -> float:
@@ -122,4 +124,5 @@ class DetectionResult:
             "spans": [s.to_dict() for s in self.spans],
             "ledger_matches": list(self.ledger_matches),
             "basis": list(self.basis),
+            "correction": self.correction,
         }

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from detector.detect import DetectorConfig, detect as run_detect, statistic_for
+from detector.normalize import normalize
 from detector.result import Span
 from keys.errors import KeyStoreError, UnknownTenant
 from keys.ledger import hash_output
@@ -18,26 +18,16 @@ from service.auth import Identity, resolve_tenant
 from service.errors import Conflict, NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
 from service.http_errors import store_error
 from service.provenance import report_statement
+from service.schemas import DetectBody
 from service.state import Services
 from service.validation import describe
 
 log = logging.getLogger("hallmark.detection")
 
 
-@dataclass(frozen=True)
-class DetectParams:
-    text: str | None = None
-    token_ids: tuple[int, ...] | None = None
-    tenant: str | None = None
-    threshold: float | None = None
-    statistic: str = "auto"
-    spans: bool = True
-    evidence: bool = False
-    """Per-token evidence (see :mod:`service.evidence`), at most ``max_evidence_tokens`` tokens."""
-
-
-def _config(params: DetectParams) -> DetectorConfig:
-    fields: dict[str, Any] = {"dual_statistic": params.statistic, "spans": params.spans}
+def detector_config(params: DetectBody) -> DetectorConfig:
+    """The detector's config from the request body (the one place the fields map)."""
+    fields: dict[str, Any] = {"dual_statistic": params.statistic, "spans": params.spans, "test": params.test}
     if params.threshold is not None:
         fields["threshold"] = params.threshold
     try:
@@ -46,7 +36,7 @@ def _config(params: DetectParams) -> DetectorConfig:
         raise Unprocessable(describe(exc, default="")) from None
 
 
-def detect(services: Services, identity: Identity, params: DetectParams) -> dict[str, Any]:
+def detect(services: Services, identity: Identity, params: DetectBody) -> dict[str, Any]:
     settings = services.settings
     wait = services.detect_wait(identity.token_id)
     if wait > 0:
@@ -55,7 +45,7 @@ def detect(services: Services, identity: Identity, params: DetectParams) -> dict
                           headers={"Retry-After": str(max(1, round(wait + 0.5)))})
     if (params.text is None) == (params.token_ids is None):
         raise Unprocessable("give exactly one of 'text' and 'token_ids'")
-    config = _config(params)
+    config = detector_config(params)
     _, tenant = resolve_tenant(services, identity, params.tenant)
     try:
         candidates = services.detection_candidates(tenant)
@@ -66,11 +56,15 @@ def detect(services: Services, identity: Identity, params: DetectParams) -> dict
     if not candidates:
         raise NotFound("no keys to test: the tenant has no watermark keys yet")
     offsets = None
+    normalized = None
     if params.text is not None:
         if len(params.text) > settings.max_detect_chars:
             raise TooLarge(f"text has {len(params.text)} characters; the limit is {settings.max_detect_chars}")
-        token_ids, offsets = tokenize_with_offsets(services.engine.tokenizer(), params.text)
         text = params.text
+        normalized = normalize(text) if params.normalize else None
+        if normalized is not None:
+            text = normalized.text
+        token_ids, offsets = tokenize_with_offsets(services.engine.tokenizer(), text)
     else:
         token_ids = list(params.token_ids)
         if any(t < 0 or t >= 2**32 for t in token_ids):
@@ -94,12 +88,18 @@ def detect(services: Services, identity: Identity, params: DetectParams) -> dict
     if text is None and token_ids:
         text = services.engine.tokenizer().decode(token_ids, skip_special_tokens=True)
     matches: list[dict[str, Any]] = []
+    if params.text is not None:
+        text = params.text  # the client's text, not its normalised form: exact-copy hash, signed report
     if text:
         scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
         matches = services.ledger_matches(hash_output(text), scope)
     services.metrics.detections.labels("watermarked" if result.watermarked else "not_watermarked").inc()
     out = result.to_dict()
     out["ledger_matches"] = matches
+    if matches and "ledger" not in out["basis"]:
+        out["basis"] = [*out["basis"], "ledger"]
+    if normalized is not None:
+        out["normalization"] = normalized.to_dict()
     if params.evidence:
         out["evidence"] = evidence.evidence_for(result, token_ids, candidates, config, offsets)
     # What the verdict rests on, signed (verifiable offline like a receipt).

@@ -207,7 +207,13 @@ class DetectBody(BaseModel):
     threshold: float | None = Field(default=None, gt=0.0, lt=1.0)
     statistic: Literal["auto", "max", "weighted", "routed"] = "auto"
     """`routed` needs keys with a keyed acceptance coin (422 otherwise)."""
+    test: Literal["auto", "sum", "trgof"] = "auto"
+    """Whole-text test: `auto` combines the sum and Tr-GoF (edit-robust) with the spans under
+    one weighted Bonferroni correction; `sum` or `trgof` alone."""
     spans: bool = True
+    normalize: bool = True
+    """Text input: undo tokenisation attacks (NFKC, zero-width and bidi controls, homoglyphs,
+    whitespace runs) before tokenising; the response's `normalization` says what changed."""
     evidence: bool = False
     """Per-token evidence: character offsets, scored or skipped (and why), score, under the
     key and statistic that decided the result; at most HALLMARK_MAX_EVIDENCE_TOKENS tokens."""

@@ -16,9 +16,6 @@ router = APIRouter()
 
 @router.post("/v1/detect")
 async def detect_route(body: DetectBody, services: ServicesDep, identity: IdentityDep):
-    params = detection.DetectParams(text=body.text, token_ids=tuple(body.token_ids) if body.token_ids is not None
-                                    else None, tenant=body.tenant, threshold=body.threshold,
-                                    statistic=body.statistic, spans=body.spans, evidence=body.evidence)
     # In a worker thread: the shared rate limit and the ledger look-up may query the database,
     # which must never stall the event loop (a restarting database would stall every request).
-    return JSONResponse(await asyncio.to_thread(detection.detect, services, identity, params))
+    return JSONResponse(await asyncio.to_thread(detection.detect, services, identity, body))

@@ -228,3 +228,19 @@ def test_detection_rate_limit_per_token(tmp_path_factory):
         assert client(limited, "globex").post("/v1/detect", json={"token_ids": [1, 2]}).status_code == 200
     finally:
         limited.stop()
+
+
+def test_zero_width_and_homoglyph_attacks_do_not_hide_the_watermark(server):
+    outputs = (generate(server, seed=seed) for seed in range(1, 9))
+    out = next((o for o in outputs if len(o["token_ids"]) >= 100), None)
+    assert out is not None, "no seed gave 100 tokens"
+    attacked = "\u200b".join(out["text"][i:i + 3] for i in range(0, len(out["text"]), 3))
+    attacked = attacked.replace("o", "\u043e").replace("e", "\u0435").replace("a", "\u0430")
+    result = client(server).post("/v1/detect", json={"text": attacked}).json()
+    assert result["watermarked"] and result["p_value"] < 1e-6, result["log10_p_value"]
+    assert result["basis"] == ["watermark"] and "weighted Bonferroni" in result["correction"]
+    changes = result["normalization"]["changes"]
+    assert result["normalization"]["changed"] and changes["zero_width"] > 0 and changes["homoglyph"] > 0
+    # Without normalisation the attack changes the tokens (the evidence is much weaker).
+    raw = client(server).post("/v1/detect", json={"text": attacked, "normalize": False}).json()
+    assert raw["log10_p_value"] > result["log10_p_value"] + 3 and "normalization" not in raw
