@@ -41,9 +41,11 @@ class DetectorConfig(BaseModel):
     """The text is reported watermarked when its global p-value is at most this."""
 
     dual_statistic: DualStatistic = "auto"
-    """Statistic for dual-key keys. `auto`: `routed` for keyed-coin keys, else `max`
-    (Šidák per token), which needs no knowledge of the key A / key B share; see
-    bench/results/detection_power.md for the measurements behind this default."""
+    """Statistic for dual-key keys. `auto` = `max` (Šidák per token) for every dual key,
+    keyed coin or not: it needs no knowledge of the key A / key B share, which under
+    speculation is the draft rejection rate, not alpha. `routed` is opt-in: on the bundled
+    model pair (draft acceptance ~0.35) positions with coin < 1/2 still carry key-B evidence
+    and it was measured weaker than `max` (issue 11), so it is no longer a default."""
 
     routed_tau: float = Field(default=scoring.ROUTED_TAU, gt=0.0, lt=1.0)
     """Coin value below which a keyed-coin token is scored under key A alone."""
@@ -93,7 +95,7 @@ def statistic_for(candidate: Candidate, config: DetectorConfig) -> scoring.Stati
     if spec.algorithm == "gumbel":
         return "single"
     if config.dual_statistic == "auto":
-        return "routed" if spec.coin == "keyed" else "max"
+        return "max"
     if config.dual_statistic == "routed" and spec.coin != "keyed":
         raise ValueError("the routed statistic needs a key with a keyed acceptance coin")
     return config.dual_statistic
