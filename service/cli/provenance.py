@@ -8,14 +8,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 
 from service.cli.app import JSON_OPTION, CliError, app, db_app, emit, kek_app, one_line_errors
+from service.cli.store import cli_store
 
 ledger_app = typer.Typer(no_args_is_help=True, help="The provenance ledger.")
 receipt_app = typer.Typer(no_args_is_help=True, help="Signed generation receipts.")
@@ -25,25 +24,6 @@ app.add_typer(receipt_app, name="receipt")
 app.add_typer(signing_app, name="signing-keys")
 
 _domain_errors = one_line_errors()
-
-
-@contextmanager
-def _store(*, require_kek: bool = False) -> Iterator[Any]:
-    from pydantic import ValidationError
-
-    from keys.db import open_store
-    from keys.settings import StoreSettings
-
-    try:
-        settings = StoreSettings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise CliError(f"HALLMARK_{'_'.join(str(p) for p in first['loc']).upper()}: {first['msg']}") from None
-    store = open_store(settings, require_kek=require_kek)
-    try:
-        yield store
-    finally:
-        store.close()
 
 
 def _actor() -> str:
@@ -64,7 +44,7 @@ def ledger_verify(tenant: Optional[str] = typer.Option(None, "--tenant", help="O
     from keys.ledger import verify_chain
     from keys.tenants import get_tenant
 
-    with _store() as store, store.transaction(write=False) as session:
+    with cli_store() as store, store.transaction(write=False) as session:
         tenant_id = get_tenant(session, name=tenant).id if tenant is not None else None
         report = verify_chain(session, tenant_id=tenant_id)
     if as_json:
@@ -152,7 +132,7 @@ def signing_create(as_json: bool = JSON_OPTION) -> None:
     """Create the first signing key (the gateway also creates one at start if none exists)."""
     from keys.signing import create_signing_key
 
-    with _store(require_kek=True) as store, store.transaction() as session:
+    with cli_store(require_kek=True) as store, store.transaction() as session:
         info = create_signing_key(session, store.keyring, actor=_actor())
     emit(info.to_dict(), as_json, f"created signing key {info.kid}")
 
@@ -163,7 +143,7 @@ def signing_rotate(as_json: bool = JSON_OPTION) -> None:
     """Retire the active signing key (it stays published) and make a new one active."""
     from keys.signing import rotate_signing_key
 
-    with _store(require_kek=True) as store, store.transaction() as session:
+    with cli_store(require_kek=True) as store, store.transaction() as session:
         new, retired = rotate_signing_key(session, store.keyring, actor=_actor())
     emit({"new": new.to_dict(), "retired": retired.to_dict() if retired else None}, as_json,
          f"signing key {new.kid} active" + (f"; {retired.kid} retired (still published)" if retired else ""))
@@ -175,7 +155,7 @@ def signing_list(as_json: bool = JSON_OPTION) -> None:
     """Every signing key, retired ones too."""
     from keys.signing import list_signing_keys
 
-    with _store() as store, store.transaction(write=False) as session:
+    with cli_store() as store, store.transaction(write=False) as session:
         infos = list_signing_keys(session)
     emit([i.to_dict() for i in infos], as_json, "\n".join(_signing_line(i) for i in infos) or "no signing keys")
 
@@ -186,7 +166,7 @@ def signing_export_public() -> None:
     """Print the public key set (what /.well-known/hallmark-keys.json serves)."""
     from keys.signing import public_keyset
 
-    with _store() as store, store.transaction(write=False) as session:
+    with cli_store() as store, store.transaction(write=False) as session:
         typer.echo(json.dumps(public_keyset(session), indent=2))
 
 
@@ -200,7 +180,7 @@ def kek_status_command(as_json: bool = JSON_OPTION) -> None:
     During a staged rollout: all keys under the new KEK means the previous one can go."""
     from keys.kek_rotation import kek_status
 
-    with _store(require_kek=True) as store, store.transaction(write=False) as session:
+    with cli_store(require_kek=True) as store, store.transaction(write=False) as session:
         status = kek_status(session, store.keyring)
     lines = [f"configured KEKs: {', '.join(status.configured)} (first wraps)"]
     for kek_id in sorted({*status.watermark_keys, *status.signing_keys}):
@@ -221,6 +201,6 @@ def db_grant_service_role(role: str = typer.Argument(..., help="Existing Postgre
     read-only keys and tokens). Run as the owner that migrates."""
     from keys.roles import grant_service_role
 
-    with _store() as store, store.engine.begin() as connection:
+    with cli_store() as store, store.engine.begin() as connection:
         granted = grant_service_role(connection, role)
     emit(granted, as_json, "\n".join(f"{table}: {privileges}" for table, privileges in granted.items()))
