@@ -13,22 +13,27 @@ from service.cli.store import cli_store, store_settings
 def db_upgrade(revision: str = typer.Option("head", "--revision", help="Target revision."),
                as_json: bool = JSON_OPTION) -> None:
     """Create or migrate the database schema."""
+    before, after, shown = _migrate("upgrade", revision, create=True)
+    emit({"database": shown, "from": before, "to": after}, as_json,
+         f"database {shown}: " + (f"already at {after}" if before == after
+                                  else f"upgraded {before or '(empty)'} -> {after}"))
+
+
+def _migrate(direction: str, revision: str, *, create: bool = False) -> tuple[str | None, str | None, str]:
+    """Run ``migrate.upgrade`` or ``migrate.downgrade`` to ``revision``: (before, after, shown URL)."""
     from alembic.util.exc import CommandError
 
     from keys import migrate
     from keys.db import display_url
 
-    with cli_store(check_schema=False, create=True) as store:
+    with cli_store(check_schema=False, create=create) as store:
         before = migrate.current_revision(store.engine)
         try:
-            migrate.upgrade(store.engine, revision)
+            getattr(migrate, direction)(store.engine, revision)
         except CommandError as exc:
-            raise CliError(f"cannot upgrade to {revision!r}: {exc}") from None
+            raise CliError(f"cannot {direction} to {revision!r}: {exc}") from None
         after = migrate.current_revision(store.engine)
-    shown = display_url(store.url)
-    emit({"database": shown, "from": before, "to": after}, as_json,
-         f"database {shown}: " + (f"already at {after}" if before == after
-                                  else f"upgraded {before or '(empty)'} -> {after}"))
+    return before, after, display_url(store.url)
 
 
 @db_app.command("downgrade")
@@ -37,21 +42,9 @@ def db_downgrade(revision: str = typer.Option("-1", "--revision", help="Target r
                  yes: bool = typer.Option(False, "--yes", help="Confirm: a downgrade drops tables and their data."),
                  as_json: bool = JSON_OPTION) -> None:
     """Migrate the schema down (destroys the data of dropped tables, keys included)."""
-    from alembic.util.exc import CommandError
-
-    from keys import migrate
-    from keys.db import display_url
-
     if not yes:
         raise CliError("a downgrade drops tables and the data in them (keys included); add --yes to confirm")
-    with cli_store(check_schema=False) as store:
-        before = migrate.current_revision(store.engine)
-        try:
-            migrate.downgrade(store.engine, revision)
-        except CommandError as exc:
-            raise CliError(f"cannot downgrade to {revision!r}: {exc}") from None
-        after = migrate.current_revision(store.engine)
-    shown = display_url(store.url)
+    before, after, shown = _migrate("downgrade", revision)
     emit({"database": shown, "from": before, "to": after}, as_json,
          f"database {shown}: downgraded {before or '(empty)'} -> {after or '(empty)'}")
 
