@@ -41,7 +41,7 @@ MAX_SOURCE_LENGTH = 200
 
 
 @dataclass(frozen=True)
-class KeyInfo:
+class KeyRecord:
     """A key's public record: everything but the secret."""
 
     key_id: str
@@ -76,12 +76,12 @@ class KeyInfo:
 class Rotation:
     """The result of a rotation: the new active key and the previous one, now verify-only."""
 
-    new: KeyInfo
-    previous: KeyInfo
+    new: KeyRecord
+    previous: KeyRecord
 
 
-def key_info(row: KeyRow, tenant_name: str) -> KeyInfo:
-    return KeyInfo(key_id=row.id, tenant_id=row.tenant_id, tenant=tenant_name, version=row.version,
+def key_info(row: KeyRow, tenant_name: str) -> KeyRecord:
+    return KeyRecord(key_id=row.id, tenant_id=row.tenant_id, tenant=tenant_name, version=row.version,
                    state=row.state, fingerprint=row.shown_fingerprint, spec=spec_of(row), kek_id=row.kek_id,
                    imported=row.imported, import_source=row.import_source, created_at=row.created_at,
                    activated_at=row.activated_at, verify_only_at=row.verify_only_at,
@@ -149,7 +149,7 @@ def _new_key_details(row: KeyRow) -> dict[str, Any]:
 
 
 def create_key(session: Session, keyring: Keyring, *, tenant: str, actor: str,
-               spec: WatermarkSpec | None = None, now: datetime | None = None) -> KeyInfo:
+               spec: WatermarkSpec | None = None, now: datetime | None = None) -> KeyRecord:
     """A new random key for ``tenant`` (a name): active if the tenant has no active key,
     else verify-only (use :func:`rotate_key` to replace the active key). Audited."""
     now = clock.resolve(now)
@@ -167,7 +167,7 @@ def create_key(session: Session, keyring: Keyring, *, tenant: str, actor: str,
 
 
 def import_key(session: Session, keyring: Keyring, *, tenant: str, secret: int, spec: WatermarkSpec,
-               actor: str, source: str | None = None, now: datetime | None = None) -> KeyInfo:
+               actor: str, source: str | None = None, now: datetime | None = None) -> KeyRecord:
     """Store an existing deployment's key (for example a vLLM ``--watermark-config`` key) so
     that its text is detected and attributed. State as for :func:`create_key`. Audited,
     without the secret. :class:`DuplicateKey` if the same secret is already stored."""
@@ -238,7 +238,7 @@ def _check_reason(reason: str) -> str:
 
 
 def revoke_key(session: Session, *, key_id: str, reason: str, actor: str,
-               now: datetime | None = None) -> KeyInfo:
+               now: datetime | None = None) -> KeyRecord:
     """Mark a key compromised. Revoking the active key leaves the tenant without one until
     ``keys create``. :class:`InvalidTransition` if it is already revoked. Audited."""
     reason = _check_reason(reason)
@@ -265,7 +265,7 @@ def revoke_key(session: Session, *, key_id: str, reason: str, actor: str,
     return key_info(row, tenant_row.name)
 
 
-def get_key(session: Session, *, key_id: str) -> KeyInfo:
+def get_key(session: Session, *, key_id: str) -> KeyRecord:
     found = session.execute(
         select(KeyRow, Tenant.name).join(Tenant, Tenant.id == KeyRow.tenant_id).where(KeyRow.id == key_id)
     ).first()
@@ -274,7 +274,7 @@ def get_key(session: Session, *, key_id: str) -> KeyInfo:
     return key_info(found[0], found[1])
 
 
-def list_keys(session: Session, *, tenant: str | None = None) -> list[KeyInfo]:
+def list_keys(session: Session, *, tenant: str | None = None) -> list[KeyRecord]:
     """Keys of one tenant (a name) or of all, ordered by tenant name then version."""
     query = select(KeyRow, Tenant.name).join(Tenant, Tenant.id == KeyRow.tenant_id)
     if tenant is not None:

@@ -20,7 +20,7 @@ from service.cli.store import cli_store
 from service.cli.tables import plain, table
 
 if TYPE_CHECKING:
-    from keys.lifecycle import KeyInfo
+    from keys.lifecycle import KeyRecord
 
 
 def _spec_changes(algorithm: str | None, context_width: int | None, alpha: float | None,
@@ -42,12 +42,12 @@ def _spec_changes(algorithm: str | None, context_width: int | None, alpha: float
     return changes
 
 
-def _key_line(info: "KeyInfo") -> str:
+def _key_line(info: "KeyRecord") -> str:
     return (f"key {info.key_id}: tenant {info.tenant}, version {info.version}, {info.state}, "
             f"fingerprint {info.fingerprint}, {info.spec.algorithm} w={info.spec.context_width}")
 
 
-def _key_rows(keys: "list[KeyInfo]") -> str:
+def _key_rows(keys: "list[KeyRecord]") -> str:
     return table([[k.key_id, k.tenant, k.version, k.state, k.fingerprint, k.spec.algorithm,
                    k.spec.context_width, "yes" if k.imported else "no", k.created_at.isoformat(timespec="seconds")]
                   for k in keys],

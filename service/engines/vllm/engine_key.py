@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from keys.errors import InvalidInput
 from keys.kek import Keyring
-from keys.lifecycle import KeyInfo, import_key, list_keys
+from keys.lifecycle import KeyRecord, import_key, list_keys
 from keys.material import active_key
 from keys.tenants import get_tenant
 from service.engines.vllm.keyring import check_private, write_private
@@ -46,7 +46,7 @@ _DEPLOYMENT_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012
 class EngineKey:
     """A provisioned engine key: its store record and the key itself."""
 
-    info: KeyInfo
+    info: KeyRecord
     key: WatermarkKey = field(repr=False)
     created: bool
     """False when the store already held it (provisioning is idempotent)."""
