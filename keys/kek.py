@@ -191,9 +191,20 @@ KEK_ENVIRONMENT = ("HALLMARK_KEK", "HALLMARK_KEK_PREVIOUS")
 
 def forget_kek_environment() -> None:
     """Remove the KEK variables from this process's environment once the settings hold
-    them, so no child process inherits them and no later code reads them there."""
+    them, so no child process inherits them and no later code reads them there.
+
+    Limitation: this cannot erase the copy the kernel keeps. ``/proc/<pid>/environ`` shows
+    the environment the process was started with for its whole life, to the same user and
+    root (and to anything that can ptrace it). Only a KEK that was never in the environment
+    is safe from that: prefer ``HALLMARK_KEK_FILE`` (mode 0600, refused otherwise), which
+    puts only the file's path there."""
+    inherited = [name for name in KEK_ENVIRONMENT if os.environ.get(name)]
     for name in KEK_ENVIRONMENT:
         os.environ.pop(name, None)
+    if inherited:
+        log.warning("%s removed from the environment, but the copy in /proc/%d/environ stays readable to "
+                    "this user and root while the process runs; use HALLMARK_KEK_FILE instead",
+                    " and ".join(inherited), os.getpid())
 
 
 def _write_new_kek_file(path: Path, kek: Kek) -> None:

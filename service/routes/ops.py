@@ -35,4 +35,10 @@ def readyz(services: ServicesDep):
 
 @router.get("/metrics")
 def metrics_route(services: ServicesDep):
+    """Prometheus text, without a token on purpose: scrapers rarely carry per-target
+    credentials, and nothing here names a tenant, key, token, generation or text (labels are
+    engines, verdicts and route templates such as ``/v1/generations/{generation_id}``). What
+    it does tell is aggregate traffic (request counts, latencies, token volumes) across
+    tenants, so keep it off the public listener: expose only ``/v1/*`` and
+    ``/.well-known/*`` through the proxy, or firewall the port to the scraper."""
     return Response(services.metrics.render(), media_type="text/plain; version=0.0.4")

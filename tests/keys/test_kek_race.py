@@ -200,3 +200,19 @@ def test_forget_kek_environment(monkeypatch):
 
     assert "HALLMARK_KEK" not in os.environ and "HALLMARK_KEK_PREVIOUS" not in os.environ
     assert load_keyring(settings).primary is not None  # the settings kept it
+
+
+def test_forgetting_a_kek_from_the_environment_warns_that_proc_keeps_it(monkeypatch, caplog):
+    """os.environ.pop cannot erase /proc/<pid>/environ: say so (without the KEK) and point
+    to HALLMARK_KEK_FILE; a file-configured KEK leaves nothing to warn about."""
+    from keys.kek import forget_kek_environment
+
+    kek = Kek.generate().to_base64()
+    monkeypatch.setenv("HALLMARK_KEK", kek)
+    with caplog.at_level("WARNING", logger="hallmark.keys"):
+        forget_kek_environment()
+    assert "environ" in caplog.text and "HALLMARK_KEK_FILE" in caplog.text and kek not in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hallmark.keys"):
+        forget_kek_environment()
+    assert caplog.text == ""
