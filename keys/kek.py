@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pydantic import SecretStr
+
 from keys.errors import ConfigError, KekError
 from keys.settings import DEFAULT_DATABASE_URL, DEV_KEK_FILE, StoreSettings
 
@@ -144,14 +146,22 @@ def read_kek_file(path: Path | str) -> Kek:
     return Kek.from_base64(text, source=source)
 
 
+def _configured_kek(value: SecretStr | None, file: Path | None, name: str) -> Kek | None:
+    """The KEK from ``name`` (base64) or ``name``_FILE, or None; both set is a :class:`KekError`."""
+    if value is not None and file is not None:
+        raise KekError(f"both {name} and {name}_FILE are set; set only one")
+    if value is not None:
+        return Kek.from_base64(value.get_secret_value(), source=name)
+    if file is not None:
+        return read_kek_file(file)
+    return None
+
+
 def load_kek(settings: StoreSettings) -> Kek:
     """The configured KEK; :class:`KekError` when it is missing, doubly set or malformed."""
-    if settings.kek is not None and settings.kek_file is not None:
-        raise KekError("both HALLMARK_KEK and HALLMARK_KEK_FILE are set; set only one")
-    if settings.kek is not None:
-        return Kek.from_base64(settings.kek.get_secret_value(), source="HALLMARK_KEK")
-    if settings.kek_file is not None:
-        return read_kek_file(settings.kek_file)
+    kek = _configured_kek(settings.kek, settings.kek_file, "HALLMARK_KEK")
+    if kek is not None:
+        return kek
     if settings.database_url == DEFAULT_DATABASE_URL and DEV_KEK_FILE.exists():
         # Development defaults go together: ./var/hallmark.db is wrapped under ./var/kek.key.
         return read_kek_file(DEV_KEK_FILE)
@@ -166,13 +176,7 @@ def load_kek(settings: StoreSettings) -> Kek:
 def load_previous_kek(settings: StoreSettings) -> Kek | None:
     """The unwrap-only previous KEK of a staged rollout (``HALLMARK_KEK_PREVIOUS`` or
     ``HALLMARK_KEK_PREVIOUS_FILE``), or None."""
-    if settings.kek_previous is not None and settings.kek_previous_file is not None:
-        raise KekError("both HALLMARK_KEK_PREVIOUS and HALLMARK_KEK_PREVIOUS_FILE are set; set only one")
-    if settings.kek_previous is not None:
-        return Kek.from_base64(settings.kek_previous.get_secret_value(), source="HALLMARK_KEK_PREVIOUS")
-    if settings.kek_previous_file is not None:
-        return read_kek_file(settings.kek_previous_file)
-    return None
+    return _configured_kek(settings.kek_previous, settings.kek_previous_file, "HALLMARK_KEK_PREVIOUS")
 
 
 def load_keyring(settings: StoreSettings) -> Keyring:
