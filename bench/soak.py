@@ -237,7 +237,7 @@ async def operator(pool: Pool, db_url: str, tokens: dict[str, str], stats: Stats
                 stats.outage = (start - t0, start - t0)
                 done = await asyncio.to_thread(subprocess.run, ["pg_ctlcluster", "--skip-systemctl-redirect",
                                                                 _pg_version(), "main", "restart"],
-                                               capture_output=True, text=True)
+                                               capture_output=True, text=True, preexec_fn=_normal_priority)
                 stats.outage = (start - t0, time.monotonic() - t0)
                 _announce(announce, f"PostgreSQL restart done (rc {done.returncode}, "
                                     f"{time.monotonic() - start:.1f} s)")
@@ -260,6 +260,14 @@ async def _admin_call(http: httpx.AsyncClient, method: str, url: str, **kwargs) 
         return f"{r.status_code} {r.json()['error']['code']}"
     except Exception:  # noqa: BLE001
         return f"{r.status_code} {r.text[:100]}"
+
+
+def _normal_priority() -> None:
+    """The restarted server must not inherit this run's ``nice`` (every user of it would)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except PermissionError:  # not root: it runs niced, as this process does
+        pass
 
 
 def _announce(path: Path | None, line: str) -> None:

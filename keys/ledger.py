@@ -325,12 +325,9 @@ def record_generation(
     raises :class:`~keys.errors.KeyRevoked` instead of recording output under a key revoked
     meanwhile (for output that has not been sent yet).
     """
-    generation_id = _check_generation_id(generation_id)
-    header = _header(session, tenant_id=tenant_id, key_id=key_id, key_version=key_version, engine=engine,
-                     model=model, spec=spec, prompt_tokens=prompt_tokens)
-    tenant_name = header.pop("_tenant")
-    if _entries_of(session, generation_id):
-        raise InvalidInput(f"generation {generation_id} is already recorded")
+    generation_id, tenant_name, header = _new_generation(
+        session, generation_id=generation_id, tenant_id=tenant_id, key_id=key_id, key_version=key_version,
+        engine=engine, model=model, spec=spec, prompt_tokens=prompt_tokens)
     progress = _progress(session, tenant_id, key_id, key_version, output_text=output_text,
                          output_sha256=output_sha256, token_ids=token_ids, output_tokens=output_tokens,
                          watermarked_tokens=watermarked_tokens, unwatermarked_reason=unwatermarked_reason)
@@ -342,15 +339,22 @@ def record_generation(
     return _generation([row], tenant_name)
 
 
-def _header(session: Session, *, tenant_id: str, key_id: str | None, key_version: int | None,
-            engine: str, model: str, spec: WatermarkSpec | None, prompt_tokens: int) -> dict[str, Any]:
+def _new_generation(session: Session, *, generation_id: str | None, tenant_id: str, key_id: str | None,
+                    key_version: int | None, engine: str, model: str, spec: WatermarkSpec | None,
+                    prompt_tokens: int) -> tuple[str, str, dict[str, Any]]:
+    """A new generation's id (checked, or made), its tenant's name and the entry's header
+    columns; :class:`InvalidInput` for bad values or an id already recorded."""
+    generation_id = _check_generation_id(generation_id)
     tenant = get_tenant_by_id(session, tenant_id=tenant_id)
     if (key_id is None) != (key_version is None):
         raise InvalidInput("give key_id and key_version together, or neither")
-    return {"_tenant": tenant.name, "key_id": key_id, "key_version": key_version,
-            "engine": _text("engine", engine, 64), "model": _text("model", model, 200),
-            "spec": spec.public_dict() if spec is not None else None,
-            "prompt_tokens": _count("prompt_tokens", prompt_tokens)}
+    header = {"key_id": key_id, "key_version": key_version,
+              "engine": _text("engine", engine, 64), "model": _text("model", model, 200),
+              "spec": spec.public_dict() if spec is not None else None,
+              "prompt_tokens": _count("prompt_tokens", prompt_tokens)}
+    if _entries_of(session, generation_id):
+        raise InvalidInput(f"generation {generation_id} is already recorded")
+    return generation_id, tenant.name, header
 
 
 def _progress(session: Session, tenant_id: str, key_id: str | None, key_version: int | None, *,
@@ -386,12 +390,9 @@ def start_generation(
     generation_id: str | None = None, now: datetime | None = None,
 ) -> GenerationEntry:
     """The ``started`` entry of a stream: commit it before the stream's first token leaves."""
-    generation_id = _check_generation_id(generation_id)
-    header = _header(session, tenant_id=tenant_id, key_id=key_id, key_version=key_version, engine=engine,
-                     model=model, spec=spec, prompt_tokens=prompt_tokens)
-    tenant_name = header.pop("_tenant")
-    if _entries_of(session, generation_id):
-        raise InvalidInput(f"generation {generation_id} is already recorded")
+    generation_id, tenant_name, header = _new_generation(
+        session, generation_id=generation_id, tenant_id=tenant_id, key_id=key_id, key_version=key_version,
+        engine=engine, model=model, spec=spec, prompt_tokens=prompt_tokens)
     row = _append(session, tenant_id=tenant_id, now=clock.resolve(now), values={
         **header, "generation_id": generation_id, "kind": "started", "writer": writer_id(),
         **_progress(session, tenant_id, key_id, key_version, output_text="", output_sha256=None,
