@@ -117,7 +117,7 @@ class Stats:
                 if status == 599 and any(a - 1 <= at <= b + 1 for a, b in self.restarts):
                     self.errors["transport error during a gateway's restart"] += 1
                     return
-                self.unexpected.append(f"{route} {status} {body[:200]}")
+                self.unexpected.append(f"{route} {status} at {at:.0f} s, {seconds * 1000:.0f} ms: {body[:200]}")
 
 
 class Pool:
@@ -345,8 +345,8 @@ def check_ledger(db_url: str, stats: Stats) -> tuple[int, int]:
 async def check_detection(url: str, db_url: str, tokens: dict[str, str], stats: Stats) -> dict:
     """Detect each output (with >= 24 watermarked tokens) within its tenant's keys. An output
     passes when it is detected (p below the threshold) under the key its record names; one
-    below the threshold whose best-scoring key is still that key is counted apart as weak
-    evidence (short, low-entropy text from the tiny model); any other key winning fails."""
+    detected under no key is weak evidence (short, low-entropy text from the tiny model),
+    counted apart with its own key's p; one detected under another key fails."""
     engine = create_engine(db_url)
     with engine.connect() as connection:
         keys = {row[0]: row[1] for row in connection.execute(text("SELECT generation_id, key_id FROM ledger_entries"))}
@@ -363,9 +363,9 @@ async def check_detection(url: str, db_url: str, tokens: dict[str, str], stats: 
             if r.status_code == 200 and result.get("watermarked") and (result.get("key") or {}).get("key_id") == keys[g["id"]]:
                 out["detected"] += 1
                 continue
-            best = min(result.get("per_key") or [{}], key=lambda k: k.get("log10_p_value", 0.0))
-            if r.status_code == 200 and not result.get("watermarked") and best.get("key_id") == keys[g["id"]]:
-                out["weak"].append(best["log10_p_value"])
+            own = [k for k in result.get("per_key") or [] if k.get("key_id") == keys[g["id"]]]
+            if r.status_code == 200 and not result.get("watermarked") and own:
+                out["weak"].append(own[0]["log10_p_value"])
             else:
                 out["bad"].append(f"{g['id']}: {r.status_code} {str(result)[:300]}")
     return out
@@ -446,12 +446,12 @@ def render(args, stats: Stats, elapsed: float, recorded: int, received: int, det
               f"- {ok(recorded == received)} every generation received is in the ledger: {recorded} / {received}",
               f"- {ok(stats.key_observations['bad'] == 0)} exactly one active key per tenant at every observation: "
               f"{dict(stats.key_observations)}" + "".join(f"\n  - {b}" for b in stats.bad_observations[:5]),
-              f"- {ok(not detection['bad'])} no output detected under, or best scored by, a key other than the one "
-              f"its record names: {len(detection['bad'])} of {detection['checked']}"
+              f"- {ok(not detection['bad'])} no output detected under a key other than the one its record names "
+              f"(or not tested under it): {len(detection['bad'])} of {detection['checked']}"
               + "".join(f"\n  - {b}" for b in detection["bad"][:10]),
               f"- outputs (>= 24 watermarked tokens) detected under the key their record names at the threshold "
-              f"(1e-6): {detection['detected']} / {detection['checked']}; the other {len(weak)} scored best under "
-              f"their record's key but above the threshold (weak evidence, log10 p from {weak[0]:.1f} to "
+              f"(1e-6): {detection['detected']} / {detection['checked']}; the other {len(weak)} were detected under "
+              f"no key (weak evidence; log10 p under their record's key from {weak[0]:.1f} to "
               f"{weak[-1]:.1f})" if weak else
               f"- {ok(detection['detected'] == detection['checked'])} outputs (>= 24 watermarked tokens) detected "
               f"under the key their record names: {detection['detected']} / {detection['checked']}",
