@@ -134,14 +134,15 @@ def run_checks() -> list[Check]:
 
     from keys.settings import StoreSettings
     from service.settings import ServiceSettings
+    from service.validation import first_error
 
     try:
         store_settings = StoreSettings()
         service = ServiceSettings()
     except ValidationError as exc:
-        first = exc.errors()[0]
-        name = "HALLMARK_" + "_".join(str(p) for p in first["loc"]).upper()
-        return [Check("settings", False, f"{name}: {first['msg']}", f"fix {name}")]
+        where, message = first_error(exc)
+        name = "HALLMARK_" + where.replace(".", "_").upper()
+        return [Check("settings", False, f"{name}: {message}", f"fix {name}")]
     checks, store = _database(store_settings)
     try:
         checks.append(_kek(store_settings, store))
