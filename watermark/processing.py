@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from watermark.transfer import to_device
+
 MIN_TEMPERATURE = 0.01
 """The smallest non-zero temperature (vLLM's ``_MAX_TEMP`` clamp is the same 1e-2)."""
 
@@ -69,19 +71,20 @@ def process_logits(logits: torch.Tensor, params: ProcessingParams) -> torch.Tens
     """
     out = logits.to(torch.float32)
     out = torch.where(torch.isnan(out), torch.full_like(out, float("-inf")), out)
-    temperature = params.temperature.to(device=out.device, dtype=torch.float32)
+    # Row parameters may come from the host: their checks below then read no device memory.
+    temperature = to_device(params.temperature, out.device).to(torch.float32)
     scale = torch.where(temperature == 0, torch.ones_like(temperature), temperature.clamp(min=MIN_TEMPERATURE))
     out = out / scale.unsqueeze(-1)
     vocab = out.shape[-1]
-    top_k = params.top_k.to(out.device)
-    if bool(((top_k > 0) & (top_k < vocab)).any()):
+    if bool(((params.top_k > 0) & (params.top_k < vocab)).any()):
+        top_k = to_device(params.top_k, out.device)
         k = top_k.clamp(min=1, max=vocab)
         sorted_desc = torch.sort(out, dim=-1, descending=True).values
         kth = sorted_desc.gather(-1, (k - 1).unsqueeze(-1))
         active = ((top_k > 0) & (top_k < vocab)).unsqueeze(-1)
         out = torch.where(active & (out < kth), torch.full_like(out, float("-inf")), out)
-    top_p = params.top_p.to(device=out.device, dtype=torch.float32)
-    if bool((top_p < 1.0).any()):
+    if bool((params.top_p < 1.0).any()):
+        top_p = to_device(params.top_p, out.device).to(torch.float32)
         sorted_desc = torch.sort(out, dim=-1, descending=True).values
         probs = torch.softmax(sorted_desc.to(torch.float64), dim=-1)
         mass_before = torch.cumsum(probs, dim=-1) - probs

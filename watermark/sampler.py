@@ -28,6 +28,7 @@ from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAI
 
 if TYPE_CHECKING:  # watermark.key imports pydantic (the spec), which the GPU image lacks
     from watermark.key import RowKeys
+from watermark.transfer import host_tensor
 
 
 
@@ -63,12 +64,12 @@ def sampler_rows(keys: Sequence[RowKeys], *, contexts: Sequence[Sequence[int]], 
     return SamplerRows(
         key_a=philox_torch.keys_tensor([k.key_a for k in keys], device),
         key_b=philox_torch.keys_tensor([k.key_b for k in keys], device),
-        alpha=torch.tensor([k.alpha if routed else 0.0 for k in keys], dtype=torch.float32, device=device),
+        alpha=host_tensor([k.alpha if routed else 0.0 for k in keys], torch.float32, device),
         contexts=contexts,
-        watermark=torch.tensor(list(watermark), dtype=torch.bool, device=device),
-        greedy=torch.tensor(list(greedy), dtype=torch.bool, device=device),
+        watermark=host_tensor(list(watermark), torch.bool, device),
+        greedy=host_tensor(list(greedy), torch.bool, device),
         stream_keys=philox_torch.keys_tensor(list(stream_keys), device),
-        positions=torch.tensor(list(positions), dtype=torch.int64, device=device),
+        positions=host_tensor(list(positions), torch.int64, device),
     )
 
 
@@ -91,8 +92,7 @@ def padded_contexts(contexts: Sequence[Sequence[int]], device) -> tuple[torch.Te
     """Per-row contexts as one [B, max width] int64 tensor plus widths [B] int32."""
     width = max((len(c) for c in contexts), default=1)
     table = [list(c) + [0] * (width - len(c)) for c in contexts]
-    return (torch.tensor(table, dtype=torch.int64, device=device),
-            torch.tensor([len(c) for c in contexts], dtype=torch.int32, device=device))
+    return (host_tensor(table, torch.int64, device), host_tensor([len(c) for c in contexts], torch.int32, device))
 
 
 def sample_reference(logits: torch.Tensor, rows: SamplerRows, argmax=gumbel_argmax_cpu,

@@ -25,7 +25,9 @@ from watermark.prf.philox import (
 
 def keys_tensor(keys: list[int] | tuple[int, ...], device: torch.device | str = "cpu") -> torch.Tensor:
     """Per-row keys [B] as int64 bit patterns, the form every torch entry point takes."""
-    return torch.tensor([to_signed64(k) for k in keys], dtype=torch.int64, device=device)
+    from watermark.transfer import host_tensor
+
+    return host_tensor([to_signed64(k) for k in keys], torch.int64, device)
 
 
 def _mulhilo_torch(values: torch.Tensor, multiplier: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ from transformers import DynamicCache
 
 from service.engines.local import cache as kv
 from service.engines.local import stable_topk
+from watermark.transfer import to_device
 
 # Compact a group's cache when this share of its columns are holes.
 _HOLE_SHARE_TO_COMPACT = 0.25
@@ -114,9 +115,11 @@ class Group:
         return out.logits.float()
 
     def reject_tail(self, counts: torch.Tensor) -> None:
-        """Turn each row's last ``counts[b]`` live columns into holes (rejected drafts)."""
+        """Turn each row's last ``counts[b]`` live columns into holes (rejected drafts);
+        ``counts`` [B] int64 may be a host tensor."""
         if not bool((counts > 0).any()):
             return
+        counts = to_device(counts, self.mask.device)
         width = self.mask.shape[1]
         cols = torch.arange(width, device=self.mask.device).unsqueeze(0)
         live_rank = torch.cumsum(self.mask.flip(1), dim=1).flip(1)  # live columns at or after c

@@ -25,11 +25,13 @@ from watermark import dispatch, sampler, speculative, stream
 from watermark.prf import philox_torch
 from watermark.results import SampleResult
 from watermark.processing import ProcessingParams, process_logits
+from watermark.transfer import host_tensor
 
 
 def _params(rows: list[RequestState], repeat: int, device) -> ProcessingParams:
+    # Host tensors: process_logits checks them without a device read and copies them asynchronously.
     def col(values, dtype):
-        return torch.tensor(values, dtype=dtype, device=device).repeat_interleave(repeat)
+        return torch.tensor(values, dtype=dtype).repeat_interleave(repeat)
 
     return ProcessingParams(
         temperature=col([r.request.temperature for r in rows], torch.float32),
@@ -75,7 +77,7 @@ class SpeculativeGroups:
 
 
 def plain_step(group: Group, rows: list[RequestState]) -> None:
-    inputs = torch.tensor([[r.last_token] for r in rows], dtype=torch.int64, device=group.device)
+    inputs = host_tensor([[r.last_token] for r in rows], torch.int64, group.device)
     logits = group.forward(inputs)[:, -1]
     sample_next(logits, rows)
 
@@ -89,11 +91,8 @@ def speculative_step(groups: SpeculativeGroups, rows: list[RequestState], pendin
     k, device = groups.k, groups.target.device
     batch = len(rows)
     width = max(len(p) for p in pending)
-    draft_in = torch.zeros((batch, width), dtype=torch.int64, device=device)
-    draft_live = torch.zeros((batch, width), dtype=torch.int64, device=device)
-    for b, tokens in enumerate(pending):
-        draft_in[b, width - len(tokens):] = torch.tensor(tokens)
-        draft_live[b, width - len(tokens):] = 1
+    draft_in = host_tensor([[0] * (width - len(p)) + list(p) for p in pending], torch.int64, device)
+    draft_live = host_tensor([[0] * (width - len(p)) + [1] * len(p) for p in pending], torch.int64, device)
     drafts: list[list[int]] = [[] for _ in rows]
     draft_probs = []
     logits = groups.draft.forward(draft_in, draft_live)[:, -1]
@@ -107,10 +106,9 @@ def speculative_step(groups: SpeculativeGroups, rows: list[RequestState], pendin
             d.append(token)
         if j < k - 1:
             logits = groups.draft.forward(result.tokens.unsqueeze(1))[:, -1]
-    draft_tokens = torch.tensor(drafts, dtype=torch.int64, device=device)
+    draft_tokens = host_tensor(drafts, torch.int64, device)
 
-    target_in = torch.cat([torch.tensor([[r.last_token] for r in rows], dtype=torch.int64, device=device),
-                           draft_tokens], dim=1)
+    target_in = host_tensor([[r.last_token] + d for r, d in zip(rows, drafts)], torch.int64, device)
     target_logits = groups.target.forward(target_in)  # [B, k + 1, V]
     processed = process(target_logits.reshape(batch * (k + 1), -1), rows, k + 1)
     target_probs = torch.softmax(processed, dim=-1).reshape(batch, k + 1, -1)
@@ -118,21 +116,21 @@ def speculative_step(groups: SpeculativeGroups, rows: list[RequestState], pendin
     verify_rows = speculative.VerifyRows(
         key_b=_keys([r.keys.key_b for r in rows], device),
         key_coin=_keys([r.keys.key_coin for r in rows], device),
-        keyed_coin=torch.tensor([r.keyed_coin for r in rows], device=device),
+        keyed_coin=host_tensor([r.keyed_coin for r in rows], torch.bool, device),
         contexts=[speculative.block_contexts(r.dedup.context, d) for r, d in zip(rows, drafts)],
-        watermark=torch.tensor([[r.watermarked and not rep for rep in dec] for r, dec in zip(rows, decisions)],
-                               device=device),
-        greedy=torch.tensor([r.greedy for r in rows], device=device),
+        watermark=host_tensor([[r.watermarked and not rep for rep in dec] for r, dec in zip(rows, decisions)],
+                              torch.bool, device),
+        greedy=host_tensor([r.greedy for r in rows], torch.bool, device),
         stream_keys=_keys([r.stream_key for r in rows], device),
-        positions=torch.tensor([len(r.output) for r in rows], dtype=torch.int64, device=device),
+        positions=host_tensor([len(r.output) for r in rows], torch.int64, device),
     )
     result = dispatch.verify(target_probs, torch.stack(draft_probs, dim=1), draft_tokens, verify_rows)
 
     accepted = result.num_accepted.tolist()
     # Target cache: last + k drafts were fed; keep last + accepted drafts.
-    groups.target.reject_tail(torch.tensor([k - a for a in accepted], dtype=torch.int64, device=device))
+    groups.target.reject_tail(torch.tensor([k - a for a in accepted], dtype=torch.int64))  # host counts
     # Draft cache: `pending` + first k-1 drafts were fed; keep up to the accepted drafts.
-    groups.draft.reject_tail(torch.tensor([max(0, k - 1 - a) for a in accepted], dtype=torch.int64, device=device))
+    groups.draft.reject_tail(torch.tensor([max(0, k - 1 - a) for a in accepted], dtype=torch.int64))
     tokens, routes = result.tokens.tolist(), result.routes.tolist()
     for b, row in enumerate(rows):
         row.drafted += k

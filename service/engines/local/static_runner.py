@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from service.engines.local.model import StaticCache, forward as static_forward
+from watermark.transfer import to_device
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Column windows: a step reads only the first W columns of the cache (every live column of
@@ -175,9 +176,9 @@ class StaticGroup:
     def reject_tail(self, counts: torch.Tensor) -> None:
         """Drop each row's newest ``counts[b]`` live tokens (rejected drafts): its column
         count moves back and those columns stop being valid; they are rewritten next step."""
-        # Host bounds follow (counts was just built from host values: this read waits for little).
+        # Host bounds follow (``counts`` [B] int64, a host tensor from the scheduler: no device read).
         self.lengths = [length - c for length, c in zip(self.lengths, counts.tolist())]
-        next_pos = self.next_pos - counts
+        next_pos = self.next_pos - to_device(counts, self.device)
         cols = torch.arange(self.columns, device=self.device).unsqueeze(0)
         self.valid = self.valid & (cols < next_pos.unsqueeze(1))
         self.next_pos = next_pos
