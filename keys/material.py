@@ -24,6 +24,7 @@ from keys.errors import KekError, KeyStoreError, StaleKek, NoActiveKey, UnknownK
 from keys.kek import Keyring
 from keys.models import ACTIVE, SigningKey, StoreKek, Tenant
 from keys.models import KeyRow
+from keys.tenants import get_tenant
 from watermark.key import WatermarkKey, check_value
 from watermark.spec import WatermarkSpec
 
@@ -154,10 +155,7 @@ def detection_keys(session: Session, keyring: Keyring, *, tenant: str | None = N
     match under a revoked key as such."""
     query = select(KeyRow, Tenant.name).join(Tenant, Tenant.id == KeyRow.tenant_id)
     if tenant is not None:
-        tenant_id = session.scalar(select(Tenant.id).where(Tenant.name == tenant))
-        if tenant_id is None:
-            raise UnknownTenant(tenant)
-        query = query.where(KeyRow.tenant_id == tenant_id)
+        query = query.where(KeyRow.tenant_id == get_tenant(session, name=tenant).id)
     rows = session.execute(query.order_by(Tenant.name, KeyRow.version)).all()
     return [_stored(keyring, row, name) for row, name in rows]
 
