@@ -303,3 +303,21 @@ def _refuse_bulk_audit_change(state: ORMExecuteState) -> None:
             raise AuditLogImmutable()
         if LedgerEntry in classes:
             raise LedgerImmutable()
+
+
+class LedgerKgram(Base):
+    """Keyed hashes of a recorded generation's token k-grams (see :mod:`keys.kgrams`): lets
+    detection match an edited copy to its generation without storing text or token ids.
+    Each digest is an HMAC under a key derived from the generation's watermark key secret,
+    so the rows are useless without the store. Written in the ledger entry's transaction."""
+
+    __tablename__ = "ledger_kgrams"
+    __table_args__ = (Index("ix_ledger_kgrams_key_digest", "key_id", "digest"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer(), "sqlite"),
+                                    primary_key=True, autoincrement=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="RESTRICT"))
+    generation_id: Mapped[str] = mapped_column(String(ID_LENGTH), index=True)
+    key_id: Mapped[str] = mapped_column(ForeignKey("watermark_keys.id", ondelete="RESTRICT"))
+    digest: Mapped[int] = mapped_column(BigInteger())
+    """The first 63 bits of HMAC-SHA256(k-gram key, k token ids as 4-byte big-endian)."""

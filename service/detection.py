@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Any
 
 from pydantic import ValidationError
@@ -11,6 +12,7 @@ from pydantic import ValidationError
 from detector.detect import DetectorConfig, detect as run_detect, statistic_for
 from detector.normalize import normalize
 from detector.result import Span
+from keys import kgrams
 from keys.errors import KeyStoreError, UnknownTenant
 from keys.ledger import hash_output
 from service import evidence
@@ -93,10 +95,16 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
     if text:
         scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
         matches = services.ledger_matches(hash_output(text), scope)
+    kgram_matches = _kgram_matches(services, identity, tenant, candidates, token_ids)
     services.metrics.detections.labels("watermarked" if result.watermarked else "not_watermarked").inc()
     out = result.to_dict()
     out["ledger_matches"] = matches
-    if matches and "ledger" not in out["basis"]:
+    out["kgram_matches"] = [m.to_dict() for m in kgram_matches]
+    # The ledger is a second basis: an exact copy (output hash) or shared k-grams whose
+    # chance-collision bound passes the threshold, even when the watermark no longer does.
+    ledger_basis = bool(matches) or any(m.log10_false_match_bound <= math.log10(config.threshold)
+                                        for m in kgram_matches)
+    if ledger_basis and "ledger" not in out["basis"]:
         out["basis"] = [*out["basis"], "ledger"]
     if normalized is not None:
         out["normalization"] = normalized.to_dict()
@@ -105,6 +113,19 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
     # What the verdict rests on, signed (verifiable offline like a receipt).
     out["report"] = services.sign(report_statement(out, text=text, token_ids=list(token_ids)))
     return out
+
+
+def _kgram_matches(services: Services, identity: Identity, tenant, candidates, token_ids) -> list:
+    """Generations sharing k-grams with the text under a stored candidate key (keys.kgrams)."""
+    keys = [(c.info.key_id, c.key.secret) for c in candidates if c.info.tenant is not None and c.info.key_id]
+    if not keys or len(token_ids) < kgrams.K:
+        return []
+    scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
+    try:
+        with services.store.transaction(write=False) as session:
+            return kgrams.find_matches(session, keys=keys, token_ids=token_ids, tenant_id=scope)
+    except KeyStoreError as exc:
+        raise store_error(exc) from None
 
 
 def tokenize_with_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]] | None]:

@@ -18,6 +18,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+from keys import kgrams
 from keys.errors import KeyRevoked, KeyStoreError
 from keys.ledger import (CHECKPOINT_TOKENS, GenerationEntry, checkpoint_generation, finish_generation,
                          record_generation, start_generation)
@@ -214,6 +215,7 @@ def _record(services: Services, prepared: _Prepared, done: Finished) -> Outcome:
                 output_text=done.text, token_ids=done.token_ids, finish_reason=_engine_reason(done.finish_reason),
                 generation_id=prepared.request.request_id, refuse_revoked_key=True,
                 details=_verification(services, prepared, done.token_ids, done.routes.watermarked if plan else 0))
+            _record_kgrams(session, prepared, done.token_ids)
     except KeyRevoked:
         log.warning("generation %s withheld: its key was revoked while it generated", prepared.request.request_id)
         raise Unavailable("the watermark key was revoked while this generation ran, so the output is "
@@ -223,6 +225,15 @@ def _record(services: Services, prepared: _Prepared, done: Finished) -> Outcome:
         raise Unavailable("the provenance record could not be written, so the output is withheld; "
                           "retry later") from None
     return _outcome(services, prepared, done, entry)
+
+
+def _record_kgrams(session, prepared: _Prepared, token_ids) -> None:
+    """Keyed k-gram digests of watermarked output, in the ledger entry's transaction
+    (:mod:`keys.kgrams`): lets detection match an edited copy to this generation."""
+    plan = prepared.plan
+    if plan is not None and plan.key_id is not None:
+        kgrams.record(session, tenant_id=prepared.tenant_id, generation_id=prepared.request.request_id,
+                      key_id=plan.key_id, secret=plan.key.secret, token_ids=token_ids)
 
 
 def _engine_reason(reason: str) -> str:
@@ -330,6 +341,7 @@ class _Progress:
                 entry = checkpoint_generation(session, **values)
             else:
                 entry = finish_generation(session, finish_reason=finish_reason, details=details, **values)
+                _record_kgrams(session, prepared, values["token_ids"])
         self.covered = len(self.token_ids)
         return entry
 

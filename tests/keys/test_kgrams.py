@@ -1,0 +1,79 @@
+"""Ledger retrieval by keyed k-gram hashes: an edited copy matches its generation, an
+unrelated text does not, other keys and tenants see nothing, and no token id is stored."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from sqlalchemy import select
+
+from keys import kgrams
+from keys.ledger import record_generation
+from keys.lifecycle import create_key
+from keys.material import active_key
+from keys.models import LedgerKgram
+from keys.tenants import create_tenant
+from watermark.spec import WatermarkSpec
+
+ACTOR = "test"
+
+
+@pytest.fixture
+def setup(store):
+    with store.transaction() as session:
+        acme = create_tenant(session, name="acme", actor=ACTOR)
+        beta = create_tenant(session, name="beta", actor=ACTOR)
+        create_key(session, store.keyring, tenant="acme", actor=ACTOR, spec=WatermarkSpec())
+        create_key(session, store.keyring, tenant="beta", actor=ACTOR, spec=WatermarkSpec())
+    with store.transaction(write=False) as session:
+        return (acme, active_key(session, store.keyring, tenant_id=acme.id),
+                beta, active_key(session, store.keyring, tenant_id=beta.id))
+
+
+def _generate(store, tenant, key, tokens):
+    with store.transaction() as session:
+        entry = record_generation(session, tenant_id=tenant.id, key_id=key.key_id, key_version=key.version,
+                                  engine="local", model="tiny", spec=key.spec, prompt_tokens=3,
+                                  watermarked_tokens=len(tokens), unwatermarked_reason=None,
+                                  output_text="x", token_ids=tokens)
+        stored = kgrams.record(session, tenant_id=tenant.id, generation_id=entry.id, key_id=key.key_id,
+                               secret=key.material.secret, token_ids=tokens)
+    return entry.id, stored
+
+
+def test_edited_copy_matches_its_generation_only(store, setup):
+    acme, acme_key, beta, beta_key = setup
+    rng = random.Random(1)
+    tokens = [rng.randrange(50_000) for _ in range(300)]
+    generation_id, stored = _generate(store, acme, acme_key, tokens)
+    _generate(store, acme, acme_key, [rng.randrange(50_000) for _ in range(300)])
+    assert stored == 300 - kgrams.K + 1
+    edited = list(tokens)
+    for i in range(0, 300, 12):  # one substitution every 12 tokens: only some 8-grams survive
+        edited[i] = rng.randrange(50_000)
+    keys = [(acme_key.key_id, acme_key.material.secret)]
+    with store.transaction(write=False) as session:
+        found = kgrams.find_matches(session, keys=keys, token_ids=edited, tenant_id=acme.id)
+        assert [m.generation_id for m in found] == [generation_id]
+        match = found[0]
+        assert 0 < match.matched < match.queried and match.log10_false_match_bound < -100
+        assert match.to_dict()["share"] == pytest.approx(match.matched / match.queried)
+        unrelated = [rng.randrange(50_000) for _ in range(300)]
+        assert kgrams.find_matches(session, keys=keys, token_ids=unrelated, tenant_id=acme.id) == []
+        # Another tenant's scope, or another key, finds nothing.
+        assert kgrams.find_matches(session, keys=keys, token_ids=edited, tenant_id=beta.id) == []
+        other = [(beta_key.key_id, beta_key.material.secret)]
+        assert kgrams.find_matches(session, keys=other, token_ids=edited, tenant_id=None) == []
+        # No token id or text is stored: only 63-bit keyed digests.
+        digests = session.scalars(select(LedgerKgram.digest)).all()
+        assert digests and all(0 <= d < 2**63 for d in digests) and not set(digests) & set(tokens)
+
+
+def test_digests_are_keyed_and_the_bound_is_monotone():
+    tokens = list(range(20))
+    assert kgrams.digests(tokens, 1) != kgrams.digests(tokens, 2)
+    assert kgrams.digests(tokens[:7], 1) == set()
+    assert kgrams.false_match_log10(0, 10, 10, 1) == 0.0
+    bounds = [kgrams.false_match_log10(x, 300, 300, 1000) for x in range(1, 6)]
+    assert all(b2 < b1 for b1, b2 in zip(bounds, bounds[1:])) and bounds[0] < -10
