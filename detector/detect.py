@@ -8,7 +8,8 @@ keys (a tenant's rotation history, or every tenant): each key's p is Holm-adjust
 
 The verdict is one weighted Bonferroni test over every component (state weights, fixed
 before looking at the data; :func:`weights`): whole-text sum 1/2, whole-text Tr-GoF 1/4,
-spans 1/4 (the span p-values are already corrected for every window and key). The global
+spans 1/4 (the span p-values are already corrected for every window and key); a dual key
+under ``auto`` splits the whole-text 3/4 as sum (``max``) 0.3, ``weighted`` 0.3, Tr-GoF 0.15. The global
 p is min over components of p_c / w_c, so under the null P(global p <= t) <= t; a text
 is watermarked when the whole text or any span passes its share. Without edits this
 costs the sum test one factor 2 of p-value (0.3 in log10).
@@ -60,18 +61,29 @@ class DetectorConfig(BaseModel):
     (see the module docstring); `sum` or `trgof` alone."""
 
 
-def weights(config: "DetectorConfig", with_spans: bool) -> dict[str, float]:
-    """Bonferroni weights of the verdict's components (sum to 1): fixed by the config and
-    the text length only, never by the data."""
+SPANS_SHARE = 0.25
+"""The spans' share of the threshold when spans are on."""
+
+
+def weights(config: "DetectorConfig", with_spans: bool, dual_auto: bool = False) -> dict[str, float]:
+    """Bonferroni weights of the verdict's components (sum to 1): fixed by the config, the
+    key's kind and the text length only, never by the data. Spans get SPANS_SHARE; the
+    whole text the rest, split sum 2 : Tr-GoF 1, and for a dual key under ``auto`` also the
+    ``weighted`` sum 2 (it is the stronger statistic when the key-B share is alpha, as in
+    non-speculative text; ``max`` keeps the power when it is not)."""
     raw = {}
     if config.test in ("auto", "sum"):
         raw["sum"] = 2.0
+        if dual_auto:
+            raw["weighted"] = 2.0
     if config.test in ("auto", "trgof"):
         raw["trgof"] = 1.0
-    if with_spans:
-        raw["spans"] = 1.0
+    whole = 1.0 - (SPANS_SHARE if with_spans else 0.0)
     total = sum(raw.values())
-    return {name: value / total for name, value in raw.items()}
+    out = {name: whole * value / total for name, value in raw.items()}
+    if with_spans:
+        out["spans"] = SPANS_SHARE
+    return out
 
 
 @dataclass(frozen=True)
@@ -118,7 +130,7 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
         raise ValueError("token ids must be integers in [0, 2**32)")
     log10_threshold = math.log10(config.threshold)
     with_spans = config.spans and len(tokens) >= 2 * config.span_min_length
-    share = weights(config, with_spans)
+    shares: dict[str, float] = {}
     positions_cache: dict[tuple[int, str], scoring.ScoredPositions] = {}
     evidence: list[KeyEvidence] = []
     for candidate in candidates:
@@ -129,6 +141,9 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
             scored = scoring.scored_positions(tokens, spec.context_width, spec.dedup)
             positions_cache[cache_key] = scored
         statistic = statistic_for(candidate, config)
+        share = weights(config, with_spans, dual_auto=(spec.algorithm == "dual_key_gumbel"
+                                                       and config.dual_statistic == "auto"))
+        shares.update(share)
         per_token = scoring.token_scores(candidate.key, scored, statistic, tau=config.routed_tau)
         total = float(per_token.sum())
         log10_sf = _log10_sf(statistic, spec.alpha)
@@ -144,6 +159,10 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
                 candidate.key, scored, "max")
             log10_p_trgof = trgof.log10_pvalue(gof_scores)
             combined.append(log10_p_trgof - math.log10(share["trgof"]))
+        if "weighted" in share:
+            weighted = scoring.token_scores(candidate.key, scored, "weighted")
+            log10_p_weighted = stats.weighted_gamma_log10_sf(float(weighted.sum()), len(weighted), spec.alpha)
+            combined.append(log10_p_weighted - math.log10(share["weighted"]))
         evidence.append(KeyEvidence(candidate=candidate, scored=scored, statistic=statistic,
                                     per_token=per_token, total=total, log10_p_sum=log10_p_sum,
                                     log10_p_trgof=log10_p_trgof, log10_p=min(0.0, min(combined)),
@@ -155,7 +174,7 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
         KeyResult(key=e.candidate.info, statistic=e.statistic, score=e.total,
                   scored_tokens=len(e.scored.positions), log10_p_value=e.log10_p,
                   log10_p_adjusted=adj / stats.LN10, log10_p_sum=e.log10_p_sum,
-                  log10_p_trgof=e.log10_p_trgof if "trgof" in share else None)
+                  log10_p_trgof=e.log10_p_trgof if "trgof" in shares else None)
         for e, adj in zip(evidence, adjusted)
     )
     best = min(evidence, key=lambda e: e.log10_p)
@@ -166,7 +185,7 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
     if with_spans:
         # The span family gets its own share of the threshold: a span passes when its
         # (window- and key-corrected) p is at most share * threshold.
-        log10_share = math.log10(share["spans"])
+        log10_share = math.log10(SPANS_SHARE)
         hits = spans.locate(best.scored.positions, best.per_token, len(tokens),
                             min_length=config.span_min_length, family_size_factor=m,
                             log10_threshold=log10_threshold + log10_share, log10_sf=best.log10_sf)
@@ -187,6 +206,6 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
         per_key=per_key,
         spans=found,
         basis=("watermark",) if watermarked else (),
-        correction=("weighted Bonferroni: " + ", ".join(f"{name} {w:.3g}" for name, w in share.items())
+        correction=("weighted Bonferroni: " + ", ".join(f"{name} {w:.3g}" for name, w in shares.items())
                     + f"; sidak over {m} key(s) tested; spans union-bound over windows x keys"),
     )
