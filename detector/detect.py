@@ -100,6 +100,8 @@ class KeyEvidence:
     log10_p: float
     """This key's combined whole-text p: min over its tests of p / weight share."""
     log10_sf: object  # Callable[[float, int], float], the sum statistic's null tail
+    span_families: tuple = ()
+    """(scores [n], their sum's null tail, share of SPANS_SHARE) per span search."""
 
 
 def statistic_for(candidate: Candidate, config: DetectorConfig) -> scoring.Statistic:
@@ -159,14 +161,18 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
                 candidate.key, scored, "max")
             log10_p_trgof = trgof.log10_pvalue(gof_scores)
             combined.append(log10_p_trgof - math.log10(share["trgof"]))
+        families: tuple = ((per_token, log10_sf, 1.0),)
         if "weighted" in share:
             weighted = scoring.token_scores(candidate.key, scored, "weighted")
-            log10_p_weighted = stats.weighted_gamma_log10_sf(float(weighted.sum()), len(weighted), spec.alpha)
+            weighted_sf = _log10_sf("weighted", spec.alpha)
+            log10_p_weighted = weighted_sf(float(weighted.sum()), len(weighted))
             combined.append(log10_p_weighted - math.log10(share["weighted"]))
+            # Spans too: half of the spans' share each for max and weighted scores.
+            families = ((per_token, log10_sf, 0.5), (weighted, weighted_sf, 0.5))
         evidence.append(KeyEvidence(candidate=candidate, scored=scored, statistic=statistic,
                                     per_token=per_token, total=total, log10_p_sum=log10_p_sum,
                                     log10_p_trgof=log10_p_trgof, log10_p=min(0.0, min(combined)),
-                                    log10_sf=log10_sf))
+                                    log10_sf=log10_sf, span_families=families))
 
     m = len(evidence)
     adjusted = stats.holm_adjusted([e.log10_p * stats.LN10 for e in evidence])
@@ -184,16 +190,24 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
     found: tuple[Span, ...] = ()
     if with_spans:
         # The span family gets its own share of the threshold: a span passes when its
-        # (window- and key-corrected) p is at most share * threshold.
-        log10_share = math.log10(SPANS_SHARE)
-        hits = spans.locate(best.scored.positions, best.per_token, len(tokens),
-                            min_length=config.span_min_length, family_size_factor=m,
-                            log10_threshold=log10_threshold + log10_share, log10_sf=best.log10_sf)
-        hits = spans.refine(hits, best.scored.positions, best.per_token, len(tokens))
+        # (window- and key-corrected) p is at most share * threshold. A dual key under auto
+        # searches max and weighted scores, each with half of the share.
+        ranked: list[tuple[float, spans.SpanHit]] = []
+        for scores, family_sf, fraction in best.span_families:
+            log10_share = math.log10(SPANS_SHARE * fraction)
+            hits = spans.locate(best.scored.positions, scores, len(tokens),
+                                min_length=config.span_min_length, family_size_factor=m,
+                                log10_threshold=log10_threshold + log10_share, log10_sf=family_sf)
+            hits = spans.refine(hits, best.scored.positions, scores, len(tokens))
+            ranked.extend((h.log10_p_value - log10_share, h) for h in hits)
+        kept: list[tuple[float, spans.SpanHit]] = []
+        for weighted_p, hit in sorted(ranked, key=lambda item: item[0]):
+            if all(hit.end <= k.start or hit.start >= k.end for _, k in kept):
+                kept.append((weighted_p, hit))
         found = tuple(Span(h.start, h.end, h.scored_tokens, h.log10_p_value, best.candidate.info.fingerprint)
-                      for h in hits)
-        if hits:
-            global_log10_p = min(global_log10_p, min(h.log10_p_value for h in hits) - log10_share)
+                      for _, h in sorted(kept, key=lambda item: item[1].start))
+        if kept:
+            global_log10_p = min(global_log10_p, kept[0][0])
     watermarked = global_log10_p <= log10_threshold
     return DetectionResult(
         watermarked=watermarked,
