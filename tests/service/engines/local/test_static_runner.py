@@ -80,3 +80,33 @@ def test_cuda_graph_engine_is_batch_independent_and_replays():
         assert batched == alone
     finally:
         _stop(engine)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bundled", "hallmark-tiny-draft"])
+@torch.inference_mode()
+def test_static_group_follows_the_dynamic_group_across_windows_and_rejections(name):
+    """Rows near the first column window's edge (128) cross it while decoding, with drafts
+    rejected on the way; logits stay those of transformers' dynamic-cache group
+    (float32, 1e-4 abs + rel, the model test's tolerance)."""
+    from service.engines.local.runner import Group, load_model
+    from service.engines.local.static_runner import StaticGroup
+    from service.model_paths import resolve_model_path
+
+    device = torch.device("cpu")
+    model = load_model(resolve_model_path(name), device)
+    static = StaticGroup(model, device, slots=2, context=300, graphs=False)
+    dynamic = Group(model, device)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 8000, (n,), generator=g).tolist() for n in (118, 40)]
+    for i, prompt in enumerate(prompts):
+        for group in (static, dynamic):
+            cache, mask, logits = group.prefill(prompt)
+            group.join(f"r{i}", cache, mask, len(prompt))
+    for step in range(6):
+        inputs = torch.randint(3, 8000, (2, 3), generator=g)
+        torch.testing.assert_close(static.forward(inputs), dynamic.forward(inputs), atol=1e-4, rtol=1e-4)
+        counts = torch.tensor([step % 3, (step + 1) % 3])  # reject 0-2 of the 3 inputs per row
+        static.reject_tail(counts)
+        dynamic.reject_tail(counts)
+    assert max(static.lengths) + 3 + 1 > 128  # crossed into the 256-column window
