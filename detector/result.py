@@ -50,7 +50,9 @@ class KeyResult:
     score: float
     scored_tokens: int
     log10_p_value: float
-    """Unadjusted, for this key alone."""
+    """This key's whole-text p, not adjusted for the number of keys: the minimum over its
+    tests (sum, Tr-GoF, and for dual keys under auto the weighted sum) of p / weight
+    (see :func:`detector.detect.weights`)."""
     log10_p_adjusted: float
     """Holm-adjusted over every key tested."""
     log10_p_sum: float | None = None
