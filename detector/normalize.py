@@ -12,7 +12,9 @@ This undoes them, in order:
 4. collapses runs of horizontal whitespace (spaces, tabs) to one space; newlines are kept.
 
 The result says what was changed, by category, so a client sees that the text was altered.
-Character offsets in a detection of normalised text refer to the normalised text.
+Each character of the result keeps the index of the original character it came from, so
+that a detection reports character offsets in the client's text (:meth:`NormalizedText.
+original_offsets`); a removed character belongs to the token before it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class NormalizedText:
     changes: dict[str, int] = field(default_factory=dict)
     """Counts by step: ``nfkc``, ``zero_width``, ``bidi``, ``homoglyph``, ``whitespace``
     (characters removed or replaced); only non-zero counts appear."""
+    origin: tuple[int, ...] = ()
+    """For each character of ``text``, the index in the original text it came from."""
+    original_length: int = 0
 
     @property
     def changed(self) -> bool:
@@ -59,26 +64,58 @@ class NormalizedText:
     def to_dict(self) -> dict[str, object]:
         return {"changed": self.changed, "changes": dict(self.changes)}
 
+    def original_offsets(self, offsets: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Character ranges in ``text`` mapped to ranges in the original text. Ranges that
+        tile ``text`` tile the original: a range ends where the next character's source
+        begins, so removed characters join the range before them."""
+        bound = (*self.origin, self.original_length)
+
+        def at(i: int) -> int:
+            return 0 if i == 0 else bound[min(i, len(bound) - 1)]
+
+        return [(at(start), at(end)) for start, end in offsets]
+
 
 def normalize(text: str) -> NormalizedText:
     """Normalise ``text`` (see the module docstring)."""
     changes: dict[str, int] = {}
     nfkc = unicodedata.normalize("NFKC", text)
+    chars, origin = _nfkc_with_origin(text, nfkc)
     if nfkc != text:
         changes["nfkc"] = sum(1 for a, b in zip(text, nfkc) if a != b) + abs(len(text) - len(nfkc))
-    zero = sum(ch in ZERO_WIDTH for ch in nfkc)
-    bidi = sum(ch in BIDI_CONTROLS for ch in nfkc)
-    stripped = "".join(ch for ch in nfkc if ch not in ZERO_WIDTH and ch not in BIDI_CONTROLS) \
-        if zero or bidi else nfkc
+    zero = sum(ch in ZERO_WIDTH for ch in chars)
+    bidi = sum(ch in BIDI_CONTROLS for ch in chars)
     if zero:
         changes["zero_width"] = zero
     if bidi:
         changes["bidi"] = bidi
-    homoglyphs = sum(ch in HOMOGLYPHS for ch in stripped)
-    mapped = stripped.translate(_TRANSLATE) if homoglyphs else stripped
+    kept = [(ch, o) for ch, o in zip(chars, origin) if ch not in ZERO_WIDTH and ch not in BIDI_CONTROLS]
+    homoglyphs = sum(ch in HOMOGLYPHS for ch, _ in kept)
     if homoglyphs:
         changes["homoglyph"] = homoglyphs
-    collapsed, runs = _HSPACE_RUN.subn(" ", mapped)
-    if runs:
-        changes["whitespace"] = len(mapped) - len(collapsed)
-    return NormalizedText(text=collapsed, changes=changes)
+        kept = [(HOMOGLYPHS.get(ch, ch), o) for ch, o in kept]
+    out: list[tuple[str, int]] = []
+    removed = 0
+    for ch, o in kept:  # a run of spaces and tabs becomes its first character, as one space
+        if ch in " \t" and out and out[-1][0] in " \t":
+            removed += 1
+            continue
+        out.append((ch, o))
+    collapsed = "".join(ch for ch, _ in out)
+    if removed:
+        changes["whitespace"] = removed
+        # A run's first character stays as a space (a tab in a run becomes a space).
+        collapsed = _HSPACE_RUN.sub(" ", "".join(ch for ch, _ in kept))
+    return NormalizedText(text=collapsed, changes=changes, origin=tuple(o for _, o in out),
+                          original_length=len(text))
+
+
+def _nfkc_with_origin(text: str, nfkc: str) -> tuple[str, list[int]]:
+    """NFKC's result with each character's source index. Per-character NFKC gives the map
+    where it reproduces the whole text's NFKC (no composition across characters); where it
+    does not, the map is proportional, which keeps offsets in range and in order."""
+    pieces = [unicodedata.normalize("NFKC", ch) for ch in text]
+    if "".join(pieces) == nfkc:
+        return nfkc, [j for j, piece in enumerate(pieces) for _ in piece]
+    scale = len(text) / max(len(nfkc), 1)
+    return nfkc, [min(int(i * scale), max(len(text) - 1, 0)) for i in range(len(nfkc))]

@@ -67,6 +67,8 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
         if normalized is not None:
             text = normalized.text
         token_ids, offsets = tokenize_with_offsets(services.engine.tokenizer(), text)
+        if normalized is not None and offsets is not None:
+            offsets = normalized.original_offsets(offsets)  # spans and evidence in the client's text
     else:
         token_ids = list(params.token_ids)
         if any(t < 0 or t >= 2**32 for t in token_ids):

@@ -23,3 +23,24 @@ def test_zero_width_bidi_homoglyph_and_spaces_are_undone():
 def test_nfkc_compatibility_forms():
     out = normalize("ｆｕｌｌ\u00a0width ﬁne")
     assert out.text == "full width fine" and out.changes["nfkc"] > 0
+
+
+def test_offsets_map_back_to_the_original_text():
+    original = "Code:\n\n    if x:\u200b  y  =\tfull\uff41 \u0430b"
+    out = normalize(original)
+    assert out.changed and len(out.origin) == len(out.text)
+    # Ranges that tile the normalised text tile the original, each on its source characters.
+    cuts = list(range(0, len(out.text) + 1, 3))
+    if cuts[-1] != len(out.text):
+        cuts.append(len(out.text))
+    ranges = out.original_offsets(list(zip(cuts, cuts[1:])))
+    assert "".join(original[s:e] for s, e in ranges) == original
+    for (s, e), (ns, ne) in zip(ranges, zip(cuts, cuts[1:])):
+        assert out.text[ns:ne].strip() == "" or original[s:e].strip() != ""
+
+
+def test_unchanged_text_keeps_its_offsets():
+    text = "plain text, one space each."
+    out = normalize(text)
+    assert not out.changed and out.text == text
+    assert out.original_offsets([(0, 5), (5, 10)]) == [(0, 5), (5, 10)]
