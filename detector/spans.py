@@ -85,10 +85,10 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
         adjusted = min(0.0, log10_sf(s_i, n_i) + log10_m)
         if adjusted <= log10_threshold:
             hits.append(SpanHit(int(starts[i]), int(ends[i]), n_i, adjusted))
-    return merge(hits, positions)
+    return merge(hits)
 
 
-def merge(hits: list[SpanHit], positions: np.ndarray) -> list[SpanHit]:
+def merge(hits: list[SpanHit]) -> list[SpanHit]:
     """Most significant windows first, each kept unless it overlaps one already kept:
     a window holding the watermarked stretch plus unmarked text is less significant than
     a tighter one, so this returns tight, disjoint spans."""

@@ -140,6 +140,3 @@ def holm_adjusted(log_ps: list[float]) -> list[float]:
         adjusted[index] = running
     return adjusted
 
-
-def bonferroni(log_p: float, m: int) -> float:
-    return min(0.0, math.log(m) + log_p) if m > 0 else log_p
