@@ -139,4 +139,3 @@ def holm_adjusted(log_ps: list[float]) -> list[float]:
         running = max(running, value)
         adjusted[index] = running
     return adjusted
-
