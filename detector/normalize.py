@@ -8,7 +8,11 @@ This undoes them, in order:
 1. Unicode NFKC (compatibility forms: full-width letters, ligatures, non-breaking spaces);
 2. removes zero-width characters and soft hyphens, and bidirectional controls;
 3. maps Cyrillic and Greek homoglyphs of ASCII letters to the ASCII letter (a fixed table
-   of letters that render identically in common fonts; Unicode's confusables.txt subset);
+   of letters that render identically in common fonts; Unicode's confusables.txt subset),
+   only where they pose as Latin: in a word that also has a Latin letter, or in a word
+   made of table letters alone within a text whose letters are mostly Latin. Real Cyrillic
+   or Greek words (with letters outside the table, or in a mostly Cyrillic/Greek text) are
+   left alone, so that normalising never rewrites a genuine Russian or Greek text;
 4. collapses runs of horizontal whitespace (spaces, tabs) to one space; newlines are kept.
 
 The result says what was changed, by category, so a client sees that the text was altered.
@@ -41,7 +45,30 @@ HOMOGLYPHS: dict[str, str] = {
     "\u0396": "Z", "\u0397": "H", "\u0399": "I", "\u039a": "K", "\u039c": "M", "\u039d": "N",
     "\u039f": "O", "\u03a1": "P", "\u03a4": "T", "\u03a5": "Y", "\u03a7": "X",
 }
-_TRANSLATE = str.maketrans(HOMOGLYPHS)
+_WORD = re.compile(r"[^\W\d_]+")  # runs of letters
+
+
+def _foreign(ch: str) -> bool:
+    """A Cyrillic or Greek letter (the scripts the homoglyph table borrows from)."""
+    return "\u0370" <= ch <= "\u03ff" or "\u0400" <= ch <= "\u052f" or "\u1f00" <= ch <= "\u1fff"
+
+
+def _posing_as_latin(text: str) -> list[bool]:
+    """Per character of ``text``: a homoglyph posing as a Latin letter (module docstring, 3)."""
+    latin = sum(ch.isascii() and ch.isalpha() for ch in text)
+    foreign = sum(_foreign(ch) and ch not in HOMOGLYPHS for ch in text)
+    mostly_latin = latin > foreign
+    out = [False] * len(text)
+    for word in _WORD.finditer(text):
+        chars = word.group()
+        if not any(ch in HOMOGLYPHS for ch in chars):
+            continue
+        if any(_foreign(ch) and ch not in HOMOGLYPHS for ch in chars):
+            continue  # a real Cyrillic/Greek word
+        if mostly_latin or any(ch.isascii() for ch in chars):
+            for i in range(word.start(), word.end()):
+                out[i] = text[i] in HOMOGLYPHS
+    return out
 _HSPACE_RUN = re.compile(r"[ \t]{2,}")
 
 
@@ -90,10 +117,10 @@ def normalize(text: str) -> NormalizedText:
     if bidi:
         changes["bidi"] = bidi
     kept = [(ch, o) for ch, o in zip(chars, origin) if ch not in ZERO_WIDTH and ch not in BIDI_CONTROLS]
-    homoglyphs = sum(ch in HOMOGLYPHS for ch, _ in kept)
-    if homoglyphs:
-        changes["homoglyph"] = homoglyphs
-        kept = [(HOMOGLYPHS.get(ch, ch), o) for ch, o in kept]
+    posing = _posing_as_latin("".join(ch for ch, _ in kept))
+    if any(posing):
+        changes["homoglyph"] = sum(posing)
+        kept = [(HOMOGLYPHS[ch] if swap else ch, o) for (ch, o), swap in zip(kept, posing)]
     out: list[tuple[str, int]] = []
     removed = 0
     for ch, o in kept:  # a run of spaces and tabs becomes its first character, as one space

@@ -57,25 +57,24 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
         raise store_error(exc) from None
     if not candidates:
         raise NotFound("no keys to test: the tenant has no watermark keys yet")
-    offsets = None
     normalized = None
     if params.text is not None:
         if len(params.text) > settings.max_detect_chars:
             raise TooLarge(f"text has {len(params.text)} characters; the limit is {settings.max_detect_chars}")
+        normalized = normalize(params.text) if params.normalize else None
+        forms = [_tokenized(services, params.text, None)]
+        if normalized is not None and normalized.changed:
+            forms.append(_tokenized(services, params.text, normalized))
         text = params.text
-        normalized = normalize(text) if params.normalize else None
-        if normalized is not None:
-            text = normalized.text
-        token_ids, offsets = tokenize_with_offsets(services.engine.tokenizer(), text)
-        if normalized is not None and offsets is not None:
-            offsets = normalized.original_offsets(offsets)  # spans and evidence in the client's text
     else:
         token_ids = list(params.token_ids)
         if any(t < 0 or t >= 2**32 for t in token_ids):
             raise Unprocessable("token_ids must be integers in [0, 2**32)")
+        forms = [(token_ids, None)]
         text = None
-    if len(token_ids) > settings.max_detect_tokens:
-        raise TooLarge(f"{len(token_ids)} tokens; the limit is {settings.max_detect_tokens}")
+    for token_ids, _ in forms:
+        if len(token_ids) > settings.max_detect_tokens:
+            raise TooLarge(f"{len(token_ids)} tokens; the limit is {settings.max_detect_tokens}")
     for candidate in candidates:  # a statistic the keys in scope cannot use: the client's choice, 422
         try:
             statistic_for(candidate, config)
@@ -84,8 +83,8 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
             raise Conflict(f"statistic {params.statistic!r}: {exc}; use 'auto', 'max' or 'weighted'",
                            code="statistic_unavailable", headers={"x-should-retry": "false"}) from None
     if params.evidence:
-        evidence.check_size(len(token_ids), settings.max_evidence_tokens)
-    result = run_detect(token_ids, candidates, config)
+        evidence.check_size(max(len(t) for t, _ in forms), settings.max_evidence_tokens)
+    result, token_ids, offsets, scored_form = _detect_forms(forms, candidates, config)
     if offsets is not None and result.spans:
         spans = tuple(_with_chars(span, offsets) for span in result.spans)
         result = dataclasses.replace(result, spans=spans)
@@ -109,12 +108,43 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
     if ledger_basis and "ledger" not in out["basis"]:
         out["basis"] = [*out["basis"], "ledger"]
     if normalized is not None:
-        out["normalization"] = normalized.to_dict()
+        out["normalization"] = {**normalized.to_dict(), "scored": scored_form}
     if params.evidence:
         out["evidence"] = evidence.evidence_for(result, token_ids, candidates, config, offsets)
     # What the verdict rests on, signed (verifiable offline like a receipt).
     out["report"] = services.sign(report_statement(out, text=text, token_ids=list(token_ids)))
     return out
+
+
+def _tokenized(services: Services, text: str, normalized) -> tuple[list[int], list[tuple[int, int]] | None]:
+    """Token ids and character offsets in the client's text, of the text or its normalised form."""
+    token_ids, offsets = tokenize_with_offsets(services.engine.tokenizer(),
+                                               text if normalized is None else normalized.text)
+    if normalized is not None and offsets is not None:
+        offsets = normalized.original_offsets(offsets)  # spans and evidence in the client's text
+    return token_ids, offsets
+
+
+def _detect_forms(forms, candidates, config: DetectorConfig):
+    """Detect on the text as sent and, where normalisation changed it, on its normalised
+    form; the verdict rests on the better of the two with a Bonferroni factor of 2 (each
+    scored at half the threshold), so that normalising can only help: a genuine text that
+    normalisation would alter (indented code, typographic characters) keeps its own tokens.
+    Returns the result, the scored form's token ids and offsets, and which form it was."""
+    if len(forms) == 1:
+        token_ids, offsets = forms[0]
+        return run_detect(token_ids, candidates, config), token_ids, offsets, "as_sent"
+    half = config.model_copy(update={"threshold": config.threshold / 2})
+    results = [run_detect(token_ids, candidates, half) for token_ids, _ in forms]
+    best = min(range(len(forms)), key=lambda i: results[i].log10_p_value)
+    result, factor = results[best], math.log10(len(forms))
+    result = dataclasses.replace(
+        result, threshold=config.threshold, log10_p_value=min(0.0, result.log10_p_value + factor),
+        per_key=tuple(dataclasses.replace(k, log10_p_adjusted=min(0.0, k.log10_p_adjusted + factor))
+                      for k in result.per_key),
+        correction=result.correction + "; bonferroni x2 over the text as sent and its normalised form")
+    token_ids, offsets = forms[best]
+    return result, token_ids, offsets, ("as_sent", "normalized")[best]
 
 
 def _kgram_matches(services: Services, identity: Identity, tenant, candidates, token_ids) -> list:

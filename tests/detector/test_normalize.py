@@ -44,3 +44,22 @@ def test_unchanged_text_keeps_its_offsets():
     out = normalize(text)
     assert not out.changed and out.text == text
     assert out.original_offsets([(0, 5), (5, 10)]) == [(0, 5), (5, 10)]
+
+
+def test_genuine_cyrillic_and_greek_text_is_left_alone():
+    for text in ("Привет, как дела? Это обычный текст о погоде.", "Καλημέρα, ο καιρός είναι καλός σήμερα."):
+        out = normalize(text)
+        assert out.text == text and "homoglyph" not in out.changes
+
+
+def test_lone_homoglyph_words_are_mapped_only_in_mostly_latin_text():
+    # "a" and "I" typed in Cyrillic inside English: mapped; the same letters as words of a
+    # Russian sentence ("а" = "and", "о" = "about"): kept.
+    assert normalize("This is \u0430 test and \u0406 know it").text == "This is a test and I know it"
+    russian = "Он говорил о погоде, а она молчала."
+    assert normalize(russian).text == russian
+
+
+def test_mixed_script_word_in_russian_text_is_still_mapped():
+    out = normalize("Слово p\u0430ssword выглядит латинским.")
+    assert "password" in out.text and out.changes["homoglyph"] == 1 and "Слово" in out.text

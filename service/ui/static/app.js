@@ -208,9 +208,10 @@ function normalisationNote(result) {
   if (!n || !n.changed) return null;
   const names = { zero_width: "zero-width characters dropped", bidi: "bidi controls dropped", nfkc: "compatibility forms folded",
                   homoglyph: "look-alike letters mapped to Latin", whitespace: "runs of spaces collapsed" };
-  const parts = Object.entries(n).filter(([k, v]) => k !== "changed" && typeof v === "number" && v > 0)
+  const parts = Object.entries(n.changes || {}).filter(([, v]) => typeof v === "number" && v > 0)
     .map(([k, v]) => `${v} ${names[k] || k.replaceAll("_", " ")}`);
-  return `Before scoring, the text was normalised against tokenisation tricks (${parts.join(", ") || "changed"}); offsets and highlights refer to the text as pasted.`;
+  const form = n.scored === "as_sent" ? "the text as pasted" : "the normalised text";
+  return `The text was also scored after normalising it against tokenisation tricks (${parts.join(", ") || "changed"}); the verdict rests on ${form}, which scored better (its p is doubled for the two tries). Offsets and highlights refer to the text as pasted.`;
 }
 
 function explain(result) {
