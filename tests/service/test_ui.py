@@ -294,6 +294,39 @@ def test_human_text_is_not_watermarked_and_explained(server, browser):
     _no_console_errors(browser)
 
 
+def _edited_copy(server) -> tuple[str, str]:
+    """A text holding a short excerpt of a generation inside human text: too short for the
+    watermark to pass on its own, long enough to share 8-token sequences with its ledger
+    record. Chosen through the API (generation is deterministic for a seed)."""
+    out = generate(server, seed=11, max_tokens=150)
+    words = out["text"].split(" ")
+    for length in range(5, 30):
+        text = f"{HUMAN} {' '.join(words[8:8 + length])} {HUMAN}"
+        result = client(server).post("/v1/detect", json={"text": text}).json()
+        if not result["watermarked"] and "ledger" in result["basis"]:
+            assert out["generation_id"] in {m["generation_id"] for m in result["kgram_matches"]}
+            return text, out["generation_id"]
+    raise AssertionError("no excerpt length gave a ledger-only match")
+
+
+def test_an_edited_copy_is_shown_as_matched_through_the_ledger(server, browser):
+    from selenium.webdriver.common.by import By
+
+    text, generation_id = _edited_copy(server)
+    _open(browser, server, "acme")
+    area = _visible(browser, "check-text")
+    _wait(browser, lambda d: "tenant acme" in d.find_element(By.ID, "token-status").text)
+    browser.execute_script("arguments[0].value = arguments[1]", area, text)
+    browser.find_element(By.ID, "check-submit").click()
+    _wait(browser, lambda d: d.find_element(By.ID, "verdict-title").text)
+    assert browser.find_element(By.ID, "verdict-title").text == f"Edited copy of generation {generation_id}"
+    explanation = browser.find_element(By.ID, "explain").text
+    assert "The watermark alone is not significant" in explanation and "eight-token sequences" in explanation
+    assert browser.find_elements(By.CSS_SELECTOR, f"#ledger .kgram-match a[data-id='{generation_id}']")
+    _shot(browser, "check-edited-copy")
+    _no_console_errors(browser)
+
+
 def test_a_wrong_token_shows_the_apis_error(server, browser):
     from selenium.webdriver.common.by import By
 

@@ -200,7 +200,16 @@ function verdictWords(result) {
     const version = k.version !== null && k.version !== undefined ? `key v${k.version}` : `key ${k.key_id}`;
     return { cls: k.state === "revoked" ? "revoked" : "yes", title: `Watermarked by ${who}, ${version} (${k.state})`, scored };
   }
+  const match = bestKgramMatch(result);
+  if (match) return { cls: "yes", title: `Edited copy of generation ${match.generation_id}`, scored };
   return { cls: "no", title: "Not watermarked", scored };
+}
+
+// The k-gram match the verdict can rest on (the API puts "ledger" in `basis` for it), best first.
+function bestKgramMatch(result) {
+  if (!(result.basis || []).includes("ledger")) return null;
+  const bound = Math.log10(result.threshold);
+  return (result.kgram_matches || []).find((m) => m.log10_false_match_bound <= bound) || null;
 }
 
 function normalisationNote(result) {
@@ -236,6 +245,12 @@ function explain(result) {
     if (skipped > 0) items.push(`${skipped} token${skipped === 1 ? " was" : "s were"} not scored (${reasonText}): a repeated context carries no new evidence.`);
     if (result.decided_by === "span") items.push("The whole text is not significant on its own; a stretch of it is (underlined below): part of the text is generated, the rest probably not.");
     if (result.spans && result.spans.length) items.push(`${result.spans.length} watermarked stretch${result.spans.length === 1 ? " is" : "es are"} underlined in the text below.`);
+    return items;
+  }
+  const match = bestKgramMatch(result);
+  if (match) {
+    items.push(`The watermark alone is not significant here (p = ${result.p_value.toPrecision(2)}), but ${match.matched_kgrams} of the text's ${match.text_kgrams} eight-token sequences match the keyed fingerprints recorded for generation ${match.generation_id} (${Math.round(match.share * 100)} %): the text is an edited copy of it. A chance collision this large has probability below 10^${match.log10_false_match_bound.toFixed(0)}.`);
+    items.push("Shared phrases are what the match measures: a text that quotes a generation word for word matches it too.");
     return items;
   }
   if (result.total_tokens === 0) return ["The text is empty after tokenisation: there is nothing to score."];
@@ -287,6 +302,15 @@ function renderHeat(text, result) {
 function renderLedger(result) {
   const box = clear($("ledger"));
   const matches = result.ledger_matches || [];
+  const kgrams = (result.kgram_matches || []).filter((m) => !matches.some((x) => x.generation_id === m.generation_id));
+  for (const m of kgrams) {
+    const link = el("a", { href: "#record", "data-id": m.generation_id, text: m.generation_id });
+    link.addEventListener("click", () => { $("record-id").value = m.generation_id; busy($("record-submit"), () => lookUp(m.generation_id)); });
+    box.append(el("div", { class: "match kgram-match" },
+      el("strong", { text: "Edited copy of generation " }), link,
+      el("div", { class: "hint" }, `${m.matched_kgrams} of ${m.text_kgrams} eight-token sequences shared (${Math.round(m.share * 100)} %), chance-collision bound 10^${m.log10_false_match_bound.toFixed(0)}`)));
+  }
+  if (!matches.length && kgrams.length) return;
   if (!matches.length) {
     box.append(el("p", {}, "No ledger record holds exactly this text. ",
       result.watermarked ? "The watermark is still evidence: the text may have been edited, trimmed or re-formatted after generation." :
