@@ -44,12 +44,9 @@ class DetectorConfig(BaseModel):
     dual_statistic: DualStatistic = "auto"
     """Statistic for dual-key keys. `auto` = `max` (Šidák per token) for every dual key,
     keyed coin or not: it needs no knowledge of the key A / key B share, which under
-    speculation is the draft rejection rate, not alpha. `routed` is opt-in: on the bundled
-    model pair (draft acceptance ~0.35) positions with coin < 1/2 still carry key-B evidence
-    and it was measured weaker than `max` (issue 11), so it is no longer a default."""
-
-    routed_tau: float = Field(default=scoring.ROUTED_TAU, gt=0.0, lt=1.0)
-    """Coin value below which a keyed-coin token is scored under key A alone."""
+    speculation is the draft rejection rate, not alpha. `routed` (keys with a keyed
+    coin) weights the two keys per token by a routing share learnt from the earlier tokens
+    of the text (:mod:`detector.scoring`); it starts as `max` and is opt-in."""
 
     spans: bool = True
     """Localise watermarked spans (windows of ``span_min_length`` tokens and up)."""
@@ -146,7 +143,7 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
         share = weights(config, with_spans, dual_auto=(spec.algorithm == "dual_key_gumbel"
                                                        and config.dual_statistic == "auto"))
         shares.update(share)
-        per_token = scoring.token_scores(candidate.key, scored, statistic, tau=config.routed_tau)
+        per_token = scoring.token_scores(candidate.key, scored, statistic)
         total = float(per_token.sum())
         log10_sf = _log10_sf(statistic, spec.alpha)
         log10_p_sum = log10_sf(total, len(per_token))

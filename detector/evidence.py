@@ -68,7 +68,6 @@ class Evidence:
 
 
 def token_evidence(token_ids: Sequence[int] | np.ndarray, candidate: Candidate, statistic: str, *,
-                   tau: float = scoring.ROUTED_TAU,
                    offsets: Sequence[tuple[int, int]] | None = None) -> Evidence:
     """Evidence [n tokens] of ``token_ids`` under ``candidate`` with ``statistic`` (as
     :func:`detector.detect.statistic_for` chose it). ``offsets`` [n] (character start, end)
@@ -76,7 +75,7 @@ def token_evidence(token_ids: Sequence[int] | np.ndarray, candidate: Candidate, 
     tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     spec = candidate.key.spec
     scored = scoring.scored_positions(tokens, spec.context_width, spec.dedup)
-    per_token = scoring.token_scores(candidate.key, scored, statistic, tau=tau)
+    per_token = scoring.token_scores(candidate.key, scored, statistic)
     score_at = dict(zip(scored.positions.tolist(), per_token.tolist()))
     padded = (context_matrix(tokens, spec.context_width) == PAD).any(axis=1) if len(tokens) else np.zeros(0, bool)
     out = []

@@ -14,10 +14,18 @@ except the weighted one; see :mod:`detector.stats`):
 * ``max``: m = max(u_A, u_B) has P(m <= v) = v^2 under the null (Šidák per token), so
   s = -ln(1 - m^2): needs no knowledge of how tokens were split between the keys;
 * ``weighted``: (1 - alpha) s_A + alpha s_B, vLLM's statistic, with its exact null;
-* ``routed`` (keyed acceptance coin): the coin c of each position is recomputed; where
-  c < tau the draft was accepted with high probability and s = s_A, elsewhere the ``max``
-  score. The split depends on c only, which is independent of u_A, u_B under the null,
-  so every score stays Exp(1).
+* ``routed`` (keyed acceptance coin): per token the weighted Šidák minimum
+  T = min(p_A / w, p_B / (1 - w)) of the two keys' per-token p-values (p = 1 - u), whose
+  null law is exact: P(T <= t) = a + b - ab with a = min(1, w t), b = min(1, (1 - w) t)
+  (p_A, p_B independent uniforms); s = -ln P(T <= T_obs). At w = 1/2 this is ``max``.
+  The weight w_i of key A at position i is estimated from the text *before* i only: a
+  ridge regression, on the recomputed coin c, of which key explains the earlier strong
+  tokens (max(u_A, u_B) >= 0.9) better. Under speculation the chance that a token came
+  from the accepted draft (key A) falls with c, but by how much depends on the model
+  pair; the regression learns it, and without signal it stays at w = 1/2 (``max``).
+  Validity: under the null, (u_A, u_B) at position i are independent of c_i and of every
+  earlier position, so given w_i the score is Exp(1); hence the scores are i.i.d. Exp(1)
+  (a predictable plug-in, as in sequential testing) and the sum is exactly Gamma(n, 1).
 """
 
 from __future__ import annotations
@@ -94,11 +102,53 @@ def max_scores(u_a: np.ndarray, u_b: np.ndarray) -> np.ndarray:
     return -np.log1p(-m) - np.log1p(m)  # -ln(1 - m^2), accurate for m near 1
 
 
-ROUTED_TAU = 0.5
+ROUTED_STRONG = 0.9
+"""Tokens with max(u_A, u_B) at least this teach the routing regression (weaker tokens
+mostly carry no signal, and a coin flip of a label only shrinks the estimate)."""
+ROUTED_PRIOR = 16.0
+"""Pseudo-tokens at w = 1/2 (intercept) and at no slope: how much evidence the regression
+needs before it moves away from ``max``."""
+ROUTED_CLIP = (0.05, 0.95)
+"""Bounds of w: a token of the key the regression disfavours loses at most ln(2 * 0.05)
+nats against ``max``."""
 
 
-def token_scores(key: WatermarkKey, scored: ScoredPositions, statistic: Statistic,
-                 tau: float = ROUTED_TAU) -> np.ndarray:
+def weighted_max_scores(u_a: np.ndarray, u_b: np.ndarray, w: np.ndarray | float) -> np.ndarray:
+    """-ln P(T <= T_obs) for T = min(p_A / w, p_B / (1 - w)), p = 1 - u: Exp(1) under the
+    null for any fixed w in (0, 1); w = 1/2 gives :func:`max_scores`. u_a, u_b [n], w [n]
+    or scalar (the weight of key A)."""
+    p_a = 1.0 - u_a.astype(np.float64)  # exact: u is a float32 on the PRF's 24-bit grid
+    p_b = 1.0 - u_b.astype(np.float64)
+    w = np.asarray(w, dtype=np.float64)
+    t = np.minimum(p_a / w, p_b / (1.0 - w))
+    a = np.minimum(1.0, w * t)
+    b = np.minimum(1.0, (1.0 - w) * t)
+    return -np.log(a + b - a * b)  # a + b - ab = 1 - (1 - a)(1 - b), without cancellation
+
+
+def routed_weights(u_a: np.ndarray, u_b: np.ndarray, coin: np.ndarray) -> np.ndarray:
+    """Weights w [n] of key A, w_i from positions < i only (see the module docstring):
+    ridge regression of the label 1[u_A > u_B] - 1/2 on (1, c - 1/2) over the earlier
+    strong tokens, with ROUTED_PRIOR pseudo-observations pulling both coefficients to 0."""
+    strong = (np.maximum(u_a, u_b) >= ROUTED_STRONG).astype(np.float64)
+    label = np.sign(u_a.astype(np.float64) - u_b.astype(np.float64)) / 2.0  # ties: 0
+    x = coin.astype(np.float64) - 0.5
+
+    def before(values: np.ndarray) -> np.ndarray:  # exclusive prefix sums: position i sees j < i
+        return np.concatenate(([0.0], np.cumsum(values)[:-1]))
+
+    s0 = before(strong) + ROUTED_PRIOR
+    s1 = before(strong * x)
+    s2 = before(strong * x * x) + ROUTED_PRIOR / 12.0  # the prior's spread of c: Var U(0, 1)
+    t0 = before(strong * label)
+    t1 = before(strong * x * label)
+    det = s0 * s2 - s1 * s1
+    intercept = (s2 * t0 - s1 * t1) / det
+    slope = (s0 * t1 - s1 * t0) / det
+    return np.clip(0.5 + intercept + slope * x, *ROUTED_CLIP)
+
+
+def token_scores(key: WatermarkKey, scored: ScoredPositions, statistic: Statistic) -> np.ndarray:
     """Per-token scores [n] (float64) of ``statistic`` under ``key``."""
     if statistic == "single":
         if key.spec.algorithm != "gumbel":
@@ -109,7 +159,7 @@ def token_scores(key: WatermarkKey, scored: ScoredPositions, statistic: Statisti
     if statistic == "routed":
         u_a, u_b, coin = uniforms_many([(key.key_a, None), (key.key_b, None),
                                         (key.key_coin, np.zeros_like(scored.tokens))], scored, key.spec.prf)
-        return np.where(coin < tau, exp_scores(u_a), max_scores(u_a, u_b))
+        return weighted_max_scores(u_a, u_b, routed_weights(u_a, u_b, coin))
     u_a, u_b = uniforms_many([(key.key_a, None), (key.key_b, None)], scored, key.spec.prf)
     if statistic == "max":
         return max_scores(u_a, u_b)

@@ -30,4 +30,4 @@ def evidence_for(result: DetectionResult, token_ids: Sequence[int], candidates: 
     if candidate is None:
         return None
     statistic = statistic_for(candidate, config)
-    return token_evidence(token_ids, candidate, statistic, tau=config.routed_tau, offsets=offsets).to_dict()
+    return token_evidence(token_ids, candidate, statistic, offsets=offsets).to_dict()
