@@ -9,7 +9,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from detector.detect import DetectorConfig, detect as run_detect, statistic_for
+from detector.detect import DetectorConfig, statistic_for
+from detector.forms import detect_forms
 from detector.normalize import normalize
 from detector.result import Span
 from keys import kgrams
@@ -25,6 +26,8 @@ from service.state import Services
 from service.validation import describe
 
 log = logging.getLogger("hallmark.detection")
+FORM_NAMES = ("as_sent", "normalized")
+"""What ``normalization.scored`` says: which form of a text the verdict rests on."""
 
 
 def detector_config(params: DetectBody) -> DetectorConfig:
@@ -126,25 +129,11 @@ def _tokenized(services: Services, text: str, normalized) -> tuple[list[int], li
 
 
 def _detect_forms(forms, candidates, config: DetectorConfig):
-    """Detect on the text as sent and, where normalisation changed it, on its normalised
-    form; the verdict rests on the better of the two with a Bonferroni factor of 2 (each
-    scored at half the threshold), so that normalising can only help: a genuine text that
-    normalisation would alter (indented code, typographic characters) keeps its own tokens.
-    Returns the result, the scored form's token ids and offsets, and which form it was."""
-    if len(forms) == 1:
-        token_ids, offsets = forms[0]
-        return run_detect(token_ids, candidates, config), token_ids, offsets, "as_sent"
-    half = config.model_copy(update={"threshold": config.threshold / 2})
-    results = [run_detect(token_ids, candidates, half) for token_ids, _ in forms]
-    best = min(range(len(forms)), key=lambda i: results[i].log10_p_value)
-    result, factor = results[best], math.log10(len(forms))
-    result = dataclasses.replace(
-        result, threshold=config.threshold, log10_p_value=min(0.0, result.log10_p_value + factor),
-        per_key=tuple(dataclasses.replace(k, log10_p_adjusted=min(0.0, k.log10_p_adjusted + factor))
-                      for k in result.per_key),
-        correction=result.correction + "; bonferroni x2 over the text as sent and its normalised form")
+    """Score every form (detector.forms); returns the result, the scored form's token ids
+    and offsets, and which form it was."""
+    result, best = detect_forms([token_ids for token_ids, _ in forms], candidates, config)
     token_ids, offsets = forms[best]
-    return result, token_ids, offsets, ("as_sent", "normalized")[best]
+    return result, token_ids, offsets, FORM_NAMES[best]
 
 
 def _kgram_matches(services: Services, identity: Identity, tenant, candidates, token_ids) -> list:

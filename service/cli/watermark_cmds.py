@@ -19,6 +19,7 @@ from service.cli.app import CliError, app, emit
 
 if TYPE_CHECKING:  # loaded by the commands that use them (`hallmark --help` loads none)
     from detector.detect import DetectorConfig
+    from detector.normalize import NormalizedText
     from watermark.key import WatermarkKey
     from watermark.spec import WatermarkSpec
 
@@ -141,18 +142,21 @@ def _detector_config(threshold: float, statistic: str, spans: bool) -> "Detector
         raise CliError(f"invalid detector option: {describe(exc)}") from None
 
 
-def _tokenize(text: str, tokenizer_path: str) -> list[int]:
+def _tokenize(texts: list[str], tokenizer_path: str) -> list[list[int]]:
     from service.tokenization import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(tokenizer_path)
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot load tokenizer {tokenizer_path!r}: {exc}") from None
-    return tokenizer.encode(text, add_special_tokens=False)
+    return [tokenizer.encode(text, add_special_tokens=False) for text in texts]
 
 
 def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text: Optional[str],
-                  text_file: Optional[Path], tokenizer: Optional[str]) -> list[int]:
+                  text_file: Optional[Path], tokenizer: Optional[str],
+                  normalize_text: bool = True) -> tuple[list[list[int]], "NormalizedText | None"]:
+    """The input's token ids: one form, or for text changed by normalisation two (as given,
+    normalised; the API's rule, detector.forms), and the normalisation when applied."""
     given = [x is not None for x in (token_ids, token_ids_file, text, text_file)]
     if sum(given) != 1:
         raise CliError("give exactly one input: --token-ids, --token-ids-file, --text or --text-file (or --jsonl)")
@@ -164,7 +168,13 @@ def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text
                 text = text_file.read_text(encoding="utf-8")
             except OSError as exc:
                 raise CliError(f"cannot read {text_file}: {exc.strerror}") from None
-        return _tokenize(text, tokenizer)
+            except UnicodeDecodeError:
+                raise CliError(f"cannot read {text_file} as UTF-8 text") from None
+        from detector.normalize import normalize
+
+        normalized = normalize(text) if normalize_text else None
+        texts = [text, normalized.text] if normalized is not None and normalized.changed else [text]
+        return _tokenize(texts, tokenizer), normalized
     raw = token_ids
     if token_ids_file is not None:
         try:
@@ -172,7 +182,7 @@ def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text
         except OSError as exc:
             raise CliError(f"cannot read {token_ids_file}: {exc.strerror}") from None
     try:
-        return _token_list(json.loads(raw))
+        return [_token_list(json.loads(raw))], None
     except json.JSONDecodeError:
         raise CliError("token ids must be a JSON list of integers, e.g. [12, 7, 99]") from None
     except ValueError as exc:
@@ -213,10 +223,13 @@ def detect_command(
     threshold: float = typer.Option(DEFAULT_THRESHOLD, "--threshold", help="p-value at or below which text is watermarked."),
     statistic: str = typer.Option("auto", "--statistic", help="Dual-key statistic: auto, max, weighted or routed."),
     spans: bool = typer.Option(True, "--spans/--no-spans", help="Localise watermarked spans."),
+    normalize_text: bool = typer.Option(True, "--normalize/--no-normalize",
+                                        help="Also score text after undoing tokenisation tricks (as the API does)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Score text against an inline key, a tenant's stored keys, or a JSONL batch."""
     from detector.detect import detect as run_detect
+    from detector.forms import detect_forms
     from detector.result import Candidate
     from watermark.key import WatermarkKey
     from watermark.spec import WatermarkSpec
@@ -234,7 +247,7 @@ def detect_command(
 
         _batch(jsonl, one)
         return
-    ids = _single_input(token_ids, token_ids_file, text, text_file, tokenizer)
+    forms, normalized = _single_input(token_ids, token_ids_file, text, text_file, tokenizer, normalize_text)
     if tenant is not None or all_tenants:
         if key is not None or key_file is not None:
             raise CliError("give either an inline key (--key/--key-file) or --tenant/--all-tenants, not both")
@@ -247,10 +260,12 @@ def detect_command(
         spec = spec_from_options(algorithm=algorithm, context_width=context_width, alpha=alpha, dedup=dedup, coin=coin)
         candidates = [Candidate.inline(_inline_key(key, key_file, spec))]
     try:
-        result = run_detect(ids, candidates, config)
+        result, scored_form = detect_forms(forms, candidates, config)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     payload = result.to_dict()
+    if normalized is not None:
+        payload["normalization"] = {**normalized.to_dict(), "scored": ("as_sent", "normalized")[scored_form]}
     verdict = "watermarked" if result.watermarked else "not watermarked"
     source = ""
     if result.key is not None:

@@ -241,9 +241,38 @@ def test_zero_width_and_homoglyph_attacks_do_not_hide_the_watermark(server):
     assert result["basis"][0] == "watermark" and "weighted Bonferroni" in result["correction"]
     changes = result["normalization"]["changes"]
     assert result["normalization"]["changed"] and changes["zero_width"] > 0 and changes["homoglyph"] > 0
+    assert result["normalization"]["scored"] == "normalized" and "normalised form" in result["correction"]
     # Without normalisation the attack changes the tokens (the evidence is much weaker).
     raw = client(server).post("/v1/detect", json={"text": attacked, "normalize": False}).json()
     assert raw["log10_p_value"] > result["log10_p_value"] + 3 and "normalization" not in raw
+
+
+def test_cli_detect_text_normalises_like_the_api(server, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    out = next(o for o in (generate(server, seed=seed) for seed in range(1, 9)) if len(o["token_ids"]) >= 100)
+    attacked = "\u200b".join(out["text"][i:i + 3] for i in range(0, len(out["text"]), 3))
+    attacked = attacked.replace("o", "\u043e").replace("e", "\u0435")
+    path = tmp_path / "attacked.txt"
+    path.write_text(attacked, encoding="utf-8")
+    settings = server.store_settings
+    env = {**os.environ, "HALLMARK_DATABASE_URL": settings.database_url, "HALLMARK_KEK_FILE": str(settings.kek_file)}
+
+    def cli(*extra):
+        run = subprocess.run([sys.executable, "-m", "service.cli", "detect", "--text-file", str(path), "--tokenizer",
+                              "bundled", "--tenant", "acme", "--json", *extra], capture_output=True, text=True,
+                             timeout=300, env=env)
+        assert run.returncode == 0, run.stderr
+        return json.loads(run.stdout)
+
+    api = client(server).post("/v1/detect", json={"text": attacked}).json()
+    result = cli()
+    assert result["watermarked"] and result["normalization"]["scored"] == "normalized"
+    assert abs(result["log10_p_value"] - api["log10_p_value"]) < 1e-6
+    raw = cli("--no-normalize")
+    assert "normalization" not in raw and raw["log10_p_value"] > result["log10_p_value"] + 3
 
 
 def test_an_edited_copy_is_matched_to_its_generation_by_kgrams(server):

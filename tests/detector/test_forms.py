@@ -1,6 +1,6 @@
-"""Text detection scores the text as sent and its normalised form: the verdict rests on the
-better one with a Bonferroni factor of 2, so normalising never costs a genuine text its
-watermark and never makes a null text look watermarked more often than the threshold."""
+"""Detection over the text as sent and its normalised form: the verdict rests on the better
+one with a Bonferroni factor of 2, so normalising never costs a genuine text its watermark
+and never makes a null text look watermarked more often than the threshold allows."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from detector.detect import DetectorConfig, detect
 from detector.result import Candidate
-from service.detection import _detect_forms
+from detector.forms import detect_forms
 from tests.synthetic import generate, human_like
 from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
@@ -20,8 +20,8 @@ KEY = WatermarkKey(0xA11CE, WatermarkSpec())
 
 def test_one_form_is_plain_detection():
     tokens, _ = generate(KEY, 120, seed=1)
-    result, ids, offsets, form = _detect_forms([(tokens, None)], [Candidate.inline(KEY)], DetectorConfig())
-    assert form == "as_sent" and ids == tokens and offsets is None
+    result, form = detect_forms([tokens], [Candidate.inline(KEY)], DetectorConfig())
+    assert form == 0
     assert result.log10_p_value == detect(tokens, [Candidate.inline(KEY)]).log10_p_value
 
 
@@ -30,10 +30,9 @@ def test_the_better_form_carries_the_verdict_at_twice_its_p():
     broken = human_like(120, seed=2)  # what a damaging normalisation would leave
     config = DetectorConfig()
     alone = detect(watermarked, [Candidate.inline(KEY)], config.model_copy(update={"threshold": 5e-7}))
-    for forms, expected in (([(watermarked, None), (broken, None)], "as_sent"),
-                            ([(broken, None), (watermarked, None)], "normalized")):
-        result, ids, _, form = _detect_forms(forms, [Candidate.inline(KEY)], config)
-        assert form == expected and ids == watermarked
+    for forms, expected in (([watermarked, broken], 0), ([broken, watermarked], 1)):
+        result, form = detect_forms(forms, [Candidate.inline(KEY)], config)
+        assert form == expected
         assert result.watermarked and result.threshold == config.threshold
         assert math.isclose(result.log10_p_value, alone.log10_p_value + math.log10(2), abs_tol=1e-9)
         assert all(k.log10_p_adjusted <= 0 for k in result.per_key)
@@ -48,8 +47,8 @@ def test_null_texts_stay_calibrated_with_two_forms():
     trials = 1500
     for i in range(trials):
         key = WatermarkKey(int(rng.integers(1, 2**63)), WatermarkSpec())
-        forms = [(human_like(80, seed=2 * i + 1000), None), (human_like(80, seed=2 * i + 1001), None)]
-        result, *_ = _detect_forms(forms, [Candidate.inline(key)], config)
+        forms = [human_like(80, seed=2 * i + 1000), human_like(80, seed=2 * i + 1001)]
+        result, _ = detect_forms(forms, [Candidate.inline(key)], config)
         hits += result.watermarked
     # Expected at most 15; a valid test stays below 15 + 3 sd (binomial sd ~3.9).
     assert hits <= 27, hits
