@@ -15,9 +15,6 @@ import secrets
 import struct
 from dataclasses import dataclass
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 from keys.errors import InvalidInput, UnwrapError
 from keys.kek import Kek, Keyring
 
@@ -26,6 +23,10 @@ SECRET_BYTES = 8
 TAG_BYTES = 16
 AD_LABEL = b"hallmark/key-wrap/v1"
 MAX_SECRET = 2**64 - 1
+
+# cryptography is imported where a secret is sealed or opened: `keys list` and `keys show`
+# load this module (through keys.lifecycle) without doing either, and the import is a few
+# percent of their start-up.
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ def _check_secret(secret: int) -> None:
 
 def wrap_secret(keyring: Keyring, *, secret: int, binding: KeyBinding) -> WrappedSecret:
     """Seal ``secret`` under the keyring's newest KEK with a fresh random nonce."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
     _check_secret(secret)
     kek = keyring.primary
     nonce = secrets.token_bytes(NONCE_BYTES)
@@ -82,6 +85,9 @@ def unwrap_secret(keyring: Keyring, *, wrapped: WrappedSecret, binding: KeyBindi
     configuration problem, named as such) and :class:`~keys.errors.UnwrapError` for any
     ciphertext, nonce, tag or binding that does not authenticate.
     """
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
     kek: Kek = keyring.get(wrapped.kek_id)
     if len(wrapped.nonce) != NONCE_BYTES or len(wrapped.ciphertext) != SECRET_BYTES + TAG_BYTES:
         raise UnwrapError(binding.key_id)

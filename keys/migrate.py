@@ -59,17 +59,33 @@ def _literal(node: ast.stmt, name: str):
     return False, None
 
 
+def _identifiers(source: str) -> dict[str, object]:
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:  # a header cut inside a string: the caller parses the whole file
+        return {}
+    found: dict[str, object] = {}
+    for node in body:
+        for name in ("revision", "down_revision"):
+            hit, value = _literal(node, name)
+            if hit:
+                found[name] = value
+    return found
+
+
 @lru_cache(maxsize=1)
 def script_revisions() -> dict[str, tuple[str, ...]]:
     """Every revision of the version scripts -> its down revisions."""
     revisions: dict[str, tuple[str, ...]] = {}
     for path in sorted((MIGRATIONS_DIR / "versions").glob("*.py")):
-        found: dict[str, object] = {}
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
-            for name in ("revision", "down_revision"):
-                hit, value = _literal(node, name)
-                if hit:
-                    found[name] = value
+        source = path.read_text(encoding="utf-8")
+        # The identifiers sit above the first top-level function: parsing only that header
+        # saves most of this check (every store command runs it); the whole file is the
+        # fallback.
+        header = source.split("\ndef ", 1)[0]
+        found = _identifiers(header) if header != source else {}
+        if "revision" not in found or "down_revision" not in found:
+            found = _identifiers(source)
         if "revision" not in found:  # pragma: no cover - not a version script
             continue
         down = found.get("down_revision")
