@@ -11,6 +11,8 @@ Each entry point takes tensors on any device and gives the same tokens everywher
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from watermark import gumbel, stream
@@ -45,6 +47,24 @@ def sample_cuda(logits: torch.Tensor, rows: SamplerRows, lane: int = stream.LANE
     return SampleResult(tokens=result.tokens, routes=result.routes)
 
 
+def sample_padded(logits: torch.Tensor, rows: SamplerRows, contexts: torch.Tensor, widths: torch.Tensor,
+                  lane: int = stream.LANE_SAMPLE) -> SampleResult:
+    """:func:`sample` with the contexts given as a table on the logits' device: row b's
+    context is the first ``widths[b]`` entries of ``contexts`` [B, C] int64 (``rows.contexts``
+    is not read). On CUDA nothing is read back to the host (an engine keeps its contexts on
+    the device between launches); elsewhere the table becomes the rows' context tuples."""
+    if logits.device.type == "cuda":
+        from watermark.kernels.gumbel import gumbel_sample
+
+        temperature = (~rows.greedy).to(torch.float32)
+        result = gumbel_sample(logits, temperature=temperature, key_a=rows.key_a, key_b=rows.key_b, alpha=rows.alpha,
+                               contexts=contexts, widths=widths, watermark=rows.watermark,
+                               stream_keys=rows.stream_keys, positions=rows.positions, lane=lane)
+        return SampleResult(tokens=result.tokens, routes=result.routes)
+    table = [tuple(row[:w]) for row, w in zip(contexts.tolist(), widths.tolist())]
+    return sample(logits, dataclasses.replace(rows, contexts=table), lane)
+
+
 def gumbel_argmax(logits: torch.Tensor, keys: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
     """Logits [B, V], keys [B] and states [B, 4] give token ids [B]: the Triton kernel on
     CUDA, the pruned numpy path elsewhere."""
@@ -72,6 +92,22 @@ def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: 
     if target_probs.device.type == "cuda":
         return verify_cuda(target_probs, draft_probs, draft_tokens, rows)
     return verify_reference(target_probs, draft_probs, draft_tokens, rows)
+
+
+def verify_padded(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
+                  rows: VerifyRows, contexts: torch.Tensor, widths: torch.Tensor) -> VerifyResult:
+    """:func:`verify` with the block's contexts as a table on the probabilities' device:
+    position j of row b has the first ``widths[b]`` entries of ``contexts[b, j]`` ([B, k+1, C]
+    int64; ``rows.contexts`` is not read). Nothing is read back on CUDA."""
+    if target_probs.device.type == "cuda":
+        from watermark.kernels.speculative import verify as verify_kernel
+
+        out = verify_kernel(target_probs, draft_probs, draft_tokens, key_b=rows.key_b, key_coin=rows.key_coin,
+                            keyed_coin=rows.keyed_coin, contexts=contexts, widths=widths, watermark=rows.watermark,
+                            greedy=rows.greedy, stream_keys=rows.stream_keys, positions=rows.positions)
+        return VerifyResult(tokens=out.tokens, num_accepted=out.num_accepted, routes=out.routes)
+    table = [[tuple(ctx[:w]) for ctx in block] for block, w in zip(contexts.tolist(), widths.tolist())]
+    return verify(target_probs, draft_probs, draft_tokens, dataclasses.replace(rows, contexts=table))
 
 
 def verify_cuda(target_probs, draft_probs, draft_tokens, rows: VerifyRows) -> VerifyResult:

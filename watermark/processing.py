@@ -13,6 +13,7 @@ sampled row look greedy to one layer and not to another. vLLM clamps to the same
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,14 @@ class ProcessingParams:
     def greedy(self) -> torch.Tensor:
         return self.temperature == 0
 
+    @functools.cached_property
+    def divisor(self) -> torch.Tensor:
+        """What each row's logits are divided by [B] (float32, on the temperature's device):
+        the temperature, raised to MIN_TEMPERATURE, and 1 for greedy rows. Computed once per
+        params object, so an engine that keeps one per batch pays for it once."""
+        temperature = self.temperature.to(torch.float32)
+        return torch.where(temperature == 0, torch.ones_like(temperature), temperature.clamp(min=MIN_TEMPERATURE))
+
 
 def validate_sampling(temperature: float, top_k: int, top_p: float) -> None:
     """Raise ValueError with a message a client can act on."""
@@ -69,12 +78,10 @@ def process_logits(logits: torch.Tensor, params: ProcessingParams) -> torch.Tens
     below MIN_TEMPERATURE (callers validate with :func:`validate_sampling`) is raised to it
     here, so that no row ever divides by a subnormal or overflows to inf - inf = NaN.
     """
-    out = logits.to(torch.float32)
-    out = torch.where(torch.isnan(out), torch.full_like(out, float("-inf")), out)
+    inf = float("inf")
+    out = torch.nan_to_num(logits.to(torch.float32), nan=-inf, posinf=inf, neginf=-inf)
     # Row parameters may come from the host: their checks below then read no device memory.
-    temperature = to_device(params.temperature, out.device).to(torch.float32)
-    scale = torch.where(temperature == 0, torch.ones_like(temperature), temperature.clamp(min=MIN_TEMPERATURE))
-    out = out / scale.unsqueeze(-1)
+    out = out / to_device(params.divisor, out.device).unsqueeze(-1)
     vocab = out.shape[-1]
     if bool(((params.top_k > 0) & (params.top_k < vocab)).any()):
         top_k = to_device(params.top_k, out.device)

@@ -26,3 +26,17 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
 def host_tensor(values, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """``torch.tensor(values, dtype=dtype)`` on ``device``, without waiting for the stream."""
     return to_device(torch.tensor(values, dtype=dtype), device)
+
+
+def to_host(tensor: torch.Tensor) -> list:
+    """``tensor.tolist()`` with one wait for the stream: a CUDA tensor is copied into pinned
+    memory behind the queued work and read once that copy's event has completed (the
+    engine's one host synchronisation per step)."""
+    if tensor.device.type != "cuda":
+        return tensor.tolist()
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    host.copy_(tensor, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(tensor.device))
+    done.synchronize()
+    return host.tolist()

@@ -82,6 +82,40 @@ class RequestState:
             self.fail(exc)
             return True
 
+    def emit_block(self, tokens: list[int], routes: list[int]) -> bool:
+        """Take several sampled tokens in order (a step's tokens for this request) with one
+        Delta for all of them (detokenising once); returns True when the request has finished.
+        Requests with stop strings take them one by one, so that the text ends at the token
+        that completes a stop string."""
+        if self.finished:
+            return True
+        if self.request.stop:
+            return any(self.emit(token, route) for token, route in zip(tokens, routes))
+        try:
+            return self._emit_block(tokens, routes)
+        except Exception as exc:  # noqa: BLE001 - contained to this row, reported to its caller
+            self.fail(exc)
+            return True
+
+    def _emit_block(self, tokens: list[int], routes: list[int]) -> bool:
+        taken: list[int] = []
+        reason = None
+        for token, route in zip(tokens, routes):
+            if token in self.eos_ids:
+                reason = "stop"
+                break
+            self.output.append(token)
+            self.counts[route] += 1
+            self.dedup.push(token)
+            self.last_token = token
+            taken.append(token)
+            if len(self.output) >= self.request.max_tokens:
+                reason = "length"
+                break
+        if taken:
+            self.sink(Delta(text=self.tracker.push(taken), token_ids=tuple(taken), routes=self.routes()))
+        return self.finish(reason) if reason else False
+
     def fail(self, exc: BaseException) -> None:
         """End this request with an error (its caller gets an EngineFailure)."""
         if not self.finished:

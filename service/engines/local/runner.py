@@ -114,12 +114,12 @@ class Group:
         self.next_pos = self.next_pos + live.sum(dim=1)
         return out.logits.float()
 
-    def reject_tail(self, counts: torch.Tensor) -> None:
+    def reject_tail(self, counts: torch.Tensor, on_device: torch.Tensor | None = None) -> None:
         """Turn each row's last ``counts[b]`` live columns into holes (rejected drafts);
-        ``counts`` [B] int64 may be a host tensor."""
+        ``counts`` [B] int64 may be a host tensor; ``on_device``: the same on the device."""
         if not bool((counts > 0).any()):
             return
-        counts = to_device(counts, self.mask.device)
+        counts = to_device(counts, self.mask.device) if on_device is None else on_device
         width = self.mask.shape[1]
         cols = torch.arange(width, device=self.mask.device).unsqueeze(0)
         live_rank = torch.cumsum(self.mask.flip(1), dim=1).flip(1)  # live columns at or after c

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 import torch
 
 from service.engines.local.request import RequestState
+from service.engines.local.rows import RowTable, right_aligned
 from service.engines.local.runner import Group
 from watermark import dispatch, sampler, speculative, stream
 from watermark.prf import philox_torch
 from watermark.results import SampleResult
 from watermark.processing import ProcessingParams, process_logits
-from watermark.transfer import host_tensor
+from watermark.transfer import host_tensor, to_host
 
 
 def _params(rows: list[RequestState], repeat: int, device) -> ProcessingParams:
@@ -66,7 +67,7 @@ def sample_next(logits: torch.Tensor, rows: list[RequestState]) -> None:
     result = sample_rows(process(logits, rows), rows, [r.dedup.context for r in rows], [r.dedup.next_repeated() for r in rows],
                          [0] * len(rows), routed=True, lane=stream.LANE_SAMPLE)
     for row, token, route in zip(rows, result.tokens.tolist(), result.routes.tolist()):
-        row.emit(token, route)
+        row.emit_block([token], [route])
 
 
 @dataclass
@@ -76,75 +77,81 @@ class SpeculativeGroups:
     k: int
 
 
-def plain_step(group: Group, rows: list[RequestState]) -> None:
-    inputs = host_tensor([[r.last_token] for r in rows], torch.int64, group.device)
-    logits = group.forward(inputs)[:, -1]
-    sample_next(logits, rows)
+def plain_step(group: Group, rows: list[RequestState], table: RowTable) -> None:
+    """One token per row: one host-to-device copy in, one read back out."""
+    device, width = group.device, table.width
+    packed = host_tensor([[len(r.output), r.last_token, int(r.dedup.next_repeated())]
+                          + list(r.dedup.context) + [0] * (width - r.dedup.width) for r in rows], torch.int64, device)
+    logits = group.forward(packed[:, 1:2])[:, -1]
+    sampler_rows = table.sampler_rows(table.watermarked & (packed[:, 2] == 0), packed[:, 0], routed=True)
+    result = dispatch.sample_padded(table.process(logits), sampler_rows, packed[:, 3:], table.widths,
+                                    lane=stream.LANE_SAMPLE)
+    out = to_host(torch.stack([result.tokens, result.routes.to(torch.int64)], dim=1))
+    for row, (token, route) in zip(rows, out):
+        row.emit_block([token], [route])
 
 
-def speculative_step(groups: SpeculativeGroups, rows: list[RequestState], pending: list[list[int]]) -> None:
-    """One draft-then-verify block for every row.
+def speculative_step(groups: SpeculativeGroups, rows: list[RequestState], pending: list[list[int]],
+                     table: RowTable, dedup) -> None:
+    """One draft-then-verify block for every row, with one read back (after verification).
 
     ``pending[b]`` are row b's tokens the draft model has not seen yet (one, or two after a
-    fully accepted block: the last draft and the bonus token).
+    fully accepted block: the last draft and the bonus token). ``dedup`` answers the block's
+    dedup decisions (rows.HostDedup or rows.DeviceDedup).
     """
-    k, device = groups.k, groups.target.device
+    k, device, width = groups.k, groups.target.device, table.width
     batch = len(rows)
-    width = max(len(p) for p in pending)
-    draft_in = host_tensor([[0] * (width - len(p)) + list(p) for p in pending], torch.int64, device)
-    draft_live = host_tensor([[0] * (width - len(p)) + [1] * len(p) for p in pending], torch.int64, device)
-    drafts: list[list[int]] = [[] for _ in rows]
+    fed = max(len(p) for p in pending)
+    # Per row: position, last token, committed context (right-aligned), then the draft
+    # model's inputs (left-padded to two) and which of them are live.
+    packed = host_tensor([[len(r.output), r.last_token] + right_aligned(r.dedup.context, width)
+                          + [0] * (2 - len(p)) + list(p) + [0] * (2 - len(p)) + [1] * len(p)
+                          for r, p in zip(rows, pending)], torch.int64, device)
+    positions = packed[:, 0]
+    # The block's sequence: committed context, then the drafts as they are drawn.
+    sequence = torch.nn.functional.pad(packed[:, 2:2 + width], (0, k))
+    drafts = sequence[:, width:]
+    inputs = packed[:, 2 + width:]
+    logits = groups.draft.forward(inputs[:, 2 - fed:2], inputs[:, 4 - fed:])[:, -1]
     draft_probs = []
-    logits = groups.draft.forward(draft_in, draft_live)[:, -1]
     for j in range(k):
-        decisions = [r.dedup.block_repeated(d)[j] for r, d in zip(rows, drafts)]
-        contexts = [speculative.block_contexts(r.dedup.context, d)[j] for r, d in zip(rows, drafts)]
-        processed = process(logits, rows)
-        result = sample_rows(processed, rows, contexts, decisions, [j] * batch, routed=False, lane=stream.LANE_DRAFT)
+        repeated = dedup.at(drafts, j)
+        processed = table.process(logits)
+        sampler_rows = table.sampler_rows(table.watermarked & ~repeated, positions + j, routed=False)
+        result = dispatch.sample_padded(processed, sampler_rows, table.block_contexts(sequence, j), table.widths,
+                                        lane=stream.LANE_DRAFT)
         draft_probs.append(torch.softmax(processed, dim=-1))
-        for d, token in zip(drafts, result.tokens.tolist()):
-            d.append(token)
+        drafts[:, j] = result.tokens
         if j < k - 1:
             logits = groups.draft.forward(result.tokens.unsqueeze(1))[:, -1]
-    draft_tokens = host_tensor(drafts, torch.int64, device)
 
-    target_in = host_tensor([[r.last_token] + d for r, d in zip(rows, drafts)], torch.int64, device)
-    target_logits = groups.target.forward(target_in)  # [B, k + 1, V]
-    processed = process(target_logits.reshape(batch * (k + 1), -1), rows, k + 1)
+    target_logits = groups.target.forward(torch.cat([packed[:, 1:2], drafts], dim=1))  # [B, k + 1, V]
+    processed = table.process(target_logits.reshape(batch * (k + 1), -1), k + 1)
     target_probs = torch.softmax(processed, dim=-1).reshape(batch, k + 1, -1)
-    decisions = [r.dedup.block_repeated(d) for r, d in zip(rows, drafts)]
+    repeated = dedup.block(drafts)
     verify_rows = speculative.VerifyRows(
-        key_b=_keys([r.keys.key_b for r in rows], device),
-        key_coin=_keys([r.keys.key_coin for r in rows], device),
-        keyed_coin=host_tensor([r.keyed_coin for r in rows], torch.bool, device),
-        contexts=[speculative.block_contexts(r.dedup.context, d) for r, d in zip(rows, drafts)],
-        watermark=host_tensor([[r.watermarked and not rep for rep in dec] for r, dec in zip(rows, decisions)],
-                              torch.bool, device),
-        greedy=host_tensor([r.greedy for r in rows], torch.bool, device),
-        stream_keys=_keys([r.stream_key for r in rows], device),
-        positions=host_tensor([len(r.output) for r in rows], torch.int64, device),
-    )
-    result = dispatch.verify(target_probs, torch.stack(draft_probs, dim=1), draft_tokens, verify_rows)
-
-    accepted = result.num_accepted.tolist()
-    # Target cache: last + k drafts were fed; keep last + accepted drafts.
-    groups.target.reject_tail(torch.tensor([k - a for a in accepted], dtype=torch.int64))  # host counts
-    # Draft cache: `pending` + first k-1 drafts were fed; keep up to the accepted drafts.
-    groups.draft.reject_tail(torch.tensor([max(0, k - 1 - a) for a in accepted], dtype=torch.int64))
-    tokens, routes = result.tokens.tolist(), result.routes.tolist()
+        key_b=table.key_b, key_coin=table.key_coin, keyed_coin=table.keyed_coin, contexts=(),
+        watermark=table.watermarked.unsqueeze(1) & ~repeated, greedy=table.greedy, stream_keys=table.stream_keys,
+        positions=positions)
+    result = dispatch.verify_padded(target_probs, torch.stack(draft_probs, dim=1), drafts, verify_rows,
+                                    table.block_contexts(sequence), table.widths)
+    dedup.commit(result.tokens, result.num_accepted + 1)
+    # Target cache: last + k drafts were fed; keep last + accepted drafts. Draft cache:
+    # ``pending`` + the first k - 1 drafts were fed; keep up to the accepted drafts.
+    rejected_target = k - result.num_accepted
+    rejected_draft = (k - 1 - result.num_accepted).clamp(min=0)
+    out = to_host(torch.cat([result.tokens, result.routes.to(torch.int64), drafts,
+                             result.num_accepted.unsqueeze(1)], dim=1))
+    accepted = [row[-1] for row in out]
+    groups.target.reject_tail(torch.tensor([k - a for a in accepted], dtype=torch.int64), rejected_target)
+    groups.draft.reject_tail(torch.tensor([max(0, k - 1 - a) for a in accepted], dtype=torch.int64), rejected_draft)
     for b, row in enumerate(rows):
+        a = accepted[b]
+        tokens, routes, drawn = out[b][:k + 1], out[b][k + 1:2 * k + 2], out[b][2 * k + 2:3 * k + 2]
         row.drafted += k
-        row.accepted += accepted[b]
-        emitted = tokens[b][: accepted[b] + 1]
-        fed_to_draft = drafts[b][: min(accepted[b], k - 1)]
-        done = False
-        for token, route in zip(emitted, routes[b]):
-            if row.emit(token, route):
-                done = True
-                break
-        if done:
+        row.accepted += a
+        if row.emit_block(tokens[:a + 1], routes[:a + 1]):
             pending[b] = []
             continue
         # The draft has seen pending + drafts[:k-1]; it still needs what it has not seen.
-        unseen = drafts[b][len(fed_to_draft):accepted[b]] + [emitted[-1]]
-        pending[b] = unseen
+        pending[b] = drawn[min(a, k - 1):a] + [tokens[a]]

@@ -135,8 +135,9 @@ class StaticGroup:
         if key not in self._graphs:
             self._graphs[key] = self._capture(bucket, n, window)
         graph, (ids_buf, live_buf, pos_buf, valid_buf), outputs = self._graphs[key]
-        ids_buf.zero_()
-        live_buf.zero_()
+        if batch < bucket:  # padding rows: no live input (they write only the scratch column)
+            ids_buf[batch:].zero_()
+            live_buf[batch:].zero_()
         ids_buf[:batch].copy_(input_ids)
         live_buf[:batch].copy_(live)
         pos_buf[:batch].copy_(self.next_pos)
@@ -173,12 +174,13 @@ class StaticGroup:
             outputs = _step(self.model, self.cache, ids, live, pos, valid, window)
         return graph, (ids, live, pos, valid), outputs
 
-    def reject_tail(self, counts: torch.Tensor) -> None:
+    def reject_tail(self, counts: torch.Tensor, on_device: torch.Tensor | None = None) -> None:
         """Drop each row's newest ``counts[b]`` live tokens (rejected drafts): its column
-        count moves back and those columns stop being valid; they are rewritten next step."""
-        # Host bounds follow (``counts`` [B] int64, a host tensor from the scheduler: no device read).
-        self.lengths = [length - c for length, c in zip(self.lengths, counts.tolist())]
-        next_pos = self.next_pos - to_device(counts, self.device)
+        count moves back and those columns stop being valid; they are rewritten next step.
+        ``counts`` [B] int64 is a host tensor; ``on_device``, the same counts already on the
+        device (the scheduler's), spares a copy."""
+        self.lengths = [length - c for length, c in zip(self.lengths, counts.tolist())]  # host bounds
+        next_pos = self.next_pos - (to_device(counts, self.device) if on_device is None else on_device)
         cols = torch.arange(self.columns, device=self.device).unsqueeze(0)
         self.valid = self.valid & (cols < next_pos.unsqueeze(1))
         self.next_pos = next_pos

@@ -1,0 +1,190 @@
+"""A batch group's per-row sampling parameters on its device, and its dedup decisions.
+
+Keys, temperatures and flags change only when requests join or leave, so a
+:class:`RowTable` copies them to the device once per membership instead of rebuilding
+them for every sampler call (about ten host-to-device copies each). What changes every
+step (positions, contexts, the models' next inputs) the scheduler packs into one host
+tensor, copied once per step.
+
+Speculative drafts need each position's watermark context and dedup decision before the
+next draft is drawn; both come from device tensors (:meth:`RowTable.block_contexts`,
+:class:`DeviceDedup`), so the draft loop never waits for the GPU. On the CPU, where
+reading a tensor costs nothing, :class:`HostDedup` asks each request's ContextDeduper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from service.engines.local.request import RequestState
+from watermark.prf import philox_torch
+from watermark.processing import ProcessingParams, process_logits
+from watermark.sampler import SamplerRows
+from watermark.transfer import host_tensor
+
+
+@dataclass(frozen=True)
+class RowTable:
+    """Rows [B] of one group in its order (``ids``); tensors [B] on ``device`` unless noted."""
+
+    ids: tuple[str, ...]
+    key_a: torch.Tensor
+    key_b: torch.Tensor
+    alpha: torch.Tensor
+    no_alpha: torch.Tensor
+    """zeros: speculative drafts draw dual-key rows under key A."""
+    key_coin: torch.Tensor
+    keyed_coin: torch.Tensor
+    stream_keys: torch.Tensor
+    watermarked: torch.Tensor
+    greedy: torch.Tensor
+    widths: torch.Tensor
+    """int32 watermark context widths."""
+    width: int
+    """The widest context (host int): contexts are [B, width] tables."""
+    params: dict[int, ProcessingParams]
+    """Per repeat count (1, k + 1): temperature on the device, top-k/top-p on the host
+    (process_logits checks those without a device read)."""
+    context_index: torch.Tensor
+    """[B, k + 1, width] int64: where lane i of position j's context sits in the step's
+    sequence (committed context right-aligned in ``width`` columns, then the k drafts)."""
+    lane_used: torch.Tensor
+    """[B, 1, width] bool: i < widths[b]."""
+
+    @classmethod
+    def build(cls, rows: list[RequestState], device: torch.device, k: int) -> RowTable:
+        def dev(values, dtype):
+            return host_tensor(values, dtype, device)
+
+        widths = [r.dedup.width for r in rows]
+        width = max(widths)
+
+        def params(repeat: int) -> ProcessingParams:
+            def col(values, dtype):
+                return torch.tensor(values, dtype=dtype).repeat_interleave(repeat)
+
+            return ProcessingParams(temperature=dev([r.request.temperature for r in rows], torch.float32)
+                                    .repeat_interleave(repeat),
+                                    top_k=col([r.request.top_k for r in rows], torch.int64),
+                                    top_p=col([r.request.top_p for r in rows], torch.float32))
+
+        lane = torch.arange(width)
+        index = (width + torch.arange(k + 1).view(1, -1, 1) - torch.tensor(widths).view(-1, 1, 1) + lane)
+        return cls(
+            ids=tuple(r.rid for r in rows),
+            key_a=philox_torch.keys_tensor([r.keys.key_a for r in rows], device),
+            key_b=philox_torch.keys_tensor([r.keys.key_b for r in rows], device),
+            alpha=dev([r.keys.alpha for r in rows], torch.float32),
+            no_alpha=torch.zeros(len(rows), dtype=torch.float32, device=device),
+            key_coin=philox_torch.keys_tensor([r.keys.key_coin for r in rows], device),
+            keyed_coin=dev([r.keyed_coin for r in rows], torch.bool),
+            stream_keys=philox_torch.keys_tensor([r.stream_key for r in rows], device),
+            watermarked=dev([r.watermarked for r in rows], torch.bool),
+            greedy=dev([r.greedy for r in rows], torch.bool),
+            widths=dev(widths, torch.int32),
+            width=width,
+            params={1: params(1), k + 1: params(k + 1)},
+            context_index=index.clamp(max=width + k - 1).to(device),
+            lane_used=(lane.view(1, 1, -1) < torch.tensor(widths).view(-1, 1, 1)).to(device),
+        )
+
+    def process(self, logits: torch.Tensor, repeat: int = 1) -> torch.Tensor:
+        """Raw logits [B * repeat, V] -> processed logits (temperature, top-k, top-p)."""
+        return process_logits(logits, self.params[repeat])
+
+    def sampler_rows(self, watermark: torch.Tensor, positions: torch.Tensor, routed: bool) -> SamplerRows:
+        """The sampler's rows (contexts are passed as a table: dispatch.sample_padded)."""
+        return SamplerRows(key_a=self.key_a, key_b=self.key_b, alpha=self.alpha if routed else self.no_alpha,
+                           contexts=(), watermark=watermark, greedy=self.greedy, stream_keys=self.stream_keys,
+                           positions=positions)
+
+    def block_contexts(self, sequence: torch.Tensor, position: int | None = None) -> torch.Tensor:
+        """Watermark contexts from ``sequence`` [B, width + k] (committed context right-aligned,
+        then the drafts): [B, k + 1, width] for every position of the block, or [B, width] for
+        one; lanes at or beyond a row's width are 0 (the padding of padded_contexts)."""
+        index = self.context_index if position is None else self.context_index[:, position]
+        batch = index.shape[0]
+        table = sequence.gather(1, index.reshape(batch, -1)).view(index.shape)
+        used = self.lane_used if position is None else self.lane_used[:, 0]
+        return table.masked_fill(~used, 0)
+
+
+def right_aligned(context: tuple[int, ...], width: int) -> list[int]:
+    """A row's committed context in ``width`` columns, right-aligned (see RowTable)."""
+    return [0] * (width - len(context)) + list(context)
+
+
+class HostDedup:
+    """Dedup decisions from each request's ContextDeduper (drafts read back: the CPU path)."""
+
+    def __init__(self, rows: list[RequestState]) -> None:
+        self.rows = rows
+
+    def at(self, drafts: torch.Tensor, position: int) -> torch.Tensor:
+        """Whether position ``position`` of the block repeats a context: [B] bool (drafts [B, k],
+        the first ``position`` columns drawn)."""
+        drawn = drafts[:, :position].tolist()
+        return torch.tensor([r.dedup.block_repeated(d)[position] for r, d in zip(self.rows, drawn)],
+                            dtype=torch.bool, device=drafts.device)
+
+    def block(self, drafts: torch.Tensor) -> torch.Tensor:
+        """Decisions [B, k + 1] for every position of the block."""
+        return torch.tensor([r.dedup.block_repeated(d) for r, d in zip(self.rows, drafts.tolist())],
+                            dtype=torch.bool, device=drafts.device)
+
+    def commit(self, tokens: torch.Tensor, counts: torch.Tensor) -> None:
+        """Nothing: a request's ContextDeduper takes its tokens as they are emitted."""
+
+
+class DeviceDedup:
+    """The same decisions from the GPU deduper (watermark/kernels/dedup.py), whose slots hold
+    each request's history: nothing is read back."""
+
+    def __init__(self, deduper, slots: torch.Tensor) -> None:
+        self.deduper, self.slots = deduper, slots
+
+    def at(self, drafts: torch.Tensor, position: int) -> torch.Tensor:
+        # Later columns of ``drafts`` are not drawn yet; they only affect later positions.
+        return self.deduper.repeated(self.slots, drafts)[:, position]
+
+    def block(self, drafts: torch.Tensor) -> torch.Tensor:
+        return self.deduper.repeated(self.slots, drafts)
+
+    def commit(self, tokens: torch.Tensor, counts: torch.Tensor) -> None:
+        """Append each row's first ``counts[b]`` tokens [B, n] (what it emits; a row that
+        finishes early leaves the batch, so its extra entries are never read)."""
+        self.deduper.append(self.slots, tokens, counts)
+
+
+class DedupSlots:
+    """GPU deduper slots for the speculative group's requests (one per running request)."""
+
+    def __init__(self, slots: int, capacity: int, device: torch.device) -> None:
+        from watermark.kernels.dedup import GpuDeduper
+
+        self.deduper = GpuDeduper(slots, capacity, device)
+        self.free = list(range(slots))
+        self.slot_of: dict[str, int] = {}
+
+    def open(self, state: RequestState) -> None:
+        """Give a request a slot holding its history so far (prompt for scope all, then its
+        first generated token)."""
+        slot = self.free.pop(0)
+        self.slot_of[state.rid] = slot
+        d = state.dedup
+        self.deduper.open(slot, width=d.width, scope=d.scope, max_history=d.max_history,
+                          prompt=state.request.prompt_ids if d.scope == "all" else ())
+        if state.output:
+            tokens = host_tensor([state.output], torch.int64, self.deduper.device)
+            self.deduper.append(host_tensor([slot], torch.int32, self.deduper.device), tokens)
+
+    def close(self, rid: str) -> None:
+        slot = self.slot_of.pop(rid, None)
+        if slot is not None:
+            self.free.append(slot)
+
+    def for_rows(self, rows: list[RequestState]) -> DeviceDedup:
+        return DeviceDedup(self.deduper, host_tensor([self.slot_of[r.rid] for r in rows], torch.int32,
+                                                     self.deduper.device))
