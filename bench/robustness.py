@@ -331,7 +331,10 @@ def _bundled_configs(algorithm: str) -> dict[str, "DetectorConfig"]:
     return {"max": DetectorConfig(dual_statistic="max", test="sum"),
             "weighted": DetectorConfig(dual_statistic="weighted", test="sum"),
             "routed": DetectorConfig(dual_statistic="routed", test="sum"),
-            "trgof": DetectorConfig(test="trgof"), "auto": DetectorConfig()}
+            "trgof": DetectorConfig(test="trgof"), "auto": DetectorConfig(),
+            # What `auto` would give with routed in place of max and weighted (keyed coin):
+            # routed sum + Tr-GoF on routed scores + spans on routed scores.
+            "auto_routed": DetectorConfig(dual_statistic="routed")}
 
 
 class Tokenization:
@@ -566,7 +569,8 @@ def markdown(result: dict) -> str:
                   f"generated; draft acceptance {facts['dual_key_gumbel']['acceptance']:.3f}, key-B share of the "
                   f"watermarked tokens {facts['dual_key_gumbel']['key_b_share']:.3f}.", "",
                   "TPR at 1e-6 (median log10 p) per statistic. Dual key: `max`, `weighted`, `routed` are each the "
-                  "sum test with spans; `trgof` and `auto` are the default dual statistic.", ""]
+                  "sum test with spans; `trgof` and `auto` are the default dual statistic; `auto_routed` is `auto`'s "
+                  "combination (sum, Tr-GoF, spans) on routed scores.", ""]
         for algorithm in ("gumbel", "dual_key_gumbel"):
             mine = [r for r in bundled if r["algorithm"] == algorithm]
             tests = list(dict.fromkeys(r["test"] for r in mine))
