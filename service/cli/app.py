@@ -7,7 +7,6 @@ and exits non-zero. No traceback, and never a secret, reaches the terminal.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import gc
 import json
@@ -106,16 +105,12 @@ def _usage_line(argv: list[str]) -> str | None:
 def main() -> None:
     # A command is a short process that creates ~200,000 long-lived objects while importing
     # (SQLAlchemy, pydantic, typer) and little garbage: with the default thresholds the
-    # cyclic collector scans them ~180 times during `hallmark keys list`, and the
-    # interpreter's final collection scans them all once more at exit. Collect as rarely as
-    # the server does (service/app.py) and freeze what is left at exit, so that final
-    # collection has nothing to scan: about 8% of `keys list`'s instructions (valgrind).
-    # Reference counting still frees everything at exit; only finalizers of objects in
-    # reference cycles may not run then, which Python never promises anyway.
+    # cyclic collector scans them ~180 times during `hallmark keys list`. Collect as rarely
+    # as the server does (service/app.py) while a command runs. (Freezing the heap at exit
+    # would also skip the interpreter's final collection, but then triton's nanobind reports
+    # its objects as leaked on stderr.)
     thresholds = gc.get_threshold()
     gc.set_threshold(50_000, 50, 100)
-    atexit.unregister(gc.freeze)  # once, however often main() runs in one process (tests)
-    atexit.register(gc.freeze)
     try:
         _run()
     finally:
