@@ -14,9 +14,9 @@ import yaml
 from pydantic import ValidationError
 
 from keys.errors import InvalidInput
-from keys.lifecycle import spec_problems
 from watermark import prf
 from watermark.spec import WatermarkSpec
+from watermark.validation import summary
 
 _DECIMAL = re.compile(r"[0-9]{1,20}")
 _HEX = re.compile(r"0[xX][0-9a-fA-F]{1,16}")
@@ -83,7 +83,7 @@ def read_vllm_config(path: Path | str) -> tuple[int, WatermarkSpec]:
     try:
         _, spec = WatermarkSpec.from_vllm({**config, "key": secret})
     except ValidationError as exc:
-        raise InvalidInput(f"invalid watermark spec in {path}: {spec_problems(exc)}") from None
+        raise InvalidInput(f"invalid watermark spec in {path}: {summary(exc, default='spec')}") from None
     except ValueError as exc:
         raise InvalidInput(f"the vLLM watermark config in {path}: {exc}") from None
     return secret, spec

@@ -33,6 +33,7 @@ from keys.tenants import get_tenant, get_tenant_by_id, new_id
 from watermark import prf
 from watermark.key import check_value, fingerprint
 from watermark.spec import WatermarkSpec
+from watermark.validation import summary
 
 log = logging.getLogger("hallmark.keys")
 
@@ -97,13 +98,7 @@ def build_spec(base: WatermarkSpec | None = None, **changes: Any) -> WatermarkSp
     try:
         return WatermarkSpec.model_validate(fields)
     except ValidationError as exc:
-        raise InvalidInput(f"invalid watermark spec: {spec_problems(exc)}") from None
-
-
-def spec_problems(exc: ValidationError) -> str:
-    """A validation error in one line, without the offending values."""
-    return "; ".join(f"{'.'.join(str(part) for part in error['loc']) or 'spec'}: {error['msg']}"
-                     for error in exc.errors())
+        raise InvalidInput(f"invalid watermark spec: {summary(exc, default='spec')}") from None
 
 
 def _spec_json(spec: WatermarkSpec) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from service.http_errors import store_error
 from service.provenance import report_statement
 from service.schemas import DetectBody
 from service.state import Services
-from service.validation import describe
+from watermark.validation import describe
 
 log = logging.getLogger("hallmark.detection")
 FORM_NAMES = ("as_sent", "normalized")

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from keys.errors import (ConcurrentChange, KekError, KeyStoreError, NoActiveKey, NotMigrated, ReadOnlyStore,
                          StoreBusy, StoreUnavailable, UnknownTenant)
 from service.errors import Conflict, NotFound, ServiceError, Unavailable
+from watermark.validation import summary
 
 log = logging.getLogger("hallmark.http")
 
@@ -84,16 +85,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str]:
     if errors and errors[0].get("type") == "json_invalid":
         ctx = errors[0].get("ctx") or {}
         return f"the request body is not valid JSON: {ctx.get('error', 'decode error')}", "invalid_json"
-    parts = []
-    for err in errors:
-        # Drop pydantic's internal union/validator tags from the location ("function-after[...]").
-        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body" and "[" not in str(p))
-        part = f"{where or 'body'}: {err.get('msg')}"
-        if part not in parts:
-            parts.append(part)
-        if len(parts) == 5:
-            break
-    return "invalid request: " + "; ".join(parts), "invalid_request"
+    return "invalid request: " + summary(errors, default="body", skip=("body",), limit=5), "invalid_request"
 
 
 def install(app: FastAPI) -> None:

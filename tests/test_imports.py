@@ -25,8 +25,10 @@ ALLOWED = {
     "service": {"keys", "detector", "watermark"},
     "migrations": {"keys"},
 }
-# keys -> watermark: the spec and the key conventions only (never samplers, tensors, kernels).
-KEYS_MAY_USE = ("watermark.spec", "watermark.key", "watermark.prf", "watermark.prf.base")
+# keys -> watermark: the spec, the key conventions and the validation-error formatter only
+# (never samplers, tensors, kernels).
+KEYS_MAY_USE = ("watermark.spec", "watermark.key", "watermark.prf", "watermark.prf.base",
+                "watermark.validation")
 
 
 def modules() -> dict[str, Path]:

@@ -134,7 +134,7 @@ def run_checks() -> list[Check]:
 
     from keys.settings import StoreSettings
     from service.settings import ServiceSettings
-    from service.validation import first_error
+    from watermark.validation import first_error
 
     try:
         store_settings = StoreSettings()

@@ -25,7 +25,7 @@ def store_settings() -> "StoreSettings":
     from pydantic import ValidationError
 
     from keys.settings import StoreSettings
-    from service.validation import first_error
+    from watermark.validation import first_error
 
     try:
         return StoreSettings()

@@ -39,7 +39,7 @@ def _secret(value: Any, *, source: str) -> int:
 def spec_from_options(**fields: Any) -> "WatermarkSpec":
     from pydantic import ValidationError
 
-    from service.validation import describe
+    from watermark.validation import describe
     from watermark.spec import WatermarkSpec
 
     try:
@@ -71,7 +71,7 @@ def _token_list(value: Any) -> list[int]:
 def _batch(path: str, handle_line) -> None:
     from pydantic import ValidationError
 
-    from service.validation import describe
+    from watermark.validation import describe
     from service.cli.progress import Counter
 
     failures = 0
@@ -134,7 +134,7 @@ def _detector_config(threshold: float, statistic: str, spans: bool) -> "Detector
     from pydantic import ValidationError
 
     from detector.detect import DetectorConfig
-    from service.validation import describe
+    from watermark.validation import describe
 
     try:
         return DetectorConfig(threshold=threshold, dual_statistic=statistic, spans=spans)
