@@ -15,7 +15,7 @@ import os
 import secrets
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,11 @@ from sqlalchemy.engine import make_url
 from keys import migrate
 from keys.db import Store, create_store_engine, open_store
 from keys.kek import Kek, Keyring
+from keys.lifecycle import create_key
+from keys.material import StoredKey, active_key
 from keys.settings import StoreSettings
+from keys.tenants import TenantInfo, create_tenant
+from watermark.spec import WatermarkSpec
 
 PG_ADMIN_URL = os.environ.get("HALLMARK_TEST_POSTGRES_URL",
                               "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -246,6 +250,36 @@ def store(settings: StoreSettings) -> Iterator[Store]:
         yield opened
     finally:
         opened.close()
+
+
+@dataclass(frozen=True)
+class TwoTenants:
+    """Tenants ``acme`` (with an active key) and ``beta`` (with one when asked), for the tests
+    of tenant scoping."""
+
+    acme: TenantInfo
+    beta: TenantInfo
+    acme_key: StoredKey
+    beta_key: StoredKey | None
+
+
+@pytest.fixture
+def two_tenants(store: Store) -> Callable[..., TwoTenants]:
+    """``two_tenants(spec=..., beta_key=False)``: create acme and beta, acme's key of ``spec``
+    (default: the default spec) and, with ``beta_key``, one for beta too."""
+
+    def make(*, spec: WatermarkSpec | None = None, beta_key: bool = False) -> TwoTenants:
+        spec = spec or WatermarkSpec()
+        with store.transaction() as session:
+            acme = create_tenant(session, name="acme", actor="test")
+            beta = create_tenant(session, name="beta", actor="test")
+            for tenant in ("acme", "beta") if beta_key else ("acme",):
+                create_key(session, store.keyring, tenant=tenant, actor="test", spec=spec)
+        with store.transaction(write=False) as session:
+            return TwoTenants(acme, beta, active_key(session, store.keyring, tenant_id=acme.id),
+                              active_key(session, store.keyring, tenant_id=beta.id) if beta_key else None)
+
+    return make
 
 
 def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:

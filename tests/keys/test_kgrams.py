@@ -10,25 +10,13 @@ from sqlalchemy import select
 
 from keys import kgrams
 from keys.ledger import record_generation
-from keys.lifecycle import create_key
-from keys.material import active_key
 from keys.models import LedgerKgram
-from keys.tenants import create_tenant
-from watermark.spec import WatermarkSpec
-
-ACTOR = "test"
 
 
 @pytest.fixture
-def setup(store):
-    with store.transaction() as session:
-        acme = create_tenant(session, name="acme", actor=ACTOR)
-        beta = create_tenant(session, name="beta", actor=ACTOR)
-        create_key(session, store.keyring, tenant="acme", actor=ACTOR, spec=WatermarkSpec())
-        create_key(session, store.keyring, tenant="beta", actor=ACTOR, spec=WatermarkSpec())
-    with store.transaction(write=False) as session:
-        return (acme, active_key(session, store.keyring, tenant_id=acme.id),
-                beta, active_key(session, store.keyring, tenant_id=beta.id))
+def setup(two_tenants):
+    made = two_tenants(beta_key=True)
+    return made.acme, made.acme_key, made.beta, made.beta_key
 
 
 def _generate(store, tenant, key, tokens):

@@ -9,25 +9,15 @@ import pytest
 
 from keys.errors import InvalidInput, UnknownKey, UnknownTenant
 from keys.ledger import find_generations_by_output_hash, get_generation, hash_output, record_generation
-from keys.lifecycle import create_key
-from keys.material import active_key
-from keys.tenants import create_tenant
 from watermark.spec import WatermarkSpec
 
-ACTOR = "test"
 TEXT = "The quick brown fox — watermarked. ✓"
 
 
 @pytest.fixture
-def tenants(store):
-    with store.transaction() as session:
-        acme = create_tenant(session, name="acme", actor=ACTOR)
-        beta = create_tenant(session, name="beta", actor=ACTOR)
-        create_key(session, store.keyring, tenant="acme", actor=ACTOR,
-                   spec=WatermarkSpec(algorithm="dual_key_gumbel", context_width=3))
-    with store.transaction(write=False) as session:
-        key = active_key(session, store.keyring, tenant_id=acme.id)
-    return acme, beta, key
+def tenants(two_tenants):
+    made = two_tenants(spec=WatermarkSpec(algorithm="dual_key_gumbel", context_width=3))
+    return made.acme, made.beta, made.acme_key
 
 
 def _record(session, tenant_id, key=None, **overrides):

@@ -16,24 +16,16 @@ from keys.errors import InvalidInput, KeyRevoked, LedgerImmutable
 from keys.ledger import (checkpoint_generation, finish_generation, generation_entries, get_generation,
                          hash_output, list_generations, record_generation, recover_interrupted,
                          start_generation, verify_chain, writer_gone, writer_id)
-from keys.lifecycle import create_key, revoke_key
-from keys.material import active_key
+from keys.lifecycle import revoke_key
 from keys.models import LedgerEntry
-from keys.tenants import create_tenant
-from watermark.spec import WatermarkSpec
 
 ACTOR = "test"
 
 
 @pytest.fixture
-def tenants(store):
-    with store.transaction() as session:
-        acme = create_tenant(session, name="acme", actor=ACTOR)
-        beta = create_tenant(session, name="beta", actor=ACTOR)
-        create_key(session, store.keyring, tenant="acme", actor=ACTOR, spec=WatermarkSpec())
-    with store.transaction(write=False) as session:
-        key = active_key(session, store.keyring, tenant_id=acme.id)
-    return acme, beta, key
+def tenants(two_tenants):
+    made = two_tenants()
+    return made.acme, made.beta, made.acme_key
 
 
 def _one(session, tenant_id, key=None, text_="output", **overrides):
