@@ -405,16 +405,21 @@ def run_bundled(count: int, human_count: int) -> tuple[list[dict], dict, list[li
         decoded = [tok.decode(t) for t in plain]
 
         def measure(family, kind, rate, token_lists=None, strings=None, normalized=False):
+            per_test = {}
             for name, config in configs.items():
                 if strings is not None and normalized:
                     ps = [tok.detect_normalized(s, [Candidate.inline(k)], config) for s, k in zip(strings, keys)]
                 else:
                     lists = token_lists if token_lists is not None else [tok.encode(s) for s in strings]
                     ps = [detect(t, [Candidate.inline(k)], config).log10_p_value for t, k in zip(lists, keys)]
-                ps = np.array(ps)
+                ps = per_test[name] = np.array(ps)
                 rows.append({"source": "bundled", "algorithm": algorithm, "family": family, "attack": kind,
                              "rate": rate, "test": name, "texts": len(ps), "tpr6": float(np.mean(ps <= -6)),
                              "tpr3": float(np.mean(ps <= -3)), "median_log10_p": float(np.median(ps))})
+                if name == "routed":  # per text against max (issue 11 point 3: never worse than max)
+                    gain = per_test["max"] - ps  # log10 p units, > 0 where routed is stronger
+                    rows[-1].update(vs_max_mean_gain=float(np.mean(gain)), vs_max_worse_share=float(np.mean(gain < 0)),
+                                    vs_max_worst=float(np.min(gain)))
             print("bundled", algorithm, family, kind, rate, [(r["test"], r["tpr6"]) for r in rows[-len(configs):]],
                   flush=True)
 
@@ -585,6 +590,18 @@ def markdown(result: dict) -> str:
                 cells = [_cell(mine, family=family, attack=kind, rate=rate, test=t) for t in tests]
                 lines.append(f"| {family} | {kind} | {rate} | " + " | ".join(
                     f"{c['tpr6']:.2f} ({c['median_log10_p']:.1f})" for c in cells) + " |")
+            lines.append("")
+        routed = [r for r in bundled if r["test"] == "routed"]
+        if routed:
+            lines += ["`routed` against `max` per text (dual key; gain = log10 p of max minus log10 p of routed, "
+                      "positive where routed is stronger):", "",
+                      "| family | attack | rate | TPR max | TPR routed | mean gain | texts where routed is weaker | "
+                      "largest loss |", "|---|---|---|---|---|---|---|---|"]
+            for r in routed:
+                base = _cell(bundled, algorithm=r["algorithm"], family=r["family"], attack=r["attack"], rate=r["rate"],
+                             test="max")
+                lines.append(f"| {r['family']} | {r['attack']} | {r['rate']} | {base['tpr6']:.2f} | {r['tpr6']:.2f} | "
+                             f"{r['vs_max_mean_gain']:+.2f} | {r['vs_max_worse_share']:.2f} | {-r['vs_max_worst']:.2f} |")
             lines.append("")
         lines += ["Unicode attacks: `unicode_as_sent` tokenises the attacked text as it is; `unicode_normalized` "
                   "goes through the service's path (`detector.forms` as `/v1/detect` uses it: the text as sent and its normalised form, "
