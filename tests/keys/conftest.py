@@ -24,6 +24,7 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy import MetaData, create_engine, select, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from keys import migrate
 from keys.db import Store, create_store_engine, open_store
@@ -280,6 +281,19 @@ def two_tenants(store: Store) -> Callable[..., TwoTenants]:
                               active_key(session, store.keyring, tenant_id=beta.id) if beta_key else None)
 
     return make
+
+
+def assert_refused(url: str, statements: list[str], match: str) -> None:
+    """Each statement, in a transaction of its own over a plain connection (no ORM, no store
+    checks), fails with a database error matching ``match``."""
+    engine = create_engine(url)
+    try:
+        for statement in statements:
+            with pytest.raises(DBAPIError, match=match):
+                with engine.begin() as connection:
+                    connection.exec_driver_sql(statement)
+    finally:
+        engine.dispose()
 
 
 def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
