@@ -404,6 +404,32 @@ def pruning_edge_case(margin: float, device, dtype: torch.dtype = torch.float32)
     return logits.to(device), keys.to(device), states.to(device), reference.to(device)
 
 
+def bound_edge_case(margin: float, device, dtype: torch.dtype = torch.float32):
+    """Rows for the row-bound pruning (watermark.pruning): one token o is the row's
+    argmax (the bound token, exact score s_o) and the EDGE_CASES token, whose noise is
+    NOISE_MAX, sits ``margin`` above (it wins) or below (o wins) s_o - NOISE_MAX.
+    Returns logits [2, 5000], keys [2], states [2, 4] and the reference tokens."""
+    vocab = 5000
+    keys = torch.full((2,), prf.to_signed64(EDGE_KEY), dtype=torch.int64)
+    states = philox_torch.context_states_torch(keys, [[ctx] for _, ctx in EDGE_CASES])
+    tokens = torch.arange(vocab)
+    noise = gumbel_noise.noise_from_uniforms(philox_torch.uniforms_from_words_torch(
+        philox_torch.words_from_state_torch(keys, states, tokens)))
+    logits = torch.full((2, vocab), float("-inf"))
+    expected = []
+    for row, (target, _) in enumerate(EDGE_CASES):
+        other = 10 if row == 0 else 4500  # before and after the target
+        logits[row, other] = 15.0
+        best = 15.0 + float(noise[row, other])
+        logits[row, target] = best - float(noise[row, target]) + margin
+        logits[row, 7 * row + 1: 7 * row + 400: 7] = best - 17.0  # below the floor: pruned
+        expected.append(target if margin > 0 else other)
+    logits = logits.to(dtype)
+    reference = gumbel.gumbel_argmax_reference(logits, keys, states)
+    assert reference.tolist() == expected, (reference.tolist(), expected)
+    return logits.to(device), keys.to(device), states.to(device), reference.to(device)
+
+
 def check_pruning_edge(device, *, compact: bool | None = None) -> None:
     """A winner NOISE_MAX below the best other logit is found; one just short of it is not."""
     from watermark.kernels import gumbel as kernels
