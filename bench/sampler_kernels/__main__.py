@@ -10,7 +10,7 @@ import torch
 
 from bench.sampler_kernels.harness import (BANDWIDTH, QUICK_BUDGET_S, QUICK_PYTEST_K, REFERENCE_TIMED, REPO, Run, S,
                                            copy_previous, load_previous, table)
-from bench.sampler_kernels.sampler import (headline, section_compare_b256, section_dense, section_pruning,
+from bench.sampler_kernels.sampler import (headline, section_bounded, section_compare_b256, section_dense, section_pruning,
                                            section_pruning_sweep, section_sampler, section_sweep, section_temperature)
 from bench.sampler_kernels.sections import (section_dedup, section_dedup_parity, section_device, section_error_bound,
                                             section_pytest, section_speculative, section_warm_up)
@@ -76,6 +76,7 @@ def main() -> int:
                                                      ("single", "dual"), "sampler", budget_each=0), 0),
         "vllm": (lambda: section_vllm(run, options.vllm_from), 20),
         "pruning_sweep": (lambda: section_pruning_sweep(run), 20),
+        "bounded": (lambda: section_bounded(run), 20),
         "sampler_bf16_b256_b1": (lambda: section_sampler(run, (S.big, S.small), (bf16,), ("normal", "zipf"),
                                                          ("single", "dual"), "sampler"), 10),
         "sampler_grid": (lambda: section_sampler(run, S.grid, (fp32, bf16), ("normal", "zipf"), ("single", "dual"),
@@ -139,7 +140,8 @@ def main() -> int:
 
     headline(run)
     checked = [row for key in ("sampler", "temperature_0p7", "speculative_b64_k4", "dense_only_fp32_single",
-                               "sweep_b256_fp32_single_quick", "pruning_sweep_b256_fp32_single")
+                               "sweep_b256_fp32_single_quick", "pruning_sweep_b256_fp32_single",
+                               "bounded_b256_fp32", "bounded_other")
                if isinstance(run.results.get(key), list) for row in run.results[key]]
     sampler_exact = [row.get("bit_exact") for row in checked if "bit_exact" in row]
     bound_ok = run.results.get("approximation_error", {}).get("within_bounds") is True

@@ -278,6 +278,12 @@ def table(results: dict) -> str:
     for row in listed("pruning_sweep_b256_fp32_single"):
         lines.append(f"pruning B=256 fp32 single {row.get('config'):>18} {row.get('dist'):>6}: "
                      f"{row.get('us', float('nan')):7.1f} us exact {row.get('bit_exact')} {row.get('error', '')[:60]}")
+    for row in listed("bounded_b256_fp32"):
+        lines.append(f"bounded B=256 fp32 {row.get('config'):>22} {row.get('dist'):>6} {row.get('mode'):>6}: "
+                     f"{row.get('us', float('nan')):7.1f} us exact {row.get('bit_exact')} {row.get('error', '')[:60]}")
+    for row in listed("bounded_other"):
+        lines.append(f"{row.get('kernel'):>7} B={row.get('batch')} {row.get('dtype')} {row.get('dist')} single: "
+                     f"{row.get('us', float('nan')):7.1f} us exact {row.get('bit_exact')}")
     for row in listed("speculative_b64_k4"):
         lines.append(f"verify B=64 k=4 {row['dtype']}: {row['us']:.1f} us (floor {100 * row['floor_fraction']:.0f}%, "
                      f"ref {row.get('reference_us', float('nan')):.0f} us, exact {row['bit_exact']})")

@@ -12,8 +12,12 @@ from bench.sampler_kernels.harness import (BANDWIDTH, REFERENCE_TIMED, Run, S, T
 
 
 def bench_sampler_config(batch: int, dtype: torch.dtype, dist: str, mode: str, *, temperature: float = 1.0,
-                         config=None, blocks_per_row=None, reference: bool = True, seed: int = 0) -> dict:
+                         config=None, blocks_per_row=None, reference: bool = True, seed: int = 0,
+                         bounded_config=None) -> dict:
+    """``bounded_config``: time watermark.kernels.bounded.bounded_sample with it instead of
+    gumbel_sample (same arguments, same reference)."""
     from tests.watermark.kernels import parity
+    from watermark.kernels import bounded
     from watermark.kernels import gumbel as kernels
 
     gen = torch.Generator(device=S.device).manual_seed(seed)
@@ -26,11 +30,13 @@ def bench_sampler_config(batch: int, dtype: torch.dtype, dist: str, mode: str, *
         extra["blocks_per_row"] = blocks_per_row
 
     def call_for(logits):
+        if bounded_config is not None:
+            return lambda: bounded.bounded_sample(logits, **args, config=bounded_config)
         return lambda: kernels.gumbel_sample(logits, **args, **extra)
 
     out = {"batch": batch, "dtype": str(dtype).replace("torch.", ""), "dist": dist, "mode": mode,
            "temperature": temperature, "input_sets": n_sets}
-    got = kernels.gumbel_sample(logits_sets[0], **args, **extra)
+    got = call_for(logits_sets[0])()
     if reference:
         want = parity.reference_sample(logits_sets[0], args)
         out["bit_exact"] = bool(torch.equal(got.tokens, want.tokens) and torch.equal(got.routes, want.routes))
@@ -221,3 +227,57 @@ def section_pruning(run: Run) -> None:
                      "tiles_skippable_fraction_2048": float(1 - tiles.float().mean())}
         del logits
     run.results["pruning_potential"] = out
+
+
+BOUNDED_CONFIGS = (  # (name, BoundedConfig changes)
+    ("rows 32", {}),
+    ("rows 16", {"rows_in_flight": 16}),
+    ("rows 64", {"rows_in_flight": 64}),
+    ("rows 32 block 1024", {"block": 1024}),
+    ("rows 32 8 warps", {"num_warps": 8, "programs_per_sm": 2}),
+)
+
+
+def section_bounded(run: Run) -> None:
+    """The bounded sampler (row bound, two passes, persistent grid) at B = 256 fp32 against
+    the dense gumbel_sample in this run, Zipf(2) and N(0,1), single and dual key; every
+    configuration checked against the reference. Then B = 64 / 512 and bf16 at the default."""
+    from watermark.kernels.bounded import DEFAULT_BOUNDED
+
+    rows = run.results.setdefault("bounded_b256_fp32", [])
+    for dist in ("zipf", "normal"):
+        for mode in ("single", "dual"):
+            if run.left() < 6:
+                return
+            row = bench_sampler_config(S.big, torch.float32, dist, mode, reference=True, seed=61)
+            rows.append({"config": "dense gumbel_sample", "dist": dist, "mode": mode, "us": row["us"],
+                         "bit_exact": row["bit_exact"]})
+            run.save()
+    for name, changes in BOUNDED_CONFIGS:
+        for dist in ("zipf", "normal"):
+            for mode in ("single", "dual"):
+                if mode == "dual" and name != "rows 32":
+                    continue
+                if run.left() < 6:
+                    run.results["errors"].append({"section": "bounded", "error": "budget: configurations skipped"})
+                    return
+                config = dataclasses.replace(DEFAULT_BOUNDED, **changes)
+                try:
+                    row = bench_sampler_config(S.big, torch.float32, dist, mode, reference=True, seed=61,
+                                               bounded_config=config)
+                    rows.append({"config": name, "dist": dist, "mode": mode, "us": row["us"],
+                                 "bit_exact": row["bit_exact"]})
+                except Exception as error:  # noqa: BLE001
+                    rows.append({"config": name, "dist": dist, "mode": mode, "error": repr(error)[:300]})
+                run.save()
+    other = run.results.setdefault("bounded_other", [])
+    for batch, dtype in ((64, torch.float32), (512, torch.float32), (S.big, torch.bfloat16)):
+        for dist in ("zipf", "normal"):
+            if run.left() < 6:
+                return
+            for kind in ("dense", "bounded"):
+                row = bench_sampler_config(batch, dtype, dist, "single", reference=True, seed=62,
+                                           bounded_config=DEFAULT_BOUNDED if kind == "bounded" else None)
+                other.append({"kernel": kind, "batch": batch, "dtype": str(dtype), "dist": dist, "us": row["us"],
+                              "bit_exact": row["bit_exact"]})
+                run.save()

@@ -40,6 +40,13 @@ def main(seed: int) -> int:
         ("queue order (ties across the queue), 2048", lambda: parity.check_queue_order(seed + 14, cpu)),
         ("pruning edge (compact)", lambda: parity.check_pruning_edge(cpu, compact=True)),
         ("pruning edge (dense)", lambda: parity.check_pruning_edge(cpu, compact=False)),
+        ("bounded_sample zipf, shared row bounds", lambda: parity.check_bounded_sample(
+            seed + 15, 9, 5000, torch.float32, cpu, dist="zipf", block=512, rows_in_flight=3)),
+        ("bounded_sample bf16 offset rows", lambda: parity.check_bounded_sample(
+            seed + 16, 8, 999, torch.bfloat16, cpu, dist="zipf", layout="offset", block=512, rows_in_flight=3)),
+        ("bounded_sample normal, draft lane", lambda: parity.check_bounded_sample(
+            seed + 17, 6, 2100, torch.float32, cpu, block=512, rows_in_flight=2, lane=3)),
+        ("bounded edge", lambda: parity.check_bounded_edge(cpu, block=512, rows_in_flight=1)),
         ("gumbel_argmax 2 blocks", lambda: parity.check_gumbel_argmax(seed + 4, 7, 4300, torch.float32, cpu,
                                                                       blocks_per_row=2)),
         ("exponential_race", lambda: parity.check_exponential_race(seed + 5, 12, 2500, torch.float32, cpu,

@@ -162,6 +162,22 @@ def check_gumbel_sample(seed: int, batch: int, vocab: int, dtype: torch.dtype, d
     assert_same(f"gumbel_sample routes (seed {seed})", got.routes, want.routes)
 
 
+def check_bounded_sample(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *, dist: str = "normal",
+                         layout: str = "contiguous", block: int | None = None, rows_in_flight: int | None = None,
+                         lane: int = stream.LANE_SAMPLE) -> None:
+    """The bounded sampler (watermark.kernels.bounded) against the same reference as
+    gumbel_sample; ``block`` / ``rows_in_flight`` None: its default configuration."""
+    from watermark.kernels import bounded
+
+    logits, kernel_logits, args = sampler_case(seed, batch, vocab, dtype, device, layout=layout, dist=dist)
+    config = _config(bounded.DEFAULT_BOUNDED, block=block, rows_in_flight=rows_in_flight)
+    want = reference_sample(logits, args, lane=lane)
+    for attempt in range(2):  # a second launch: the row bounds were reset by the first
+        got = bounded.bounded_sample(kernel_logits, **args, config=config, lane=lane)
+        assert_same(f"bounded_sample tokens (seed {seed}, launch {attempt})", got.tokens, want.tokens)
+        assert_same(f"bounded_sample routes (seed {seed}, launch {attempt})", got.routes, want.routes)
+
+
 def race_case(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, dist: str = "normal"):
     gen = _gen(seed)
     logits = random_logits(gen, batch, vocab, dtype=dtype, dist=dist)
@@ -440,6 +456,24 @@ def check_pruning_edge(device, *, compact: bool | None = None) -> None:
         for blocks in (1, 2):
             got = kernels.gumbel_argmax(logits, keys, states, config=config, blocks_per_row=blocks)
             assert_same(f"pruning edge (margin {margin}, {blocks} blocks, compact {compact})", got, reference)
+
+
+def check_bounded_edge(device, *, block: int | None = None, rows_in_flight: int | None = None) -> None:
+    """The bounded sampler on :func:`bound_edge_case` rows (as single-key sampler rows of
+    width-1 contexts): the winner NOISE_MAX below the bound token is found, 0.002 short is not."""
+    from watermark.kernels import bounded
+
+    config = _config(bounded.DEFAULT_BOUNDED, block=block, rows_in_flight=rows_in_flight)
+    for margin in (2e-3, -2e-3):
+        logits, keys, _, reference = bound_edge_case(margin, device)
+        batch = logits.shape[0]
+        args = dict(temperature=torch.ones(batch), key_a=keys.cpu(), key_b=keys.cpu(), alpha=torch.zeros(batch),
+                    contexts=torch.tensor([[ctx] for _, ctx in EDGE_CASES]), widths=torch.ones(batch, dtype=torch.int32),
+                    watermark=torch.ones(batch, dtype=torch.bool), stream_keys=keys.cpu(),
+                    positions=torch.zeros(batch, dtype=torch.int64))
+        args = {k: v.to(device) for k, v in args.items()}
+        got = bounded.bounded_sample(logits, **args, config=config)
+        assert_same(f"bounded edge (margin {margin})", got.tokens, reference)
 
 
 def queue_order_case(seed: int, device, block: int, dtype: torch.dtype = torch.float32):
