@@ -105,7 +105,7 @@ def _resolve(extra_args, fallback_seed=None):
     spec = types.SimpleNamespace(algorithm="dual_key_gumbel" if dual else "gumbel", alpha=0.25, context_width=4,
                                  dedup="single_turn", dedup_max_history=None)
     secret = int(extra_args["bench_key"])
-    key = types.SimpleNamespace(spec=spec, secret=secret, key_a=secret, key_b=secret ^ 0x5555)
+    key = types.SimpleNamespace(spec=spec, secret=secret, key_a=secret, key_b=secret ^ 0x5555, key_coin=secret ^ 0xAAAA)
     return types.SimpleNamespace(key=key, seed=int(extra_args["bench_seed"]), key_id="bench")
 
 
@@ -117,6 +117,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--vllm-from", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--profile", action="store_true",
+                        help="also run 20 steps under cProfile and record the top host functions")
     args = parser.parse_args()
     device = torch.device(args.device)
     how = vllm_classes(args.vllm_from)
@@ -141,7 +143,11 @@ def main() -> int:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     walls, hosts = [], []
     plugin._state.profile = {}
-    for step in range(args.steps):
+    for step in range(args.steps + (20 if args.profile else 0)):
+        if step == args.steps:
+            import cProfile
+
+            profiler = cProfile.Profile()
         if step == args.steps // 2:  # vLLM condenses its batch: rows 0 and 1 swap
             plugin.update_state(BatchUpdate(batch_size=batch, removed=[], added=[],
                                             moved=[(0, 1, MoveDirectionality.SWAP)]))
@@ -149,11 +155,15 @@ def main() -> int:
         work.copy_(sets[step % 4])
         sync()
         t0 = time.perf_counter()
+        if step >= args.steps:
+            profiler.enable()
         plugin.apply(work)
+        if step >= args.steps:
+            profiler.disable()
         t1 = time.perf_counter()
         sync()
         t2 = time.perf_counter()
-        if step >= 5:
+        if 5 <= step < args.steps:
             hosts.append(t1 - t0)
             walls.append(t2 - t0)
         tokens = torch.isfinite(work).to(torch.int8).argmax(1).tolist()  # what vLLM samples
@@ -164,7 +174,14 @@ def main() -> int:
               "apply_wall_ms_median": 1e3 * statistics.median(walls),
               "apply_host_ms_median": 1e3 * statistics.median(hosts),
               "setup_s": round(time.perf_counter() - started, 2)}
-    result["sync_host_ms_per_step"] = 1e3 * plugin._state.profile.get("sync_s", 0.0) / args.steps
+    result["sync_host_ms_per_step"] = 1e3 * plugin._state.profile.get("sync_s", 0.0) / (args.steps + (20 if args.profile else 0))
+    if args.profile:
+        import io
+        import pstats
+
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+        result["profile_tottime_20_steps"] = text.getvalue().splitlines()[-40:]
     finite = torch.isfinite(work).sum(1)
     result["rows_one_hot"] = bool((finite == 1).all())
     if device.type == "cuda":
