@@ -235,6 +235,9 @@ BOUNDED_CONFIGS = (  # (name, BoundedConfig changes)
     ("rows 64", {"rows_in_flight": 64}),
     ("rows 32 block 1024", {"block": 1024}),
     ("rows 32 8 warps", {"num_warps": 8, "programs_per_sm": 2}),
+    # ptxas (Triton 3.9, sm_90a): 128 registers with 400 B of spill stores under the cap, 238 without.
+    ("rows 32 no cap", {"maxnreg": None, "programs_per_sm": 2}),
+    ("rows 16 no cap", {"maxnreg": None, "programs_per_sm": 2, "rows_in_flight": 16}),
 )
 
 

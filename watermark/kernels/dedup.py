@@ -17,7 +17,8 @@ some p in [L - H, L) (H = max_history, or all of them), and a speculative positi
 also checks the block's earlier positions L .. L + j - 1.
 
 Kernels (one program per request row): ``_dedup_append_kernel`` commits tokens (prompt or
-generated), ``_dedup_query_kernel`` answers a block of positions without changing state.
+generated), ``_dedup_query_kernel`` answers a block of positions without changing state,
+``_dedup_step_kernel`` does a decode step's commit, query and context read in one launch.
 """
 
 from __future__ import annotations
@@ -179,6 +180,57 @@ def _dedup_query_kernel(hist_ptr, table_ptr, length_ptr, generated_ptr, width_pt
         tl.store(out_ptr + row * (k + 1) + j, repeated.to(tl.int8))
 
 
+_STEP_ARGS = ["hist_ptr", "table_ptr", "length_ptr", "generated_ptr", "width_ptr", "scope_ptr", "history_ptr",
+              "overflow_ptr", "slots_ptr", "commit_ptr", "pending_ptr", "ctx_ptr", "mark_ptr", "pos_ptr", "capacity",
+              "table_size"]
+
+
+@triton.jit(do_not_specialize=_STEP_ARGS)
+def _dedup_step_kernel(hist_ptr, table_ptr, length_ptr, generated_ptr, width_ptr, scope_ptr, history_ptr,
+                       overflow_ptr, slots_ptr, commit_ptr, pending_ptr, ctx_ptr, mark_ptr, pos_ptr, capacity,
+                       table_size):
+    """One decode step of a row's request: commit its pending token if ``commit`` (as
+    ``_dedup_append_kernel`` with one generated token), then answer the next position (as
+    ``_dedup_query_kernel`` with k = 0) and write what the sampler reads: the context
+    (int64 [LANES], PAD past the width), the watermark flag (not repeated) and the position
+    (generated tokens so far)."""
+    row = tl.program_id(0)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    hist_row = hist_ptr + slot * (capacity + OFFSET)
+    table_row = table_ptr + slot * table_size
+    tmask = table_size - 1
+    width = tl.load(width_ptr + slot)
+    scope = tl.load(scope_ptr + slot)
+    length = tl.load(length_ptr + slot)
+    generated = tl.load(generated_ptr + slot)
+    if tl.load(commit_ptr + row) != 0:
+        if length < capacity:
+            token = tl.load(pending_ptr + slot).to(tl.int32)
+            if scope != SCOPE_NONE:
+                insert_last(table_row, hist_row, tmask, history_window(hist_row, length, width), width, length)
+            tl.store(hist_row + OFFSET + length, token)
+            tl.debug_barrier()  # the context below reads this entry
+            length += 1
+            tl.store(length_ptr + slot, length)
+        else:
+            tl.store(overflow_ptr + slot, 1)
+        generated += 1
+        tl.store(generated_ptr + slot, generated)
+    window_h = tl.load(history_ptr + slot)
+    repeated = tl.full([], 0, tl.int1)
+    if scope == SCOPE_ALL:
+        repeated = generated < width
+    window = history_window(hist_row, length, width)
+    if (scope != SCOPE_NONE) & (repeated == 0):
+        horizon = tl.where(window_h < 0, -1, length - window_h)
+        last = find_last(table_row, hist_row, tmask, window, width)
+        repeated = (last >= 0) & (last >= horizon)
+    lane = tl.arange(0, LANES)
+    tl.store(ctx_ptr + row * LANES + lane, tl.where(lane < width, window, PAD).to(tl.int64))
+    tl.store(mark_ptr + row, (repeated == 0).to(tl.int8))
+    tl.store(pos_ptr + row, generated.to(tl.int64))
+
+
 class GpuDeduper:
     """Context histories of up to ``slots`` concurrent requests on one device.
 
@@ -258,3 +310,22 @@ class GpuDeduper:
                 slots, drafts, max(drafts.stride(0), 1), k, out, self.capacity, self.table_size),
                 options=DEDUP_OPTIONS)
         return out.view(torch.bool)  # 0/1 bytes: a view, no conversion kernel
+
+    def step(self, slots: torch.Tensor, commit: torch.Tensor, pending: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One decode step in one launch: slots [B] (int64/int32), commit [B] (int8: append
+        the slot's pending token first, one generated token), pending [slots] int64.
+        Returns what the sampler reads for each row's next position: contexts [B, 16]
+        int64 (PAD past the width), watermark [B] bool (the position is not repeated) and
+        positions [B] int64 (generated tokens so far). Equal to ``append`` of the committed
+        rows, then ``repeated`` and the history window, without their conversions."""
+        batch = slots.shape[0]
+        contexts = torch.empty((batch, MAX_WIDTH), dtype=torch.int64, device=self.device)
+        marks = torch.empty(batch, dtype=torch.int8, device=self.device)
+        positions = torch.empty(batch, dtype=torch.int64, device=self.device)
+        if batch:
+            launch.launch(_dedup_step_kernel, "dedup_step", (batch,), (
+                self.history, self.table, self.length, self.generated, self.width, self.scope, self.max_history,
+                self.overflow, slots, commit, pending, contexts, marks, positions, self.capacity, self.table_size),
+                options=DEDUP_OPTIONS)
+        return contexts, marks.view(torch.bool), positions

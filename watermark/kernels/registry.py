@@ -73,6 +73,7 @@ KERNELS = {
     "verify": speculative._verify_kernel,
     "dedup_append": dedup._dedup_append_kernel,
     "dedup_query": dedup._dedup_query_kernel,
+    "dedup_step": dedup._dedup_step_kernel,
 }
 VOCABULARY_KERNELS = {"gumbel_sample": gumbel.DISPATCH_CONFIGS, "gumbel_argmax": gumbel.DISPATCH_CONFIGS,
                       "exponential_race": gumbel.DISPATCH_CONFIGS, "verify": speculative.DISPATCH_CONFIGS}
@@ -84,7 +85,7 @@ def specialisations() -> tuple[Specialisation, ...]:
     for name, configs in VOCABULARY_KERNELS.items():
         out += [Specialisation(name, dtype, aligned, config)
                 for config in configs for dtype in DTYPES for aligned in (True, False)]
-    out += [Specialisation("dedup_append", None, True), Specialisation("dedup_query", None, True)]
+    out += [Specialisation(name, None, True) for name in ("dedup_append", "dedup_query", "dedup_step")]
     return tuple(out)
 
 
@@ -135,6 +136,9 @@ def _launch(spec: Specialisation, device: torch.device, dd: dedup.GpuDeduper) ->
         dd.append(torch.tensor([0], device=device), torch.tensor([[5, 6]], device=device))
     elif spec.kernel == "dedup_query":
         dd.repeated(torch.tensor([0], device=device), torch.tensor([[5, 6]], device=device))
+    elif spec.kernel == "dedup_step":
+        dd.step(torch.tensor([0], device=device), torch.tensor([1], dtype=torch.int8, device=device),
+                torch.tensor([7], dtype=torch.int64, device=device))
     else:  # pragma: no cover - the table above is closed
         raise ValueError(f"unknown kernel: {spec.kernel}; expected one of {sorted(KERNELS)}")
 

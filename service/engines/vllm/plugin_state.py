@@ -13,7 +13,9 @@ One step (:meth:`PluginState.step`), with no Python loop over rows:
    compared, both C-level iterations. A row whose list grew otherwise (a greedy step, a
    resumed request, an in-flight placeholder) takes the slow path, alone.
 2. **Dedup and contexts** for every row at once: the compiled CPU deduper
-   (:mod:`watermark.cpu_dedup`) or the GPU one (:mod:`watermark.kernels.dedup`).
+   (:mod:`watermark.cpu_dedup`) or, on CUDA, one launch of the GPU deduper's step
+   (:meth:`watermark.kernels.dedup.GpuDeduper.step`), which also commits the tokens found
+   in step 1 from the device's copy of the last draw (the host sends only the commit flags).
 3. **Draw**: on CUDA the fused Triton sampler (routing, context states and the race in one
    launch); on the CPU the compiled race (:mod:`watermark.cpu_race`), whose logit pruning
    skips Philox only where a row is peaked or masked (free where it does not pay).
@@ -99,8 +101,12 @@ class PluginState:
             self.keys_dev = torch.zeros((4, slots), dtype=torch.int64, device=self.device)  # a, b, stream, -
             self.alpha_dev = torch.zeros(slots, dtype=torch.float32, device=self.device)
             self.temperature_dev = torch.ones(slots, dtype=torch.float32, device=self.device)
+            # The token drawn for each slot's next position, on the device: the step kernel
+            # commits it from there (the host only decides which rows commit).
+            self.pending_dev = torch.zeros(slots, dtype=torch.int64, device=self.device)
             pinned = self.device.type == "cuda"
             self._host_tokens = torch.empty(slots, dtype=torch.int64, pin_memory=pinned)
+            self._host_commit = torch.zeros(slots, dtype=torch.int8, pin_memory=pinned)
             self._copied = torch.cuda.Event() if pinned else None
         else:
             self.dedup = cpu_dedup.CpuDeduper(slots, self.capacity)
@@ -113,7 +119,8 @@ class PluginState:
         old_outputs, old_dedup, n = self.outputs, self.dedup, self.slots
         extra = {}
         if self.cuda:
-            extra = {"keys_dev": self.keys_dev, "alpha_dev": self.alpha_dev, "temperature_dev": self.temperature_dev}
+            extra = {"keys_dev": self.keys_dev, "alpha_dev": self.alpha_dev, "temperature_dev": self.temperature_dev,
+                     "pending_dev": self.pending_dev}
         self._allocate(2 * n)
         for name, values in old.items():
             getattr(self, name)[:n] = values
@@ -178,23 +185,14 @@ class PluginState:
         self.lists = [self.outputs[s] for _, s in pairs]
         self.identity_rows = bool(len(pairs)) and bool((self.row_index == np.arange(len(pairs))).all())
         if self.cuda and len(pairs):
-            # What stays fixed while the batch does: each row's slot, keys, alpha,
-            # temperature, and the history columns of its context relative to its length.
+            # What stays fixed while the batch does: each row's slot, keys, alpha, temperature, width.
             self.row_index_dev = torch.from_numpy(self.row_index).to(self.device)
             slots_t = torch.from_numpy(self.slot_index).to(self.device)
             self.slot_index_dev = slots_t
             self.sel_keys = self.keys_dev.index_select(1, slots_t)
             self.sel_alpha = self.alpha_dev.index_select(0, slots_t)
             self.sel_temperature = self.temperature_dev.index_select(0, slots_t)
-            width = self.dedup.width.index_select(0, slots_t)
-            self.sel_width = width
-            lane = torch.arange(cpu_dedup.MAX_WIDTH, device=self.device)
-            # Context of the next position: history entries length - w .. length - 1, at buffer
-            # columns MAX_WIDTH + length - w + lane (the PAD prefix gives -1 before the first
-            # token; for scope "all" a context still holding prompt tokens is a repeated row,
-            # drawn without the watermark, so its context is never read). Lanes >= w unread.
-            self.sel_columns = (cpu_dedup.MAX_WIDTH - width.to(torch.int64)).unsqueeze(1) + lane.unsqueeze(0)
-            self.sel_slot_column = slots_t.unsqueeze(1)
+            self.sel_width = self.dedup.width.index_select(0, slots_t)
         self._dirty = False
 
     # ------------------------------------------------------------------ step
@@ -220,10 +218,12 @@ class PluginState:
             lasts = np.fromiter(map(_LAST, itertools.compress(lists, fast)), dtype=np.int64)
             ok = lasts == pending[fast]
             fast[np.flatnonzero(fast)[~ok]] = False
-        if fast.any():
+        if self.cuda:  # committed on the device by the step kernel, from pending_dev
+            self._host_commit[:n].numpy()[:] = fast
+        elif fast.any():
             commit = slots[fast]
             self._append(commit, self.pending[commit])
-            self.committed[commit] += 1
+        self.committed[slots[fast]] += 1
         self.pending[slots] = -1
         for i in np.flatnonzero((fresh != 0) & ~fast):  # rare: see the module docstring
             self._sync_slow(int(slots[i]))
@@ -262,6 +262,8 @@ class PluginState:
         self._sync()
         if self.profile is not None:
             self.profile["sync_s"] = self.profile.get("sync_s", 0.0) + time.perf_counter() - started
+        # CUDA: the commits found by _sync are made here, whatever rows are sampled below.
+        decided = self._dedup_step(logits.device) if self.cuda else None
         rows, slots = self.row_index, self.slot_index
         inside = rows < logits.shape[0]
         if not inside.all():
@@ -269,7 +271,7 @@ class PluginState:
         if len(rows) == 0:
             return
         if self.cuda:
-            self._step_cuda(logits, rows, slots, bool(inside.all()))
+            self._step_cuda(logits, rows, slots, bool(inside.all()), decided)
         else:
             self._step_cpu(logits, rows, slots)
 
@@ -310,35 +312,39 @@ class PluginState:
             logits[index] = float("-inf")
             logits[index, torch.from_numpy(tokens)] = 0.0
 
-    def _step_cuda(self, logits: torch.Tensor, rows: np.ndarray, slots: np.ndarray, all_rows: bool) -> None:
+    def _dedup_step(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One launch for every live row: commit the pending token where _sync said so,
+        decide the next position and read its context. The host only copies the commit
+        flags (pinned, asynchronous)."""
+        commit = self._host_commit[:len(self.slot_index)].to(device, non_blocking=True)
+        return self.dedup.step(self.slot_index_dev, commit, self.pending_dev)
+
+    def _step_cuda(self, logits: torch.Tensor, rows: np.ndarray, slots: np.ndarray, all_rows: bool,
+                   decided: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        """The fused sampler on the rows decided by _dedup_step, then the one-hot write-back."""
         from watermark.kernels.gumbel import gumbel_sample
 
         device = logits.device
         n = len(rows)
-        dd = self.dedup
-        if all_rows:
-            rows_t, slots_t = self.row_index_dev, self.slot_index_dev
-            keys, alpha, temperature = self.sel_keys, self.sel_alpha, self.sel_temperature
-            width, columns, slot_column = self.sel_width, self.sel_columns, self.sel_slot_column
-        else:  # rows beyond this step's logits (vLLM never does this; kept correct, not fast)
+        contexts, watermark, positions = decided
+        rows_t, slots_t = self.row_index_dev, self.slot_index_dev
+        keys, alpha, temperature, width = self.sel_keys, self.sel_alpha, self.sel_temperature, self.sel_width
+        if not all_rows:  # rows beyond this step's logits (vLLM never does this; kept correct, not fast)
             keep = torch.from_numpy(np.flatnonzero(self.row_index < logits.shape[0])).to(device)
-            rows_t, slots_t = self.row_index_dev[keep], self.slot_index_dev[keep]
-            keys, alpha = self.sel_keys[:, keep], self.sel_alpha[keep]
-            temperature, width = self.sel_temperature[keep], self.sel_width[keep]
-            columns, slot_column = self.sel_columns[keep], self.sel_slot_column[keep]
+            rows_t, slots_t = rows_t[keep], slots_t[keep]
+            keys, alpha, temperature, width = keys[:, keep], alpha[keep], temperature[keep], width[keep]
+            contexts, watermark, positions = contexts[keep], watermark[keep], positions[keep]
         identity = all_rows and self.identity_rows
         selected = logits[:n] if identity else logits.index_select(0, rows_t)
         params = self._processing(slots, device)
         if params is not None:
             selected = process_logits(selected, params)
             temperature = torch.ones_like(temperature)
-        watermark = ~dd.repeated(slots_t)[:, 0]
-        length = dd.length.index_select(0, slots_t)
-        contexts = dd.history[slot_column, (columns + length.unsqueeze(1)).clamp(max=dd.history.shape[1] - 1)]
         result = gumbel_sample(selected, temperature=temperature, key_a=keys[0], key_b=keys[1], alpha=alpha,
                                contexts=contexts, widths=width, watermark=watermark, stream_keys=keys[2],
-                               positions=dd.generated.index_select(0, slots_t))
+                               positions=positions)
         tokens = result.tokens
+        self.pending_dev.index_copy_(0, slots_t, tokens)
         if identity:
             logits[:n].fill_(float("-inf")).scatter_(1, tokens.unsqueeze(1), 0.0)
         else:

@@ -387,6 +387,48 @@ def check_dedup(seed: int, device, *, requests: int = 10, steps: int = 120, k: i
         raise AssertionError("dedup history overflowed its capacity")
 
 
+def check_dedup_step(seed: int, device, *, requests: int = 9, steps: int = 60) -> None:
+    """GpuDeduper.step (commit, decide, read the context in one launch) against append +
+    repeated + the history window on a second deduper, with rows that commit or not at
+    each step, every scope, bounded windows and widths 1..16."""
+    from watermark.kernels.dedup import PAD, GpuDeduper
+
+    gen = _gen(seed)
+    scopes = ["single_turn", "all", "none"]
+    fused, plain = (GpuDeduper(requests + 2, capacity=steps + 4, device=device) for _ in range(2))
+    slots = torch.randperm(requests + 2, generator=gen)[:requests]
+    widths = []
+    for r in range(requests):
+        width = [1, 2, 3, 4, 16][r % 5]
+        widths.append(width)
+        for dd in (fused, plain):
+            dd.open(int(slots[r]), width=width, scope=scopes[(r + seed) % 3], max_history=[None, 3, 8][r % 3],
+                    prompt=[5, 6, 5][: r % 4])
+    slots_dev = slots.to(device)
+    pending = torch.zeros(requests + 2, dtype=torch.int64)
+    for step in range(steps):
+        commit = torch.rand(requests, generator=gen) < (0.8 if step else 0.0)
+        contexts, marks, positions = fused.step(slots_dev, commit.to(torch.int8).to(device), pending.to(device))
+        if commit.any():
+            plain.append(slots_dev[commit.to(device)], pending[slots[commit]].to(device))
+        want_marks = ~plain.repeated(slots_dev)[:, 0].cpu()
+        length = plain.length.cpu()[slots]
+        history = plain.history.cpu()[slots]
+        for r in range(requests):
+            w = widths[r]
+            want = history[r, 16 + int(length[r]) - w: 16 + int(length[r])].tolist() + [PAD] * (16 - w)
+            if contexts[r].cpu().tolist() != want:
+                raise AssertionError(f"dedup step context differs at step {step}, row {r} (seed {seed})")
+        if not torch.equal(marks.cpu(), want_marks):
+            raise AssertionError(f"dedup step decisions differ at step {step} (seed {seed})")
+        if not torch.equal(positions.cpu(), plain.generated.cpu()[slots].to(torch.int64)):
+            raise AssertionError(f"dedup step positions differ at step {step} (seed {seed})")
+        pending[slots] = torch.randint(0, 3, (requests,), generator=gen)  # repetitive: repeats happen
+    if not torch.equal(fused.history.cpu(), plain.history.cpu()) or not torch.equal(fused.table.cpu(),
+                                                                                    plain.table.cpu()):
+        raise AssertionError(f"dedup step left another history or table (seed {seed})")
+
+
 # (key, width-1 context, token) whose PRF uniform is the largest on the grid (mantissa
 # 2^24 - 1): its noise is NOISE_MAX, so it can win from the full pruning distance below
 # the best score. Found by a search over contexts with watermark.prf.words_numpy.

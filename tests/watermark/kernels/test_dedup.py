@@ -23,3 +23,8 @@ def test_constants_mirror_the_reference():
 @pytest.mark.parametrize("repeat", range(3))
 def test_gpu_dedup_matches_context_deduper(seed, cuda, repeat):
     parity.check_dedup(seed + repeat, cuda, requests=24, steps=400, k=4)
+
+
+@pytest.mark.gpu
+def test_dedup_step_matches_append_and_query(seed, cuda):
+    parity.check_dedup_step(seed, cuda)

@@ -78,6 +78,8 @@ def sweep_dispatchers(device) -> None:
     for k in (0, 3):
         dd.repeated(slots, torch.zeros(3, k, dtype=torch.int64, device=device) if k else None)
         dd.append(slots, torch.ones(3, 1 + k, dtype=torch.int64, device=device))
+    # The vLLM plugin's decode step (service.engines.vllm.plugin_state).
+    dd.step(slots, torch.ones(3, dtype=torch.int8, device=device), torch.ones(4, dtype=torch.int64, device=device))
 
 
 def test_dispatchers_reach_only_declared_variants():
