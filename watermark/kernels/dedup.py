@@ -38,6 +38,7 @@ MAX_WIDTH = 16
 SCOPE_NONE = tl.constexpr(0)
 SCOPE_ALL = tl.constexpr(2)
 LANES = tl.constexpr(MAX_WIDTH)
+PAD_VALUE = tl.constexpr(PAD)
 OFFSET = tl.constexpr(MAX_WIDTH)  # history position p lives at buffer index OFFSET + p
 
 _H1 = tl.constexpr(0x9E3779B97F4A7C15)
@@ -226,7 +227,7 @@ def _dedup_step_kernel(hist_ptr, table_ptr, length_ptr, generated_ptr, width_ptr
         last = find_last(table_row, hist_row, tmask, window, width)
         repeated = (last >= 0) & (last >= horizon)
     lane = tl.arange(0, LANES)
-    tl.store(ctx_ptr + row * LANES + lane, tl.where(lane < width, window, PAD).to(tl.int64))
+    tl.store(ctx_ptr + row * LANES + lane, tl.where(lane < width, window, PAD_VALUE).to(tl.int64))
     tl.store(mark_ptr + row, (repeated == 0).to(tl.int8))
     tl.store(pos_ptr + row, generated.to(tl.int64))
 
