@@ -110,3 +110,33 @@ def test_static_group_follows_the_dynamic_group_across_windows_and_rejections(na
         static.reject_tail(counts)
         dynamic.reject_tail(counts)
     assert max(static.lengths) + 3 + 1 > 128  # crossed into the 256-column window
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["bundled", "hallmark-tiny-draft"])
+@torch.inference_mode()
+def test_padded_prefill_equals_the_unpadded_one(name):
+    """The padded prefill (what the prefill CUDA graphs replay) gives the unpadded prefill's
+    last logits and cache: the next decode steps' logits agree (float32, 1e-4), whichever
+    slot the prompt lands in."""
+    from service.engines.local.runner import load_model
+    from service.engines.local.static_runner import StaticGroup
+    from service.model_paths import resolve_model_path
+
+    device = torch.device("cpu")
+    model = load_model(resolve_model_path(name), device)
+    padded = StaticGroup(model, device, slots=3, context=300, graphs=False)
+    plain = StaticGroup(model, device, slots=3, context=300, graphs=False)
+    g = torch.Generator().manual_seed(2)
+    for i, n in enumerate((5, 16, 40)):  # below, at and between prefill lengths
+        prompt = torch.randint(3, 8000, (n,), generator=g).tolist()
+        slot, valid, logits = padded.prefill(prompt, padded=True)
+        slot_p, valid_p, logits_p = plain.prefill(prompt, padded=False)
+        assert slot == slot_p == i and torch.equal(valid, valid_p)
+        torch.testing.assert_close(logits, logits_p, atol=1e-4, rtol=1e-4)
+        padded.join(f"r{i}", slot, valid, n)
+        plain.join(f"r{i}", slot_p, valid_p, n)
+    assert padded.eager_forwards == 3
+    for _ in range(2):
+        inputs = torch.randint(3, 8000, (3, 2), generator=g)
+        torch.testing.assert_close(padded.forward(inputs), plain.forward(inputs), atol=1e-4, rtol=1e-4)
