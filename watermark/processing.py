@@ -59,6 +59,16 @@ class ProcessingParams:
         temperature = self.temperature.to(torch.float32)
         return torch.where(temperature == 0, torch.ones_like(temperature), temperature.clamp(min=MIN_TEMPERATURE))
 
+    @functools.cached_property
+    def top_k_values(self) -> frozenset[int]:
+        """The rows' distinct top-k values (host ints, read once per params object)."""
+        return frozenset(self.top_k.tolist())
+
+    @functools.cached_property
+    def uses_top_p(self) -> bool:
+        """Whether any row filters by top-p (read once per params object)."""
+        return bool((self.top_p < 1.0).any())
+
 
 def validate_sampling(temperature: float, top_k: int, top_p: float) -> None:
     """Raise ValueError with a message a client can act on."""
@@ -83,14 +93,14 @@ def process_logits(logits: torch.Tensor, params: ProcessingParams) -> torch.Tens
     # Row parameters may come from the host: their checks below then read no device memory.
     out = out / to_device(params.divisor, out.device).unsqueeze(-1)
     vocab = out.shape[-1]
-    if bool(((params.top_k > 0) & (params.top_k < vocab)).any()):
+    if any(0 < k < vocab for k in params.top_k_values):
         top_k = to_device(params.top_k, out.device)
         k = top_k.clamp(min=1, max=vocab)
         sorted_desc = torch.sort(out, dim=-1, descending=True).values
         kth = sorted_desc.gather(-1, (k - 1).unsqueeze(-1))
         active = ((top_k > 0) & (top_k < vocab)).unsqueeze(-1)
         out = torch.where(active & (out < kth), torch.full_like(out, float("-inf")), out)
-    if bool((params.top_p < 1.0).any()):
+    if params.uses_top_p:
         top_p = to_device(params.top_p, out.device).to(torch.float32)
         sorted_desc = torch.sort(out, dim=-1, descending=True).values
         probs = torch.softmax(sorted_desc.to(torch.float64), dim=-1)

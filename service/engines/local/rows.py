@@ -50,8 +50,8 @@ class RowTable:
     context_index: torch.Tensor
     """[B, k + 1, width] int64: where lane i of position j's context sits in the step's
     sequence (committed context right-aligned in ``width`` columns, then the k drafts)."""
-    lane_used: torch.Tensor
-    """[B, 1, width] bool: i < widths[b]."""
+    lane_unused: torch.Tensor
+    """[B, 1, width] bool: i >= widths[b] (lanes past a row's context, zeroed)."""
 
     @classmethod
     def build(cls, rows: list[RequestState], device: torch.device, k: int) -> RowTable:
@@ -87,7 +87,7 @@ class RowTable:
             width=width,
             params={1: params(1), k + 1: params(k + 1)},
             context_index=index.clamp(max=width + k - 1).to(device),
-            lane_used=(lane.view(1, 1, -1) < torch.tensor(widths).view(-1, 1, 1)).to(device),
+            lane_unused=(lane.view(1, 1, -1) >= torch.tensor(widths).view(-1, 1, 1)).to(device),
         )
 
     def process(self, logits: torch.Tensor, repeat: int = 1) -> torch.Tensor:
@@ -107,8 +107,7 @@ class RowTable:
         index = self.context_index if position is None else self.context_index[:, position]
         batch = index.shape[0]
         table = sequence.gather(1, index.reshape(batch, -1)).view(index.shape)
-        used = self.lane_used if position is None else self.lane_used[:, 0]
-        return table.masked_fill(~used, 0)
+        return table.masked_fill(self.lane_unused if position is None else self.lane_unused[:, 0], 0)
 
 
 def right_aligned(context: tuple[int, ...], width: int) -> list[int]:

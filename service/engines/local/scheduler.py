@@ -66,7 +66,8 @@ def sample_next(logits: torch.Tensor, rows: list[RequestState]) -> None:
     """Sample and emit one token per row (prefill outputs and plain decode steps)."""
     result = sample_rows(process(logits, rows), rows, [r.dedup.context for r in rows], [r.dedup.next_repeated() for r in rows],
                          [0] * len(rows), routed=True, lane=stream.LANE_SAMPLE)
-    for row, token, route in zip(rows, result.tokens.tolist(), result.routes.tolist()):
+    out = to_host(torch.stack([result.tokens, result.routes.to(torch.int64)], dim=1))
+    for row, (token, route) in zip(rows, out):
         row.emit_block([token], [route])
 
 

@@ -108,7 +108,7 @@ class StaticGroup:
             raise RuntimeError("a prefilled slot must join before the next prefill")
         self.ids = self.ids + [request_id]
         self.lengths = self.lengths + [next_pos]
-        self.next_pos = torch.cat([self.next_pos, torch.tensor([next_pos], dtype=torch.int64, device=self.device)])
+        self.next_pos = torch.cat([self.next_pos, host_tensor([next_pos], torch.int64, self.device)])
         self.valid = torch.cat([self.valid, valid])
 
     def keep(self, keep_ids: list[str]) -> None:
@@ -117,7 +117,7 @@ class StaticGroup:
             return
         rows = [self.ids.index(i) for i in keep_ids]
         if rows:
-            index = torch.tensor(rows, dtype=torch.int64, device=self.device)
+            index = host_tensor(rows, torch.int64, self.device)
             if rows != list(range(len(rows))):
                 for layer in self.cache.layers:
                     for tensor in layer.values():
