@@ -1,5 +1,9 @@
 """The fused sampler with a row bound, for large batches (reference: :mod:`watermark.pruning`).
 
+Not dispatched: on the H200 it measured slower than :func:`watermark.kernels.gumbel.gumbel_sample`
+in every configuration (NOTES.md, iteration 4); kept, with its parity tests and benchmark
+section, as the starting point of the next attempt.
+
 Same inputs and tokens as :func:`watermark.kernels.gumbel.gumbel_sample`; the work differs.
 On peaked rows (Zipf-like: a few per cent of the vocabulary can win) most of the dense
 kernel's time goes to PRF words and noise of tokens that cannot win, and the running best
