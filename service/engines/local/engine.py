@@ -30,6 +30,7 @@ import torch
 
 from service.model_paths import BUNDLED_MODELS, resolve_model_path
 from service.engines.base import EngineBusy, EngineFailure, Event, Finished, GenerationRequest, WatermarkPlan
+from service.engines.local.outbox import Outbox
 from service.engines.local.request import RequestState
 from service.engines.local.rows import DedupSlots, HostDedup, RowTable
 from service.engines.local.runner import Group, load_model
@@ -78,7 +79,7 @@ class LocalEngine:
         # Called after every step with a StepReport (host-side facts only; see telemetry.py).
         self.step_hooks: list[Callable[[StepReport], None]] = []
         self.telemetry: EngineTelemetry | None = None
-        self._outbox = _Outbox()
+        self._outbox = Outbox()
         self._tables: dict[str, tuple] = {}  # per group: (RowTable, dedup) of its current rows
         self._dedup_slots: DedupSlots | None = None  # the GPU deduper's request slots (CUDA)
 
@@ -429,43 +430,6 @@ class LocalEngine:
                     if self._dedup_slots is not None:
                         self._dedup_slots.close(s.rid)
             self._running = alive
-
-
-class _Outbox:
-    """Events for the asyncio side, handed over once per engine step.
-
-    Handing each event over by itself (``call_soon_threadsafe`` per token) woke the event
-    loop once per token, and each wake-up took the GIL from the engine thread in the middle
-    of a step: through ``LocalEngine.generate`` the engine ran at half the speed of the same
-    steps driven directly (H200, bench/engine_cuda.py). One hand-over per step, in order.
-    """
-
-    def __init__(self) -> None:
-        self._items: list[tuple] = []
-        self._lock = threading.Lock()
-
-    def sink(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> Callable[[object], None]:
-        def put(event) -> None:
-            with self._lock:
-                self._items.append((loop, queue, event))
-        return put
-
-    def flush(self) -> None:
-        with self._lock:
-            items, self._items = self._items, []
-        by_loop: dict = {}
-        for loop, queue, event in items:
-            by_loop.setdefault(loop, []).append((queue, event))
-        for loop, batch in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_deliver, batch)
-            except RuntimeError:  # that event loop is closed: nobody is listening any more
-                log.debug("dropped %d events for a closed event loop", len(batch))
-
-
-def _deliver(batch: list) -> None:
-    for queue, event in batch:
-        queue.put_nowait(event)
 
 
 def _terminate_process() -> None:

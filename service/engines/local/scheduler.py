@@ -23,7 +23,6 @@ from service.engines.local.request import RequestState
 from service.engines.local.rows import RowTable, right_aligned
 from service.engines.local.runner import Group
 from watermark import dispatch, sampler, speculative, stream
-from watermark.prf import philox_torch
 from watermark.results import SampleResult
 from watermark.processing import ProcessingParams, process_logits
 from watermark.transfer import host_tensor, to_host
@@ -39,10 +38,6 @@ def _params(rows: list[RequestState], repeat: int, device) -> ProcessingParams:
         top_k=col([r.request.top_k for r in rows], torch.int64),
         top_p=col([r.request.top_p for r in rows], torch.float32),
     )
-
-
-def _keys(values: list[int], device) -> torch.Tensor:
-    return philox_torch.keys_tensor(values, device)
 
 
 def sample_rows(processed: torch.Tensor, rows: list[RequestState], contexts: list[tuple[int, ...]],

@@ -1,0 +1,43 @@
+"""The engine's outbox (service/engines/local/outbox.py): a step's events reach each
+request's queue in order, with one event-loop wake-up per flush."""
+
+from __future__ import annotations
+
+import asyncio
+
+from service.engines.local.outbox import Outbox
+
+
+def test_events_arrive_in_order_with_one_wake_up_per_flush():
+    loop = asyncio.new_event_loop()
+    wakeups = []
+    original = loop.call_soon_threadsafe
+
+    def counting(callback, *args):
+        wakeups.append(callback)
+        return original(callback, *args)
+
+    loop.call_soon_threadsafe = counting
+    outbox = Outbox()
+    queues = [asyncio.Queue(), asyncio.Queue()]
+    sinks = [outbox.sink(loop, q) for q in queues]
+    for i in range(3):
+        sinks[0](("a", i))
+        sinks[1](("b", i))
+    assert wakeups == []  # nothing handed over before the flush
+    outbox.flush()
+    outbox.flush()  # nothing pending: no wake-up
+    assert len(wakeups) == 1
+    loop.run_until_complete(asyncio.sleep(0))
+    assert [queues[0].get_nowait() for _ in range(3)] == [("a", 0), ("a", 1), ("a", 2)]
+    assert [queues[1].get_nowait() for _ in range(3)] == [("b", 0), ("b", 1), ("b", 2)]
+    loop.close()
+
+
+def test_a_closed_loop_drops_its_events():
+    loop = asyncio.new_event_loop()
+    outbox = Outbox()
+    sink = outbox.sink(loop, asyncio.Queue())
+    loop.close()
+    sink("event")
+    outbox.flush()  # no exception: nobody is listening any more
