@@ -22,7 +22,7 @@ from service.engines.local.request import RequestState
 from watermark.prf import philox_torch
 from watermark.processing import ProcessingParams, process_logits
 from watermark.sampler import SamplerRows
-from watermark.transfer import host_tensor
+from watermark.transfer import host_tensor, to_device
 
 
 @dataclass(frozen=True)
@@ -65,8 +65,9 @@ class RowTable:
             def col(values, dtype):
                 return torch.tensor(values, dtype=dtype).repeat_interleave(repeat)
 
-            return ProcessingParams(temperature=dev([r.request.temperature for r in rows], torch.float32)
-                                    .repeat_interleave(repeat),
+            # Built on the host and copied (repeat_interleave on the device may wait for it).
+            return ProcessingParams(temperature=to_device(col([r.request.temperature for r in rows], torch.float32),
+                                                          device),
                                     top_k=col([r.request.top_k for r in rows], torch.int64),
                                     top_p=col([r.request.top_p for r in rows], torch.float32))
 
@@ -86,8 +87,8 @@ class RowTable:
             widths=dev(widths, torch.int32),
             width=width,
             params={1: params(1), k + 1: params(k + 1)},
-            context_index=index.clamp(max=width + k - 1).to(device),
-            lane_unused=(lane.view(1, 1, -1) >= torch.tensor(widths).view(-1, 1, 1)).to(device),
+            context_index=to_device(index.clamp(max=width + k - 1), device),
+            lane_unused=to_device(lane.view(1, 1, -1) >= torch.tensor(widths).view(-1, 1, 1), device),
         )
 
     def process(self, logits: torch.Tensor, repeat: int = 1) -> torch.Tensor:
