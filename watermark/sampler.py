@@ -23,7 +23,7 @@ import torch
 
 from watermark import stream
 from watermark.prf import philox, philox_torch
-from watermark.gumbel import gumbel_argmax_cpu, race_numpy
+from watermark.gumbel import gumbel_argmax_cpu
 from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, SampleResult
 
 if TYPE_CHECKING:  # watermark.key imports pydantic (the spec), which the GPU image lacks
@@ -159,5 +159,7 @@ def sample_cpu(logits: torch.Tensor, rows: SamplerRows, lane: int = stream.LANE_
     sampled = [b for b in range(batch) if not greedy[b]]
     if sampled:
         idx = np.array(sampled)
-        tokens[idx] = race_numpy(values[idx], keys[idx], states[idx], ratio=False)
+        from watermark import cpu_race  # numba's compiled race (same tokens; race_numpy without numba)
+
+        tokens[idx] = cpu_race.race(values[idx], keys[idx], states[idx])
     return SampleResult(tokens=torch.from_numpy(tokens), routes=torch.tensor(routes, dtype=torch.int8))

@@ -140,6 +140,10 @@ class LocalEngine:
                     self._dedup_slots = DedupSlots(self.max_batch, self.max_context_tokens + self.k + 2, device)
             except ImportError:
                 log.warning("Triton kernels unavailable; the CUDA path uses the torch reference")
+        if device.type == "cpu":  # compile the CPU race now, not at the first request
+            from watermark import cpu_race
+
+            cpu_race.warm_up()
         self._warm_up()
         for group in self._groups():  # capture every decode/verify graph now, not at request time
             if isinstance(group, StaticGroup) and group.graphs_enabled:
