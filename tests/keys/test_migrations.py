@@ -4,6 +4,7 @@ databases; the audit log's append-only triggers come with them."""
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 from alembic import command
@@ -70,6 +71,26 @@ def test_partial_unique_index_and_checks_exist(engine):
     checks = {ck["name"] for ck in inspect(engine).get_check_constraints("watermark_keys")}
     assert {"ck_watermark_keys_state_known", "ck_watermark_keys_version_positive",
             "ck_watermark_keys_revoked_iff_revoked_at"} <= checks
+
+
+def _predicate(clause) -> str:
+    """A partial index's predicate as text, without the parentheses and casts PostgreSQL adds."""
+    return " ".join(re.sub(r"::\w+|[()]", "", str(clause)).split())
+
+
+def test_partial_indexes_have_the_models_predicate_on_this_database(engine):
+    """keys.models names only SQLite's predicate (start-up time); the migrations must give
+    PostgreSQL the same one."""
+    migrate.upgrade(engine)
+    expected = {(index.table.name, index.name): _predicate(index.dialect_options["sqlite"]["where"])
+                for table in Base.metadata.sorted_tables for index in table.indexes
+                if index.dialect_options["sqlite"]["where"] is not None}
+    assert len(expected) == 4
+    option = f"{engine.dialect.name}_where"
+    found = {(table, ix["name"]): _predicate(ix.get("dialect_options", {}).get(option))
+             for table in {table for table, _ in expected} for ix in inspect(engine).get_indexes(table)
+             if (table, ix["name"]) in expected}
+    assert found == expected
 
 
 def test_audit_triggers_refuse_plain_sql(engine):
