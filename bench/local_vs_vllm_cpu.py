@@ -4,7 +4,7 @@
 
 Model: the bundled draft (a dense Llama; vLLM's CPU build refuses sparse attention, so the
 DeepSeek-V3.2-style target cannot run there). ``--batch`` concurrent requests of
-``--tokens`` tokens, temperature 1, in alternating rounds: vLLM (``ignore_eos``), the
+``--tokens`` tokens, temperature 1, in alternating rounds (each run after ``--settle`` idle seconds): vLLM (``ignore_eos``), the
 local engine unwatermarked, the local engine with a single-key watermark (the local engine
 has no ignore-EOS switch: rates are tokens generated over wall time). Median of the rounds.
 """
@@ -31,6 +31,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--static-cache", action="store_true", help="the local engine over static KV caches")
+    ap.add_argument("--settle", type=float, default=2.0, help="seconds of idle before each timed run")
+    ap.add_argument("--local-threads", type=int, default=0,
+                    help="torch threads of this process (the local engine; vLLM's workers are separate "
+                         "processes with their own); 0 keeps torch's default")
     ap.add_argument("--out", default="bench/results/local-vs-vllm-cpu.json")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -42,6 +46,10 @@ def main() -> None:
     from watermark.key import WatermarkKey
     from watermark.spec import WatermarkSpec
 
+    import torch
+
+    if args.local_threads:
+        torch.set_num_threads(args.local_threads)
     model = str(resolve_model_path(BUNDLED_DRAFT))
     llm = LLM(model=model, max_model_len=512, dtype="float32", enable_prefix_caching=False, disable_log_stats=True,
               seed=0)
@@ -86,10 +94,14 @@ def main() -> None:
         if r % 2:
             order.reverse()
         for name, fn in order:
+            # Let the other engine's threads go idle first: right after a vLLM run the local
+            # engine ran at half speed on this 2-core machine (vLLM's worker threads still
+            # spinning); the pause is the same before every run, vLLM's included.
+            time.sleep(args.settle)
             rates[name].append(fn())
     loop.run_until_complete(engine.stop())
     med = {k: statistics.median(v) for k, v in rates.items()}
-    result = {"model": BUNDLED_DRAFT, "static_cache": args.static_cache, "batch": args.batch, "tokens": args.tokens, "rounds": rates,
+    result = {"model": BUNDLED_DRAFT, "static_cache": args.static_cache, "local_threads": torch.get_num_threads(), "batch": args.batch, "tokens": args.tokens, "rounds": rates,
               "tokens_per_s_median": med, "vllm_over_local_plain": med["vllm"] / med["local_plain"],
               "vllm_over_local_watermark": med["vllm"] / med["local_watermark"],
               "command": "python bench/local_vs_vllm_cpu.py " + " ".join(sys.argv[1:])}
