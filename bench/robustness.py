@@ -344,8 +344,7 @@ class Tokenization:
     """The service's tokenisation and normalisation path (service.detection, detector.forms)."""
 
     def __init__(self) -> None:
-        from detector.forms import detect_forms
-        from detector.normalize import normalize
+        from detector.forms import detect_forms, text_forms
         from service.detection import tokenize_with_offsets
         from transformers import AutoTokenizer
 
@@ -353,7 +352,7 @@ class Tokenization:
 
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("bundled"))
         self._encode = tokenize_with_offsets
-        self._normalize = normalize
+        self._text_forms = text_forms
         self._detect_forms = detect_forms
         self.vocab = int(len(self.tokenizer))
 
@@ -364,12 +363,9 @@ class Tokenization:
         return list(self._encode(self.tokenizer, text)[0])
 
     def detect_normalized(self, text: str, candidates, config) -> float:
-        """log10 p the way /v1/detect scores a text: as sent and, where normalisation
-        changes it, normalised too (better of two, Bonferroni x2)."""
-        normalized = self._normalize(text)
-        forms = [self.encode(text)]
-        if normalized.changed:
-            forms.append(self.encode(normalized.text))
+        """log10 p the way /v1/detect scores a text: as sent and every distinct normalised
+        form (detector.forms.text_forms; best of m, Bonferroni x m)."""
+        forms = [self.encode(form.text) for form in self._text_forms(text)[0]]
         return self._detect_forms(forms, candidates, config)[0].log10_p_value
 
 

@@ -103,8 +103,9 @@ class NormalizedText:
         return [(at(start), at(end)) for start, end in offsets]
 
 
-def normalize(text: str) -> NormalizedText:
-    """Normalise ``text`` (see the module docstring)."""
+def normalize(text: str, *, collapse_whitespace: bool = True) -> NormalizedText:
+    """Normalise ``text`` (see the module docstring); ``collapse_whitespace=False`` skips
+    step 4 (genuine indentation is also a run of spaces)."""
     changes: dict[str, int] = {}
     nfkc = unicodedata.normalize("NFKC", text)
     chars, origin = _nfkc_with_origin(text, nfkc)
@@ -124,7 +125,7 @@ def normalize(text: str) -> NormalizedText:
     out: list[tuple[str, int]] = []
     removed = 0
     for ch, o in kept:  # a run of spaces and tabs becomes its first character, as one space
-        if ch in " \t" and out and out[-1][0] in " \t":
+        if collapse_whitespace and ch in " \t" and out and out[-1][0] in " \t":
             removed += 1
             continue
         out.append((ch, o))

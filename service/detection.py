@@ -10,8 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from detector.detect import DetectorConfig, statistic_for
-from detector.forms import detect_forms
-from detector.normalize import normalize
+from detector.forms import TextForm, detect_forms, text_forms
 from detector.result import Span
 from keys import kgrams
 from keys.errors import KeyStoreError, UnknownTenant
@@ -26,8 +25,6 @@ from service.state import Services
 from watermark.validation import describe
 
 log = logging.getLogger("hallmark.detection")
-FORM_NAMES = ("as_sent", "normalized")
-"""What ``normalization.scored`` says: which form of a text the verdict rests on."""
 
 
 def detector_config(params: DetectBody) -> DetectorConfig:
@@ -64,16 +61,19 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
     if params.text is not None:
         if len(params.text) > settings.max_detect_chars:
             raise TooLarge(f"text has {len(params.text)} characters; the limit is {settings.max_detect_chars}")
-        normalized = normalize(params.text) if params.normalize else None
-        forms = [_tokenized(services, params.text, None)]
-        if normalized is not None and normalized.changed:
-            forms.append(_tokenized(services, params.text, normalized))
+        if params.normalize:
+            text_variants, normalized = text_forms(params.text)
+        else:
+            text_variants = [TextForm("as_sent", params.text, None)]
+        forms = [_tokenized(services, params.text, form.normalized) for form in text_variants]
+        form_names = [form.name for form in text_variants]
         text = params.text
     else:
         token_ids = list(params.token_ids)
         if any(t < 0 or t >= 2**32 for t in token_ids):
             raise Unprocessable("token_ids must be integers in [0, 2**32)")
         forms = [(token_ids, None)]
+        form_names = ["as_sent"]
         text = None
     for token_ids, _ in forms:
         if len(token_ids) > settings.max_detect_tokens:
@@ -87,7 +87,8 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
                            code="statistic_unavailable", headers={"x-should-retry": "false"}) from None
     if params.evidence:
         evidence.check_size(max(len(t) for t, _ in forms), settings.max_evidence_tokens)
-    result, token_ids, offsets, scored_form = _detect_forms(forms, candidates, config)
+    result, best = detect_forms([token_ids for token_ids, _ in forms], candidates, config)
+    token_ids, offsets = forms[best]
     if offsets is not None and result.spans:
         spans = tuple(_with_chars(span, offsets) for span in result.spans)
         result = dataclasses.replace(result, spans=spans)
@@ -111,7 +112,7 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
     if ledger_basis and "ledger" not in out["basis"]:
         out["basis"] = [*out["basis"], "ledger"]
     if normalized is not None:
-        out["normalization"] = {**normalized.to_dict(), "scored": scored_form}
+        out["normalization"] = {**normalized.to_dict(), "scored": form_names[best]}
     if params.evidence:
         out["evidence"] = evidence.evidence_for(result, token_ids, candidates, config, offsets)
     # What the verdict rests on, signed (verifiable offline like a receipt).
@@ -126,14 +127,6 @@ def _tokenized(services: Services, text: str, normalized) -> tuple[list[int], li
     if normalized is not None and offsets is not None:
         offsets = normalized.original_offsets(offsets)  # spans and evidence in the client's text
     return token_ids, offsets
-
-
-def _detect_forms(forms, candidates, config: DetectorConfig):
-    """Score every form (detector.forms); returns the result, the scored form's token ids
-    and offsets, and which form it was."""
-    result, best = detect_forms([token_ids for token_ids, _ in forms], candidates, config)
-    token_ids, offsets = forms[best]
-    return result, token_ids, offsets, FORM_NAMES[best]
 
 
 def _kgram_matches(services: Services, identity: Identity, tenant, candidates, token_ids) -> list:

@@ -154,9 +154,10 @@ def _tokenize(texts: list[str], tokenizer_path: str) -> list[list[int]]:
 
 def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text: Optional[str],
                   text_file: Optional[Path], tokenizer: Optional[str],
-                  normalize_text: bool = True) -> tuple[list[list[int]], "NormalizedText | None"]:
-    """The input's token ids: one form, or for text changed by normalisation two (as given,
-    normalised; the API's rule, detector.forms), and the normalisation when applied."""
+                  normalize_text: bool = True) -> tuple[list[list[int]], "NormalizedText | None", list[str]]:
+    """The input's token ids: one form, or for text changed by normalisation several (as
+    given and normalised; the API's rule, detector.forms), the normalisation when applied,
+    and the forms' names."""
     given = [x is not None for x in (token_ids, token_ids_file, text, text_file)]
     if sum(given) != 1:
         raise CliError("give exactly one input: --token-ids, --token-ids-file, --text or --text-file (or --jsonl)")
@@ -170,11 +171,12 @@ def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text
                 raise CliError(f"cannot read {text_file}: {exc.strerror}") from None
             except UnicodeDecodeError:
                 raise CliError(f"cannot read {text_file} as UTF-8 text") from None
-        from detector.normalize import normalize
+        from detector.forms import text_forms
 
-        normalized = normalize(text) if normalize_text else None
-        texts = [text, normalized.text] if normalized is not None and normalized.changed else [text]
-        return _tokenize(texts, tokenizer), normalized
+        if not normalize_text:
+            return _tokenize([text], tokenizer), None, ["as_sent"]
+        forms, normalized = text_forms(text)
+        return _tokenize([form.text for form in forms], tokenizer), normalized, [form.name for form in forms]
     raw = token_ids
     if token_ids_file is not None:
         try:
@@ -182,7 +184,7 @@ def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text
         except OSError as exc:
             raise CliError(f"cannot read {token_ids_file}: {exc.strerror}") from None
     try:
-        return [_token_list(json.loads(raw))], None
+        return [_token_list(json.loads(raw))], None, ["as_sent"]
     except json.JSONDecodeError:
         raise CliError("token ids must be a JSON list of integers, e.g. [12, 7, 99]") from None
     except ValueError as exc:
@@ -247,7 +249,7 @@ def detect_command(
 
         _batch(jsonl, one)
         return
-    forms, normalized = _single_input(token_ids, token_ids_file, text, text_file, tokenizer, normalize_text)
+    forms, normalized, form_names = _single_input(token_ids, token_ids_file, text, text_file, tokenizer, normalize_text)
     if tenant is not None or all_tenants:
         if key is not None or key_file is not None:
             raise CliError("give either an inline key (--key/--key-file) or --tenant/--all-tenants, not both")
@@ -265,7 +267,7 @@ def detect_command(
         raise CliError(str(exc)) from None
     payload = result.to_dict()
     if normalized is not None:
-        payload["normalization"] = {**normalized.to_dict(), "scored": ("as_sent", "normalized")[scored_form]}
+        payload["normalization"] = {**normalized.to_dict(), "scored": form_names[scored_form]}
     verdict = "watermarked" if result.watermarked else "not watermarked"
     source = ""
     if result.key is not None:

@@ -36,7 +36,7 @@ def test_the_better_form_carries_the_verdict_at_twice_its_p():
         assert result.watermarked and result.threshold == config.threshold
         assert math.isclose(result.log10_p_value, alone.log10_p_value + math.log10(2), abs_tol=1e-9)
         assert all(k.log10_p_adjusted <= 0 for k in result.per_key)
-        assert "normalised form" in result.correction
+        assert "normalised forms" in result.correction
 
 
 def test_null_texts_stay_calibrated_with_two_forms():
@@ -52,3 +52,18 @@ def test_null_texts_stay_calibrated_with_two_forms():
         hits += result.watermarked
     # Expected at most 15; a valid test stays below 15 + 3 sd (binomial sd ~3.9).
     assert hits <= 27, hits
+
+
+def test_text_forms_are_distinct_and_keep_indentation_apart():
+    from detector.forms import text_forms
+
+    forms, full = text_forms("plain text, nothing to undo.")
+    assert [f.name for f in forms] == ["as_sent"] and not full.changed
+    forms, _ = text_forms("pa\u200bss w\u043erd")  # no space runs: one normalised form
+    assert [f.name for f in forms] == ["as_sent", "normalized"] and forms[1].text == "pass word"
+    code = "def f(x):\n    return x\u200b + 1"
+    forms, full = text_forms(code)
+    by_name = {f.name: f.text for f in forms}
+    assert by_name["normalized"] == "def f(x):\n return x + 1"
+    assert by_name["normalized_spaces_kept"] == "def f(x):\n    return x + 1"
+    assert full.changes == {"zero_width": 1, "whitespace": 3}

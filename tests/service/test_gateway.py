@@ -241,7 +241,7 @@ def test_zero_width_and_homoglyph_attacks_do_not_hide_the_watermark(server):
     assert result["basis"][0] == "watermark" and "weighted Bonferroni" in result["correction"]
     changes = result["normalization"]["changes"]
     assert result["normalization"]["changed"] and changes["zero_width"] > 0 and changes["homoglyph"] > 0
-    assert result["normalization"]["scored"] == "normalized" and "normalised form" in result["correction"]
+    assert result["normalization"]["scored"].startswith("normalized") and "normalised forms" in result["correction"]
     # Without normalisation the attack changes the tokens (the evidence is much weaker).
     raw = client(server).post("/v1/detect", json={"text": attacked, "normalize": False}).json()
     assert raw["log10_p_value"] > result["log10_p_value"] + 3 and "normalization" not in raw
@@ -269,7 +269,7 @@ def test_cli_detect_text_normalises_like_the_api(server, tmp_path):
 
     api = client(server).post("/v1/detect", json={"text": attacked}).json()
     result = cli()
-    assert result["watermarked"] and result["normalization"]["scored"] == "normalized"
+    assert result["watermarked"] and result["normalization"]["scored"].startswith("normalized")
     assert abs(result["log10_p_value"] - api["log10_p_value"]) < 1e-6
     raw = cli("--no-normalize")
     assert "normalization" not in raw and raw["log10_p_value"] > result["log10_p_value"] + 3

@@ -219,8 +219,8 @@ function normalisationNote(result) {
                   homoglyph: "look-alike letters mapped to Latin", whitespace: "runs of spaces collapsed" };
   const parts = Object.entries(n.changes || {}).filter(([, v]) => typeof v === "number" && v > 0)
     .map(([k, v]) => `${v} ${names[k] || k.replaceAll("_", " ")}`);
-  const form = n.scored === "as_sent" ? "the text as pasted" : "the normalised text";
-  return `The text was also scored after normalising it against tokenisation tricks (${parts.join(", ") || "changed"}); the verdict rests on ${form}, which scored better (its p is doubled for the two tries). Offsets and highlights refer to the text as pasted.`;
+  const form = { as_sent: "the text as pasted", normalized_spaces_kept: "the normalised text with its runs of spaces kept" }[n.scored] || "the normalised text";
+  return `The text was also scored after normalising it against tokenisation tricks (${parts.join(", ") || "changed"}); the verdict rests on ${form}, which scored best (its p is multiplied by the number of forms tried). Offsets and highlights refer to the text as pasted.`;
 }
 
 function explain(result) {
