@@ -26,7 +26,8 @@ attacks (detokenise -> edit whitespace-separated words at rate r with words from
 list -> retokenise with the model's tokenizer), and Unicode attacks (zero-width spaces,
 Cyrillic homoglyphs, whitespace runs, NFKC compatibility forms), each Unicode attack
 detected on the text as sent (before) and through the service's normalisation path
-(after: the service's two forms, as sent and normalised, `detector.forms`, Bonferroni x2).
+(after: the service's forms, `detector.forms.text_forms`: as sent and every distinct
+normalised form, best of m with Bonferroni x m).
 Dual-key texts are detected under every dual statistic (`max`, `weighted`, `routed`, each
 as the sum test with spans) and under `auto`.
 """
@@ -600,8 +601,8 @@ def markdown(result: dict) -> str:
                              f"{r['vs_max_mean_gain']:+.2f} | {r['vs_max_worse_share']:.2f} | {-r['vs_max_worst']:.2f} |")
             lines.append("")
         lines += ["Unicode attacks: `unicode_as_sent` tokenises the attacked text as it is; `unicode_normalized` "
-                  "goes through the service's path (`detector.forms` as `/v1/detect` uses it: the text as sent and its normalised form, "
-                  "better of two with Bonferroni x2).", ""]
+                  "goes through the service's path (`detector.forms.text_forms` as `/v1/detect` uses it: the text as sent and "
+                  "every distinct normalised form, best of m with Bonferroni x m).", ""]
     if "null" in result:
         null = result["null"]
         lines += ["## Null calibration", "",
