@@ -78,7 +78,7 @@ def _message(exc: BaseException) -> str:
     from pydantic import ValidationError
 
     if isinstance(exc, ValidationError):
-        from service.validation import error_lines
+        from watermark.validation import error_lines
 
         return "; ".join(error_lines(exc, default="", plain=True))
     return str(exc).strip()

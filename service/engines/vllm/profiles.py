@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from service.engines.vllm.keyring import KEYRING_ENV
 from service.engines.vllm import PLUGIN
 from service.engines.vllm.watermark_args import REQUIRE_ENV
-from service.validation import error_lines
+from watermark.validation import error_lines
 
 WatermarkMode = Literal["engine-key", "plugin"]
 PROFILE_DIR = Path(__file__).resolve().parents[3] / "deploy"
