@@ -97,8 +97,18 @@ class KeyEvidence:
     log10_p: float
     """This key's combined whole-text p: min over its tests of p / weight share."""
     log10_sf: object  # Callable[[float, int], float], the sum statistic's null tail
-    span_families: tuple = ()
-    """(scores [n], their sum's null tail, share of SPANS_SHARE) per span search."""
+    span_families: tuple["SpanFamily", ...] = ()
+
+
+@dataclass(frozen=True)
+class SpanFamily:
+    """One span search over one key's per-token scores."""
+
+    scores: np.ndarray  # [n]
+    log10_sf: object  # Callable[[float, int], float]: a window sum's exact null tail
+    log10_sf_lower: object  # Callable[[ndarray, ndarray], ndarray]: a lower bound on it
+    fraction: float
+    """Share of SPANS_SHARE this search spends."""
 
 
 def statistic_for(candidate: Candidate, config: DetectorConfig) -> scoring.Statistic:
@@ -116,6 +126,13 @@ def _log10_sf(statistic: str, alpha: float):
     if statistic == "weighted":
         return lambda score, n: stats.weighted_gamma_log10_sf(score, n, alpha)
     return stats.gamma_log10_sf
+
+
+def _log10_sf_lower(statistic: str, alpha: float):
+    """Vectorised lower bound on :func:`_log10_sf` (the spans' screen)."""
+    if statistic == "weighted":
+        return lambda scores, ns: stats.weighted_gamma_log10_sf_lower(scores, ns, alpha)
+    return stats.gamma_log10_sf_lower
 
 
 def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate],
@@ -158,14 +175,15 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
                 candidate.key, scored, "max")
             log10_p_trgof = trgof.log10_pvalue(gof_scores)
             combined.append(log10_p_trgof - math.log10(share["trgof"]))
-        families: tuple = ((per_token, log10_sf, 1.0),)
+        families = (SpanFamily(per_token, log10_sf, _log10_sf_lower(statistic, spec.alpha), 1.0),)
         if "weighted" in share:
             weighted = scoring.token_scores(candidate.key, scored, "weighted")
             weighted_sf = _log10_sf("weighted", spec.alpha)
             log10_p_weighted = weighted_sf(float(weighted.sum()), len(weighted))
             combined.append(log10_p_weighted - math.log10(share["weighted"]))
             # Spans too: half of the spans' share each for max and weighted scores.
-            families = ((per_token, log10_sf, 0.5), (weighted, weighted_sf, 0.5))
+            families = (SpanFamily(per_token, log10_sf, _log10_sf_lower(statistic, spec.alpha), 0.5),
+                        SpanFamily(weighted, weighted_sf, _log10_sf_lower("weighted", spec.alpha), 0.5))
         evidence.append(KeyEvidence(candidate=candidate, scored=scored, statistic=statistic,
                                     per_token=per_token, total=total, log10_p_sum=log10_p_sum,
                                     log10_p_trgof=log10_p_trgof, log10_p=min(0.0, min(combined)),
@@ -190,12 +208,13 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
         # (window- and key-corrected) p is at most share * threshold. A dual key under auto
         # searches max and weighted scores, each with half of the share.
         ranked: list[tuple[float, spans.SpanHit]] = []
-        for scores, family_sf, fraction in best.span_families:
-            log10_share = math.log10(SPANS_SHARE * fraction)
-            hits = spans.locate(best.scored.positions, scores, len(tokens),
+        for family in best.span_families:
+            log10_share = math.log10(SPANS_SHARE * family.fraction)
+            hits = spans.locate(best.scored.positions, family.scores, len(tokens),
                                 min_length=config.span_min_length, family_size_factor=m,
-                                log10_threshold=log10_threshold + log10_share, log10_sf=family_sf)
-            hits = spans.refine(hits, best.scored.positions, scores, len(tokens))
+                                log10_threshold=log10_threshold + log10_share, log10_sf=family.log10_sf,
+                                log10_sf_lower=family.log10_sf_lower)
+            hits = spans.refine(hits, best.scored.positions, family.scores, len(tokens))
             ranked.extend((h.log10_p_value - log10_share, h) for h in hits)
         kept: list[tuple[float, spans.SpanHit]] = []
         for weighted_p, hit in sorted(ranked, key=lambda item: item[0]):

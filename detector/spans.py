@@ -50,20 +50,17 @@ class SpanHit:
     log10_p_value: float
 
 
-def _chernoff_log_sf(score: float, n: int) -> float:
-    """An upper bound on ln P(Gamma(n) >= score): n - x + n ln(x / n) for x > n."""
-    if score <= n or n == 0:
-        return 0.0
-    return n - score + n * math.log(score / n)
-
-
 def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length: int,
            family_size_factor: int, log10_threshold: float,
-           log10_sf: Callable[[float, int], float]) -> list[SpanHit]:
+           log10_sf: Callable[[float, int], float],
+           log10_sf_lower: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> list[SpanHit]:
     """Significant merged spans.
 
     positions [n] (ascending scored positions) and scores [n] are one key's evidence;
     ``family_size_factor`` multiplies the window count in the correction (keys examined).
+    ``log10_sf`` is the exact null tail of a window's score sum; ``log10_sf_lower`` a
+    vectorised lower bound on it (sums [k], counts [k] -> [k]), used only to skip windows
+    that cannot pass: a lower bound, never an upper one, so no passing window is skipped.
     """
     family = windows(total, min_length)
     if not family:
@@ -77,11 +74,10 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
     counts = hi - lo
     sums = prefix[hi] - prefix[lo]
     hits: list[SpanHit] = []
-    for i in np.flatnonzero((counts > 0) & (sums > counts)):
+    live = np.flatnonzero(counts > 0)
+    live = live[log10_sf_lower(sums[live], counts[live]) + log10_m <= log10_threshold]
+    for i in live:
         n_i, s_i = int(counts[i]), float(sums[i])
-        # The Chernoff bound screens out windows that cannot pass, before the exact sum.
-        if _chernoff_log_sf(s_i, n_i) / LN10 + log10_m > log10_threshold:
-            continue
         adjusted = min(0.0, log10_sf(s_i, n_i) + log10_m)
         if adjusted <= log10_threshold:
             hits.append(SpanHit(int(starts[i]), int(ends[i]), n_i, adjusted))

@@ -115,6 +115,43 @@ def weighted_gamma_log10_sf(score: float, n: int, alpha: float) -> float:
     return _log_weighted_sf(float(score), int(n), float(alpha)) / LN10
 
 
+def _log_fact(n_max: int) -> np.ndarray:
+    """ln k! for k = 0 .. n_max."""
+    return np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, n_max + 1, dtype=np.float64)))))
+
+
+def gamma_log10_sf_lower(scores: np.ndarray, ns: np.ndarray) -> np.ndarray:
+    """Lower bounds [k] on log10 P(Gamma(n, 1) >= score), for scores [k] and integer ns [k].
+
+    Q(n, x) = P(Poisson(x) <= n - 1) >= P(Poisson(x) = n - 1): one term of the sum. It is
+    within a factor of about sqrt(2 pi n) of the exact tail where the tail is small, which
+    makes it a cheap screen: a window whose lower bound misses a threshold cannot pass it.
+    (An upper bound such as Chernoff's cannot screen: it would drop windows that pass.)"""
+    x = np.asarray(scores, dtype=np.float64)
+    n = np.asarray(ns, dtype=np.int64)
+    out = np.zeros(x.shape)
+    live = (n > 0) & (x > 0.0)
+    if live.any():
+        lf = _log_fact(int(n[live].max()))
+        k = n[live] - 1
+        out[live] = np.minimum(0.0, k * np.log(x[live]) - x[live] - lf[k]) / LN10
+    return out
+
+
+def weighted_gamma_log10_sf_lower(scores: np.ndarray, ns: np.ndarray, alpha: float) -> np.ndarray:
+    """Lower bounds [k] on log10 P((1 - alpha) A + alpha B >= score), A, B iid Gamma(n, 1).
+
+    With t = min(alpha, 1 - alpha), T = max(...): the event {B' >= n - 1} has probability
+    >= 1/2 (the median of Gamma(n, 1) exceeds n - 1/3; Chen & Rubin 1986), and on it the
+    sum exceeds T A' + t (n - 1), so P >= 1/2 * P(A' >= (score - t (n - 1)) / T), bounded
+    below by :func:`gamma_log10_sf_lower`."""
+    small, large = min(alpha, 1.0 - alpha), max(alpha, 1.0 - alpha)
+    x = np.asarray(scores, dtype=np.float64)
+    n = np.asarray(ns, dtype=np.int64)
+    rest = (x - small * np.maximum(n - 1, 0)) / large
+    return np.where(rest > 0.0, gamma_log10_sf_lower(np.maximum(rest, 0.0), n) - math.log10(2.0), -math.log10(2.0))
+
+
 def log_sidak(log_p: float, m: int) -> float:
     """ln of 1 - (1 - p)^m: the probability that the smallest of m independent null
     p-values is <= p (the global p of a search over m keys)."""

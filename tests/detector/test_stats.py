@@ -126,3 +126,27 @@ def test_sidak_and_holm():
     assert stats.log_sidak(-1000.0, 10) == pytest.approx(math.log(10) - 1000.0)
     adjusted = [math.exp(v) for v in stats.holm_adjusted([math.log(p) for p in (0.01, 0.04, 0.03, 0.5)])]
     assert adjusted == pytest.approx([0.04, 0.09, 0.09, 0.5])
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 32, 200, 1000])
+def test_gamma_lower_bound_is_below_the_exact_tail(n):
+    import numpy as np
+
+    scores = np.concatenate((np.linspace(0.01, 3 * n + 60, 97), [n - 1.0, float(n), n + 1.0]))
+    lower = stats.gamma_log10_sf_lower(scores, np.full(len(scores), n))
+    exact = np.array([stats.gamma_log10_sf(float(s), n) for s in scores])
+    assert np.all(lower <= exact + 1e-12)
+    # and tight enough to screen: within log10 sqrt(2 pi n) + 1 of the tail where it is small
+    deep = exact < -6
+    assert np.all(exact[deep] - lower[deep] <= math.log10(math.sqrt(2 * math.pi * n)) + 1.0)
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.3, 0.5, 0.9])
+@pytest.mark.parametrize("n", [1, 4, 32, 300])
+def test_weighted_lower_bound_is_below_the_exact_tail(n, alpha):
+    import numpy as np
+
+    scores = np.linspace(0.01, 2.5 * n + 50, 61)
+    lower = stats.weighted_gamma_log10_sf_lower(scores, np.full(len(scores), n), alpha)
+    exact = np.array([stats.weighted_gamma_log10_sf(float(s), n, alpha) for s in scores])
+    assert np.all(lower <= exact + 1e-12)
