@@ -8,8 +8,10 @@ keys (a tenant's rotation history, or every tenant): each key's p is Holm-adjust
 
 The verdict is one weighted Bonferroni test over every component (state weights, fixed
 before looking at the data; :func:`weights`): whole-text sum 1/2, whole-text Tr-GoF 1/4,
-spans 1/4 (the span p-values are already corrected for every window and key); a dual key
-under ``auto`` splits the whole-text 3/4 as sum (``max``) 0.3, ``weighted`` 0.3, Tr-GoF 0.15. The global
+spans 1/4 (the span p-values are already corrected for every window and key); an
+ordinary-coin dual key under ``auto`` splits the whole-text 3/4 as sum (``max``) 0.3,
+``weighted`` 0.3, Tr-GoF 0.15, and its spans' 1/4 as ``max`` 1/8, ``weighted`` 1/8 (a
+keyed-coin one uses ``routed`` scores throughout, with the single-statistic split). The global
 p is min over components of p_c / w_c, so under the null P(global p <= t) <= t; a text
 is watermarked when the whole text or any span passes its share. Without edits this
 costs the sum test one factor 2 of p-value (0.3 in log10).
@@ -42,11 +44,15 @@ class DetectorConfig(BaseModel):
     """The text is reported watermarked when its global p-value is at most this."""
 
     dual_statistic: DualStatistic = "auto"
-    """Statistic for dual-key keys. `auto` = `max` (Šidák per token) for every dual key,
-    keyed coin or not: it needs no knowledge of the key A / key B share, which under
-    speculation is the draft rejection rate, not alpha. `routed` (keys with a keyed
-    coin) weights the two keys per token by a routing share learnt from the earlier tokens
-    of the text (:mod:`detector.scoring`); it starts as `max` and is opt-in."""
+    """Statistic for dual-key keys. `auto` adapts to what the key lets the detector know.
+    With a keyed acceptance coin it is `routed`: the two keys weighted per token by a
+    routing share learnt from the earlier tokens of the text (:mod:`detector.scoring`),
+    which starts as `max` and moves only on evidence (measured never below `max` + `weighted`
+    on the bundled pair's speculative text: bench/results/robustness.md). With an ordinary
+    coin the share of key-B tokens is unknown (alpha without speculation, the draft
+    rejection rate with it), so `auto` tests both `max` (Šidák per token, no knowledge of
+    the share) and `weighted` (strongest when the share is alpha), under one correction
+    (:func:`weights`). `routed` needs a keyed coin; `max`, `weighted` force one statistic."""
 
     spans: bool = True
     """Localise watermarked spans (windows of ``span_min_length`` tokens and up)."""
@@ -116,7 +122,7 @@ def statistic_for(candidate: Candidate, config: DetectorConfig) -> scoring.Stati
     if spec.algorithm == "gumbel":
         return "single"
     if config.dual_statistic == "auto":
-        return "max"
+        return "routed" if spec.coin == "keyed" else "max"
     if config.dual_statistic == "routed" and spec.coin != "keyed":
         raise ValueError("the routed statistic needs a key with a keyed acceptance coin")
     return config.dual_statistic
@@ -157,8 +163,10 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
             scored = scoring.scored_positions(tokens, spec.context_width, spec.dedup)
             positions_cache[cache_key] = scored
         statistic = statistic_for(candidate, config)
+        # An ordinary-coin dual key under auto also tests the weighted statistic.
         share = weights(config, with_spans, dual_auto=(spec.algorithm == "dual_key_gumbel"
-                                                       and config.dual_statistic == "auto"))
+                                                       and config.dual_statistic == "auto"
+                                                       and statistic == "max"))
         shares.update(share)
         per_token = scoring.token_scores(candidate.key, scored, statistic)
         total = float(per_token.sum())

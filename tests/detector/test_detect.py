@@ -72,6 +72,21 @@ def test_speculative_text_is_detected(coin, statistic):
     assert result.watermarked, result.log10_p_value
 
 
+def test_auto_statistic_follows_the_coin():
+    # Keyed coin: the detector can learn the routing, so auto scores with routed alone.
+    keyed = WatermarkKey(424242, WatermarkSpec(algorithm="dual_key_gumbel", coin="keyed"))
+    tokens, _ = generate_speculative(keyed, 200, seed=5)
+    result = detect(tokens, [Candidate.inline(keyed)])
+    assert result.watermarked and result.per_key[0].statistic == "routed"
+    assert "weighted 0." not in result.correction
+    # Ordinary coin: the key-B share is unknown, so auto tests max and weighted.
+    plain = WatermarkKey(424242, WatermarkSpec(algorithm="dual_key_gumbel"))
+    tokens, _ = generate_speculative(plain, 200, seed=5)
+    result = detect(tokens, [Candidate.inline(plain)])
+    assert result.watermarked and result.per_key[0].statistic == "max"
+    assert "weighted 0.3" in result.correction
+
+
 NULL_TEXTS = 3000
 
 

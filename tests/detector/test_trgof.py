@@ -67,17 +67,21 @@ def test_statistic_edge_cases():
 
 
 @pytest.mark.statistical
-@pytest.mark.parametrize("test", ["auto", "trgof"])
-def test_default_combination_is_valid_on_null_text(test):
+@pytest.mark.parametrize("test,spec", [
+    ("auto", {}), ("trgof", {}),
+    ("auto", {"algorithm": "dual_key_gumbel"}),  # max + weighted + Tr-GoF + both span families
+    ("auto", {"algorithm": "dual_key_gumbel", "coin": "keyed"}),  # routed throughout
+])
+def test_default_combination_is_valid_on_null_text(test, spec):
     rng = np.random.default_rng(17)
     config = DetectorConfig(test=test)
     trials = 1500
     ps = []
     for _ in range(trials):
-        key = WatermarkKey(int(rng.integers(0, 2**63)), WatermarkSpec())
+        key = WatermarkKey(int(rng.integers(0, 2**63)), WatermarkSpec(**spec))
         ps.append(detect(rng.integers(0, 5000, int(rng.integers(20, 400))), [Candidate.inline(key)], config).p_value)
     ps = np.array(ps)
-    for t in (0.01, 0.05, 0.2):
+    for t in (1e-3, 0.01, 0.05, 0.2):
         assert np.mean(ps <= t) <= t + 3 * math.sqrt(t * (1 - t) / trials), t
 
 
