@@ -9,7 +9,9 @@ columns that are padding for every row are dropped.
 
 Layers hold tensors with a time axis: ``keys``/``values`` ([B, H, T, D], time at -2; for
 DeepSeek-V3.2 the compressed latent and the rotated shared key) and, for sparse-attention
-layers, ``indexer_keys`` ([B, T, D], time at 1). Surgery treats them uniformly.
+layers, ``indexer_keys`` ([B, T, D], time at 1). Surgery treats them uniformly; it works on
+transformers' DynamicCache and on :class:`GrowingCache` alike (both expose ``layers`` whose
+tensors it replaces).
 """
 
 from __future__ import annotations
@@ -117,3 +119,67 @@ def compact(cache, mask: torch.Tensor) -> torch.Tensor:
             setattr(layer, name, torch.gather(value, d, idx.to(value.device)))
     new_mask = torch.gather(mask, 1, keep)
     return new_mask
+
+
+# Columns a GrowingLayer allocates beyond what it needs when it must reallocate (at least
+# this many, or as many as it already holds: amortised O(1) appends).
+_GROW_MIN = 64
+
+
+class GrowingLayer:
+    """One layer's ``keys`` and ``values`` [B, H, T, D]: views of the first T columns of
+    buffers with room to grow, so that a decode step writes its columns in place instead of
+    concatenating (DynamicCache copies the whole cache every step). Surgery (cache.py)
+    replaces ``keys``/``values`` with plain tensors; the next append then reallocates.
+    Appends write only beyond the current T, so references to an earlier ``keys`` stay a
+    consistent snapshot (runner.Group.snapshot)."""
+
+    __slots__ = ("keys", "values", "_buffers")
+
+    def __init__(self) -> None:
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def _in_place(self, n: int) -> bool:
+        if self._buffers is None or self.keys is None:
+            return False
+        kbuf, vbuf = self._buffers
+        keys, values = self.keys, self.values
+        return (keys.data_ptr() == kbuf.data_ptr() and values.data_ptr() == vbuf.data_ptr()
+                and keys.shape[:2] == kbuf.shape[:2] and keys.stride() == kbuf.stride()
+                and values.shape[:2] == vbuf.shape[:2] and values.stride() == vbuf.stride()
+                and keys.shape[-2] + n <= kbuf.shape[-2])
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append keys, values [B, H, n, D] along time; returns the layer's [B, H, T + n, D]."""
+        n = keys.shape[-2]
+        if not self._in_place(n):
+            held = 0 if self.keys is None else self.keys.shape[-2]
+            capacity = held + n + max(_GROW_MIN, held)
+            buffers = []
+            for old, new in ((self.keys, keys), (self.values, values)):
+                shape = list(new.shape)
+                shape[-2] = capacity
+                buf = new.new_empty(shape)
+                if held:
+                    buf[:, :, :held] = old
+                buffers.append(buf)
+            self._buffers = (buffers[0], buffers[1])
+            self.keys, self.values = buffers[0][:, :, :held], buffers[1][:, :, :held]
+        kbuf, vbuf = self._buffers
+        held = self.keys.shape[-2]
+        kbuf[:, :, held:held + n] = keys
+        vbuf[:, :, held:held + n] = values
+        self.keys, self.values = kbuf[:, :, :held + n], vbuf[:, :, :held + n]
+        return self.keys, self.values
+
+
+class GrowingCache:
+    """Per layer a :class:`GrowingLayer` (the eager Llama forward's cache)."""
+
+    def __init__(self, layers: int) -> None:
+        self.layers = [GrowingLayer() for _ in range(layers)]
+
+    def columns(self) -> int:
+        return columns(self)

@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from service.engines.local import cache as kv
-from service.engines.local import stable_topk
+from service.engines.local import eager_llama, stable_topk
 from watermark.transfer import to_device
 
 # Compact a group's cache when this share of its columns are holes.
@@ -47,6 +47,11 @@ class Group:
     graph_replays: int = 0
     compactions: int = 0
 
+    def __post_init__(self) -> None:
+        # On the CPU a Llama runs through eager_llama (the same operations without
+        # transformers' per-call overhead, over an in-place growing cache).
+        self.eager = self.device.type == "cpu" and eager_llama.supports(self.model)
+
     def __len__(self) -> int:
         return len(self.ids)
 
@@ -54,8 +59,14 @@ class Group:
     def prefill(self, prompt_ids: list[int]) -> tuple[object, torch.Tensor, torch.Tensor]:
         """Run one prompt alone; returns (its cache, its mask [1, T], last logits [V] float32)."""
         ids = torch.tensor([prompt_ids], dtype=torch.int64, device=self.device)
-        cache = DynamicCache(config=self.model.config)
         self.eager_forwards += 1
+        if self.eager:
+            cache = kv.GrowingCache(self.model.config.num_hidden_layers)
+            mask = torch.ones_like(ids)
+            positions = torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
+            logits = eager_llama.forward(self.model, cache, ids, mask, positions)
+            return cache, mask, logits[0, -1].float()
+        cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache, use_cache=True)
         return cache, torch.ones_like(ids), out.logits[0, -1].float()
 
@@ -109,10 +120,13 @@ class Group:
         positions = positions.clamp(min=0)
         self.mask = torch.cat([self.mask, live], dim=1)
         self.eager_forwards += 1
-        out = self.model(input_ids=input_ids, attention_mask=self.mask, position_ids=positions,
-                         past_key_values=self.cache, use_cache=True)
+        if self.eager:
+            logits = eager_llama.forward(self.model, self.cache, input_ids, self.mask, positions)
+        else:
+            logits = self.model(input_ids=input_ids, attention_mask=self.mask, position_ids=positions,
+                                past_key_values=self.cache, use_cache=True).logits
         self.next_pos = self.next_pos + live.sum(dim=1)
-        return out.logits.float()
+        return logits.float()
 
     def reject_tail(self, counts: torch.Tensor, on_device: torch.Tensor | None = None) -> None:
         """Turn each row's last ``counts[b]`` live columns into holes (rejected drafts);

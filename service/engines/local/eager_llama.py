@@ -1,0 +1,119 @@
+"""transformers' Llama forward (5.19, SDPA attention), op for op, without its per-call overhead.
+
+On the CPU a decode step of the bundled draft (2.85 M parameters, batch 8) is almost all
+framework overhead: through ``LlamaForCausalLM.__call__`` it took ~7.5 ms, of which the
+matrix products were ~2.5 ms; the rest was module dispatch, output capturing, the 4-D mask
+factory and the dynamic cache's concatenations. This module runs the same tensor
+operations in the same order with the same arguments (so the same kernels see the same
+inputs and give the same bits; ``tests/service/engines/local/test_eager_llama.py`` checks
+logits for equality, not closeness) and appends keys and values in place
+(:class:`service.engines.local.cache.GrowingLayer`).
+
+What it mirrors, per call with S inputs over a cache of P columns and a 2-D mask [B, P + S]:
+the mask is skipped (``attn_mask=None``) when every entry is 1 and S == 1 or P == 0 (then
+``is_causal = S > 1`` and grouped-query attention runs inside SDPA); otherwise it is the
+boolean [B, 1, S, P + S] ``kv <= P + q and mask[b, kv]`` and the key/value heads are
+repeated (transformers' ``create_causal_mask`` and ``sdpa_attention_forward``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from service.engines.local.cache import GrowingCache
+
+
+def supports(model) -> bool:
+    """Whether ``model`` is a Llama this forward mirrors (default RoPE, SDPA, no biases)."""
+    c = model.config
+    rope = getattr(c, "rope_parameters", None) or {}
+    return (c.model_type == "llama" and type(model).__name__ == "LlamaForCausalLM"
+            and rope.get("rope_type", "default") == "default"
+            and getattr(c, "_attn_implementation", "sdpa") == "sdpa"
+            and not c.attention_bias and not c.mlp_bias and getattr(c, "pretraining_tp", 1) == 1)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # LlamaRMSNorm.forward
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + eps)
+    return weight * h.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@torch.inference_mode()
+def forward(model, cache: GrowingCache, input_ids: torch.Tensor, mask: torch.Tensor,
+            positions: torch.Tensor) -> torch.Tensor:
+    """input_ids, positions [B, S] int64 and the 2-D mask [B, P + S] (1 = attend; P = the
+    cache's columns) -> logits [B, S, V] in the model's dtype. Appends this call's S columns
+    to ``cache``. Every position's logits are computed, also where only the last is used: the
+    product's rounding depends on the row count (one row gives other bits than the same row
+    among several), and the texts must be those of transformers' forward."""
+    config = model.config
+    inner = model.model
+    batch, seq = input_ids.shape
+    past = cache.columns()
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    groups = config.num_attention_heads // config.num_key_value_heads
+    eps = config.rms_norm_eps
+
+    x = F.embedding(input_ids, inner.embed_tokens.weight, inner.embed_tokens.padding_idx)
+    # LlamaRotaryEmbedding.forward (default RoPE: attention_scaling is 1.0, a no-op multiply)
+    rotary = inner.rotary_emb
+    freqs = positions[..., None].float() * rotary.inv_freq.to(device=x.device, dtype=torch.float)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    if rotary.attention_scaling != 1.0:
+        cos, sin = cos * rotary.attention_scaling, sin * rotary.attention_scaling
+    cos, sin = cos.to(x.dtype).unsqueeze(1), sin.to(x.dtype).unsqueeze(1)
+
+    # create_causal_mask: skipped when it would be a plain causal mask.
+    full = bool(mask.all())
+    if full and (seq == 1 or past == 0):
+        attn_mask, is_causal = None, seq > 1
+    else:
+        padding = mask.to(dtype=torch.bool)
+        q_idx = torch.arange(seq, device=x.device) + past
+        kv_idx = torch.arange(past + seq, device=x.device)
+        attn_mask = (kv_idx[None, None, None, :] <= q_idx[None, None, :, None]) & padding[:, None, None, :]
+        attn_mask = attn_mask.expand(batch, -1, seq, past + seq)
+        is_causal = False
+
+    hidden_shape = (batch, seq, -1, head_dim)
+    for i, layer in enumerate(inner.layers):
+        attn = layer.self_attn
+        residual = x
+        h = _rms_norm(x, layer.input_layernorm.weight, eps)
+        q = F.linear(h, attn.q_proj.weight).view(hidden_shape).transpose(1, 2)
+        k = F.linear(h, attn.k_proj.weight).view(hidden_shape).transpose(1, 2)
+        v = F.linear(h, attn.v_proj.weight).view(hidden_shape).transpose(1, 2)
+        q = (q * cos) + (_rotate_half(q) * sin)
+        k = (k * cos) + (_rotate_half(k) * sin)
+        keys, values = cache.layers[i].append(k, v)
+        if attn_mask is None:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=None, dropout_p=0.0, scale=attn.scaling,
+                                                 is_causal=is_causal, enable_gqa=groups > 1)
+        else:
+            if groups > 1:  # repeat_kv
+                b, kvh, t, d = keys.shape
+                keys = keys[:, :, None].expand(b, kvh, groups, t, d).reshape(b, kvh * groups, t, d)
+                values = values[:, :, None].expand(b, kvh, groups, t, d).reshape(b, kvh * groups, t, d)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, dropout_p=0.0,
+                                                 scale=attn.scaling, is_causal=False)
+        out = out.transpose(1, 2).contiguous().reshape(batch, seq, -1).contiguous()
+        x = residual + F.linear(out, attn.o_proj.weight)
+        residual = x
+        h = _rms_norm(x, layer.post_attention_layernorm.weight, eps)
+        mlp = layer.mlp
+        h = F.linear(mlp.act_fn(F.linear(h, mlp.gate_proj.weight)) * F.linear(h, mlp.up_proj.weight),
+                     mlp.down_proj.weight)
+        x = residual + h
+    x = _rms_norm(x, inner.norm.weight, eps)
+    return F.linear(x, model.lm_head.weight)
