@@ -22,12 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from detector import stats
+from detector import scoring, stats
 from detector.spans import locate
 
 VOCAB = 1000
 SIGMAS = (5.0, 8.0)  # about 1.7 and 0.9 nats of entropy per token at T = 1
-TAU = 0.5
 
 
 def _grid(u):
@@ -92,9 +91,11 @@ def log10_p(statistic, ua, ub, coin, alpha=0.1):
     if statistic == "weighted":
         return stats.weighted_gamma_log10_sf(float(((1 - alpha) * exp_score(ua) + alpha * exp_score(ub)).sum()), n, alpha)
     if statistic == "routed":
-        m = np.maximum(ua, ub)
-        score = np.where(coin < TAU, exp_score(ua), -np.log1p(-m) - np.log1p(m))
-        return stats.gamma_log10_sf(float(score.sum()), n)
+        # The detector's own routed scores: weighted Šidák with the key-A weight learnt from
+        # the earlier tokens (detector.scoring.routed_weights on the recomputed coin).
+        ua32, ub32 = ua.astype(np.float32), ub.astype(np.float32)
+        w = scoring.routed_weights(ua32, ub32, coin.astype(np.float32))
+        return stats.gamma_log10_sf(float(scoring.weighted_max_scores(ua32, ub32, w).sum()), n)
     raise ValueError(statistic)
 
 
@@ -175,7 +176,8 @@ def main() -> None:
             ua = _grid(rng.random(1000 + length))
             ua[start:start + length], _, _ = simulate_tokens(rng, length, 0.0, SIGMAS[1])
             hits = locate(np.arange(len(ua)), exp_score(ua), len(ua), min_length=32, family_size_factor=1,
-                          log10_threshold=-6, log10_sf=stats.gamma_log10_sf)
+                          log10_threshold=-6, log10_sf=stats.gamma_log10_sf,
+                          log10_sf_lower=stats.gamma_log10_sf_lower)
             found += any(h.start < start + length and h.end > start for h in hits)
             false += any(h.end <= start or h.start >= start + length for h in hits)
         lines.append(f"| {length} | {found / trials:.3f} | {false / trials:.3f} |")
