@@ -4,8 +4,9 @@ Windows are fixed before looking at the data (they depend on the text length onl
 lengths 2^j from ``min_length`` up to the text length, each slid by half its length, plus
 one window flush with the end of the text per length. Each window gets its exact p-value
 from the same null as the whole text; the family (every window, times the number of keys
-examined) is corrected with a union bound, so under the null the chance that any span is
-reported is at most the threshold. Significant windows are then reduced to disjoint spans,
+examined) is corrected with a weighted union bound (equal share per window length, see
+:func:`log10_multiplicities`), so under the null the chance that any span is reported is
+at most the threshold. Significant windows are then reduced to disjoint spans,
 most significant first (see :func:`merge`), and their boundaries are refined at token
 resolution (see :func:`refine`). The p-value reported for a span is its grid window's
 corrected one: refinement moves the offsets only, so it spends no error budget.
@@ -42,6 +43,19 @@ def windows(total: int, min_length: int) -> list[Window]:
     return out
 
 
+def log10_multiplicities(family: list[Window], family_size_factor: int = 1) -> np.ndarray:
+    """log10 of each window's Bonferroni factor [len(family)]: every window length (scale)
+    gets an equal share of the budget, split evenly among that length's windows, so a
+    window's p is multiplied by (number of lengths) x (windows of its length) x keys. The
+    weights sum to 1 and depend on the text length only. Equal shares per scale (rather
+    than per window) spend less on the many short windows, where a watermark that reaches
+    the threshold at all is strong, and more on the few long ones that low-entropy text
+    needs (the multiscale scan's usual weighting)."""
+    lengths = np.array([w.end - w.start for w in family])
+    scales, index, per_scale = np.unique(lengths, return_inverse=True, return_counts=True)
+    return np.log10(len(scales) * per_scale[index] * max(1, family_size_factor)).astype(np.float64)
+
+
 @dataclass(frozen=True)
 class SpanHit:
     start: int
@@ -65,7 +79,7 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
     family = windows(total, min_length)
     if not family:
         return []
-    log10_m = math.log10(len(family) * max(1, family_size_factor))
+    log10_m = log10_multiplicities(family, family_size_factor)
     prefix = np.concatenate(([0.0], np.cumsum(scores)))
     starts = np.array([w.start for w in family])
     ends = np.array([w.end for w in family])
@@ -75,10 +89,10 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
     sums = prefix[hi] - prefix[lo]
     hits: list[SpanHit] = []
     live = np.flatnonzero(counts > 0)
-    live = live[log10_sf_lower(sums[live], counts[live]) + log10_m <= log10_threshold]
+    live = live[log10_sf_lower(sums[live], counts[live]) + log10_m[live] <= log10_threshold]
     for i in live:
         n_i, s_i = int(counts[i]), float(sums[i])
-        adjusted = min(0.0, log10_sf(s_i, n_i) + log10_m)
+        adjusted = min(0.0, log10_sf(s_i, n_i) + float(log10_m[i]))
         if adjusted <= log10_threshold:
             hits.append(SpanHit(int(starts[i]), int(ends[i]), n_i, adjusted))
     return merge(hits)

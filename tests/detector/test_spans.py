@@ -10,11 +10,12 @@ from detector import spans, stats
 
 def _brute_force(positions, scores, total, log10_threshold, log10_sf, min_length=32):
     family = spans.windows(total, min_length)
-    log10_m = math.log10(len(family))
+    lengths = [w.end - w.start for w in family]
     out = []
     for w in family:
         inside = (positions >= w.start) & (positions < w.end)
         n = int(inside.sum())
+        log10_m = math.log10(len(set(lengths)) * lengths.count(w.end - w.start))
         if n and min(0.0, log10_sf(float(scores[inside].sum()), n) + log10_m) <= log10_threshold:
             out.append(w)
     return out
@@ -44,6 +45,14 @@ def test_screen_keeps_every_passing_window(statistic, seed):
         assert bool(hits) == bool(expected)
         for w in expected:
             assert any(h.start < w.end and w.start < h.end for h in hits)
+
+
+@pytest.mark.parametrize("total", [64, 100, 1000, 5000])
+def test_window_weights_sum_to_one(total):
+    family = spans.windows(total, 32)
+    weights = 10.0 ** -spans.log10_multiplicities(family)
+    assert math.isclose(float(weights.sum()), 1.0, rel_tol=1e-12)
+    assert math.isclose(float((10.0 ** -spans.log10_multiplicities(family, 3)).sum()), 1 / 3, rel_tol=1e-12)
 
 
 def test_windows_depend_on_length_only():
