@@ -33,8 +33,8 @@ def main() -> None:
     ap.add_argument("--static-cache", action="store_true", help="the local engine over static KV caches")
     ap.add_argument("--settle", type=float, default=2.0, help="seconds of idle before each timed run")
     ap.add_argument("--local-threads", type=int, default=0,
-                    help="torch threads of this process (the local engine; vLLM's workers are separate "
-                         "processes with their own); 0 keeps torch's default")
+                    help="intra-op threads of the local engine's thread (vLLM's workers are separate "
+                         "processes with their own); 0 keeps the engine's choice (one for small models)")
     ap.add_argument("--out", default="bench/results/local-vs-vllm-cpu.json")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -46,14 +46,11 @@ def main() -> None:
     from watermark.key import WatermarkKey
     from watermark.spec import WatermarkSpec
 
-    import torch
-
-    if args.local_threads:
-        torch.set_num_threads(args.local_threads)
     model = str(resolve_model_path(BUNDLED_DRAFT))
     llm = LLM(model=model, max_model_len=512, dtype="float32", enable_prefix_caching=False, disable_log_stats=True,
               seed=0)
-    engine = LocalEngine(BUNDLED_DRAFT, None, device="cpu", max_batch=args.batch, static_cache=args.static_cache)
+    engine = LocalEngine(BUNDLED_DRAFT, None, device="cpu", max_batch=args.batch, static_cache=args.static_cache,
+                         cpu_threads=args.local_threads or None)
     loop = asyncio.new_event_loop()
     loop.run_until_complete(engine.start())
     tok = engine.tokenizer()
@@ -101,7 +98,7 @@ def main() -> None:
             rates[name].append(fn())
     loop.run_until_complete(engine.stop())
     med = {k: statistics.median(v) for k, v in rates.items()}
-    result = {"model": BUNDLED_DRAFT, "static_cache": args.static_cache, "local_threads": torch.get_num_threads(), "batch": args.batch, "tokens": args.tokens, "rounds": rates,
+    result = {"model": BUNDLED_DRAFT, "static_cache": args.static_cache, "local_threads": engine.cpu_threads, "batch": args.batch, "tokens": args.tokens, "rounds": rates,
               "tokens_per_s_median": med, "vllm_over_local_plain": med["vllm"] / med["local_plain"],
               "vllm_over_local_watermark": med["vllm"] / med["local_watermark"],
               "command": "python bench/local_vs_vllm_cpu.py " + " ".join(sys.argv[1:])}

@@ -50,7 +50,7 @@ class LocalEngine:
     def __init__(self, model: str = "bundled", draft_model: str | None = None, *, device: str = "auto",
                  max_batch: int = 16, speculative_k: int = 4, max_queue: int = 256,
                  restart_delay: float = 1.0, max_restarts: int = 3, on_fatal=None,
-                 static_cache: bool | None = None, cuda_graphs: bool = True) -> None:
+                 static_cache: bool | None = None, cuda_graphs: bool = True, cpu_threads: int | None = None) -> None:
         # Reported as the bundled model's real name ("bundled" is only an alias for it).
         self.model_name = BUNDLED_MODELS.get(model, model)
         self.draft_name = draft_model
@@ -61,6 +61,8 @@ class LocalEngine:
         # Static preallocated KV caches (service/engines/local/model); None = on CUDA only.
         self.static_cache = static_cache
         self.cuda_graphs = cuda_graphs
+        # Intra-op threads of the engine's thread on the CPU; None: see _cpu_threads.
+        self.cpu_threads = cpu_threads
         self._ready = False
         self._tokenizer = None
         self._waiting: deque[RequestState] = deque()
@@ -107,6 +109,9 @@ class LocalEngine:
         device = self._device()
         self.device = device
         target = load_model(resolve_model_path(self.model_name), device)
+        if device.type == "cpu":
+            self.cpu_threads = _cpu_threads(target, self.cpu_threads)
+            torch.set_num_threads(self.cpu_threads)  # the warm-up below runs on this thread
         self.max_context_tokens = int(getattr(target.config, "max_position_embeddings", 2048))
         static = self.static_cache if self.static_cache is not None else device.type == "cuda"
 
@@ -263,6 +268,8 @@ class LocalEngine:
 
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.cpu_threads)
         while True:
             with self._wake:
                 while not self._stop and not self._waiting and not self._running:
@@ -434,6 +441,26 @@ class LocalEngine:
                     if self._dedup_slots is not None:
                         self._dedup_slots.close(s.rid)
             self._running = alive
+
+
+# Below this many parameters a CPU decode step is a chain of operations too small to share:
+# a second intra-op thread only adds fork/join barriers. The bundled draft (2.85 M, batch 8)
+# ran no faster with two threads on an idle 2-core machine and 3x slower with the machine
+# loaded (bench/local_vs_vllm_cpu.py; the event loop's thread then preempts a spinning worker).
+_SMALL_MODEL_PARAMETERS = 100_000_000
+_DEFAULT_THREADS = torch.get_num_threads()  # before any engine changed it
+
+
+def _cpu_threads(model, requested: int | None) -> int:
+    """The engine thread's intra-op threads: ``requested``, else one for small models and
+    torch's default for the rest."""
+    if requested is not None:
+        if requested < 1:
+            raise ValueError("cpu_threads must be at least 1 (or None to choose by model size)")
+        return requested
+    if sum(p.numel() for p in model.parameters()) < _SMALL_MODEL_PARAMETERS:
+        return 1
+    return _DEFAULT_THREADS
 
 
 def _terminate_process() -> None:
