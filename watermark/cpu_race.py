@@ -203,7 +203,7 @@ def _context_state(key, ctx, width):  # pragma: no cover - compiled
 
 
 def _row_states(key_a, key_b, alpha, stream_keys, contexts, widths, watermark, positions, lane,
-                keys_out, states_out):  # pragma: no cover - compiled
+                keys_out, states_out, use_b_out):  # pragma: no cover - compiled
     """Per row: the dual-key routing coin, the routed key (or the stream key) and its state
     (context state, or the stream state at the row's position) -- sampler.sample_cpu's setup."""
     stream_ctx = np.empty(3, dtype=np.int64)
@@ -227,6 +227,7 @@ def _row_states(key_a, key_b, alpha, stream_keys, contexts, widths, watermark, p
             stream_ctx[2] = lane
             s0, s1, s2, s3 = _context_state(skey, stream_ctx, 3)
         keys_out[b] = key
+        use_b_out[b] = use_b
         states_out[b, 0] = s0
         states_out[b, 1] = s1
         states_out[b, 2] = s2
@@ -237,14 +238,24 @@ def row_states(key_a, key_b, alpha, stream_keys, contexts, widths, watermark, po
                lane: int) -> tuple[np.ndarray, np.ndarray]:
     """(keys [B] uint64, states [B, 4] uint64) of a step's rows, as sampler.sample_cpu sets
     them up; contexts [B, C] int64 hold each row's context in its first widths[b] entries."""
+    keys, states, _ = row_setup(key_a, key_b, alpha, stream_keys, contexts, widths, watermark, positions, lane)
+    return keys, states
+
+
+def row_setup(key_a, key_b, alpha, stream_keys, contexts, widths, watermark, positions,
+              lane: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`row_states` and whether each row's routing coin picked key B ([B] bool; False
+    where alpha is 0)."""
     batch = len(key_a)
     keys = np.empty(batch, dtype=np.uint64)
     states = np.empty((batch, 4), dtype=np.uint64)
+    use_b = np.empty(batch, dtype=np.bool_)
     _row_states(np.asarray(key_a, dtype=np.uint64), np.asarray(key_b, dtype=np.uint64),
                 np.asarray(alpha, dtype=np.float32), np.asarray(stream_keys, dtype=np.uint64),
                 np.ascontiguousarray(contexts, dtype=np.int64), np.asarray(widths, dtype=np.int64),
-                np.asarray(watermark, dtype=np.bool_), np.asarray(positions, dtype=np.int64), lane, keys, states)
-    return keys, states
+                np.asarray(watermark, dtype=np.bool_), np.asarray(positions, dtype=np.int64), lane, keys, states,
+                use_b)
+    return keys, states, use_b
 
 
 if numba is not None:  # compiled lazily, on the first call (warm_up() does it at start)

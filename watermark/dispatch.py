@@ -17,7 +17,7 @@ import torch
 
 from watermark import gumbel, stream
 from watermark.results import SampleResult, VerifyResult
-from watermark.sampler import SamplerRows, padded_contexts, sample_cpu, sample_reference
+from watermark.sampler import SamplerRows, padded_contexts, sample_cpu, sample_cpu_table, sample_reference
 from watermark.speculative import VerifyRows, verify_reference
 
 
@@ -61,6 +61,10 @@ def sample_padded(logits: torch.Tensor, rows: SamplerRows, contexts: torch.Tenso
                                contexts=contexts, widths=widths, watermark=rows.watermark,
                                stream_keys=rows.stream_keys, positions=rows.positions, lane=lane)
         return SampleResult(tokens=result.tokens, routes=result.routes)
+    from watermark import cpu_race  # numba, imported where the CPU samples
+
+    if logits.device.type == "cpu" and cpu_race.available():
+        return sample_cpu_table(logits, rows, contexts.numpy(), widths.numpy(), lane)
     table = [tuple(row[:w]) for row, w in zip(contexts.tolist(), widths.tolist())]
     return sample(logits, dataclasses.replace(rows, contexts=table), lane)
 

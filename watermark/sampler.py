@@ -127,7 +127,52 @@ def stream_coin_py(stream_key: int, position: int, lane: int) -> float:
 
 
 def sample_cpu(logits: torch.Tensor, rows: SamplerRows, lane: int = stream.LANE_SAMPLE) -> SampleResult:
-    """The CPU path: a few plain-int Philox calls per row, then one pruned numpy race."""
+    """The CPU path: the rows' keys and states (compiled, or a few plain-int Philox calls per
+    row without numba), then one pruned race."""
+    from watermark import cpu_race  # numba's compiled passes (same tokens; the numpy race without numba)
+
+    if not cpu_race.available():
+        return _sample_cpu_py(logits, rows, lane)
+    contexts, widths = padded_contexts(rows.contexts, "cpu")
+    return sample_cpu_table(logits, rows, contexts.numpy(), widths.numpy(), lane)
+
+
+def sample_cpu_table(logits: torch.Tensor, rows: SamplerRows, contexts: np.ndarray, widths: np.ndarray,
+                     lane: int = stream.LANE_SAMPLE) -> SampleResult:
+    """:func:`sample_cpu` with the contexts as a table: row b's context is the first
+    ``widths[b]`` entries of ``contexts`` [B, C] int64 (``rows.contexts`` is not read).
+    Needs numba (:func:`watermark.cpu_race.available`)."""
+    from watermark import cpu_race
+
+    def unsigned(t: torch.Tensor) -> np.ndarray:
+        return t.numpy().view(np.uint64)  # int64 bit patterns
+
+    watermark, greedy = rows.watermark.numpy(), rows.greedy.numpy()
+    keys, states, use_b = cpu_race.row_setup(
+        unsigned(rows.key_a), unsigned(rows.key_b), rows.alpha.numpy(), unsigned(rows.stream_keys), contexts, widths,
+        watermark, rows.positions.numpy(), lane)
+    routes = np.where(use_b, np.int8(ROUTE_KEY_B), np.int8(ROUTE_KEY_A))
+    routes = np.where(watermark, routes, np.int8(ROUTE_PLAIN))
+    routes = np.where(greedy, np.int8(ROUTE_GREEDY), routes).astype(np.int8)
+    return SampleResult(tokens=torch.from_numpy(_race(logits, keys, states, greedy)), routes=torch.from_numpy(routes))
+
+
+def _race(logits: torch.Tensor, keys: np.ndarray, states: np.ndarray, greedy) -> np.ndarray:
+    """Tokens [B] int64: the argmax for greedy rows, the pruned race for the others."""
+    values = logits.to(torch.float32).numpy()
+    values = np.where(np.isnan(values), np.float32(-np.inf), values)
+    tokens = np.argmax(values, axis=1).astype(np.int64)
+    sampled = [b for b in range(len(greedy)) if not greedy[b]]
+    if sampled:
+        idx = np.array(sampled)
+        from watermark import cpu_race  # numba's compiled race (same tokens; race_numpy without numba)
+
+        tokens[idx] = cpu_race.race(values[idx], keys[idx], states[idx])
+    return tokens
+
+
+def _sample_cpu_py(logits: torch.Tensor, rows: SamplerRows, lane: int) -> SampleResult:
+    """:func:`sample_cpu` without numba: the row setup in plain ints."""
     batch = logits.shape[0]
     key_a, key_b, skeys = unsigned_keys(rows.key_a), unsigned_keys(rows.key_b), unsigned_keys(rows.stream_keys)
     alpha = rows.alpha.tolist()
@@ -153,13 +198,5 @@ def sample_cpu(logits: torch.Tensor, rows: SamplerRows, lane: int = stream.LANE_
             state = stream_state_py(key, positions[b], lane)
         keys[b] = key
         states[b] = state
-    values = logits.to(torch.float32).numpy()
-    values = np.where(np.isnan(values), np.float32(-np.inf), values)
-    tokens = np.argmax(values, axis=1).astype(np.int64)
-    sampled = [b for b in range(batch) if not greedy[b]]
-    if sampled:
-        idx = np.array(sampled)
-        from watermark import cpu_race  # numba's compiled race (same tokens; race_numpy without numba)
-
-        tokens[idx] = cpu_race.race(values[idx], keys[idx], states[idx])
-    return SampleResult(tokens=torch.from_numpy(tokens), routes=torch.tensor(routes, dtype=torch.int8))
+    return SampleResult(tokens=torch.from_numpy(_race(logits, keys, states, greedy)),
+                        routes=torch.tensor(routes, dtype=torch.int8))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -85,10 +87,11 @@ def test_compiled_deduper_matches_context_deduper(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_compiled_row_setup_matches_sample_cpu(seed):
-    """Routing coin, routed key and context / stream states: the tokens of sampler.sample_cpu."""
+    """Routing coin, routed key and context / stream states: the tokens and routes of the
+    plain-int setup (sampler._sample_cpu_py, the path without numba)."""
     from watermark import stream
     from watermark.prf import philox_torch as prf
-    from watermark.sampler import SamplerRows, sample_cpu
+    from watermark.sampler import SamplerRows, _sample_cpu_py, sample_cpu
 
     rng = np.random.default_rng(seed)
     batch, vocab = 24, 3000
@@ -113,5 +116,10 @@ def test_compiled_row_setup_matches_sample_cpu(seed):
                            watermark=torch.from_numpy(watermark), greedy=torch.zeros(batch, dtype=torch.bool),
                            stream_keys=prf.keys_tensor([int(k) for k in stream_keys]),
                            positions=torch.from_numpy(positions))
-        want = sample_cpu(torch.from_numpy(values), rows, lane=lane).tokens
-        assert got.tolist() == want.tolist(), lane
+        want = _sample_cpu_py(torch.from_numpy(values), rows, lane=lane)
+        assert got.tolist() == want.tokens.tolist(), lane
+        rows = dataclasses.replace(rows, greedy=torch.from_numpy(rng.random(batch) < 0.2))
+        want = _sample_cpu_py(torch.from_numpy(values), rows, lane=lane)
+        result = sample_cpu(torch.from_numpy(values), rows, lane=lane)
+        assert result.tokens.tolist() == want.tokens.tolist(), lane
+        assert result.routes.tolist() == want.routes.tolist() and result.routes.dtype == want.routes.dtype, lane
