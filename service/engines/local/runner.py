@@ -51,6 +51,7 @@ class Group:
         # On the CPU a Llama runs through eager_llama (the same operations without
         # transformers' per-call overhead, over an in-place growing cache).
         self.eager = self.device.type == "cpu" and eager_llama.supports(self.model)
+        self.head = eager_llama.Head(self.model.lm_head.weight) if self.eager else None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -64,7 +65,7 @@ class Group:
             cache = kv.GrowingCache(self.model.config.num_hidden_layers)
             mask = torch.ones_like(ids)
             positions = torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
-            logits = eager_llama.forward(self.model, cache, ids, mask, positions)
+            logits = eager_llama.forward(self.model, cache, ids, mask, positions, self.head)
             return cache, mask, logits[0, -1].float()
         cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache, use_cache=True)
@@ -121,7 +122,7 @@ class Group:
         self.mask = torch.cat([self.mask, live], dim=1)
         self.eager_forwards += 1
         if self.eager:
-            logits = eager_llama.forward(self.model, self.cache, input_ids, self.mask, positions)
+            logits = eager_llama.forward(self.model, self.cache, input_ids, self.mask, positions, self.head)
         else:
             logits = self.model(input_ids=input_ids, attention_mask=self.mask, position_ids=positions,
                                 past_key_values=self.cache, use_cache=True).logits

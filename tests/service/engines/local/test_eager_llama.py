@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from service.engines.local import cache as kv
+from service.engines.local import eager_llama
 from service.engines.local.runner import Group, load_model
 from service.model_paths import BUNDLED_DRAFT, resolve_model_path
 
@@ -89,3 +91,13 @@ def test_growing_layer_appends_in_place_and_reallocates_after_surgery():
     third = torch.randn(1, 1, 2, 4)
     moved, _ = layer.append(third, third)
     assert torch.equal(moved, torch.cat([grown[1:], third], dim=2))
+
+
+@torch.inference_mode()
+def test_head_gives_f_linear_bits_for_every_row_count(model):
+    head = eager_llama.Head(model.lm_head.weight)
+    g = torch.Generator().manual_seed(3)
+    for rows in range(1, 21):
+        x = torch.randn((2, rows, 2 * model.config.hidden_size), generator=g)[..., ::2] * 2  # non-contiguous
+        assert torch.equal(head(x), F.linear(x, model.lm_head.weight)), rows
+        assert torch.equal(head(x[:1]), F.linear(x[:1], model.lm_head.weight)), rows
