@@ -12,8 +12,9 @@ logits for equality, not closeness) and appends keys and values in place
 What it mirrors, per call with S inputs over a cache of P columns and a 2-D mask [B, P + S]:
 the mask is skipped (``attn_mask=None``) when every entry is 1 and S == 1 or P == 0 (then
 ``is_causal = S > 1`` and grouped-query attention runs inside SDPA); otherwise it is the
-boolean [B, 1, S, P + S] ``kv <= P + q and mask[b, kv]`` and the key/value heads are
-repeated (transformers' ``create_causal_mask`` and ``sdpa_attention_forward``).
+boolean [B, 1, S, P + S] ``kv <= P + q and mask[b, kv]`` (transformers'
+``create_causal_mask`` and ``sdpa_attention_forward``, which then repeats the key/value heads;
+here SDPA's grouped-query attention reads them in place, with the same bits).
 """
 
 from __future__ import annotations
@@ -139,16 +140,10 @@ def forward(model, cache: GrowingCache, input_ids: torch.Tensor, mask: torch.Ten
         q = (q * cos) + (_rotate_half(q) * sin)
         k = (k * cos) + (_rotate_half(k) * sin)
         keys, values = cache.layers[i].append(k, v)
-        if attn_mask is None:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=None, dropout_p=0.0, scale=attn.scaling,
-                                                 is_causal=is_causal, enable_gqa=groups > 1)
-        else:
-            if groups > 1:  # repeat_kv
-                b, kvh, t, d = keys.shape
-                keys = keys[:, :, None].expand(b, kvh, groups, t, d).reshape(b, kvh * groups, t, d)
-                values = values[:, :, None].expand(b, kvh, groups, t, d).reshape(b, kvh * groups, t, d)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, dropout_p=0.0,
-                                                 scale=attn.scaling, is_causal=False)
+        # With a mask transformers repeats the key/value heads (repeat_kv) first; SDPA's own
+        # grouped-query path gives the same bits without the copies (test_eager_llama).
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask, dropout_p=0.0, scale=attn.scaling,
+                                             is_causal=is_causal, enable_gqa=groups > 1)
         out = out.transpose(1, 2).contiguous().reshape(batch, seq, -1).contiguous()
         x = residual + F.linear(out, attn.o_proj.weight)
         residual = x
