@@ -250,11 +250,12 @@ def row_setup(key_a, key_b, alpha, stream_keys, contexts, widths, watermark, pos
     keys = np.empty(batch, dtype=np.uint64)
     states = np.empty((batch, 4), dtype=np.uint64)
     use_b = np.empty(batch, dtype=np.bool_)
-    _row_states(np.asarray(key_a, dtype=np.uint64), np.asarray(key_b, dtype=np.uint64),
-                np.asarray(alpha, dtype=np.float32), np.asarray(stream_keys, dtype=np.uint64),
-                np.ascontiguousarray(contexts, dtype=np.int64), np.asarray(widths, dtype=np.int64),
-                np.asarray(watermark, dtype=np.bool_), np.asarray(positions, dtype=np.int64), lane, keys, states,
-                use_b)
+    # Contiguous arrays only: numba compiles one specialisation per layout, and a strided
+    # view (a column of the engine's packed step tensor) would otherwise compile at request time.
+    c = np.ascontiguousarray
+    _row_states(c(key_a, dtype=np.uint64), c(key_b, dtype=np.uint64), c(alpha, dtype=np.float32),
+                c(stream_keys, dtype=np.uint64), c(contexts, dtype=np.int64), c(widths, dtype=np.int64),
+                c(watermark, dtype=np.bool_), c(positions, dtype=np.int64), lane, keys, states, use_b)
     return keys, states, use_b
 
 

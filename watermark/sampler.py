@@ -159,14 +159,16 @@ def sample_cpu_table(logits: torch.Tensor, rows: SamplerRows, contexts: np.ndarr
 
 def _race(logits: torch.Tensor, keys: np.ndarray, states: np.ndarray, greedy) -> np.ndarray:
     """Tokens [B] int64: the argmax for greedy rows, the pruned race for the others."""
+    from watermark import cpu_race  # numba's compiled race (same tokens; race_numpy without numba)
+
     values = logits.to(torch.float32).numpy()
     values = np.where(np.isnan(values), np.float32(-np.inf), values)
+    greedy = np.asarray(greedy, dtype=np.bool_)
+    if not greedy.any():
+        return cpu_race.race(values, keys, states)
     tokens = np.argmax(values, axis=1).astype(np.int64)
-    sampled = [b for b in range(len(greedy)) if not greedy[b]]
-    if sampled:
-        idx = np.array(sampled)
-        from watermark import cpu_race  # numba's compiled race (same tokens; race_numpy without numba)
-
+    idx = np.flatnonzero(~greedy)
+    if len(idx):
         tokens[idx] = cpu_race.race(values[idx], keys[idx], states[idx])
     return tokens
 
