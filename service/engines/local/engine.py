@@ -50,7 +50,8 @@ class LocalEngine:
     def __init__(self, model: str = "bundled", draft_model: str | None = None, *, device: str = "auto",
                  max_batch: int = 16, speculative_k: int = 4, max_queue: int = 256,
                  restart_delay: float = 1.0, max_restarts: int = 3, on_fatal=None,
-                 static_cache: bool | None = None, cuda_graphs: bool = True, cpu_threads: int | None = None) -> None:
+                 static_cache: bool | None = None, cuda_graphs: bool = True, cpu_threads: int | None = None,
+                 speculative_blocks: bool | None = None) -> None:
         # Reported as the bundled model's real name ("bundled" is only an alias for it).
         self.model_name = BUNDLED_MODELS.get(model, model)
         self.draft_name = draft_model
@@ -63,6 +64,10 @@ class LocalEngine:
         self.cuda_graphs = cuda_graphs
         # Intra-op threads of the engine's thread on the CPU; None: see _cpu_threads.
         self.cpu_threads = cpu_threads
+        # Speculative blocks as one function of fixed shapes (spec_block.py), one CUDA graph
+        # per bucket on CUDA; None = on static caches on CUDA. False: scheduler.speculative_step.
+        self.speculative_blocks = speculative_blocks
+        self._blocks = None
         self._ready = False
         self._tokenizer = None
         self._waiting: deque[RequestState] = deque()
@@ -149,12 +154,25 @@ class LocalEngine:
             from watermark import cpu_race
 
             cpu_race.warm_up()
+        blocks = self.speculative_blocks if self.speculative_blocks is not None else \
+            static and device.type == "cuda"
+        if blocks and self.spec is not None and isinstance(self.spec_target, StaticGroup):
+            from service.engines.local.spec_block import SpeculativeBlocks
+
+            self._blocks = SpeculativeBlocks(self.spec.draft, self.spec_target, self.k, self._dedup_slots,
+                                             graphs=self.cuda_graphs)
+            self._blocks.after_send = self._outbox.flush
         self._warm_up()
         for group in self._groups():  # capture every decode/verify graph now, not at request time
             if isinstance(group, StaticGroup) and group.graphs_enabled:
-                widths = (1, 2) if self.spec is not None and group is self.spec.draft else \
-                    (self.k + 1,) if group is self.spec_target else (1,)
+                if self._blocks is not None and group in (self.spec.draft, self.spec_target):
+                    widths = ()  # the blocks' own graphs run their forwards: prefill graphs only
+                else:
+                    widths = (1, 2) if self.spec is not None and group is self.spec.draft else \
+                        (self.k + 1,) if group is self.spec_target else (1,)
                 group.capture_all(widths)
+        if self._blocks is not None:
+            self._blocks.capture_all()
         if self.telemetry is None:  # after the warm-up, so that its steps are not counted
             self.telemetry = EngineTelemetry.attach(self)
         self._ready = True
@@ -353,6 +371,8 @@ class LocalEngine:
     def _restore(self, saved: list) -> None:
         for group, state in saved:
             group.restore(state)
+        if self._dedup_slots is not None:  # undo a commit the failed step made on the device
+            self._dedup_slots.resync(self._running)
 
     def _reset_groups(self) -> None:
         for group in (self.plain, self.spec_target, self.spec.draft if self.spec else None):
@@ -399,7 +419,10 @@ class LocalEngine:
         if spec:
             table, dedup = self._table("spec", spec)
             pending = [self._pending[id(s)] for s in spec]
-            speculative_step(self.spec, spec, pending, table, dedup)
+            if self._blocks is not None:
+                self._blocks.step(spec, pending, table, dedup)
+            else:
+                speculative_step(self.spec, spec, pending, table, dedup)
             for s, p in zip(spec, pending):
                 self._pending[id(s)] = p
         if report is not None:

@@ -32,6 +32,7 @@ class RequestState:
     finished: bool = False
     last_token: int | None = None  # sampled, not yet fed to the target model
     rid: str = ""  # the row id in the engine's batch groups
+    unsent: list[int] = field(default_factory=list)  # taken tokens whose text is not sent yet (emit_block defer)
 
     def __post_init__(self) -> None:
         req = self.request
@@ -82,22 +83,37 @@ class RequestState:
             self.fail(exc)
             return True
 
-    def emit_block(self, tokens: list[int], routes: list[int]) -> bool:
+    def emit_block(self, tokens: list[int], routes: list[int], defer: bool = False) -> bool:
         """Take several sampled tokens in order (a step's tokens for this request) with one
         Delta for all of them (detokenising once); returns True when the request has finished.
         Requests with stop strings take them one by one, so that the text ends at the token
-        that completes a stop string."""
+        that completes a stop string.
+
+        ``defer``: the tokens are taken (output, dedup history, EOS and length checks) but
+        their text is detokenised and sent by :meth:`send_text`, which the engine calls
+        while the GPU runs its next step (a finishing request sends at once; the events
+        and their order are the same, one step later)."""
         if self.finished:
             return True
         if self.request.stop:
             return any(self.emit(token, route) for token, route in zip(tokens, routes))
         try:
-            return self._emit_block(tokens, routes)
+            return self._emit_block(tokens, routes, defer)
         except Exception as exc:  # noqa: BLE001 - contained to this row, reported to its caller
             self.fail(exc)
             return True
 
-    def _emit_block(self, tokens: list[int], routes: list[int]) -> bool:
+    def send_text(self) -> None:
+        """Send one Delta for the tokens taken by a deferred :meth:`emit_block`."""
+        if not self.unsent or self.finished:
+            return
+        taken, self.unsent = self.unsent, []
+        try:
+            self.sink(Delta(text=self.tracker.push(taken), token_ids=tuple(taken), routes=self.routes()))
+        except Exception as exc:  # noqa: BLE001 - contained to this row, reported to its caller
+            self.fail(exc)
+
+    def _emit_block(self, tokens: list[int], routes: list[int], defer: bool = False) -> bool:
         taken: list[int] = []
         reason = None
         for token, route in zip(tokens, routes):
@@ -112,9 +128,12 @@ class RequestState:
             if len(self.output) >= self.request.max_tokens:
                 reason = "length"
                 break
-        if taken:
-            self.sink(Delta(text=self.tracker.push(taken), token_ids=tuple(taken), routes=self.routes()))
-        return self.finish(reason) if reason else False
+        self.unsent.extend(taken)
+        if reason:
+            return self.finish(reason)
+        if not defer:
+            self.send_text()
+        return self.finished
 
     def fail(self, exc: BaseException) -> None:
         """End this request with an error (its caller gets an EngineFailure)."""
@@ -137,6 +156,7 @@ class RequestState:
         return False
 
     def finish(self, reason: str) -> bool:
+        self.send_text()  # deferred text first
         if self.finished:
             return True
         self.finished = True

@@ -164,7 +164,10 @@ class DedupSlots:
     def __init__(self, slots: int, capacity: int, device: torch.device) -> None:
         from watermark.kernels.dedup import GpuDeduper
 
-        self.deduper = GpuDeduper(slots, capacity, device)
+        # One more slot than requests: the dummy that padding rows of a batch bucket point
+        # at (they commit nothing; no request's history is ever read or written through it).
+        self.deduper = GpuDeduper(slots + 1, capacity, device)
+        self.dummy = slots
         self.free = list(range(slots))
         self.slot_of: dict[str, int] = {}
 
@@ -184,6 +187,27 @@ class DedupSlots:
         slot = self.slot_of.pop(rid, None)
         if slot is not None:
             self.free.append(slot)
+
+    def resync(self, states: list[RequestState]) -> None:
+        """Set each open request's history length back to the tokens its RequestState has
+        taken: after a step rolled back once its block had committed on the device, the
+        retried step would otherwise commit the same tokens a second time. (The hash
+        entries the undone commit inserted are rewritten, at the same positions, when the
+        retried step commits the same tokens: a block's draws depend only on the request.)"""
+        slots, lengths, generated = [], [], []
+        for state in states:
+            slot = self.slot_of.get(state.rid)
+            if slot is None:
+                continue
+            prompt = len(state.request.prompt_ids) if state.dedup.scope == "all" else 0
+            slots.append(slot)
+            lengths.append(min(prompt + len(state.output), self.deduper.capacity))
+            generated.append(len(state.output))
+        if slots:
+            device = self.deduper.device
+            index = host_tensor(slots, torch.int64, device)
+            self.deduper.length[index] = host_tensor(lengths, torch.int32, device)
+            self.deduper.generated[index] = host_tensor(generated, torch.int32, device)
 
     def for_rows(self, rows: list[RequestState]) -> DeviceDedup:
         return DeviceDedup(self.deduper, host_tensor([self.slot_of[r.rid] for r in rows], torch.int32,

@@ -269,11 +269,15 @@ class _Rows:
 
     def __init__(self, cache: StaticCache, first: int, window: int) -> None:
         self.cache, self.first, self.window = cache, first, window
+        self._rows = None  # the row index of every write of this forward (one arange, not one per write)
 
     def write(self, layer: int, name: str, columns: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         tensor = self.cache.layers[layer][name]
         batch = columns.shape[0]
-        rows = torch.arange(self.first, self.first + batch, device=columns.device).unsqueeze(1).expand_as(columns)
+        rows = self._rows
+        if rows is None or rows.shape != columns.shape or rows.device != columns.device:
+            rows = torch.arange(self.first, self.first + batch, device=columns.device).unsqueeze(1).expand_as(columns)
+            self._rows = rows
         tensor.index_put_((rows, columns), values.to(tensor.dtype))
         return tensor[self.first:self.first + batch, :self.window]
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from service.engines.local.model.llama import rope, rotate_half
+from service.engines.local.model.llama import rms_norm, rope, rotate_half
 
 
 def _rotate_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -53,10 +53,10 @@ def _indexer_select(indexer, cache, layer: int, h, q_resid, cos, sin, columns, m
 def _attention(attn, cache, layer: int, h, cos, sin, columns, mask) -> torch.Tensor:
     batch, seq, _ = h.shape
     nope, rope_dim, v_dim = attn.qk_nope_head_dim, attn.qk_rope_head_dim, attn.v_head_dim
-    q_resid = attn.q_a_layernorm(attn.q_a_proj(h))
+    q_resid = rms_norm(attn.q_a_layernorm, attn.q_a_proj(h))
     q = attn.q_b_proj(q_resid).view(batch, seq, -1, attn.qk_head_dim).transpose(1, 2)  # [B, H, S, qk]
     compressed = attn.kv_a_proj_with_mqa(h)
-    latent = attn.kv_a_layernorm(compressed[..., :attn.kv_lora_rank])  # [B, S, r]
+    latent = rms_norm(attn.kv_a_layernorm, compressed[..., :attn.kv_lora_rank])  # [B, S, r]
     k_rot = compressed[..., attn.kv_lora_rank:]  # [B, S, rope]
     q_rot = _rotate_interleaved(q[..., nope:], cos.unsqueeze(1), sin.unsqueeze(1))
     k_rot = _rotate_interleaved(k_rot, cos, sin)
@@ -104,8 +104,8 @@ def forward(model, cache, input_ids, positions, columns, mask) -> torch.Tensor:
     cos, sin = rope(positions, inner.rotary_emb.inv_freq, x.dtype)
     cos, sin = cos * inner.rotary_emb.attention_scaling, sin * inner.rotary_emb.attention_scaling
     for i, layer in enumerate(inner.layers):
-        h = layer.input_layernorm(x)
+        h = rms_norm(layer.input_layernorm, x)
         x = x + _attention(layer.self_attn, cache, i, h, cos, sin, columns, mask)
-        h = layer.post_attention_layernorm(x)
+        h = rms_norm(layer.post_attention_layernorm, x)
         x = x + (_moe(layer.mlp, h) if hasattr(layer.mlp, "gate") else layer.mlp(h))
-    return model.lm_head(inner.norm(x))
+    return model.lm_head(rms_norm(inner.norm, x))

@@ -91,6 +91,34 @@ def test_gpu_dedup_decisions_equal_the_request_dedupers(tokenizer, seed):
             row.emit_block(d[:c], [2] * c)
 
 
+@pytest.mark.gpu
+def test_gpu_dedup_resync_undoes_a_commit_the_requests_never_took(tokenizer):
+    """A rolled-back step may have committed its block on the device (engine._restore):
+    resync sets the histories back to what each request took, so that the retried step's
+    commit is not a second copy, and the decisions equal the requests' dedupers again."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (none found); runs on the H200")
+    device = torch.device("cuda")
+    rows = _rows(tokenizer, _histories(6))
+    slots = DedupSlots(8, 64, device)
+    for row in rows:
+        slots.open(row)
+    gpu, host = slots.for_rows(rows), HostDedup(rows)
+    g = torch.Generator().manual_seed(6)
+    drafts = torch.randint(5, 8, (len(rows), K), generator=g)
+    counts = torch.full((len(rows),), K + 1)
+    tokens = drafts.repeat(1, 2)[:, :K + 1]
+    length = slots.deduper.length.clone()
+    gpu.commit(tokens.to(device), counts.to(device))  # the failed step's commit
+    slots.resync(rows)
+    assert torch.equal(slots.deduper.length, length)
+    gpu.commit(tokens.to(device), counts.to(device))  # the retried step's
+    for row, d in zip(rows, tokens.tolist()):
+        row.emit_block(d, [2] * (K + 1))
+    drafts = torch.randint(5, 8, (len(rows), K), generator=g)
+    assert gpu.block(drafts.to(device)).cpu().tolist() == host.block(drafts).tolist()
+
+
 def test_a_block_is_one_delta_with_the_one_by_one_text(tokenizer):
     tokens = tokenizer.encode(" the function returns a new list of items")
     blocked, single = [], []

@@ -5,11 +5,12 @@ a request's text does not depend on its batch. The GPU test replays CUDA graphs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 import torch
 
-from service.engines.base import Finished, GenerationRequest, WatermarkPlan
+from service.engines.base import Delta, Finished, GenerationRequest, WatermarkPlan
 from service.engines.local.engine import LocalEngine
 from tests.service.engine_models import TEST_DRAFT, TEST_MODEL
 from watermark.key import WatermarkKey
@@ -140,3 +141,61 @@ def test_padded_prefill_equals_the_unpadded_one(name):
     for _ in range(2):
         inputs = torch.randint(3, 8000, (3, 2), generator=g)
         torch.testing.assert_close(padded.forward(inputs), plain.forward(inputs), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_speculative_blocks_give_the_scheduler_step_tokens():
+    """The speculative block as one fixed-shape function (spec_block.py, what the CUDA
+    graphs replay), run eagerly on the CPU, gives scheduler.speculative_step's texts, and a
+    request's text does not depend on its batch."""
+    blocks = _engine("cpu", static_cache=True, speculative_blocks=True)
+    steps = _engine("cpu", static_cache=True, speculative_blocks=False)
+    try:
+        assert blocks._blocks is not None and steps._blocks is None  # noqa: SLF001
+        blocks._blocks.defer_text = True  # noqa: SLF001 - as on CUDA: text sent one step later
+        requests = _requests(blocks.tokenizer(), tokens=40)
+        requests[3] = dataclasses.replace(requests[3], top_k=50)  # top-k: the eager fallback's filters
+        batched = _run(blocks, requests)
+        assert batched == _run(steps, requests)
+        assert blocks._blocks.counts.eager_blocks > 0  # noqa: SLF001
+        for request, tokens in zip(requests, batched):
+            assert _run(blocks, [request]) == [tokens]
+        # Deferred text: the Deltas still add up to the Finished text and tokens, in order.
+        for events in _events(blocks, requests):
+            finished = events[-1]
+            assert isinstance(finished, Finished) and all(isinstance(e, Delta) for e in events[:-1])
+            assert "".join(e.text for e in events[:-1]) == finished.text
+            assert sum((e.token_ids for e in events[:-1]), ()) == finished.token_ids
+    finally:
+        _stop(blocks)
+        _stop(steps)
+
+
+def _events(engine, requests):
+    async def go():
+        async def one(r):
+            return [event async for event in engine.generate(r)]
+        return await asyncio.gather(*(one(r) for r in requests))
+    return asyncio.run_coroutine_threadsafe(go(), engine._test_loop).result()  # noqa: SLF001
+
+
+@pytest.mark.gpu
+def test_speculative_block_graphs_replay_and_are_batch_independent():
+    """On CUDA, speculative blocks are graph replays (none eager after the load's warm-up,
+    except batches holding a top-k row, which run the same function eagerly), and each
+    request's text is the same in the batch and alone, through either path."""
+    engine = _engine("cuda")
+    try:
+        blocks = engine._blocks  # noqa: SLF001
+        assert blocks is not None and blocks.counts.captures > 0
+        requests = _requests(engine.tokenizer(), tokens=40)
+        eager_before = blocks.counts.eager_blocks
+        batched = _run(engine, requests)
+        assert blocks.counts.graph_replays > 0 and blocks.counts.eager_blocks == eager_before
+        assert batched == [_run(engine, [r])[0] for r in requests]
+        requests[3] = dataclasses.replace(requests[3], top_k=50)
+        batched = _run(engine, requests)
+        assert blocks.counts.eager_blocks > eager_before
+        assert batched == [_run(engine, [r])[0] for r in requests]
+    finally:
+        _stop(engine)

@@ -1,0 +1,399 @@
+"""The speculative block on static KV caches as one function of fixed shapes, replayed as
+one CUDA graph per (batch bucket, draft inputs fed, column window) on CUDA.
+
+A block (see ``scheduler.speculative_step``, the CPU path, whose tokens this one gives) is
+the draft model's k forwards with the watermarked draws between them (dedup decisions,
+contexts, sampler), the target's verify forward, the verification kernel, the dedup
+commit and both caches' rejected tails. Eagerly that is about a hundred launches and as
+many host round trips per step; captured, a step is: one host-to-device copy of the
+step's inputs, one graph replay, four small copies of the groups' new column counts and
+masks, and one read back (the one host synchronisation).
+
+Rows are padded to the batch bucket. Padding rows have no live input (their forwards write
+only the scratch column), their logits are replaced by zeros before every draw (finite
+probabilities for the kernels, tokens in range), they commit nothing to the deduper (they
+point at a dummy slot) and nothing they produce is read. Every kernel computes each row
+alone, so a real row's tokens do not depend on the padding.
+
+Row parameters (keys, flags, widths, temperatures, dedup slots) are copied into the
+bucket's buffers only when the group's membership changes (a new RowTable); the groups'
+column counts and masks only when something other than the last block replaced them
+(a join, a leave, a rollback).
+
+Rows that filter by top-k or top-p need host-side decisions in ``process_logits``: such a
+batch runs the same function eagerly, with the filters applied to its real rows.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from service.engines.local.request import RequestState
+from service.engines.local.rows import HostDedup, RowTable, right_aligned
+from service.engines.local.static_runner import BUCKETS, StaticGroup, _step
+from watermark import dispatch, stream
+from watermark.processing import MIN_TEMPERATURE
+from watermark.sampler import SamplerRows
+from watermark.speculative import VerifyRows
+from watermark.transfer import to_host
+
+CONTEXT = 16
+"""Context columns of the step's table (the widest watermark context, MAX_CONTEXT_WIDTH):
+fixed, so that a graph serves every mix of context widths."""
+
+
+class _Buffers:
+    """One bucket's static inputs (and the groups' state between blocks)."""
+
+    def __init__(self, bucket: int, k: int, draft: StaticGroup, target: StaticGroup, dummy_slot: int,
+                 device: torch.device) -> None:
+        def z(*shape, dtype=torch.int64):
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        self.bucket = bucket
+        # Per row: position, last token, committed context (right-aligned), the draft
+        # model's inputs (left-padded to two), which of them are live.
+        self.step = z(bucket, 2 + CONTEXT + 4)
+        self.key_a, self.key_b, self.key_coin, self.stream_keys = (z(bucket) for _ in range(4))
+        self.keyed_coin, self.watermarked, self.greedy = (z(bucket, dtype=torch.bool) for _ in range(3))
+        self.no_alpha = z(bucket, dtype=torch.float32)
+        self.widths = torch.ones(bucket, dtype=torch.int32, device=device)
+        self.temperature = torch.ones(bucket, dtype=torch.float32, device=device)
+        self.real = z(bucket)  # 1 for a real row, 0 for padding
+        self.slots_dummy = dummy_slot
+        self.slots = torch.full((bucket,), dummy_slot, dtype=torch.int32, device=device)
+        self.d_pos, self.d_valid = z(bucket), z(bucket, draft.columns, dtype=torch.bool)
+        self.t_pos, self.t_valid = z(bucket), z(bucket, target.columns, dtype=torch.bool)
+        self.table = self.dedup = None  # the RowTable (and dedup) whose rows are in the buffers
+        self.d_state = self.t_state = None  # the groups' (next_pos, valid) the buffers hold
+
+    def load_rows(self, table: RowTable, dedup) -> None:
+        n = len(table.ids)
+        for buf, values in ((self.key_a, table.key_a), (self.key_b, table.key_b), (self.key_coin, table.key_coin),
+                            (self.stream_keys, table.stream_keys), (self.keyed_coin, table.keyed_coin),
+                            (self.watermarked, table.watermarked), (self.greedy, table.greedy),
+                            (self.widths, table.widths), (self.temperature, table.params[1].temperature)):
+            buf[:n].copy_(values)
+        for buf, pad in ((self.key_a, 0), (self.key_b, 0), (self.key_coin, 0), (self.stream_keys, 0),
+                         (self.keyed_coin, False), (self.watermarked, False), (self.greedy, False),
+                         (self.widths, 1), (self.temperature, 1.0), (self.real, 0)):
+            buf[n:].fill_(pad)
+        self.real[:n].fill_(1)
+        slots = getattr(dedup, "slots", None)  # rows.DeviceDedup's; HostDedup has none
+        if slots is not None:
+            self.slots[:n].copy_(slots)
+            self.slots[n:].fill_(self.slots_dummy)
+        self.table, self.dedup = table, dedup
+
+    def load_group(self, group: StaticGroup, pos: torch.Tensor, valid: torch.Tensor, state) -> tuple:
+        if state is None or state[0] is not group.next_pos or state[1] is not group.valid:
+            n = len(group.ids)
+            pos[:n].copy_(group.next_pos)
+            valid[:n].copy_(group.valid)
+        return group.next_pos, group.valid
+
+
+def _process(logits: torch.Tensor, temperature: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """``process_logits`` without top-k/top-p (the same operations), padding rows zeroed."""
+    inf = float("inf")
+    out = torch.nan_to_num(logits.to(torch.float32), nan=-inf, posinf=inf, neginf=-inf)
+    divisor = torch.where(temperature == 0, torch.ones_like(temperature), temperature.clamp(min=MIN_TEMPERATURE))
+    out = out / divisor.unsqueeze(-1)
+    return out.masked_fill((real == 0).unsqueeze(-1), 0.0)
+
+
+class _DedupRows:
+    """The block's dedup decisions and commit: the GPU deduper over the bucket's slots, or
+    (CPU tests) a HostDedup over the real rows."""
+
+    def __init__(self, deduper=None, slots=None, host=None) -> None:
+        self.deduper, self.slots, self.host = deduper, slots, host
+
+    def block(self, drafts: torch.Tensor) -> torch.Tensor:
+        if self.host is not None:
+            return self.host.block(drafts)
+        return self.deduper.repeated(self.slots, drafts)
+
+    def commit(self, tokens: torch.Tensor, counts: torch.Tensor) -> None:
+        if self.host is None:
+            self.deduper.append(self.slots, tokens, counts)
+
+
+def block(bufs: _Buffers, draft: StaticGroup, target: StaticGroup, k: int, fed: int, window: int, process,
+          dedup: _DedupRows):
+    """One speculative block over the bucket's buffers (fixed shapes, no host reads unless
+    ``dedup`` is host-side). Returns (out [B, 3k + 3] int64: tokens, routes, drafts,
+    accepted; draft next_pos, valid; target next_pos, valid), the caches' rejected tails
+    already dropped; the new states are also written back into the buffers."""
+    step = bufs.step
+    batch = step.shape[0]
+    positions = step[:, 0]
+    sequence = torch.nn.functional.pad(step[:, 2:2 + CONTEXT], (0, k))  # context, then the drafts
+    drafts = sequence[:, CONTEXT:]
+    inputs, live = step[:, 2 + CONTEXT:4 + CONTEXT], step[:, 4 + CONTEXT:]
+    real = bufs.real
+    one = real.unsqueeze(1)
+    # Where lane i of position j's context sits in ``sequence`` (lanes past a row's width: 0).
+    lane = torch.arange(CONTEXT, device=step.device)
+    widths = bufs.widths.to(torch.int64).view(-1, 1, 1)
+    index = (CONTEXT + torch.arange(k + 1, device=step.device).view(1, -1, 1) - widths + lane).clamp(
+        min=0, max=CONTEXT + k - 1)
+    unused = lane.view(1, 1, -1) >= widths
+
+    def contexts(j=None):
+        idx = index if j is None else index[:, j]
+        table = sequence.gather(1, idx.reshape(batch, -1)).view(idx.shape)
+        return table.masked_fill(unused if j is None else unused[:, 0], 0)
+
+    logits, d_pos, d_valid = _step(draft.model, draft.cache, inputs[:, 2 - fed:], live[:, 2 - fed:], bufs.d_pos,
+                                   bufs.d_valid, window)
+    logits = logits[:, -1]
+    draft_probs = []
+    for j in range(k):
+        repeated = dedup.block(drafts)[:, j]  # later columns are not drawn yet: they affect later positions only
+        processed = process(logits, 1)
+        rows = SamplerRows(key_a=bufs.key_a, key_b=bufs.key_b, alpha=bufs.no_alpha, contexts=(),
+                           watermark=bufs.watermarked & ~repeated, greedy=bufs.greedy,
+                           stream_keys=bufs.stream_keys, positions=positions + j)
+        result = dispatch.sample_padded(processed, rows, contexts(j), bufs.widths, lane=stream.LANE_DRAFT)
+        draft_probs.append(torch.softmax(processed, dim=-1))
+        drafts[:, j] = result.tokens
+        if j < k - 1:
+            logits, d_pos, d_valid = _step(draft.model, draft.cache, result.tokens.unsqueeze(1), one, d_pos, d_valid,
+                                           window)
+            logits = logits[:, -1]
+    t_logits, t_pos, t_valid = _step(target.model, target.cache, torch.cat([step[:, 1:2], drafts], dim=1),
+                                     one.expand(-1, k + 1), bufs.t_pos, bufs.t_valid, window)
+    processed = process(t_logits.reshape(batch * (k + 1), -1), k + 1)
+    target_probs = torch.softmax(processed, dim=-1).reshape(batch, k + 1, -1)
+    repeated = dedup.block(drafts)
+    verify_rows = VerifyRows(key_b=bufs.key_b, key_coin=bufs.key_coin, keyed_coin=bufs.keyed_coin, contexts=(),
+                             watermark=bufs.watermarked.unsqueeze(1) & ~repeated, greedy=bufs.greedy,
+                             stream_keys=bufs.stream_keys, positions=positions)
+    result = dispatch.verify_padded(target_probs, torch.stack(draft_probs, dim=1), drafts, verify_rows, contexts(),
+                                    bufs.widths)
+    accepted = result.num_accepted
+    dedup.commit(result.tokens, (accepted + 1) * real)
+    # Target: last + k drafts were fed, keep last + accepted. Draft: pending + k - 1 drafts
+    # were fed, keep up to the accepted drafts.
+    t_pos = t_pos - (k - accepted) * real
+    d_pos = d_pos - (k - 1 - accepted).clamp(min=0) * real
+    t_valid = t_valid & (torch.arange(t_valid.shape[1], device=step.device) < t_pos.unsqueeze(1))
+    d_valid = d_valid & (torch.arange(d_valid.shape[1], device=step.device) < d_pos.unsqueeze(1))
+    for buf, value in ((bufs.t_pos, t_pos), (bufs.t_valid, t_valid), (bufs.d_pos, d_pos), (bufs.d_valid, d_valid)):
+        buf.copy_(value)
+    out = torch.cat([result.tokens, result.routes.to(torch.int64), drafts, accepted.unsqueeze(1)], dim=1)
+    return out, d_pos, d_valid, t_pos, t_valid
+
+
+@dataclass
+class BlockCounts:
+    graph_replays: int = 0
+    eager_blocks: int = 0
+    captures: int = 0
+    # Host seconds per phase of the steps (perf_counter, no synchronisation added):
+    # inputs packed and copied; replay (or eager launches) returned; last step's text sent;
+    # waiting for and reading back the outputs; tokens taken and bookkeeping.
+    seconds_prepare: float = 0.0
+    seconds_launch: float = 0.0
+    seconds_send_text: float = 0.0
+    seconds_wait_read: float = 0.0
+    seconds_take: float = 0.0
+
+
+class SpeculativeBlocks:
+    """The speculative group's blocks over StaticGroups: graph replays on CUDA (one per
+    bucket x fed x window, captured at load), the same function eagerly elsewhere."""
+
+    def __init__(self, draft: StaticGroup, target: StaticGroup, k: int, dedup_slots=None, graphs: bool = True,
+                 defer_text: bool | None = None) -> None:
+        self.draft, self.target, self.k = draft, target, k
+        # Detokenise a step's text while the GPU runs the next one (RequestState.emit_block
+        # defer); None = on CUDA, where the wait for the GPU would otherwise be idle.
+        self.defer_text = defer_text if defer_text is not None else target.device.type == "cuda"
+        self.device = target.device
+        self.dedup_slots = dedup_slots  # rows.DedupSlots (CUDA) or None (HostDedup)
+        self.graphs_enabled = graphs and self.device.type == "cuda" and dedup_slots is not None
+        self.slots = min(draft.cache.slots, target.cache.slots)
+        self._buffers: dict[int, _Buffers] = {}
+        self._graphs: dict[tuple[int, int, int], tuple] = {}
+        self._stream = None
+        self._pool = None
+        self.counts = BlockCounts()
+        # Called once the last step's text is sent, before waiting for the GPU: the engine
+        # hands the events over then (Outbox.flush), so that the event loop takes them while
+        # this thread waits without the GIL.
+        self.after_send = None
+
+    # ------------------------------------------------------------------ buffers and graphs
+
+    def _bucket(self, batch: int) -> int:
+        if not self.graphs_enabled:
+            return batch  # eager: exactly the rows (the CPU path pads nothing)
+        return next(b for b in BUCKETS if b >= batch)
+
+    def _bufs(self, bucket: int) -> _Buffers:
+        bufs = self._buffers.get(bucket)
+        if bufs is None:
+            dummy = self.dedup_slots.dummy if self.dedup_slots is not None else 0
+            bufs = _Buffers(bucket, self.k, self.draft, self.target, dummy, self.device)
+            self._buffers[bucket] = bufs
+        return bufs
+
+    def _dedup(self, bufs: _Buffers, dedup) -> _DedupRows:
+        if isinstance(dedup, HostDedup):
+            return _DedupRows(host=dedup)
+        return _DedupRows(self.dedup_slots.deduper, bufs.slots)
+
+    def windows(self) -> tuple[int, ...]:
+        return self.target.windows
+
+    def _window(self, fed: int) -> int:
+        need = max(max(self.draft.lengths) + fed + self.k, max(self.target.lengths) + self.k + 2)
+        return next((w for w in self.target.windows if w >= need), self.target.columns)
+
+    def _graph_process(self, bufs: _Buffers):
+        def process(logits, repeat):
+            temperature = bufs.temperature if repeat == 1 else bufs.temperature.repeat_interleave(repeat)
+            real = bufs.real if repeat == 1 else bufs.real.repeat_interleave(repeat)
+            return _process(logits, temperature, real)
+
+        return process
+
+    def _table_process(self, bufs: _Buffers, table: RowTable, batch: int):
+        """top-k/top-p rows: ``table.process`` on the real rows, zeros for padding rows."""
+
+        def process(logits, repeat):
+            vocab = logits.shape[-1]
+            real = table.process(logits.view(bufs.bucket, repeat, vocab)[:batch].reshape(batch * repeat, vocab),
+                                 repeat)
+            return torch.nn.functional.pad(real, (0, 0, 0, (bufs.bucket - batch) * repeat))
+
+        return process
+
+    @torch.inference_mode()
+    def capture_all(self) -> None:
+        """Capture every (bucket, fed, window) graph, largest bucket first (the sampler's
+        workspace then never grows after a capture that uses it)."""
+        if not self.graphs_enabled:
+            return
+        from watermark.kernels import reduction
+
+        dev = self.device
+        self._stream = torch.cuda.Stream(dev)
+        self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.stream(self._stream):
+            reduction.workspace(dev, 1 << 12, 1 << 16, 1 << 22)  # ample for any bucket: never regrown
+        buckets = [b for b in BUCKETS if b <= self.slots]
+        for bucket in reversed(buckets):
+            for fed in (1, 2):
+                for window in self.target.windows:
+                    self._capture(bucket, fed, window)
+
+    def _capture(self, bucket: int, fed: int, window: int):
+        bufs = self._bufs(bucket)
+        dedup = _DedupRows(self.dedup_slots.deduper, bufs.slots)
+        process = self._graph_process(bufs)
+        stream = self._stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        # Warm-up outside the graph on the capture stream: no real rows (real 0), so nothing
+        # is committed and only scratch columns are written.
+        bufs.real.zero_()
+        bufs.slots.fill_(bufs.slots_dummy)
+        bufs.step.zero_()
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                block(bufs, self.draft, self.target, self.k, fed, window, process, dedup)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+            outputs = block(bufs, self.draft, self.target, self.k, fed, window, process, dedup)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        bufs.table = bufs.dedup = None  # rows must be reloaded (real was zeroed)
+        bufs.d_state = bufs.t_state = None
+        self._graphs[(bucket, fed, window)] = (graph, outputs)
+        self.counts.captures += 1
+
+    # ------------------------------------------------------------------ a step
+
+    @torch.inference_mode()
+    def step(self, rows: list[RequestState], pending: list[list[int]], table: RowTable, dedup) -> None:
+        """One draft-then-verify block for every row (as ``scheduler.speculative_step``;
+        ``dedup``: the rows' rows.DeviceDedup, or HostDedup where no GPU deduper runs)."""
+        k, batch = self.k, len(rows)
+        counts = self.counts
+        t0 = time.perf_counter()
+        bucket = self._bucket(batch)
+        bufs = self._bufs(bucket)
+        if bufs.table is not table or bufs.dedup is not dedup:
+            bufs.load_rows(table, dedup)
+        fed = max(len(p) for p in pending)
+        values = [[len(r.output), r.last_token] + right_aligned(r.dedup.context, CONTEXT)
+                  + [0] * (2 - len(p)) + list(p) + [0] * (2 - len(p)) + [1] * len(p)
+                  for r, p in zip(rows, pending)]
+        values += [[0] * (2 + CONTEXT + 4)] * (bucket - batch)
+        host = torch.tensor(values, dtype=torch.int64)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        bufs.step.copy_(host, non_blocking=True)
+        bufs.d_state = bufs.load_group(self.draft, bufs.d_pos, bufs.d_valid, bufs.d_state)
+        bufs.t_state = bufs.load_group(self.target, bufs.t_pos, bufs.t_valid, bufs.t_state)
+        window = self._window(fed)
+        plain = _unfiltered(table)
+        key = (bucket, fed, window)
+        t1 = time.perf_counter()
+        if self.graphs_enabled and plain and key in self._graphs:
+            graph, outputs = self._graphs[key]
+            graph.replay()
+            self.counts.graph_replays += 1
+            self.draft.graph_replays += k
+            self.target.graph_replays += 1
+        else:
+            process = self._graph_process(bufs) if plain else self._table_process(bufs, table, batch)
+            outputs = block(bufs, self.draft, self.target, k, fed, window, process, self._dedup(bufs, dedup))
+            self.counts.eager_blocks += 1
+            self.draft.eager_forwards += k
+            self.target.eager_forwards += 1
+        out_all, d_pos, d_valid, t_pos, t_valid = outputs
+        t2 = time.perf_counter()
+        defer = self.defer_text
+        for row in rows:  # the last step's deferred text, detokenised while the GPU runs this one
+            row.send_text()
+        if defer and self.after_send is not None:
+            self.after_send()
+        t3 = time.perf_counter()
+        # Copies: a replay's outputs live in the graph's memory, which the next replay reuses.
+        self.draft.next_pos, self.draft.valid = d_pos[:batch].clone(), d_valid[:batch].clone()
+        self.target.next_pos, self.target.valid = t_pos[:batch].clone(), t_valid[:batch].clone()
+        bufs.d_state = (self.draft.next_pos, self.draft.valid)
+        bufs.t_state = (self.target.next_pos, self.target.valid)
+        out = to_host(out_all[:batch])  # the step's one synchronisation
+        t4 = time.perf_counter()
+        accepted = [row[-1] for row in out]
+        self.draft.lengths = [n + fed + k - 1 - max(0, k - 1 - a) for n, a in zip(self.draft.lengths, accepted)]
+        self.target.lengths = [n + a + 1 for n, a in zip(self.target.lengths, accepted)]
+        for b, row in enumerate(rows):
+            a = accepted[b]
+            tokens, routes, drawn = out[b][:k + 1], out[b][k + 1:2 * k + 2], out[b][2 * k + 2:3 * k + 2]
+            row.drafted += k
+            row.accepted += a
+            if row.emit_block(tokens[:a + 1], routes[:a + 1], defer=defer):
+                pending[b] = []
+                continue
+            # The draft has seen pending + drafts[:k-1]; it still needs what it has not seen.
+            pending[b] = drawn[min(a, k - 1):a] + [tokens[a]]
+        t5 = time.perf_counter()
+        counts.seconds_prepare += t1 - t0
+        counts.seconds_launch += t2 - t1
+        counts.seconds_send_text += t3 - t2
+        counts.seconds_wait_read += t4 - t3
+        counts.seconds_take += t5 - t4
+
+
+def _unfiltered(table: RowTable) -> bool:
+    """No row filters by top-k or top-p (the captured graphs apply temperature only)."""
+    params = table.params[1]
+    return not any(kk > 0 for kk in params.top_k_values) and not params.uses_top_p
