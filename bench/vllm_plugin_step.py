@@ -109,6 +109,50 @@ def _resolve(extra_args, fallback_seed=None):
     return types.SimpleNamespace(key=key, seed=int(extra_args["bench_seed"]), key_id="bench")
 
 
+def _drive(device, batch, sets, steps, SamplingParams, BatchUpdate):
+    """A fresh plugin over ``batch`` requests for ``steps`` steps: (tokens per step, apply ms per step)."""
+    from service.engines.vllm import logits_processor
+
+    plugin = logits_processor.HallmarkLogitsProcessor(None, device, False)
+    outputs = [[] for _ in range(batch)]
+    added = [(i, SamplingParams(temperature=1.0, extra_args={"bench_key": 0x1234567 + 7919 * i,
+                                                             "bench_seed": i, "bench_dual": i % 2 == 1}),
+              [1, 2, 3 + i], outputs[i]) for i in range(batch)]
+    plugin.update_state(BatchUpdate(batch_size=batch, removed=[], moved=[], added=added))
+    drawn, walls = [], []
+    work = torch.empty_like(sets[0])
+    for step in range(steps):
+        work.copy_(sets[step % len(sets)])
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        plugin.apply(work)
+        torch.cuda.synchronize()
+        walls.append(1e3 * (time.perf_counter() - t0))
+        tokens = torch.isfinite(work).to(torch.int8).argmax(1)
+        drawn.append(tokens.cpu())
+        for out, token in zip(outputs, tokens.tolist()):
+            out.append(token)
+    return drawn, walls
+
+
+def parity_bound_vs_unbound(device, batch, vocab, sets, SamplingParams, BatchUpdate) -> dict:
+    """The plugin with bound launches against the plugin with Triton's ordinary launch path
+    (launch.Prepared falls back when Triton's knobs are hidden): identical tokens every step."""
+    from watermark.kernels import launch
+
+    steps = 16
+    bound_tokens, bound_ms = _drive(device, batch, sets, steps, SamplingParams, BatchUpdate)
+    knobs, launch._knobs = launch._knobs, None
+    try:
+        plain_tokens, plain_ms = _drive(device, batch, sets, steps, SamplingParams, BatchUpdate)
+    finally:
+        launch._knobs = knobs
+    same = all(torch.equal(a, b) for a, b in zip(bound_tokens, plain_tokens))
+    return {"parity_bound_vs_unbound_steps": steps, "parity_bound_vs_unbound_identical": same,
+            "apply_wall_ms_median_unbound_launches": statistics.median(plain_ms[4:]),
+            "apply_wall_ms_median_bound_launches_parity_run": statistics.median(bound_ms[4:])}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
@@ -208,6 +252,35 @@ def main() -> int:
         result["overhead_ms"] = result["apply_wall_ms_median"] - result["sampler_alone_wall_ms_median"]
         result["overhead_target_ms"] = 0.3
         result["overhead_met"] = result["overhead_ms"] <= 0.3
+        # The sampler's device time alone: back-to-back launches of the bound sampler on the
+        # same rows, timed with events (the host launches faster than the kernel runs).
+        from watermark.kernels.gumbel import PreparedSample
+
+        bound = PreparedSample(**rows)
+        bound(sets[0])
+        sync()
+        device_ms = []
+        for _ in range(7):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for step in range(20):
+                bound(sets[step % 4])
+            end.record()
+            end.synchronize()
+            device_ms.append(begin.elapsed_time(end) / 20)
+        result["sampler_device_ms_median"] = statistics.median(device_ms)
+        result["overhead_beyond_sampler_device_ms"] = result["apply_wall_ms_median"] - result["sampler_device_ms_median"]
+        walls_bound = []
+        for step in range(args.steps):
+            sync()
+            t0 = time.perf_counter()
+            bound(sets[step % 4])
+            sync()
+            if step >= 5:
+                walls_bound.append(time.perf_counter() - t0)
+        result["sampler_bound_wall_ms_median"] = 1e3 * statistics.median(walls_bound)
+        result["bound_launches"] = {"sampler": bound._handle.bound, "dedup_step": plugin._state._plan.dedup.bound}
+        result.update(parity_bound_vs_unbound(device, batch, vocab, sets, SamplingParams, BatchUpdate))
     print(json.dumps(result, indent=1))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

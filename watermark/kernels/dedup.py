@@ -330,3 +330,26 @@ class GpuDeduper:
                 self.overflow, slots, commit, pending, contexts, marks, positions, self.capacity, self.table_size),
                 options=DEDUP_OPTIONS)
         return contexts, marks.view(torch.bool), positions
+
+    def prepare_step(self, slots: torch.Tensor, commit: torch.Tensor, pending: torch.Tensor
+                     ) -> tuple[launch.Prepared, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`step` bound once over fixed buffers, for a decode loop: returns
+        ``(handle, contexts, watermark, positions)``; each ``handle()`` does what ``step(slots,
+        commit, pending)`` does, writing into the returned (reused) outputs. ``slots`` (int32
+        or int64), ``commit`` (int8) and ``pending`` are read at every call, so the caller
+        updates them in place and keeps them alive; valid until the deduper grows."""
+        batch = slots.shape[0]
+        if batch == 0:
+            raise ValueError("prepare_step needs at least one row")
+        if commit.shape != (batch,) or commit.dtype != torch.int8 or not commit.is_contiguous():
+            raise ValueError(f"commit must be a contiguous [{batch}] int8 tensor")
+        if not slots.is_contiguous() or slots.dtype not in (torch.int32, torch.int64) or pending.dtype != torch.int64:
+            raise ValueError("slots must be contiguous int32/int64 and pending int64")
+        contexts = torch.empty((batch, MAX_WIDTH), dtype=torch.int64, device=self.device)
+        marks = torch.empty(batch, dtype=torch.int8, device=self.device)
+        positions = torch.empty(batch, dtype=torch.int64, device=self.device)
+        handle = launch.Prepared(_dedup_step_kernel, "dedup_step", (batch,), (
+            self.history, self.table, self.length, self.generated, self.width, self.scope, self.max_history,
+            self.overflow, slots, commit, pending, contexts, marks, positions, self.capacity, self.table_size),
+            options=DEDUP_OPTIONS)
+        return handle, contexts, marks.view(torch.bool), positions

@@ -332,3 +332,75 @@ def gumbel_sample(logits: torch.Tensor, *, temperature: torch.Tensor, key_a: tor
         tokens, routes, ws.scores, ws.tokens, ws.counters, ws.scratch, per_block, nblk),
         dtype=values.dtype, constexprs=constexprs, options=options, aligned=(values,))
     return SampleResult(tokens=tokens, routes=routes)
+
+
+class PreparedSample:
+    """:func:`gumbel_sample` over fixed per-row tensors, for a decode loop that calls it
+    step after step with new logits only (the vLLM plugin's CUDA step).
+
+    The row tensors (temperature, keys, alpha, contexts, widths, watermark flags, stream
+    keys, positions) are bound once, by reference: the caller updates them in place
+    (e.g. the deduper's step writes contexts, flags and positions) and keeps them alive.
+    ``self(logits)`` draws into :attr:`tokens` / :attr:`routes` (reused buffers, overwritten
+    by the next call) through a bound launch (:class:`watermark.kernels.launch.Prepared`),
+    with the same variant, geometry and result as ``gumbel_sample`` on the same inputs.
+    The reduction workspace is the object's own, so no other caller can move it.
+    """
+
+    def __init__(self, *, temperature: torch.Tensor, key_a: torch.Tensor, key_b: torch.Tensor, alpha: torch.Tensor,
+                 contexts: torch.Tensor, widths: torch.Tensor, watermark: torch.Tensor, stream_keys: torch.Tensor,
+                 positions: torch.Tensor, lane: int = stream.LANE_SAMPLE, config: LaunchConfig = DEFAULT_CONFIG) -> None:
+        device = temperature.device
+        batch = temperature.shape[0]
+        self.batch, self.device, self.lane, self.config = batch, device, lane, config
+        self.rows = dict(temperature=temperature, key_a=key_a, key_b=key_b, alpha=alpha, contexts=contexts,
+                         widths=widths, watermark=watermark, stream_keys=stream_keys, positions=positions)
+        if contexts.dim() != 2 or contexts.shape[0] != batch or contexts.shape[1] < 1 or contexts.stride(1) != 1:
+            raise ValueError(f"contexts must be [{batch}, C] with unit column stride")
+        checks = dict(temperature=torch.float32, key_a=torch.int64, key_b=torch.int64, alpha=torch.float32,
+                      widths=torch.int32, stream_keys=torch.int64, positions=torch.int64)
+        for name, dtype in checks.items():
+            x = self.rows[name]
+            if x.shape != (batch,) or x.dtype != dtype or not x.is_contiguous() or x.device != device:
+                raise ValueError(f"{name} must be a contiguous [{batch}] {dtype} tensor on {device}")
+        if contexts.dtype != torch.int64 or contexts.device != device:
+            raise ValueError(f"contexts must be int64 on {device}")
+        if watermark.shape != (batch,) or watermark.dtype not in (torch.bool, torch.int8) or not watermark.is_contiguous():
+            raise ValueError(f"watermark must be a contiguous [{batch}] bool or int8 tensor (bound by reference)")
+        self._flags = watermark.view(torch.int8)
+        self.tokens = torch.empty(batch, dtype=torch.int64, device=device)
+        self.routes = torch.empty(batch, dtype=torch.int8, device=device)
+        self._key = None
+        self._handle = None
+
+    def _prepare(self, values: torch.Tensor) -> None:
+        batch, vocab = values.shape
+        config = self.config
+        per_block, nblk = geometry.split_rows(batch, vocab, config.block, self.device, config.programs_per_sm)
+        self._ws = reduction.Workspace(self.device).reserve(batch, batch * nblk, batch * nblk * 2 * config.block)
+        mult = stride_mult(values)
+        constexprs, options = compile_time_args(config, mult)
+        r, ws = self.rows, self._ws
+        self._handle = launch.Prepared(_gumbel_sample_kernel, "gumbel_sample", (batch, nblk), (
+            values, values.stride(0) // mult, vocab, r["temperature"], r["key_a"], r["key_b"], r["alpha"],
+            r["contexts"], r["contexts"].stride(0), r["widths"], self._flags, r["stream_keys"], r["positions"],
+            self.lane, self.tokens, self.routes, ws.scores, ws.tokens, ws.counters, ws.scratch, per_block, nblk),
+            dtype=values.dtype, constexprs=constexprs, options=options, aligned=(0,))
+        self._key = (values.dtype, tuple(values.shape), values.stride(0))
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draw every row of ``logits`` [batch, V]; returns :attr:`tokens`."""
+        if (logits.dim() != 2 or logits.shape[0] != self.batch or logits.shape[1] == 0
+                or logits.dtype not in SUPPORTED_DTYPES or (logits.shape[1] > 1 and logits.stride(1) != 1)
+                or logits.data_ptr() % 16 or logits.device != self.device):
+            result = gumbel_sample(logits, **self.rows, lane=self.lane, config=self.config)
+            self.tokens.copy_(result.tokens)
+            self.routes.copy_(result.routes)
+            return self.tokens
+        if self._key != (logits.dtype, tuple(logits.shape), logits.stride(0)):
+            self._prepare(logits)
+        else:
+            self._handle({0: logits})
+            return self.tokens
+        self._handle()
+        return self.tokens

@@ -77,3 +77,113 @@ def launch(kernel, name: str, grid: tuple, args: tuple, *, dtype=None, constexpr
         if any(recorder.dry_run for recorder in _ACTIVE):
             return
     kernel[grid](*args, **constexprs, **options)
+
+
+# --------------------------------------------------------------------------- bound launches
+
+try:  # Triton >= 3.4: launch hooks live in knobs (JITFunction.run passes them to the launcher)
+    from triton import knobs as _knobs
+except ImportError:  # pragma: no cover - older Triton: no bound launches
+    _knobs = None
+
+
+def _hooks_set() -> bool:
+    runtime = _knobs.runtime
+    return runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None
+
+
+class Prepared:
+    """One kernel launch bound once, relaunched with only some arguments changed.
+
+    ``kernel[grid](*args, ...)`` spends most of its host time in Triton's Python launch
+    path: binding the arguments, computing the specialisation key (one call per argument),
+    looking the compiled variant up, and (for each tensor) ``data_ptr()`` plus a driver
+    query of the pointer. A decode step that launches the same variant over the same
+    buffers every time needs none of it: :meth:`__call__` hands the compiled kernel's
+    launcher the arguments directly, pointers as integers. Only the arguments named in
+    ``replace`` change (a new logits tensor, say); the caller keeps every bound tensor
+    alive and unchanged in dtype and alignment (checked for the replaced ones).
+
+    Falls back to :func:`launch` (same variant, same effect) where binding is not possible
+    or not wanted: Triton's interpreter, a CPU device, launch hooks set (profilers), a
+    recorder active (the registry's sweep), or a Triton whose launcher differs.
+    """
+
+    def __init__(self, kernel, name: str, grid: tuple, args: tuple, *, dtype=None, constexprs: dict | None = None,
+                 options: dict | None = None, aligned: tuple[int, ...] = ()) -> None:
+        self.kernel, self.name, self.grid = kernel, name, tuple(grid) + (1,) * (3 - len(grid))
+        self.args = list(args)
+        self.dtype, self.constexprs, self.options = dtype, dict(constexprs or {}), dict(options or {})
+        self.aligned = tuple(aligned)
+        self._launcher = None
+        self._fast: list = []
+        self._positions: list[int] = []  # launcher slot of each positional argument
+        for index in self.aligned:
+            _check_aligned(name, self.args[index])
+        try:
+            self._bind()
+        except Exception:  # noqa: BLE001 - any mismatch: the ordinary launch path, same effect
+            self._launcher = None
+
+    @property
+    def bound(self) -> bool:
+        """True when calls bypass Triton's Python launch path."""
+        return self._launcher is not None
+
+    def _bind(self) -> None:
+        import torch
+
+        tensors = [a for a in self.args if isinstance(a, torch.Tensor)]
+        if _knobs is None or not tensors or tensors[0].device.type != "cuda" or not hasattr(self.kernel, "warmup"):
+            return
+        params = getattr(self.kernel, "params", None)
+        if params is None or len(params) != len(self.args) + len(self.constexprs):
+            return
+        with torch.cuda.device(tensors[0].device):
+            compiled = self.kernel.warmup(*self.args, grid=self.grid, **self.constexprs, **self.options)
+        fast, positional = [], iter(range(len(self.args)))
+        for param in params:
+            name = param.name
+            if name in self.constexprs:
+                if not getattr(param, "is_constexpr", True):
+                    return
+                fast.append(self.constexprs[name])
+            else:
+                index = next(positional)
+                self._positions.append(len(fast))
+                fast.append(_launch_value(self.args[index]))
+        self._fast = fast
+        self._device = tensors[0].device.index if tensors[0].device.index is not None else torch.cuda.current_device()
+        from triton.runtime import driver
+
+        self._stream = driver.active.get_current_stream
+        self._function, self._metadata = compiled.function, compiled.packed_metadata
+        self._launcher = compiled.run
+
+    def __call__(self, replace: dict[int, object] | None = None) -> None:
+        """Launch; ``replace`` maps positional-argument indexes to new values."""
+        if replace:
+            for index, value in replace.items():
+                if index in self.aligned:
+                    _check_aligned(self.name, value)
+                self.args[index] = value
+                if self._launcher is not None:
+                    self._fast[self._positions[index]] = _launch_value(value)
+        if self._launcher is None or _ACTIVE or _hooks_set():
+            launch(self.kernel, self.name, self.grid, tuple(self.args), dtype=self.dtype, constexprs=self.constexprs,
+                   options=self.options)
+            return
+        g0, g1, g2 = self.grid
+        self._launcher(g0, g1, g2, self._stream(self._device), self._function, self._metadata, None, None, None,
+                       *self._fast)
+
+
+def _launch_value(value):
+    data_ptr = getattr(value, "data_ptr", None)
+    return data_ptr() if data_ptr is not None else value
+
+
+def _check_aligned(name: str, tensor) -> None:
+    if tensor.numel() and tensor.data_ptr() % 16:
+        raise ValueError(f"{name}: a specialised pointer argument is not 16-byte aligned "
+                         "(the launcher must copy such a view first)")

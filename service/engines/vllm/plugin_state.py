@@ -76,7 +76,8 @@ class PluginState:
         self.rows: dict[int, int] = {}  # vLLM row -> slot
         self.profile: dict | None = None  # set to {} to accumulate host seconds per phase
         self._dirty = True
-        self._pending_copy: tuple | None = None
+        self._pending_copy: np.ndarray | None = None
+        self._plan: _CudaPlan | None = None
 
     # ------------------------------------------------------------------ slots
 
@@ -107,6 +108,7 @@ class PluginState:
             pinned = self.device.type == "cuda"
             self._host_tokens = torch.empty(slots, dtype=torch.int64, pin_memory=pinned)
             self._host_commit = torch.zeros(slots, dtype=torch.int8, pin_memory=pinned)
+            self._host_tokens_np = self._host_tokens.numpy()
             self._copied = torch.cuda.Event() if pinned else None
         else:
             self.dedup = cpu_dedup.CpuDeduper(slots, self.capacity)
@@ -193,6 +195,7 @@ class PluginState:
             self.sel_alpha = self.alpha_dev.index_select(0, slots_t)
             self.sel_temperature = self.temperature_dev.index_select(0, slots_t)
             self.sel_width = self.dedup.width.index_select(0, slots_t)
+        self._plan = _CudaPlan(self) if self.cuda and len(pairs) else None
         self._dirty = False
 
     # ------------------------------------------------------------------ step
@@ -202,7 +205,7 @@ class PluginState:
         if self._pending_copy is not None:
             slots = self._pending_copy
             self._copied.synchronize()
-            self.pending[slots] = self._host_tokens[:len(slots)].numpy()
+            self.pending[slots] = self._host_tokens_np[:len(slots)]
             self._pending_copy = None
 
     def _sync(self) -> None:
@@ -258,6 +261,10 @@ class PluginState:
         if not self.rows:
             return
         self._index()
+        plan = self._plan
+        if plan is not None and plan.max_row < logits.shape[0]:
+            self._step_plan(logits, plan)
+            return
         started = time.perf_counter() if self.profile is not None else 0.0
         self._sync()
         if self.profile is not None:
@@ -357,6 +364,62 @@ class PluginState:
         else:
             self.pending[slots] = tokens.numpy()
 
+    # ------------------------------------------------------------------ the bound CUDA step
+
+    def _sync_plan(self, plan: "_CudaPlan") -> None:
+        """:meth:`_sync` for the bound step: the same decisions, written for the common case
+        (every row grew by the token the plugin drew) in a handful of array operations."""
+        self._collect_pending()
+        slots, lists, n = plan.slots, plan.lists, plan.n
+        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=n)
+        committed = self.committed[slots]
+        pending = self.pending[slots]
+        fast = (lengths == committed + 1) & (pending >= 0)
+        if fast.all():  # no list is empty here
+            fast = np.fromiter(map(_LAST, lists), dtype=np.int64, count=n) == pending
+        elif fast.any():
+            lasts = np.fromiter(map(_LAST, itertools.compress(lists, fast)), dtype=np.int64)
+            fast[np.flatnonzero(fast)[lasts != pending[fast]]] = False
+        plan.host_commit_np[:] = fast
+        self.committed[slots] = committed + fast
+        self.pending[slots] = -1
+        slow = (lengths != committed) & ~fast
+        if slow.any():  # rare: see the module docstring
+            for i in np.flatnonzero(slow):
+                self._sync_slow(int(slots[i]))
+
+    def _step_plan(self, logits: torch.Tensor, plan: "_CudaPlan") -> None:
+        """The CUDA step over the batch's bound buffers (:class:`_CudaPlan`): commit flags
+        up, the deduper's step and the fused sampler through bound launches, the one-hot
+        write-back, the draws down (asynchronously, collected at the next step)."""
+        started = time.perf_counter() if self.profile is not None else 0.0
+        self._sync_plan(plan)
+        if self.profile is not None:
+            self.profile["sync_s"] = self.profile.get("sync_s", 0.0) + time.perf_counter() - started
+        n = plan.n
+        plan.commit.copy_(plan.host_commit, non_blocking=True)
+        plan.dedup()
+        if self.identity_rows:
+            target = logits if logits.shape[0] == n else logits[:n]
+            selected = target
+        else:
+            selected = logits.index_select(0, self.row_index_dev)
+        if plan.processing is not None:
+            selected = process_logits(selected, plan.processing)
+        tokens = plan.sample(selected)
+        self.pending_dev.index_copy_(0, self.slot_index_dev, tokens)
+        if self.identity_rows:
+            target.fill_(float("-inf")).scatter_(1, plan.tokens2d, 0.0)
+        else:
+            logits.index_fill_(0, self.row_index_dev, float("-inf"))
+            logits.index_put_((self.row_index_dev, tokens), torch.zeros((), dtype=logits.dtype, device=logits.device))
+        if self._copied is not None:  # copied to the host while vLLM finishes its step
+            plan.host_tokens.copy_(tokens, non_blocking=True)
+            self._copied.record()
+            self._pending_copy = plan.slots
+        else:
+            self.pending[plan.slots] = tokens.numpy()
+
     def warm_up(self) -> None:
         """Compile what the first step would (numba on the CPU), so no request pays for it."""
         if not self.cuda:
@@ -366,3 +429,34 @@ class PluginState:
             probe.append(np.array([0]), np.array([[3]]))
             probe.next_repeated(np.array([0]))
             probe.contexts(np.array([0]))
+
+
+class _CudaPlan:
+    """What the CUDA step reuses while vLLM's batch keeps its composition: the rows' slots
+    and output lists, the device buffers the deduper's step writes and the sampler reads,
+    and both kernels bound once (:class:`watermark.kernels.launch.Prepared`: no
+    specialisation or argument binding in Triton's Python launcher per step). Rebuilt
+    whenever the batch changes (``PluginState._index``)."""
+
+    def __init__(self, state: PluginState) -> None:
+        from watermark.kernels.gumbel import PreparedSample
+
+        device = state.device
+        self.slots = state.slot_index
+        self.lists = state.lists
+        self.n = n = len(self.slots)
+        self.max_row = int(state.row_index.max())
+        self.commit = torch.zeros(n, dtype=torch.int8, device=device)
+        self.host_commit = state._host_commit[:n]
+        self.host_commit_np = self.host_commit.numpy()
+        self.host_tokens = state._host_tokens[:n]
+        self.dedup, contexts, watermark, positions = state.dedup.prepare_step(state.slot_index_dev, self.commit,
+                                                                              state.pending_dev)
+        self.processing = state._processing(self.slots, device)
+        temperature = state.sel_temperature
+        if self.processing is not None:  # process_logits applies the temperature
+            temperature = torch.ones_like(temperature)
+        self.sample = PreparedSample(temperature=temperature, key_a=state.sel_keys[0], key_b=state.sel_keys[1],
+                                     alpha=state.sel_alpha, contexts=contexts, widths=state.sel_width,
+                                     watermark=watermark, stream_keys=state.sel_keys[2], positions=positions)
+        self.tokens2d = self.sample.tokens.unsqueeze(1)

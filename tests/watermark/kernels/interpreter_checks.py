@@ -55,6 +55,9 @@ def main(seed: int) -> int:
         ("verify bf16", lambda: parity.check_verify(seed + 7, 10, 2, 700, torch.bfloat16, cpu)),
         ("dedup", lambda: parity.check_dedup(seed + 8, cpu, requests=10, steps=40, k=3)),
         ("dedup step (commit, decide, context)", lambda: parity.check_dedup_step(seed + 18, cpu, steps=30)),
+        ("prepared sample (fallback launch)", lambda: parity.check_prepared_sample(seed + 19, 7, 2100,
+                                                                                   torch.float32, cpu, calls=2)),
+        ("prepared dedup step (fallback launch)", lambda: parity.check_prepared_dedup_step(seed + 20, cpu, steps=12)),
     ]
     failures = 0
     for name, check in checks:

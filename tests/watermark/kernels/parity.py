@@ -429,6 +429,70 @@ def check_dedup_step(seed: int, device, *, requests: int = 9, steps: int = 60) -
         raise AssertionError(f"dedup step left another history or table (seed {seed})")
 
 
+
+def check_prepared_sample(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *, calls: int = 4) -> bool:
+    """PreparedSample (bound launch, rows bound by reference) against gumbel_sample on the
+    same inputs, call after call: fresh logits each call (new tensors), the bound row
+    tensors changed in place between calls, a row stride that changes once (re-binding),
+    and the reference on the first call. Returns whether the launch was bound."""
+    from watermark.kernels import gumbel as kernels
+
+    logits, kernel_logits, args = sampler_case(seed, batch, vocab, dtype, device)
+    prepared = kernels.PreparedSample(**args)
+    want = reference_sample(logits, args)
+    got = prepared(kernel_logits)
+    assert_same(f"PreparedSample tokens (seed {seed})", got, want.tokens)
+    assert_same(f"PreparedSample routes (seed {seed})", prepared.routes, want.routes)
+    gen = _gen(seed + 1)
+    for call in range(calls):
+        fresh = random_logits(gen, batch, vocab, dtype=dtype).to(device)
+        if call == calls - 1:  # another row stride: the handle is bound again
+            wide = torch.full((batch, vocab + 16), float("nan"), dtype=dtype, device=device)
+            wide[:, :vocab] = fresh
+            fresh = wide[:, :vocab]
+        args["positions"].add_(1)  # in place, as the deduper's step writes it
+        args["watermark"].copy_(torch.rand(batch, generator=gen).to(device) < 0.5)
+        got = prepared(fresh).clone()
+        plain = kernels.gumbel_sample(fresh, **args)
+        assert_same(f"PreparedSample call {call} tokens (seed {seed})", got, plain.tokens)
+        assert_same(f"PreparedSample call {call} routes (seed {seed})", prepared.routes, plain.routes)
+    return prepared._handle.bound
+
+
+def check_prepared_dedup_step(seed: int, device, *, requests: int = 9, steps: int = 40) -> bool:
+    """GpuDeduper.prepare_step's bound handle (commit flags and pending tokens updated in
+    place) against GpuDeduper.step on a second deduper. Returns whether it was bound."""
+    from watermark.kernels.dedup import GpuDeduper
+
+    gen = _gen(seed)
+    scopes = ["single_turn", "all", "none"]
+    bound, plain = (GpuDeduper(requests + 2, capacity=steps + 4, device=device) for _ in range(2))
+    slots = torch.randperm(requests + 2, generator=gen)[:requests]
+    for r in range(requests):
+        for dd in (bound, plain):
+            dd.open(int(slots[r]), width=[1, 2, 3, 4, 16][r % 5], scope=scopes[(r + seed) % 3],
+                    max_history=[None, 3, 8][r % 3], prompt=[5, 6, 5][: r % 4])
+    slots_dev = slots.to(device)
+    commit_dev = torch.zeros(requests, dtype=torch.int8, device=device)
+    pending_dev = torch.zeros(requests + 2, dtype=torch.int64, device=device)
+    handle, contexts, marks, positions = bound.prepare_step(slots_dev, commit_dev, pending_dev)
+    pending = torch.zeros(requests + 2, dtype=torch.int64)
+    for step in range(steps):
+        commit = (torch.rand(requests, generator=gen) < (0.8 if step else 0.0)).to(torch.int8)
+        commit_dev.copy_(commit)
+        pending_dev.copy_(pending)
+        handle()
+        want = plain.step(slots_dev, commit.to(device), pending.to(device))
+        for name, got, expected in (("contexts", contexts, want[0]), ("watermark", marks, want[1]),
+                                    ("positions", positions, want[2])):
+            if not torch.equal(got.cpu(), expected.cpu()):
+                raise AssertionError(f"prepared dedup step: {name} differ at step {step} (seed {seed})")
+        pending[slots] = torch.randint(0, 3, (requests,), generator=gen)
+    if not torch.equal(bound.history.cpu(), plain.history.cpu()) or not torch.equal(bound.table.cpu(),
+                                                                                    plain.table.cpu()):
+        raise AssertionError(f"prepared dedup step left another history or table (seed {seed})")
+    return handle.bound
+
 # (key, width-1 context, token) whose PRF uniform is the largest on the grid (mantissa
 # 2^24 - 1): its noise is NOISE_MAX, so it can win from the full pruning distance below
 # the best score. Found by a search over contexts with watermark.prf.words_numpy.
