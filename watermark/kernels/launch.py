@@ -157,8 +157,16 @@ class Prepared:
         from triton.runtime import driver
 
         self._stream = driver.active.get_current_stream
+        if hasattr(compiled, "result"):  # an asynchronous compile's future
+            compiled = compiled.result()
+        init = getattr(compiled, "_init_handles", None)
+        if init is not None:  # loads the module: function and launcher exist from here on
+            init()
+        launcher = compiled.run
+        if not callable(launcher) or compiled.function is None:
+            return
         self._function, self._metadata = compiled.function, compiled.packed_metadata
-        self._launcher = compiled.run
+        self._launcher = launcher
 
     def __call__(self, replace: dict[int, object] | None = None) -> None:
         """Launch; ``replace`` maps positional-argument indexes to new values."""
