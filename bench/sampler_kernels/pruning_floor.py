@@ -58,6 +58,22 @@ def main() -> int:
         result[f"{dist}_row_argmax_us"] = graph_time_us([lambda x=x: gumbel_sample(x, **greedy) for x in sets])
         result[f"{dist}_torch_amax_us"] = graph_time_us([lambda x=x: torch.amax(x, 1) for x in sets])
         result[f"{dist}_two_pass_floor_us"] = result[f"{dist}_row_argmax_us"] + result["read_floor_us"]
+        # The seeded two-launch design (watermark.kernels.bounded.seeded_sample): the row
+        # argmax pass above, then the race with the exact floor from the first tile.
+        from watermark.kernels.bounded import seeded_sample
+
+        for mode in ("single", "dual"):
+            margs = row_args(batch, mode, gen)
+            want = gumbel_sample(sets[0], **margs)
+            for compact in (True, False):
+                name = f"{dist}_{mode}_seeded{'' if compact else '_dense_tiles'}"
+                got = seeded_sample(sets[0], **margs, compact=compact)
+                result[f"{name}_same_tokens_as_dense"] = bool(torch.equal(got.tokens, want.tokens)
+                                                              and torch.equal(got.routes, want.routes))
+                result[f"{name}_us"] = graph_time_us([lambda x=x, c=compact: seeded_sample(x, **margs, compact=c)
+                                                      for x in sets])
+            if mode == "dual":
+                result[f"{dist}_dual_dense_us"] = graph_time_us([lambda x=x: gumbel_sample(x, **margs) for x in sets])
         del sets
         harness.free()
     print(json.dumps(result, indent=1))

@@ -354,3 +354,88 @@ def bounded_sample(logits: torch.Tensor, *, temperature: torch.Tensor, key_a: to
         dtype=values.dtype, constexprs=dict(BLOCK=config.block, STRIDE_MULT=mult, NB=config.reduce_block),
         options=config.launch_options(), aligned=(values,))
     return SampleResult(tokens=tokens, routes=routes)
+
+
+# --------------------------------------------------------------------------- seeded: two launches
+
+_SEEDED_ARGS = ["logits_ptr", "stride_row", "vocab", "temp_ptr", "key_a_ptr", "key_b_ptr", "alpha_ptr", "ctx_ptr",
+                "ctx_stride", "width_ptr", "wm_ptr", "skey_ptr", "pos_ptr", "lane", "bound_ptr", "tokens_ptr",
+                "routes_ptr", "part_s_ptr", "part_i_ptr", "count_ptr", "scratch_ptr", "tiles_per_block", "nblk"]
+
+
+@triton.jit(do_not_specialize=[a for a in _SEEDED_ARGS if a not in ("logits_ptr",)])
+def _seeded_sample_kernel(logits_ptr, stride_row, vocab, temp_ptr, key_a_ptr, key_b_ptr, alpha_ptr, ctx_ptr,
+                          ctx_stride, width_ptr, wm_ptr, skey_ptr, pos_ptr, lane, bound_ptr, tokens_ptr, routes_ptr,
+                          part_s_ptr, part_i_ptr, count_ptr, scratch_ptr, tiles_per_block, nblk,
+                          BLOCK: tl.constexpr, STRIDE_MULT: tl.constexpr, NB: tl.constexpr, COMPACT: tl.constexpr):
+    """gumbel_sample's kernel with the row bound known before the race: ``bound_ptr[row]``
+    is a token of the row (its first argmax, from a first launch); its exact score seeds
+    every program's best, so the exact pruning floor is tight from the first tile."""
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    row_ptr = logits_ptr + row.to(tl.int64) * (stride_row * STRIDE_MULT)
+    tile_begin = blk * tiles_per_block
+    tile_end = tl.minimum(tile_begin + tiles_per_block, tl.cdiv(vocab, BLOCK))
+    x0, x1, x2, x3 = tiles.first_tile(row_ptr, tile_begin, tile_end, vocab, float("-inf"), BLOCK)
+    scratch = scratch_ptr + (row.to(tl.int64) * nblk + blk) * (2 * BLOCK)
+    temperature, greedy, route, s0, s1, s2, kk0, kk1 = row_prologue(
+        row, temp_ptr, key_a_ptr, key_b_ptr, alpha_ptr, ctx_ptr, ctx_stride, width_ptr, wm_ptr, skey_ptr, pos_ptr,
+        lane)
+    if greedy:
+        best_s, best_i = race.argmax_chunk_from(row_ptr, x0, x1, x2, x3, tile_begin, tile_end, vocab, BLOCK)
+    else:
+        b = tl.load(bound_ptr + row).to(tl.int32)
+        bv = tl.load(row_ptr + b).to(tl.float32)
+        bv = tl.where(bv == bv, bv, NEG_INF)
+        seed_s = bound_score(bv, b, temperature, s0, s1, s2, kk0, kk1)
+        best_s, best_i = race.log_race_chunk_seeded(row_ptr, x0, x1, x2, x3, tile_begin, tile_end, vocab,
+                                                    temperature, temperature != 1.0, s0, s1, s2, kk0, kk1, scratch,
+                                                    seed_s, b, BLOCK, COMPACT)
+    last, score, token = reduction.combine_blocks(part_s_ptr, part_i_ptr, count_ptr, row, blk, nblk, best_s, best_i, NB)
+    if last:
+        token = tl.where(score == NEG_INF, 0, token)
+        tl.store(tokens_ptr + row, token.to(tl.int64))
+        tl.store(routes_ptr + row, route.to(tl.int8))
+
+
+def seeded_sample(logits: torch.Tensor, *, temperature: torch.Tensor, key_a: torch.Tensor, key_b: torch.Tensor,
+                  alpha: torch.Tensor, contexts: torch.Tensor, widths: torch.Tensor, watermark: torch.Tensor,
+                  stream_keys: torch.Tensor, positions: torch.Tensor, lane: int = stream.LANE_SAMPLE,
+                  compact: bool = True, blocks_per_row: int | None = None, block: int = 2048) -> SampleResult:
+    """:func:`watermark.kernels.gumbel.gumbel_sample` (same arguments, tokens and routes) in
+    two launches: the dense kernel with every row greedy gives each row's first argmax
+    (the bound token), then the seeded race with the exact floor from the first tile and
+    the compaction queue (``compact``). Not dispatched (NOTES.md, iteration 5)."""
+    from watermark.kernels import gumbel as dense
+
+    values = dense._vocab_rows(logits, "logits")
+    batch, vocab = values.shape
+    device = values.device
+    rows = dict(key_a=key_a, key_b=key_b, alpha=alpha, contexts=contexts, widths=widths, watermark=watermark,
+                stream_keys=stream_keys, positions=positions)
+    tokens = torch.empty(batch, dtype=torch.int64, device=device)
+    routes = torch.empty(batch, dtype=torch.int8, device=device)
+    if batch == 0:
+        return SampleResult(tokens=tokens, routes=routes)
+    bound = dense.gumbel_sample(values, temperature=torch.zeros(batch, dtype=torch.float32, device=device),
+                                **rows, lane=lane).tokens
+    config = dense.LaunchConfig(block=block, maxnreg=128, compact=compact)
+    contexts = torch.as_tensor(contexts, device=device).to(torch.int64)
+    if contexts.stride(1) != 1:
+        contexts = contexts.contiguous()
+    per_block, nblk = geometry.split_rows(batch, vocab, config.block, device, config.programs_per_sm, blocks_per_row)
+    ws = reduction.workspace(device, batch, batch * nblk, batch * nblk * 2 * config.block)
+    mult = dense.stride_mult(values)
+    constexprs, options = dense.compile_time_args(config, mult)
+    row = dense._row_tensor
+    launch.launch(_seeded_sample_kernel, "seeded_sample", (batch, nblk), (
+        values, values.stride(0) // mult, vocab,
+        row(temperature, batch, torch.float32, device, "temperature"),
+        row(key_a, batch, torch.int64, device, "key_a"), row(key_b, batch, torch.int64, device, "key_b"),
+        row(alpha, batch, torch.float32, device, "alpha"), contexts, contexts.stride(0),
+        row(widths, batch, torch.int32, device, "widths"), dense.flags_int8(watermark, (batch,), device, "watermark"),
+        row(stream_keys, batch, torch.int64, device, "stream_keys"),
+        row(positions, batch, torch.int64, device, "positions"), lane, bound,
+        tokens, routes, ws.scores, ws.tokens, ws.counters, ws.scratch, per_block, nblk),
+        dtype=values.dtype, constexprs=constexprs, options=options, aligned=(values,))
+    return SampleResult(tokens=tokens, routes=routes)

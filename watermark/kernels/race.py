@@ -266,11 +266,18 @@ def log_race_chunk(row_ptr, x0, x1, x2, x3, tile_begin, tile_end, vocab, tempera
     Returns (score, token); (-inf, BIG_INDEX) when every logit there is -inf or NaN.
     ``scratch_ptr``: this program's 2 BLOCK int32, the compaction queue (COMPACT only).
     """
-    kk0 = k0 ^ s3
-    kk1 = k1 ^ philox.TOKEN_DOMAIN
+    return log_race_chunk_seeded(row_ptr, x0, x1, x2, x3, tile_begin, tile_end, vocab, temperature, scaled, s0, s1,
+                                 s2, k0 ^ s3, k1 ^ philox.TOKEN_DOMAIN, scratch_ptr,
+                                 tl.full([], NEG_INF, tl.float32), tl.full([], BIG_INDEX, tl.int32), BLOCK, COMPACT)
+
+
+@triton.jit
+def log_race_chunk_seeded(row_ptr, x0, x1, x2, x3, tile_begin, tile_end, vocab, temperature, scaled, s0, s1, s2,
+                          kk0, kk1, scratch_ptr, best_s, best_i, BLOCK: tl.constexpr, COMPACT: tl.constexpr):
+    """:func:`log_race_chunk` from a known (exact score, token) of the row, e.g. a row
+    bound (kk0 = k0 ^ s3, kk1 = k1 ^ TOKEN_DOMAIN): the pruning floor starts at that
+    score instead of -inf, and the result is the lexicographic best of it and the chunk's."""
     run_max = tl.full([], NEG_INF, tl.float32)
-    best_s = tl.full([], NEG_INF, tl.float32)
-    best_i = tl.full([], BIG_INDEX, tl.int32)
     fill = tl.full([], 0, tl.int32)
     full_end = tl.minimum(tile_end, vocab // BLOCK)
     n0, n1, n2, n3 = x0, x1, x2, x3

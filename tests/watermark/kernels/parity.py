@@ -178,6 +178,21 @@ def check_bounded_sample(seed: int, batch: int, vocab: int, dtype: torch.dtype, 
         assert_same(f"bounded_sample routes (seed {seed}, launch {attempt})", got.routes, want.routes)
 
 
+def check_seeded_sample(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *, dist: str = "normal",
+                        layout: str = "contiguous", compact: bool = True, blocks_per_row: int | None = None,
+                        block: int = 2048, lane: int = stream.LANE_SAMPLE) -> None:
+    """The seeded two-launch sampler (watermark.kernels.bounded.seeded_sample) against the
+    same reference as gumbel_sample."""
+    from watermark.kernels import bounded
+
+    logits, kernel_logits, args = sampler_case(seed, batch, vocab, dtype, device, layout=layout, dist=dist)
+    want = reference_sample(logits, args, lane=lane)
+    got = bounded.seeded_sample(kernel_logits, **args, compact=compact, blocks_per_row=blocks_per_row, block=block,
+                                lane=lane)
+    assert_same(f"seeded_sample tokens (seed {seed})", got.tokens, want.tokens)
+    assert_same(f"seeded_sample routes (seed {seed})", got.routes, want.routes)
+
+
 def race_case(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, dist: str = "normal"):
     gen = _gen(seed)
     logits = random_logits(gen, batch, vocab, dtype=dtype, dist=dist)
@@ -564,7 +579,8 @@ def check_pruning_edge(device, *, compact: bool | None = None) -> None:
             assert_same(f"pruning edge (margin {margin}, {blocks} blocks, compact {compact})", got, reference)
 
 
-def check_bounded_edge(device, *, block: int | None = None, rows_in_flight: int | None = None) -> None:
+def check_bounded_edge(device, *, block: int | None = None, rows_in_flight: int | None = None,
+                       seeded: bool = False) -> None:
     """The bounded sampler on :func:`bound_edge_case` rows (as single-key sampler rows of
     width-1 contexts): the winner NOISE_MAX below the bound token is found, 0.002 short is not."""
     from watermark.kernels import bounded
@@ -578,6 +594,11 @@ def check_bounded_edge(device, *, block: int | None = None, rows_in_flight: int 
                     watermark=torch.ones(batch, dtype=torch.bool), stream_keys=keys.cpu(),
                     positions=torch.zeros(batch, dtype=torch.int64))
         args = {k: v.to(device) for k, v in args.items()}
+        if seeded:  # the two-launch form: the bound token is the row's argmax
+            for blocks in (1, 2):
+                got = bounded.seeded_sample(logits, **args, blocks_per_row=blocks, block=config.block)
+                assert_same(f"seeded edge (margin {margin}, {blocks} blocks)", got.tokens, reference)
+            continue
         got = bounded.bounded_sample(logits, **args, config=config)
         assert_same(f"bounded edge (margin {margin})", got.tokens, reference)
 
