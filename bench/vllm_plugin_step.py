@@ -279,7 +279,10 @@ def main() -> int:
             if step >= 5:
                 walls_bound.append(time.perf_counter() - t0)
         result["sampler_bound_wall_ms_median"] = 1e3 * statistics.median(walls_bound)
-        result["bound_launches"] = {"sampler": bound._handle.bound, "dedup_step": plugin._state._plan.dedup.bound}
+        plan = plugin._state._plan
+        result["bound_launches"] = {"sampler_standalone_fast_calls": bound._handle.fast_calls,
+                                    "plugin_sampler_fast_calls": plan.sample._handle.fast_calls,
+                                    "plugin_dedup_step_fast_calls": plan.dedup.fast_calls}
         result.update(parity_bound_vs_unbound(device, batch, vocab, sets, SamplingParams, BatchUpdate))
     print(json.dumps(result, indent=1))
     if args.out is not None:

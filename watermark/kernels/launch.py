@@ -87,9 +87,18 @@ except ImportError:  # pragma: no cover - older Triton: no bound launches
     _knobs = None
 
 
+def _hook_active(hook) -> bool:
+    """A launch hook is set: not None and, for Triton's HookChain (the default since 3.4,
+    never None), holding at least one call."""
+    if hook is None:
+        return False
+    calls = getattr(hook, "calls", None)
+    return True if calls is None else bool(calls)
+
+
 def _hooks_set() -> bool:
     runtime = _knobs.runtime
-    return runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None
+    return _hook_active(runtime.launch_enter_hook) or _hook_active(runtime.launch_exit_hook)
 
 
 class Prepared:
@@ -116,6 +125,7 @@ class Prepared:
         self.dtype, self.constexprs, self.options = dtype, dict(constexprs or {}), dict(options or {})
         self.aligned = tuple(aligned)
         self._launcher = None
+        self.fast_calls = 0  # launches that bypassed Triton's Python launch path
         self._fast: list = []
         self._positions: list[int] = []  # launcher slot of each positional argument
         for index in self.aligned:
@@ -182,6 +192,7 @@ class Prepared:
                    options=self.options)
             return
         g0, g1, g2 = self.grid
+        self.fast_calls += 1
         self._launcher(g0, g1, g2, self._stream(self._device), self._function, self._metadata, None, None, None,
                        *self._fast)
 

@@ -471,7 +471,7 @@ def check_prepared_sample(seed: int, batch: int, vocab: int, dtype: torch.dtype,
         plain = kernels.gumbel_sample(fresh, **args)
         assert_same(f"PreparedSample call {call} tokens (seed {seed})", got, plain.tokens)
         assert_same(f"PreparedSample call {call} routes (seed {seed})", prepared.routes, plain.routes)
-    return prepared._handle.bound
+    return prepared._handle.bound and prepared._handle.fast_calls >= 1
 
 
 def check_prepared_dedup_step(seed: int, device, *, requests: int = 9, steps: int = 40) -> bool:
@@ -506,7 +506,7 @@ def check_prepared_dedup_step(seed: int, device, *, requests: int = 9, steps: in
     if not torch.equal(bound.history.cpu(), plain.history.cpu()) or not torch.equal(bound.table.cpu(),
                                                                                     plain.table.cpu()):
         raise AssertionError(f"prepared dedup step left another history or table (seed {seed})")
-    return handle.bound
+    return handle.bound and handle.fast_calls == steps
 
 # (key, width-1 context, token) whose PRF uniform is the largest on the grid (mantissa
 # 2^24 - 1): its noise is NOISE_MAX, so it can win from the full pruning distance below
