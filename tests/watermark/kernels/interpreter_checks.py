@@ -47,6 +47,9 @@ def main(seed: int) -> int:
         ("bounded_sample normal, draft lane", lambda: parity.check_bounded_sample(
             seed + 17, 6, 2100, torch.float32, cpu, block=512, rows_in_flight=2, lane=3)),
         ("bounded edge", lambda: parity.check_bounded_edge(cpu, block=512, rows_in_flight=1)),
+        ("seeded_sample zipf, 2 programs per row", lambda: parity.check_seeded_sample(
+            seed + 21, 9, 5000, torch.float32, cpu, dist="zipf", block=512, blocks_per_row=2)),
+        ("seeded edge", lambda: parity.check_bounded_edge(cpu, block=512, seeded=True)),
         ("gumbel_argmax 2 blocks", lambda: parity.check_gumbel_argmax(seed + 4, 7, 4300, torch.float32, cpu,
                                                                       blocks_per_row=2)),
         ("exponential_race", lambda: parity.check_exponential_race(seed + 5, 12, 2500, torch.float32, cpu,
