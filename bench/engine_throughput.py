@@ -151,7 +151,7 @@ async def main_async(args) -> dict:
     tests = {"requests_each": len(a), "with_watermark": mean_a, "without": mean_b, "standard_error": se,
              "z": z, "two_sided_p": math.erfc(abs(z) / math.sqrt(2))}
     return {"rows": results, "acceptance_with_vs_without_watermark": tests, "tokens_per_request": args.tokens,
-            "repeats": args.repeats, "k": args.k, "threads": torch.get_num_threads(),
+            "repeats": args.repeats, "k": args.k, "threads": engine.cpu_threads,  # the engine thread's
             "command": "python -m bench.engine_throughput"}
 
 
