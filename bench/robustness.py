@@ -29,7 +29,14 @@ detected on the text as sent (before) and through the service's normalisation pa
 (after: the service's forms, `detector.forms.text_forms`: as sent and every distinct
 normalised form, best of m with Bonferroni x m).
 Dual-key texts are detected under every dual statistic (`max`, `weighted`, `routed`, each
-as the sum test with spans) and under `auto`.
+as the sum test with spans), under `auto` (for these keyed-coin keys: `routed` scores with
+the sum, Tr-GoF and spans) and under `auto_max_weighted`: what `auto` does for an
+ordinary-coin key (`max` and `weighted` sums, Tr-GoF, both span searches), scored on the same
+text (the coin key does not enter the A/B uniforms, so an ordinary-coin copy of the key
+gives the same scores).
+
+Timing (--timing): wall and CPU (process) time per call; on the shared box the CPU time is
+the better estimate of one core's cost.
 """
 
 from __future__ import annotations
@@ -150,17 +157,18 @@ def run_cells(texts_per_cell: int, n: int, entropies, algorithms):
 
 
 def run_null(total: int, seed: int = 99) -> dict:
-    """Unwatermarked text (uniform tokens) under every attack, each text its own fresh key;
-    dual keys every other round with a keyed coin under `routed` (else the default)."""
+    """Unwatermarked text (uniform tokens) under every attack, each text its own fresh key,
+    default config; dual keys alternate an ordinary coin (`auto` = max + weighted) and a
+    keyed coin (`auto` = routed)."""
     rng = np.random.default_rng(seed)
     hits6 = hits3 = 0
     tests = 0
     while tests < total:
         kind, rate = ATTACKS[tests % len(ATTACKS)]
         algorithm = "gumbel" if rng.random() < 0.5 else "dual_key_gumbel"
-        routed = algorithm == "dual_key_gumbel" and (tests // len(ATTACKS)) % 2 == 1
-        spec = WatermarkSpec(algorithm=algorithm, context_width=WIDTH, coin="keyed" if routed else "ordinary")
-        config = DetectorConfig(dual_statistic="routed") if routed else DetectorConfig()
+        keyed = algorithm == "dual_key_gumbel" and (tests // len(ATTACKS)) % 2 == 1
+        spec = WatermarkSpec(algorithm=algorithm, context_width=WIDTH, coin="keyed" if keyed else "ordinary")
+        config = DetectorConfig()
         key = WatermarkKey(int(rng.integers(0, 2**63)), spec)
         text = attack([int(x) for x in rng.integers(0, VOCAB, 200)], kind, rate, rng)
         lp = detect(text, [Candidate.inline(key)], config).log10_p_value
@@ -179,21 +187,24 @@ def run_timing(repeats: int = 20) -> list[dict]:
 
     rng = np.random.default_rng(5)
     out = []
+
+    def clock(fn, times: int) -> tuple[float, float]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(times):
+            fn()
+        return ((time.perf_counter() - wall) / times * 1e3, (time.process_time() - cpu) / times * 1e3)
+
     for n in (200, 1000, 5000):
         scores = rng.exponential(size=n)
         scores[: n // 20] += 4.0  # a sparse signal: p around the threshold
-        started = time.perf_counter()
-        for _ in range(repeats):
-            log10_p = trgof.log10_pvalue(scores)
-        gof_ms = (time.perf_counter() - started) / repeats * 1e3
+        log10_p = trgof.log10_pvalue(scores)
+        gof_ms, gof_cpu = clock(lambda: trgof.log10_pvalue(scores), repeats)
         key = WatermarkKey(12345, WatermarkSpec())
         tokens = [int(t) for t in rng.integers(0, VOCAB, n)]
-        started = time.perf_counter()
-        for _ in range(max(1, repeats // 4)):
-            detect(tokens, [Candidate.inline(key)])
-        detect_ms = (time.perf_counter() - started) / max(1, repeats // 4) * 1e3
-        out.append({"n": n, "trgof_ms": round(gof_ms, 2), "trgof_log10_p": round(log10_p, 2),
-                    "detect_ms": round(detect_ms, 2)})
+        detect_ms, detect_cpu = clock(lambda: detect(tokens, [Candidate.inline(key)]), max(1, repeats // 4))
+        out.append({"n": n, "trgof_ms": round(gof_ms, 2), "trgof_cpu_ms": round(gof_cpu, 2),
+                    "trgof_log10_p": round(log10_p, 2), "detect_ms": round(detect_ms, 2),
+                    "detect_cpu_ms": round(detect_cpu, 2)})
         print(out[-1], flush=True)
     return out
 
@@ -336,9 +347,17 @@ def _bundled_configs(algorithm: str) -> dict[str, "DetectorConfig"]:
             "weighted": DetectorConfig(dual_statistic="weighted", test="sum"),
             "routed": DetectorConfig(dual_statistic="routed", test="sum"),
             "trgof": DetectorConfig(test="trgof"), "auto": DetectorConfig(),
-            # What `auto` would give with routed in place of max and weighted (keyed coin):
-            # routed sum + Tr-GoF on routed scores + spans on routed scores.
-            "auto_routed": DetectorConfig(dual_statistic="routed")}
+            # `auto` on an ordinary-coin copy of the key (see ORDINARY_COPY).
+            "auto_max_weighted": DetectorConfig()}
+
+
+ORDINARY_COPY = ("auto_max_weighted",)
+"""Bundled configs scored against an ordinary-coin copy of the key: the same A/B uniforms,
+so this is what `auto` does when the detector cannot recompute the coin."""
+
+
+def _ordinary(key: "WatermarkKey") -> "WatermarkKey":
+    return WatermarkKey(key.secret, WatermarkSpec(**{**key.spec.model_dump(), "coin": "ordinary"}))
 
 
 class Tokenization:
@@ -398,17 +417,19 @@ def run_bundled(count: int, human_count: int) -> tuple[list[dict], dict, list[li
     for algorithm, texts in generated.items():
         configs = _bundled_configs(algorithm)
         keys = [t["key"] for t in texts]
+        ordinary = [_ordinary(k) if algorithm == "dual_key_gumbel" else k for k in keys]
         plain = [t["tokens"] for t in texts]
         decoded = [tok.decode(t) for t in plain]
 
         def measure(family, kind, rate, token_lists=None, strings=None, normalized=False):
             per_test = {}
             for name, config in configs.items():
+                use = ordinary if name in ORDINARY_COPY else keys
                 if strings is not None and normalized:
-                    ps = [tok.detect_normalized(s, [Candidate.inline(k)], config) for s, k in zip(strings, keys)]
+                    ps = [tok.detect_normalized(s, [Candidate.inline(k)], config) for s, k in zip(strings, use)]
                 else:
                     lists = token_lists if token_lists is not None else [tok.encode(s) for s in strings]
-                    ps = [detect(t, [Candidate.inline(k)], config).log10_p_value for t, k in zip(lists, keys)]
+                    ps = [detect(t, [Candidate.inline(k)], config).log10_p_value for t, k in zip(lists, use)]
                 ps = per_test[name] = np.array(ps)
                 rows.append({"source": "bundled", "algorithm": algorithm, "family": family, "attack": kind,
                              "rate": rate, "test": name, "texts": len(ps), "tpr6": float(np.mean(ps <= -6)),
@@ -436,8 +457,9 @@ def run_bundled(count: int, human_count: int) -> tuple[list[dict], dict, list[li
 
 def run_null_text(total: int, human: list[list[int]], seed: int = 98) -> dict:
     """Unwatermarked bundled text under the word-level and Unicode attacks (Unicode: through
-    the service's normalisation path), each test a fresh key, single and dual keys at random;
-    dual keys under `auto` and `routed` in turn."""
+    the service's normalisation path), each test a fresh key, single and dual keys at random,
+    default config; dual keys alternate a keyed coin (`auto` = routed) and an ordinary one
+    (`auto` = max + weighted)."""
     tok = Tokenization()
     rng = np.random.default_rng(seed)
     decoded = [tok.decode(t) for t in human]
@@ -448,9 +470,9 @@ def run_null_text(total: int, human: list[list[int]], seed: int = 98) -> dict:
         text = decoded[int(rng.integers(0, len(decoded)))]
         algorithm = "gumbel" if rng.random() < 0.5 else "dual_key_gumbel"
         spec = WatermarkSpec(algorithm=algorithm, context_width=WIDTH,
-                             coin="keyed" if algorithm == "dual_key_gumbel" else "ordinary")
+                             coin="keyed" if algorithm == "dual_key_gumbel" and tests % 2 else "ordinary")
         candidates = [Candidate.inline(WatermarkKey(int(rng.integers(0, 2**63)), spec))]
-        config = DetectorConfig(dual_statistic="routed") if algorithm != "gumbel" and tests % 2 else DetectorConfig()
+        config = DetectorConfig()
         if family == "word":
             lp = detect(tok.encode(word_attack(text, kind, rate, rng)), candidates, config).log10_p_value
         else:
@@ -535,6 +557,20 @@ def _cell(rows, **match) -> dict | None:
     return found[0] if found else None
 
 
+def _np_bounds() -> dict:
+    """(cell name, nats, key) -> NP bound at 1e-6, read from robustness-bound.md (if run)."""
+    path = RESULTS / "robustness-bound.md"
+    out = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cols) >= 5 and cols[0].endswith(" nats") and ", " in cols[0]:
+            name, nats = cols[0].rsplit(", ", 1)
+            out[(name, float(nats.split()[0]), cols[1])] = cols[4]
+    return out
+
+
 def markdown(result: dict) -> str:
     """The whole results file, from one run's result."""
     rows = result["rows"]
@@ -542,7 +578,9 @@ def markdown(result: dict) -> str:
              f"Generated by one run of `bench/robustness.py` (commit {result['commit']}, {result['date']}), "
              f"{result['seconds'] / 60:.1f} min on the shared 2-core CPU box:", "",
              f"    {result['command']}", "",
-             "The plots are drawn from this run's JSON (the project's venv has no matplotlib):", "",
+             ("The plots are drawn from this run's JSON (the project's venv has no matplotlib):" if result.get("plotted")
+              else "The plots were NOT redrawn by this run (no matplotlib here; the PNGs are from an earlier run); "
+                   "redraw them from this run's JSON with:"), "",
              "    python bench/robustness.py --plot bench/results/robustness.json   # any Python with matplotlib", "",
              "Everything below comes from that run (`robustness.json` holds the rows; plots "
              "`robustness.png`, synthetic text, and `robustness-bundled.png`, the bundled models). "
@@ -555,15 +593,30 @@ def markdown(result: dict) -> str:
             cell = _cell(synth, nats=nats, algorithm=algorithm, attack=kind, rate=rate, test="auto")
             return "n/a" if cell is None else f"{cell['tpr6']:.2f}"
 
+        bound = _np_bounds()
+
+        def np_bound(name, nats, key):
+            value = bound.get((name, nats, key))
+            return "n/a" if value is None else value
+
         lines += ["## Goals of issue 11 (synthetic text, default `auto`, TPR at 1e-6)", "",
-                  "| goal | issue's baseline | now |", "|---|---|---|",
-                  f"| mixing (200 in 1,000), 0.9 nats, `gumbel` ≥ 0.90 | 0.35 | {tpr(0.9, 'gumbel', 'mixing', 0.0)} |",
-                  f"| mixing, 0.9 nats, dual ≥ 0.60 | 0.09 | {tpr(0.9, 'dual_key_gumbel', 'mixing', 0.0)} |",
-                  f"| 20 % substitution, 1.7 nats, dual ≥ 0.80 | 0.47 | {tpr(1.7, 'dual_key_gumbel', 'substitution', 0.2)} |",
-                  f"| 20 % substitution, 0.9 nats, `gumbel` ≥ 0.40 | 0.10 | {tpr(0.9, 'gumbel', 'substitution', 0.2)} |",
-                  f"| 30 % substitution, 1.7 nats, `gumbel` ≥ 0.40 | 0.08 | {tpr(1.7, 'gumbel', 'substitution', 0.3)} |",
+                  "NP bound: the most powerful test that knows the attack model and the language model's law "
+                  "(`bench/results/robustness-bound.md`, `bench/robustness_bound.py`); no detector reaches "
+                  "more, so a goal above it is unreachable.", "",
+                  "| goal | issue's baseline | at c91e267 | now | NP bound |", "|---|---|---|---|---|",
+                  f"| mixing (200 in 1,000), 0.9 nats, `gumbel` ≥ 0.90 | 0.35 | 0.91 | {tpr(0.9, 'gumbel', 'mixing', 0.0)} | "
+                  f"{np_bound('mixing (200 in 1,000)', 0.9, 'gumbel')} |",
+                  f"| mixing, 0.9 nats, dual ≥ 0.60 | 0.09 | 0.56 | {tpr(0.9, 'dual_key_gumbel', 'mixing', 0.0)} | "
+                  f"{np_bound('mixing (200 in 1,000)', 0.9, 'dual')} |",
+                  f"| 20 % substitution, 1.7 nats, dual ≥ 0.80 | 0.47 | 0.61 | {tpr(1.7, 'dual_key_gumbel', 'substitution', 0.2)} | "
+                  f"{np_bound('20 % substitution', 1.7, 'dual')} |",
+                  f"| 20 % substitution, 0.9 nats, `gumbel` ≥ 0.40 | 0.10 | 0.09 | {tpr(0.9, 'gumbel', 'substitution', 0.2)} | "
+                  f"{np_bound('20 % substitution', 0.9, 'gumbel')} |",
+                  f"| 30 % substitution, 1.7 nats, `gumbel` ≥ 0.40 | 0.08 | 0.14 | {tpr(1.7, 'gumbel', 'substitution', 0.3)} | "
+                  f"{np_bound('30 % substitution', 1.7, 'gumbel')} |",
                   "| no-edit row (1.7 g / 1.7 d / 0.9 g / 0.9 d) not below the baseline | 1.00 / 1.00 / 1.00 / 0.92 | "
-                  + " / ".join(tpr(n, a, "none", 0.0) for n in (1.7, 0.9) for a in ("gumbel", "dual_key_gumbel")) + " |",
+                  "1.00 / 1.00 / 1.00 / 1.00 | "
+                  + " / ".join(tpr(n, a, "none", 0.0) for n in (1.7, 0.9) for a in ("gumbel", "dual_key_gumbel")) + " | |",
                   ""]
     bundled = [r for r in rows if r["source"] == "bundled"]
     if bundled:
@@ -576,8 +629,9 @@ def markdown(result: dict) -> str:
                   f"generated; draft acceptance {facts['dual_key_gumbel']['acceptance']:.3f}, key-B share of the "
                   f"watermarked tokens {facts['dual_key_gumbel']['key_b_share']:.3f}.", "",
                   "TPR at 1e-6 (median log10 p) per statistic. Dual key: `max`, `weighted`, `routed` are each the "
-                  "sum test with spans; `trgof` and `auto` are the default dual statistic; `auto_routed` is `auto`'s "
-                  "combination (sum, Tr-GoF, spans) on routed scores.", ""]
+                  "sum test with spans; `trgof` and `auto` use the default dual statistic, which for these keyed-coin "
+                  "keys is `routed`; `auto_max_weighted` is what `auto` does when the coin cannot be recomputed "
+                  "(ordinary coin: `max` and `weighted` sums, Tr-GoF on `max`, spans on both), on the same texts.", ""]
         for algorithm in ("gumbel", "dual_key_gumbel"):
             mine = [r for r in bundled if r["algorithm"] == algorithm]
             tests = list(dict.fromkeys(r["test"] for r in mine))
@@ -608,21 +662,23 @@ def markdown(result: dict) -> str:
         lines += ["## Null calibration", "",
                   "| null run | tests | p <= 1e-6 | p <= 1e-3 |", "|---|---|---|---|",
                   f"| uniform tokens, n = 200, every token-level attack above (mixing: 1,000 tokens), fresh key per "
-                  f"text, single and dual keys (dual: default config and, every other round, `routed` with a keyed coin) | {null['tokens']['tests']:,} | {null['tokens']['fp6']} | "
+                  f"text, default config, single and dual keys (dual: ordinary and keyed coin in turn) | {null['tokens']['tests']:,} | {null['tokens']['fp6']} | "
                   f"{null['tokens']['fp3']} |"]
         if "text" in null:
             lines.append(f"| unwatermarked bundled text under every word-level attack (retokenised) and every Unicode "
-                         f"attack (service's normalisation path), fresh key per test, single and dual keys (dual: "
-                         f"`auto` and `routed` alternately) | {null['text']['tests']:,} | {null['text']['fp6']} | "
+                         f"attack (service's normalisation path), fresh key per test, default config, single and dual "
+                         f"keys (dual: keyed and ordinary coin in turn) | {null['text']['tests']:,} | {null['text']['fp6']} | "
                          f"{null['text']['fp3']} |")
         total = sum(v["tests"] for v in null.values())
         fp6 = sum(v["fp6"] for v in null.values())
         lines += [f"| total | {total:,} | {fp6} | {sum(v['fp3'] for v in null.values())} |", "",
                   f"Expected under a valid test: at most {total * 1e-6:.2f} at 1e-6 and {total * 1e-3:.0f} at 1e-3.", ""]
     if "timing" in result:
-        lines += ["## Timing (noisy: shared CPU)", "", "| n | Tr-GoF statistic + exact p, ms | whole default detection, ms |",
+        lines += ["## Timing (shared CPU: wall time is noisy, CPU time is one core's cost)", "",
+                  "| n | Tr-GoF statistic + exact p, ms wall / CPU | whole default detection (single key), ms wall / CPU |",
                   "|---|---|---|"]
-        lines += [f"| {t['n']} | {t['trgof_ms']} | {t['detect_ms']} |" for t in result["timing"]]
+        lines += [f"| {t['n']} | {t['trgof_ms']} / {t.get('trgof_cpu_ms', 'n/a')} | {t['detect_ms']} / "
+                  f"{t.get('detect_cpu_ms', 'n/a')} |" for t in result["timing"]]
         lines.append("")
     if synth:
         lines += ["## Synthetic text, all cells", "",
@@ -699,6 +755,7 @@ def main() -> None:
         plot(result["rows"], out.with_suffix(".png"))
         if args.bundled:
             plot_bundled(result["rows"], out.with_name(out.stem + "-bundled.png"))
+        result["plotted"] = True
     except ImportError:  # matplotlib is not a project dependency: plot later with --plot
         print(f"no matplotlib: run `python bench/robustness.py --plot {out.with_suffix('.json')}` where it is")
     out.write_text(markdown(result))
