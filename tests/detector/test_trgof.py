@@ -52,6 +52,40 @@ def test_boundaries_round_up():
     assert np.all(n * trgof._kl(u, np.exp(log_a) * (1 - 1e-9)) >= s - 1e-6)
 
 
+def _crossing_80_bit(log_a: np.ndarray, n: int) -> float:
+    """The same Poissonised recursion in x87 extended precision, rescaled every step."""
+    ld = np.longdouble
+    a = np.exp(np.maximum.accumulate(log_a.astype(ld)))
+    log_fact = np.concatenate(([ld(0)], np.cumsum(np.log(np.arange(1, n + 2, dtype=ld)))))
+    h, log_scale, previous, r = np.ones(1, dtype=ld), ld(0), ld(0), np.arange(48, dtype=ld)
+    for i in range(1, len(a) + 1):
+        lam, previous = ld(n) * (a[i - 1] - previous), a[i - 1]
+        if lam > 0:
+            width = min(i, 48)
+            h = np.convolve(h, np.exp(r[:width] * np.log(lam) - log_fact[:width]))[:i]
+        elif len(h) < i:
+            h = np.concatenate((h, np.zeros(1, dtype=ld)))
+        top = h.max()
+        h, log_scale = h / top, log_scale + np.log(top)
+    m = np.arange(len(h))
+    terms = np.log(h) + (ld(n) - m) * np.log(ld(n) * (1 - a[-1])) - log_fact[n - m]
+    top = terms.max()
+    log_keep = log_fact[n] - ld(n) * np.log(ld(n)) + log_scale + top + np.log(np.exp(terms - top).sum())
+    return float(-np.expm1(log_keep))
+
+
+@pytest.mark.skipif(np.finfo(np.longdouble).eps >= 1e-18, reason="needs 80-bit long double")
+@pytest.mark.parametrize("n,s", [(200, 15.0), (1000, 27.8), (3000, 24.0), (5000, 25.6)])
+def test_exact_tail_float_error_is_far_below_the_allowance(n, s):
+    # Where the exact branch is used (p down to ~1e-11) 1 - keep cancels; its error must stay
+    # well inside FLOAT_ALLOWANCE so that exact + allowance is conservative.
+    log_a = trgof.log_boundaries(s, n)
+    reference = _crossing_80_bit(log_a, n)
+    computed = trgof._crossing_exact(log_a, n)
+    assert computed + trgof.FLOAT_ALLOWANCE >= reference
+    assert abs(computed - reference) <= trgof.FLOAT_ALLOWANCE / 5, (computed, reference)
+
+
 def test_token_pvalues_are_conservative_on_the_prf_grid():
     # Smallest uniform the PRF can give for 1 - u: one grid step; its p must be >= P(p <= it).
     grid = 2.0 ** 24
