@@ -19,7 +19,6 @@ it costs at least ``row_argmax_us + read_floor_us`` whatever its race costs.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -29,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.sampler_kernels import report  # noqa: E402
 from bench.sampler_kernels import harness  # noqa: E402
 from bench.sampler_kernels.harness import S, graph_time_us, make_logits, row_args, sets_for  # noqa: E402
 
@@ -76,10 +76,7 @@ def main() -> int:
                 result[f"{dist}_dual_dense_us"] = graph_time_us([lambda x=x: gumbel_sample(x, **margs) for x in sets])
         del sets
         harness.free()
-    print(json.dumps(result, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return report.emit(result, args.out)
 
 
 if __name__ == "__main__":

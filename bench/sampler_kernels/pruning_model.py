@@ -16,7 +16,6 @@ program's chunk, 2 programs per row at B = 256), tile by tile.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from tests.watermark.kernels.parity import zipf_logits  # noqa: E402
+from bench.sampler_kernels import report  # noqa: E402
 from watermark.pruning import chunk_bounds, prune_floor  # noqa: E402
 
 
@@ -76,10 +76,7 @@ def main() -> int:
         live = values > prune_floor(bound[:, 0]).unsqueeze(1)
         result[dist] = {"row_bound_live_share": live_shares(live),
                         "running_bound_live_token_share_2_programs": running_floor_share(values, keys, states)}
-    print(json.dumps(result, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return report.emit(result, args.out)
 
 
 if __name__ == "__main__":
