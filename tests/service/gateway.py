@@ -14,7 +14,7 @@ import uvicorn
 from keys import migrate
 from keys.db import open_store
 from keys.kek import generate_kek_file
-from keys.lifecycle import create_key
+from keys.lifecycle import create_key, import_key
 from keys.settings import StoreSettings
 from keys.tenants import create_tenant
 from keys.tokens import issue_token
@@ -45,9 +45,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def provision(tmp: Path, database_url: str | None = None) -> tuple[StoreSettings, dict[str, str]]:
+def provision(tmp: Path, database_url: str | None = None,
+              secrets: dict[str, int] | None = None) -> tuple[StoreSettings, dict[str, str]]:
     """Tenants acme (dual key) and globex (gumbel), their tokens and an admin token, in a new
-    SQLite file under ``tmp`` or in the (empty) database at ``database_url``."""
+    SQLite file under ``tmp`` or in the (empty) database at ``database_url``.
+
+    Keys are random unless ``secrets`` fixes a tenant's secret: a watermarked sample is a
+    function of the key as well as the seed, so a test that needs the same text on every
+    run (an output with a given property) must fix the key too."""
+    secrets = secrets or {}
+
+    def key(session, store, tenant: str, spec: WatermarkSpec) -> None:
+        if tenant in secrets:
+            import_key(session, store.keyring, tenant=tenant, secret=secrets[tenant], spec=spec, actor="test",
+                       source="test")
+        else:
+            create_key(session, store.keyring, tenant=tenant, actor="test", spec=spec)
+
     kek_file = tmp / "kek.key"
     generate_kek_file(kek_file)
     settings = StoreSettings(database_url=database_url or f"sqlite:///{tmp / 'hallmark.db'}", kek_file=kek_file)
@@ -57,10 +71,9 @@ def provision(tmp: Path, database_url: str | None = None) -> tuple[StoreSettings
         migrate.upgrade(store.engine)
         with store.transaction() as session:
             create_tenant(session, name="acme", actor="test")
-            create_key(session, store.keyring, tenant="acme", actor="test",
-                       spec=WatermarkSpec(algorithm="dual_key_gumbel"))
+            key(session, store, "acme", WatermarkSpec(algorithm="dual_key_gumbel"))
             create_tenant(session, name="globex", actor="test")
-            create_key(session, store.keyring, tenant="globex", actor="test", spec=WatermarkSpec())
+            key(session, store, "globex", WatermarkSpec())
             tokens["acme"] = issue_token(session, tenant="acme", actor="test").raw_token
             tokens["globex"] = issue_token(session, tenant="globex", actor="test").raw_token
             tokens["admin"] = issue_token(session, tenant=None, admin=True, actor="test").raw_token
@@ -69,8 +82,9 @@ def provision(tmp: Path, database_url: str | None = None) -> tuple[StoreSettings
     return settings, tokens
 
 
-def start(tmp: Path, database_url: str | None = None, **overrides) -> Gateway:
-    store_settings, tokens = provision(tmp, database_url)
+def start(tmp: Path, database_url: str | None = None, secrets: dict[str, int] | None = None,
+          **overrides) -> Gateway:
+    store_settings, tokens = provision(tmp, database_url, secrets)
     options = {"model": TEST_MODEL, "draft_model": TEST_DRAFT, "device": "cpu", "max_batch": 8,
                "detect_rate_per_minute": 100_000, "detect_burst": 100_000, **overrides}
     settings = ServiceSettings(**options)

@@ -30,9 +30,17 @@ CHROMEDRIVER = os.environ.get("HALLMARK_CHROMEDRIVER", "/usr/bin/chromedriver")
 SCREENSHOTS = os.environ.get("HALLMARK_UI_SCREENSHOTS")
 
 
+# Fixed key secrets: a watermarked sample is a function of the key as well as the seed, so with
+# the random keys of other modules every run of this one generated other texts, and the outputs
+# the browser tests pick through the API (a seed with a span, an excerpt the watermark alone
+# misses) could be missing in one run in many (one CI run found no ledger-only excerpt). With
+# these keys a seed gives the same text on every run.
+SECRETS = {"acme": 0x5CC4_7A1D_0000_0001, "globex": 0x5CC4_7A1D_0000_0002}
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    gateway = gw.start(tmp_path_factory.mktemp("ui"), max_tokens_cap=512, max_evidence_tokens=400)
+    gateway = gw.start(tmp_path_factory.mktemp("ui"), secrets=SECRETS, max_tokens_cap=512, max_evidence_tokens=400)
     yield gateway
     gateway.stop()
 
@@ -49,6 +57,20 @@ def generate(server, who="acme", **body):
 
 
 # ---------------------------------------------------------------- JSON routes
+
+
+def test_the_modules_keys_are_fixed_so_its_texts_are_the_same_on_every_run(server):
+    from keys.db import open_store
+    from keys.material import detection_keys
+
+    store = open_store(server.store_settings, require_kek=True)
+    try:
+        with store.transaction(write=False) as session:
+            stored = {k.tenant: k.material.secret for k in detection_keys(session, store.keyring)}
+    finally:
+        store.close()
+    assert stored == SECRETS
+    assert generate(server, seed=11, max_tokens=24)["text"] == generate(server, seed=11, max_tokens=24)["text"]
 
 
 def test_evidence_maps_every_token_to_the_original_text(server):
@@ -197,7 +219,8 @@ def _no_console_errors(driver):
 def _seed_with_a_span(server) -> tuple[int, str, dict]:
     """A seed whose 150-token output has a localised span (some outputs of the tiny model stop
     early or loop, and are then detected as a whole without any span passing on its own).
-    Generation is deterministic for a seed, so the page's run produces the same text."""
+    Generation is deterministic for a key and a seed, so the page's run produces the same text
+    (and with the module's fixed keys, every run of the module the same seed)."""
     for seed in range(1, 9):
         out = generate(server, seed=seed, max_tokens=150)
         result = client(server).post("/v1/detect", json={"text": out["text"]}).json()
@@ -298,7 +321,8 @@ def _edited_copy(server) -> tuple[str, str]:
     """A text holding a short excerpt of a generation inside human text: too short for the
     watermark to pass on its own, long enough to share 8-token sequences with its ledger
     record. Chosen through the API: excerpts of growing length from a few starting words
-    (how short an excerpt the watermark alone misses depends on the generated text)."""
+    (how short an excerpt the watermark alone misses depends on the generated text, which
+    depends on the key: with the module's fixed keys the same excerpt on every run)."""
     out = generate(server, seed=11, max_tokens=150)
     words = out["text"].split(" ")
     seen = []
