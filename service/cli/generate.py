@@ -89,7 +89,7 @@ def generate(
         validate_sampling(temperature, top_k, top_p)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    from service.cli.progress import note
+    from service.cli.progress import note, quiet_libraries
 
     if engine not in ("local", "vllm"):
         raise CliError(f"unknown engine: {engine}; expected one of local, vllm")
@@ -100,6 +100,7 @@ def generate(
                                max_tokens_cap=max(max_tokens, 1024), max_prompt_tokens=sys.maxsize,
                                allow_opt_out=True, tenant_max_concurrent_generations=0, tenant_tokens_per_minute=0,
                                rate_limit_backend="memory")
+    quiet_libraries(as_json)
     built = _build_engine(settings)
     params = [GenerateParams(prompt=text, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                              # One seed for the batch would give equal prompts equal outputs.

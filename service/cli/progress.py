@@ -1,7 +1,8 @@
 """Progress lines for long CLI work (model loading, long batches, KEK rotation).
 
 Written to stderr, and only when stderr is a terminal and the command was not asked for
-``--json``: scripts, pipes and CI logs see the result alone.
+``--json``: scripts, pipes and CI logs see the result alone. Libraries' own progress bars
+(transformers' "Loading weights") follow the same rule (:func:`quiet_libraries`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,19 @@ import time
 
 def enabled(as_json: bool = False) -> bool:
     return not as_json and sys.stderr.isatty()
+
+
+def quiet_libraries(as_json: bool = False) -> None:
+    """Turn off third-party progress bars (transformers' "Loading weights" bars, drawn on
+    stderr whatever it is) unless progress is :func:`enabled`. Call before loading a model."""
+    if enabled(as_json):
+        return
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # child processes (vLLM workers) too
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
 
 
 def note(message: str, *, as_json: bool = False) -> None:

@@ -34,8 +34,10 @@ def _serve(host: str, port: int, **overrides) -> None:
         raise CliError(exc.user_message) from None
     except ValueError as exc:
         raise CliError(f"invalid setting: {exc}") from None
-    from service.cli.progress import note
+    from service.cli.progress import note, quiet_libraries
     from service.model_paths import BUNDLED_MODELS
+
+    quiet_libraries()
 
     note(f"loading the model ({BUNDLED_MODELS.get(settings.model, settings.model)}); the server answers on "
          f"http://{host}:{port} once it is loaded (the page: /ui, the API reference: /docs)")

@@ -96,3 +96,28 @@ def test_progress_stays_off_without_a_terminal(monkeypatch, capsys, fresh_dir):
     assert code == 0 and len(out.splitlines()) == 3 and err == ""
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     assert progress.enabled() and not progress.enabled(as_json=True)
+
+
+@pytest.mark.slow
+def test_generate_json_writes_nothing_on_stderr_without_a_terminal(fresh_dir):
+    """`hallmark generate --json` in a pipe: the JSON on stdout and nothing on stderr (before,
+    transformers drew its "Loading weights" bars there whatever stderr was)."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    ensure_dev_kek_file(fresh_dir / "var" / "kek.key")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "service.cli", *argv], cwd=fresh_dir, env=env,
+                              capture_output=True, text=True, timeout=600)
+
+    for argv in (["db", "upgrade"], ["tenants", "create", "t"], ["keys", "create", "--tenant", "t"]):
+        assert cli(*argv).returncode == 0
+    run = cli("generate", "--tenant", "t", "--prompt", "The function returns", "--max-tokens", "4", "--json")
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == ""
+    assert json.loads(run.stdout)["generations"][0]["output_tokens"] >= 1
