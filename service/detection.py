@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from typing import Any
 
 from pydantic import ValidationError
@@ -19,7 +18,7 @@ from service import evidence
 from service.auth import Identity, resolve_tenant
 from service.errors import Conflict, NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
 from service.http_errors import store_error
-from service.provenance import report_statement
+from service.provenance import report_statement, with_ledger_basis
 from service.schemas import DetectBody
 from service.state import Services
 from watermark.validation import describe
@@ -102,15 +101,9 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
         matches = services.ledger_matches(hash_output(text), scope)
     kgram_matches = _kgram_matches(services, identity, tenant, candidates, token_ids)
     services.metrics.detections.labels("watermarked" if result.watermarked else "not_watermarked").inc()
-    out = result.to_dict()
-    out["ledger_matches"] = matches
-    out["kgram_matches"] = [m.to_dict() for m in kgram_matches]
     # The ledger is a second basis: an exact copy (output hash) or shared k-grams whose
     # chance-collision bound passes the threshold, even when the watermark no longer does.
-    ledger_basis = bool(matches) or any(m.log10_false_match_bound <= math.log10(config.threshold)
-                                        for m in kgram_matches)
-    if ledger_basis and "ledger" not in out["basis"]:
-        out["basis"] = [*out["basis"], "ledger"]
+    out = with_ledger_basis(result.to_dict(), matches, kgram_matches, config.threshold)
     if normalized is not None:
         out["normalization"] = {**normalized.to_dict(), "scored": form_names[best]}
     if params.evidence:

@@ -14,7 +14,7 @@ from keys.material import StoredKey, active_key, detection_keys
 from keys.ledger import GenerationEntry, find_generations_by_output_hash
 from keys.receipts import Signer
 from keys.signing import NoSigningKey, active_signer, public_keyset
-from service.provenance import receipt_statement
+from service.provenance import ledger_match, receipt_statement
 from keys.tenants import get_tenant
 from service.caching import TokenCache, TTLCache
 from service.engines.base import Engine
@@ -80,11 +80,7 @@ class Services:
         """Ledger records whose output hashes to ``output_sha256`` (scoped to a tenant, or all)."""
         with self.store.transaction(write=False) as session:  # database faults as KeyStoreError (503)
             found = find_generations_by_output_hash(session, output_sha256=output_sha256, tenant_id=tenant_id)
-        return [{"generation_id": e.id, "tenant": e.tenant, "key_id": e.key_id, "key_version": e.key_version,
-                 "key_state": e.key_state, "engine": e.engine, "model": e.model,
-                 "watermarked_tokens": e.watermarked_tokens, "status": e.status,
-                 "ledger": {"seq": e.seq, "entry_hash": e.entry_hash},
-                 "created_at": e.created_at.isoformat()} for e in found]
+        return [ledger_match(e) for e in found]
 
     def signer(self) -> Signer | None:
         """The active signing key, opened (cached like keys); None if the store has none."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 from detector.result import Candidate
 from keys.errors import KeyStoreError
 from keys.material import detection_keys
@@ -21,3 +23,26 @@ def stored_candidates(*, tenant: str | None) -> list[Candidate]:
         where = f"tenant {tenant!r}" if tenant else "the store"
         raise CliError(f"{where} has no keys to test; create one with `hallmark keys create`")
     return [candidate_of(k) for k in keys]
+
+
+def add_ledger_evidence(result: dict[str, Any], *, tenant: str | None, text: str | None,
+                        token_ids: Sequence[int], candidates: list[Candidate], threshold: float) -> dict[str, Any]:
+    """The ledger's evidence, as the API gives it (service.detection): recorded generations
+    whose output is exactly ``text``, and generations sharing k-grams of ``token_ids`` under
+    the stored candidate keys, scoped to ``tenant`` (None: every tenant)."""
+    from keys import kgrams
+    from keys.ledger import find_generations_by_output_hash, hash_output
+    from keys.tenants import get_tenant
+    from service.provenance import ledger_match, with_ledger_basis
+
+    keys = [(c.info.key_id, c.key.secret) for c in candidates if c.info.tenant is not None and c.info.key_id]
+    try:
+        with cli_store(require_kek=True) as store, store.transaction(write=False) as session:
+            tenant_id = None if tenant is None else get_tenant(session, name=tenant).id
+            found = [] if not text else find_generations_by_output_hash(
+                session, output_sha256=hash_output(text), tenant_id=tenant_id)
+            matches = [] if not keys or len(token_ids) < kgrams.K else kgrams.find_matches(
+                session, keys=keys, token_ids=list(token_ids), tenant_id=tenant_id)
+    except KeyStoreError as exc:
+        raise CliError(exc.user_message) from None
+    return with_ledger_basis(result, [ledger_match(e) for e in found], matches, threshold)

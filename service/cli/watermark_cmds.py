@@ -154,10 +154,11 @@ def _tokenize(texts: list[str], tokenizer_path: str) -> list[list[int]]:
 
 def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text: Optional[str],
                   text_file: Optional[Path], tokenizer: Optional[str],
-                  normalize_text: bool = True) -> tuple[list[list[int]], "NormalizedText | None", list[str]]:
+                  normalize_text: bool = True
+                  ) -> tuple[list[list[int]], "NormalizedText | None", list[str], str | None]:
     """The input's token ids: one form, or for text changed by normalisation several (as
     given and normalised; the API's rule, detector.forms), the normalisation when applied,
-    and the forms' names."""
+    the forms' names, and the text as given (None for token ids)."""
     given = [x is not None for x in (token_ids, token_ids_file, text, text_file)]
     if sum(given) != 1:
         raise CliError("give exactly one input: --token-ids, --token-ids-file, --text or --text-file (or --jsonl)")
@@ -174,9 +175,9 @@ def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text
         from detector.forms import text_forms
 
         if not normalize_text:
-            return _tokenize([text], tokenizer), None, ["as_sent"]
+            return _tokenize([text], tokenizer), None, ["as_sent"], text
         forms, normalized = text_forms(text)
-        return _tokenize([form.text for form in forms], tokenizer), normalized, [form.name for form in forms]
+        return _tokenize([form.text for form in forms], tokenizer), normalized, [form.name for form in forms], text
     raw = token_ids
     if token_ids_file is not None:
         try:
@@ -184,7 +185,7 @@ def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text
         except OSError as exc:
             raise CliError(f"cannot read {token_ids_file}: {exc.strerror}") from None
     try:
-        return [_token_list(json.loads(raw))], None, ["as_sent"]
+        return [_token_list(json.loads(raw))], None, ["as_sent"], None
     except json.JSONDecodeError:
         raise CliError("token ids must be a JSON list of integers, e.g. [12, 7, 99]") from None
     except ValueError as exc:
@@ -249,28 +250,42 @@ def detect_command(
 
         _batch(jsonl, one)
         return
-    forms, normalized, form_names = _single_input(token_ids, token_ids_file, text, text_file, tokenizer, normalize_text)
+    forms, normalized, form_names, text_input = _single_input(token_ids, token_ids_file, text, text_file, tokenizer, normalize_text)
     if tenant is not None or all_tenants:
         if key is not None or key_file is not None:
             raise CliError("give either an inline key (--key/--key-file) or --tenant/--all-tenants, not both")
         from service.cli.store_detect import stored_candidates
 
         candidates = stored_candidates(tenant=None if all_tenants else tenant)
+        store_scope = True
     else:
         if key is None and key_file is None:
             raise CliError("give a key: --key-file F (or --key), or --tenant T to use stored keys")
         spec = spec_from_options(algorithm=algorithm, context_width=context_width, alpha=alpha, dedup=dedup, coin=coin)
         candidates = [Candidate.inline(_inline_key(key, key_file, spec))]
+        store_scope = False
     try:
         result, scored_form = detect_forms(forms, candidates, config)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     payload = result.to_dict()
+    if store_scope:  # the ledger's evidence too, as the API reports it
+        from service.cli.store_detect import add_ledger_evidence
+
+        payload = add_ledger_evidence(payload, tenant=None if all_tenants else tenant, text=text_input,
+                                      token_ids=forms[scored_form], candidates=candidates,
+                                      threshold=config.threshold)
     if normalized is not None:
         payload["normalization"] = {**normalized.to_dict(), "scored": form_names[scored_form]}
     verdict = "watermarked" if result.watermarked else "not watermarked"
     source = ""
     if result.key is not None:
         source = f" (key {result.key.key_id} v{result.key.version}, {result.key.state})" if result.key.tenant else ""
+    ledger = ""
+    if "ledger" in payload["basis"]:
+        ledger = (f"; in the ledger: exact copy of generation {payload['ledger_matches'][0]['generation_id']}"
+                  if payload["ledger_matches"] else
+                  f"; in the ledger: shares {payload['kgram_matches'][0]['matched_kgrams']} eight-token sequences "
+                  f"with generation {payload['kgram_matches'][0]['generation_id']}")
     emit(payload, as_json, f"{verdict}: log10 p = {result.log10_p_value:.2f} over {result.scored_tokens} "
-                           f"scored of {result.total_tokens} tokens{source}")
+                           f"scored of {result.total_tokens} tokens{source}{ledger}")
