@@ -413,6 +413,71 @@ def test_keys_page_rotates_a_key(server, browser):
     _no_console_errors(browser)
 
 
+def test_revoking_needs_a_reason_that_is_not_blank(server, browser):
+    """The dialog keeps a blank reason (spaces pass `required`) instead of closing on the API's 422."""
+    from selenium.webdriver.common.by import By
+
+    _open(browser, server, "admin", "keys")
+    _wait(browser, lambda d: d.find_element(By.ID, "tab-keys").is_displayed())
+    browser.find_element(By.ID, "tab-keys").click()
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#keys-table tbody tr button"))
+    browser.find_elements(By.CSS_SELECTOR, "#keys-table tbody tr button")[0].click()
+    _visible(browser, "confirm")
+    browser.find_element(By.ID, "confirm-reason").send_keys("   ")
+    browser.find_element(By.ID, "confirm-ok").click()
+    assert browser.find_element(By.ID, "confirm").get_attribute("open") is not None
+    assert "recorded in the audit log" in browser.execute_script(
+        "return document.getElementById('confirm-reason').validationMessage")
+    assert not browser.find_element(By.ID, "error").is_displayed()
+    browser.find_element(By.ID, "confirm-cancel").click()
+    assert browser.find_element(By.ID, "confirm").get_attribute("open") is None
+    _no_console_errors(browser)
+
+
+def test_keys_page_tells_a_tenant_token_it_needs_an_admin_token(server, browser):
+    from selenium.webdriver.common.by import By
+
+    _open(browser, server, "acme", "keys")
+    _wait(browser, lambda d: "tenant acme" in d.find_element(By.ID, "token-status").text)
+    assert not browser.find_element(By.ID, "tab-keys").is_displayed()
+    assert "needs an admin token" in _visible(browser, "keys-admin-only").text
+    assert not browser.find_element(By.ID, "keys-rotate").is_displayed()
+
+
+def test_looking_up_an_empty_generation_id_says_what_to_enter(server, browser):
+    from selenium.webdriver.common.by import By
+
+    _open(browser, server, "acme", "record")
+    _wait(browser, lambda d: "tenant acme" in d.find_element(By.ID, "token-status").text)
+    browser.find_element(By.ID, "record-id").send_keys("  ")
+    browser.find_element(By.ID, "record-submit").click()
+    assert "enter a generation id" in _visible(browser, "error", timeout=30).text
+    assert not browser.find_element(By.ID, "record-result").is_displayed()
+
+
+@pytest.mark.parametrize("width", [320, 360])
+def test_no_page_is_wider_than_a_phone(server, browser, width):
+    """Every page fits a 320/360 px wide window (wide tables scroll inside their box)."""
+    from selenium.webdriver.common.by import By
+
+    _open(browser, server, "admin", "keys")
+    _wait(browser, lambda d: d.find_element(By.ID, "tab-keys").is_displayed())
+    try:
+        browser.set_window_size(width, 900)
+        for page in ("check", "generate", "record", "keys"):
+            browser.find_element(By.ID, f"tab-{page}").click()
+            _wait(browser, lambda d: d.find_element(By.ID, f"page-{page}").is_displayed())
+            if page == "keys":
+                _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#audit-table tbody tr"))
+            if page == "record":
+                _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#recent tbody tr"))
+            widths = browser.execute_script(
+                "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+            assert widths[0] <= widths[1], (page, widths)
+    finally:
+        browser.set_window_size(1280, 1000)
+
+
 def test_generations_are_listed_newest_first_paged_and_filtered(server):
     first = generate(server, seed=11, max_tokens=8)
     second = generate(server, seed=12, max_tokens=8)

@@ -162,6 +162,10 @@ function show(page) {
     if (name === page) tab.setAttribute("aria-current", "page"); else tab.removeAttribute("aria-current");
   }
   document.title = `Hallmark — ${page === "check" ? "check a text" : page}`;
+  // The Keys page is for admin tokens; anyone else who opens #keys is told so (no controls).
+  const admin = !!(me && me.admin);
+  $("keys-admin").hidden = !admin;
+  $("keys-admin-only").hidden = admin;
   if (page === "keys") loadKeysPage();
   if (page === "record") loadRecent(0);
 }
@@ -461,7 +465,9 @@ const PAGE_SIZE = 20;
 let recentOffset = 0;
 
 async function lookUp(id) {
-  const record = await api("GET", "/v1/generations/" + encodeURIComponent(id.trim()));
+  id = id.trim();
+  if (!id) throw new ApiError(0, "enter a generation id (32 hex digits) to look up its record", "empty");
+  const record = await api("GET", "/v1/generations/" + encodeURIComponent(id));
   $("record-title").textContent = record.id;
   const dl = clear($("record-facts"));
   const labels = [["tenant", "Tenant"], ["key_id", "Key id"], ["key_version", "Key version"], ["key_state", "Key state"],
@@ -546,6 +552,7 @@ function confirmAction({ title, body, action, reason }) {
   $("confirm-reason-row").hidden = !reason;
   $("confirm-reason").value = "";
   $("confirm-reason").required = !!reason;
+  $("confirm-reason").setCustomValidity("");
   return new Promise((resolve) => {
     const done = (ok) => {
       $("confirm-form").onsubmit = null;
@@ -554,7 +561,17 @@ function confirmAction({ title, body, action, reason }) {
       if (dialog.open) dialog.close();
       resolve(ok ? { reason: $("confirm-reason").value.trim() } : null);
     };
-    $("confirm-form").onsubmit = (event) => { event.preventDefault(); done(true); };
+    $("confirm-reason").oninput = () => $("confirm-reason").setCustomValidity("");
+    $("confirm-form").onsubmit = (event) => {
+      event.preventDefault();
+      // `required` accepts spaces, which the API refuses (422) after the dialog has closed.
+      if (reason && !$("confirm-reason").value.trim()) {
+        $("confirm-reason").setCustomValidity("Give a reason: it is recorded in the audit log.");
+        $("confirm-reason").reportValidity();
+        return;
+      }
+      done(true);
+    };
     $("confirm-cancel").onclick = () => done(false);
     dialog.onclose = () => done(false);
     dialog.showModal();
