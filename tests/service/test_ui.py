@@ -35,7 +35,7 @@ SCREENSHOTS = os.environ.get("HALLMARK_UI_SCREENSHOTS")
 # the browser tests pick through the API (a seed with a span, an excerpt the watermark alone
 # misses) could be missing in one run in many (one CI run found no ledger-only excerpt). With
 # these keys a seed gives the same text on every run.
-SECRETS = {"acme": 0x5CC4_7A1D_0000_0001, "globex": 0x5CC4_7A1D_0000_0002}
+SECRETS = gw.FIXED_SECRETS
 
 
 @pytest.fixture(scope="module")
@@ -60,16 +60,7 @@ def generate(server, who="acme", **body):
 
 
 def test_the_modules_keys_are_fixed_so_its_texts_are_the_same_on_every_run(server):
-    from keys.db import open_store
-    from keys.material import detection_keys
-
-    store = open_store(server.store_settings, require_kek=True)
-    try:
-        with store.transaction(write=False) as session:
-            stored = {k.tenant: k.material.secret for k in detection_keys(session, store.keyring)}
-    finally:
-        store.close()
-    assert stored == SECRETS
+    assert gw.stored_secrets(server) == SECRETS
     # Another prompt than the page tests': identical outputs would share their k-grams with theirs.
     body = {"prompt": "Fixed keys", "seed": 3, "max_tokens": 12}
     assert generate(server, **body)["text"] == generate(server, **body)["text"]
