@@ -8,13 +8,23 @@ keys (a tenant's rotation history, or every tenant): each key's p is Holm-adjust
 
 The verdict is one weighted Bonferroni test over every component (state weights, fixed
 before looking at the data; :func:`weights`): whole-text sum 1/2, whole-text Tr-GoF 1/4,
-spans 1/4 (the span p-values are already corrected for every window and key); an
-ordinary-coin dual key under ``auto`` splits the whole-text 3/4 as sum (``max``) 0.3,
-``weighted`` 0.3, Tr-GoF 0.15, and its spans' 1/4 as ``max`` 1/8, ``weighted`` 1/8 (a
-keyed-coin one uses ``routed`` scores throughout, with the single-statistic split). The global
-p is min over components of p_c / w_c, so under the null P(global p <= t) <= t; a text
-is watermarked when the whole text or any span passes its share. Without edits this
-costs the sum test one factor 2 of p-value (0.3 in log10).
+spans 1/4 (the span p-values are already corrected for every window and key). An
+ordinary-coin dual key under ``auto`` has two hypotheses about the share of key-B tokens:
+alpha (no speculation), which the ``weighted`` sum serves best, and an unknown share
+(speculation), which ``max`` serves. The whole-text 3/4 is split ``weighted`` 0.45, ``max``
+0.15, Tr-GoF 0.15 (on the weighted Šidák scores at w = 1 - alpha, which are Exp(1) under
+the null and keep the power of key-A tokens), and the spans' 1/4 as ``weighted`` 3/16,
+``max`` 1/16. A keyed-coin key uses ``routed`` scores throughout, with the
+single-statistic split. The global p is min over components of p_c / w_c, so under the
+null P(global p <= t) <= t; a text is watermarked when the whole text or any span passes
+its share. Without edits this costs the sum test one factor 2 of p-value (0.3 in log10).
+
+Tr-GoF's exact tail (:func:`detector.trgof.log_sf`, milliseconds at 1,000 tokens) is
+computed only when it can change the result: when a cheap lower bound on its p
+(:func:`detector.trgof.log_sf_lower`), weighted, is below both the threshold and the key's
+other whole-text components. Otherwise Tr-GoF's reported p is its union (Chernoff) bound, a
+valid p-value too. The verdict is the same as with the exact tail always, and so is the
+global p of every text reported watermarked.
 """
 
 from __future__ import annotations
@@ -68,19 +78,30 @@ SPANS_SHARE = 0.25
 """The spans' share of the threshold when spans are on."""
 
 
+DUAL_AUTO_RAW = {"sum": 1.0, "weighted": 3.0, "trgof": 1.0}
+"""Relative whole-text weights of an ordinary-coin dual key under ``auto`` (``sum`` is the
+``max`` statistic's sum): 0.15 / 0.45 / 0.15 of the threshold with spans on."""
+SINGLE_RAW = {"sum": 2.0, "trgof": 1.0}
+DUAL_AUTO_SPAN_FRACTIONS = {"max": 0.25, "weighted": 0.75}
+"""How an ordinary-coin dual key under ``auto`` splits the spans' share between its two
+span searches."""
+
+
 def weights(config: "DetectorConfig", with_spans: bool, dual_auto: bool = False) -> dict[str, float]:
     """Bonferroni weights of the verdict's components (sum to 1): fixed by the config, the
     key's kind and the text length only, never by the data. Spans get SPANS_SHARE; the
-    whole text the rest, split sum 2 : Tr-GoF 1, and for a dual key under ``auto`` also the
-    ``weighted`` sum 2 (it is the stronger statistic when the key-B share is alpha, as in
-    non-speculative text; ``max`` keeps the power when it is not)."""
+    whole text the rest, split sum 2 : Tr-GoF 1, or for a dual key under ``auto``
+    ``max`` sum 1 : ``weighted`` sum 3 : Tr-GoF 1 (``weighted`` is the stronger statistic when
+    the key-B share is alpha, as in non-speculative text, by far at low entropy:
+    bench/results/robustness.md; ``max`` keeps the power when the share is not alpha)."""
+    table = DUAL_AUTO_RAW if dual_auto else SINGLE_RAW
     raw = {}
     if config.test in ("auto", "sum"):
-        raw["sum"] = 2.0
+        raw["sum"] = table["sum"]
         if dual_auto:
-            raw["weighted"] = 2.0
+            raw["weighted"] = table["weighted"]
     if config.test in ("auto", "trgof"):
-        raw["trgof"] = 1.0
+        raw["trgof"] = table["trgof"]
     whole = 1.0 - (SPANS_SHARE if with_spans else 0.0)
     total = sum(raw.values())
     out = {name: whole * value / total for name, value in raw.items()}
@@ -141,6 +162,19 @@ def _log10_sf_lower(statistic: str, alpha: float):
     return stats.gamma_log10_sf_lower
 
 
+def _trgof_log10_p(scores: np.ndarray, log10_share: float, log10_bar: float) -> float:
+    """Tr-GoF's log10 p over Exp(1)-null scores [n]: exact where it can matter, i.e. where a
+    lower bound on it, weighted by its share, is at most ``log10_bar`` (the threshold or the
+    key's best other component, whichever is lower); elsewhere its union bound, a valid p
+    that cannot change the verdict (see the module docstring)."""
+    pvalues = trgof.token_pvalues(scores)
+    s, index, at = trgof.statistic_at(pvalues)
+    n = len(pvalues)
+    if 0.0 < s and n <= trgof.EXACT_MAX_N and trgof.log_sf_lower(n, index, at) / trgof.LN10 - log10_share > log10_bar:
+        return trgof.log10_union(s, n)
+    return trgof.log10_sf(s, n)
+
+
 def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate],
            config: DetectorConfig | None = None) -> DetectionResult:
     """Score ``token_ids`` against every candidate key."""
@@ -168,7 +202,10 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
                                                        and config.dual_statistic == "auto"
                                                        and statistic == "max"))
         shares.update(share)
-        per_token = scoring.token_scores(candidate.key, scored, statistic)
+        dual = spec.algorithm == "dual_key_gumbel" and statistic in ("max", "weighted")
+        parts = scoring.dual_scores(candidate.key, scored) if dual else None
+        per_token = getattr(parts, statistic) if parts is not None else scoring.token_scores(
+            candidate.key, scored, statistic)
         total = float(per_token.sum())
         log10_sf = _log10_sf(statistic, spec.alpha)
         log10_p_sum = log10_sf(total, len(per_token))
@@ -176,22 +213,25 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
         combined = []
         if "sum" in share:
             combined.append(log10_p_sum - math.log10(share["sum"]))
-        if "trgof" in share:
-            # Tr-GoF needs Exp(1)-null scores; the weighted statistic's are not, so it runs
-            # on the per-token maximum (Šidák) scores of the same key.
-            gof_scores = per_token if statistic != "weighted" else scoring.token_scores(
-                candidate.key, scored, "max")
-            log10_p_trgof = trgof.log10_pvalue(gof_scores)
-            combined.append(log10_p_trgof - math.log10(share["trgof"]))
         families = (SpanFamily(per_token, log10_sf, _log10_sf_lower(statistic, spec.alpha), 1.0),)
         if "weighted" in share:
-            weighted = scoring.token_scores(candidate.key, scored, "weighted")
+            weighted = parts.weighted
             weighted_sf = _log10_sf("weighted", spec.alpha)
             log10_p_weighted = weighted_sf(float(weighted.sum()), len(weighted))
             combined.append(log10_p_weighted - math.log10(share["weighted"]))
-            # Spans too: half of the spans' share each for max and weighted scores.
-            families = (SpanFamily(per_token, log10_sf, _log10_sf_lower(statistic, spec.alpha), 0.5),
-                        SpanFamily(weighted, weighted_sf, _log10_sf_lower("weighted", spec.alpha), 0.5))
+            families = (SpanFamily(per_token, log10_sf, _log10_sf_lower(statistic, spec.alpha),
+                                   DUAL_AUTO_SPAN_FRACTIONS["max"]),
+                        SpanFamily(weighted, weighted_sf, _log10_sf_lower("weighted", spec.alpha),
+                                   DUAL_AUTO_SPAN_FRACTIONS["weighted"]))
+        if "trgof" in share:
+            # Tr-GoF needs Exp(1)-null scores. Where the key-B share alpha is tested (weighted,
+            # or auto on an ordinary-coin key) it runs on the weighted Šidák scores at
+            # w = 1 - alpha; otherwise on the statistic's own per-token scores.
+            gof_scores = parts.weighted_sidak if parts is not None and (
+                statistic == "weighted" or "weighted" in share) else per_token
+            log10_p_trgof = _trgof_log10_p(gof_scores, math.log10(share["trgof"]),
+                                           min(log10_threshold, min(combined, default=0.0)))
+            combined.append(log10_p_trgof - math.log10(share["trgof"]))
         evidence.append(KeyEvidence(candidate=candidate, scored=scored, statistic=statistic,
                                     per_token=per_token, total=total, log10_p_sum=log10_p_sum,
                                     log10_p_trgof=log10_p_trgof, log10_p=min(0.0, min(combined)),

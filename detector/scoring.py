@@ -148,6 +148,30 @@ def routed_weights(u_a: np.ndarray, u_b: np.ndarray, coin: np.ndarray) -> np.nda
     return np.clip(0.5 + intercept + slope * x, *ROUTED_CLIP)
 
 
+@dataclass(frozen=True)
+class DualScores:
+    """A dual key's per-token scores [n] from one pass of its two keys' PRF."""
+
+    max: np.ndarray
+    """:func:`max_scores` (Exp(1) under the null)."""
+    weighted: np.ndarray
+    """(1 - alpha) s_A + alpha s_B (the weighted statistic's terms; not Exp(1))."""
+    weighted_sidak: np.ndarray
+    """:func:`weighted_max_scores` at w = 1 - alpha (Exp(1) under the null): the per-token
+    test of the share alpha, for tests that need Exp(1) scores (Tr-GoF)."""
+
+
+def dual_scores(key: WatermarkKey, scored: ScoredPositions) -> DualScores:
+    if key.spec.algorithm != "dual_key_gumbel":
+        raise ValueError("dual_scores is for dual_key_gumbel keys")
+    u_a, u_b = uniforms_many([(key.key_a, None), (key.key_b, None)], scored, key.spec.prf)
+    alpha = key.spec.alpha
+    w = min(max(1.0 - alpha, 1e-3), 1.0 - 1e-3)  # in (0, 1) also for alpha 0 or 1
+    return DualScores(max=max_scores(u_a, u_b),
+                      weighted=(1.0 - alpha) * exp_scores(u_a) + alpha * exp_scores(u_b),
+                      weighted_sidak=weighted_max_scores(u_a, u_b, w))
+
+
 def token_scores(key: WatermarkKey, scored: ScoredPositions, statistic: Statistic) -> np.ndarray:
     """Per-token scores [n] (float64) of ``statistic`` under ``key``."""
     if statistic == "single":

@@ -74,26 +74,67 @@ def _kl(u: np.ndarray, v: np.ndarray) -> np.ndarray:
 
 def statistic(pvalues: np.ndarray) -> float:
     """S (>= 0) of per-token p-values [n]."""
+    return statistic_at(pvalues)[0]
+
+
+def statistic_at(pvalues: np.ndarray) -> tuple[float, int, float]:
+    """(S, i, p_(i)): S of per-token p-values [n] and the order i <= I where it is attained
+    (i = 0 and p = 1 when S = 0)."""
     n = len(pvalues)
     if n == 0:
-        return 0.0
+        return 0.0, 0, 1.0
     count = order_count(n)
-    p = np.sort(np.asarray(pvalues, dtype=np.float64))[:count]
+    p = np.partition(np.asarray(pvalues, dtype=np.float64), count - 1)[:count]
+    p.sort()
     u = np.arange(1, count + 1, dtype=np.float64) / n
-    below = p < u
-    if not below.any():
+    below = np.flatnonzero(p < u)
+    if not len(below):
+        return 0.0, 0, 1.0
+    values = n * _kl(u[below], p[below])
+    best = int(np.argmax(values))
+    if not values[best] > 0.0:
+        return 0.0, 0, 1.0
+    return float(values[best]), int(below[best]) + 1, float(p[below[best]])
+
+
+def log_sf_lower(n: int, i: int, v: float) -> float:
+    """ln of a lower bound on P(S >= s) for s = n K(i/n, v) attained at order i by p_(i) = v
+    (:func:`statistic_at`): the boundary a_i(s) is >= v, so {S >= s} contains
+    {U_(i) <= v}, whose probability is P(Binomial(n, v) >= i), summed in log space (and
+    lowered by 1e-9 for float error). Within a factor of about I of the exact tail: a cheap
+    screen for whether the exact tail can matter."""
+    if i <= 0 or n == 0:
         return 0.0
-    return float(max(0.0, np.max(n * _kl(u[below], p[below]))))
+    if not 0.0 < v < 1.0:
+        return 0.0 if v >= 1.0 else -math.inf
+    ks = np.arange(i, n + 1)
+    lf = _LOG_FACT if n <= EXACT_MAX_N else np.array([math.lgamma(k + 1.0) for k in range(n + 1)])
+    terms = lf[n] - lf[ks] - lf[n - ks] + ks * math.log(v) + (n - ks) * math.log1p(-v)
+    top = float(terms.max())
+    return min(0.0, top + math.log(float(np.exp(terms - top).sum())) - 1e-9)
+
+
+def log10_sf_lower(pvalues: np.ndarray) -> float:
+    """log10 of :func:`log_sf_lower` at the statistic of per-token p-values [n]."""
+    s, i, v = statistic_at(pvalues)
+    return log_sf_lower(len(pvalues), i, v) / LN10 if s > 0.0 else 0.0
+
+
+def _kl_log(u: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """K(u, e^x) for x = ln v < ln u < 0, from ln v (no underflow of v for very negative x)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        second = np.where(u < 1.0, (1.0 - u) * (np.log1p(-u) - np.log1p(-np.exp(x))), 0.0)
+        return u * (np.log(u) - x) + second
 
 
 def log_boundaries(s: float, n: int) -> np.ndarray:
     """ln a_i(s) [I]: the largest v < i/n with n K(i/n, v) >= s, rounded up (conservative).
 
     f(x) = K(u, e^x) - s/n decreases and is convex in x below ln u, so Newton's method from
-    a point left of the root climbs to it without passing it; the returned end is then
-    nudged up and checked to satisfy n K(i/n, v) <= s (entries that fail the check are
-    bisected instead), so it is >= the exact root and the crossing probability computed
-    from it is >= the exact one."""
+    a point left of the root climbs to it without passing it (K is evaluated from x = ln v,
+    so a far-left start does not underflow); the returned end is then nudged up and checked
+    to satisfy n K(i/n, v) <= s (entries that fail the check are bisected instead), so it is
+    >= the exact root and the crossing probability computed from it is >= the exact one."""
     count = order_count(n)
     u = np.arange(1, count + 1, dtype=np.float64) / n
     target = s / n
@@ -103,20 +144,20 @@ def log_boundaries(s: float, n: int) -> np.ndarray:
         for _ in range(100):
             v = np.exp(x)
             slope = (v - u) / -np.expm1(x)  # f'(x) < 0 left of ln u
-            step = -(_kl(u, v) - target) / slope
+            step = -(_kl_log(u, x) - target) / slope
             step = np.where(np.isfinite(step) & (step > 0.0), step, 0.0)
             x = np.minimum(x + step, top)
             if float(step.max(initial=0.0)) <= 1e-13 * (1.0 + float(np.abs(x).max(initial=0.0))):
                 break
     nudge = 1e-11 * (1.0 + np.abs(x))
     hi = np.minimum(x + nudge, top)
-    bad = np.flatnonzero(~(_kl(u, np.exp(hi)) <= target))
+    bad = np.flatnonzero(~(_kl_log(u, hi) <= target))
     for _ in range(6):  # where f is flat (v near u) the root needs a wider margin
         if not len(bad):
             return hi
         nudge[bad] *= 4.0
         hi[bad] = np.minimum(x[bad] + nudge[bad], top[bad])
-        bad = bad[~(_kl(u[bad], np.exp(hi[bad])) <= target)]
+        bad = bad[~(_kl_log(u[bad], hi[bad]) <= target)]
     if len(bad):
         hi[bad] = _bisect(u[bad], target, top[bad])
     return hi
@@ -126,7 +167,7 @@ def _bisect(u: np.ndarray, target: float, hi: np.ndarray) -> np.ndarray:
     lo = hi - (target + 1.0) / u
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        above = _kl(u, np.exp(mid)) >= target
+        above = _kl_log(u, mid) >= target
         lo = np.where(above, mid, lo)
         hi = np.where(above, hi, mid)
     return hi
@@ -168,18 +209,20 @@ def _crossing_exact(log_a: np.ndarray, n: int) -> float:
     # kept below the boundary, lowering `keep` by far less than 1e-20, so it can only raise
     # the p-value.
     widths = np.maximum(1, _KERNEL - np.argmax((kernels > _NEGLIGIBLE)[:, ::-1], axis=1))
+    steps = [kernels[j, :min(j + 1, w)] for j, w in enumerate(widths.tolist())]  # views
+    convolve = np.convolve
     h = np.ones(1)
     low = 0  # h[j] is the weight of N(a_i) = low + j
     for i in range(1, count + 1):
-        h = np.convolve(h, kernels[i - 1, :min(i, int(widths[i - 1]))])[:i - low]
+        h = convolve(h, steps[i - 1])[:i - low]
         # A scaled kernel grows h by at most 48x a step: rescaling every 8 steps keeps it in range.
-        if i % 8 == 0 or i == count:
-            top = float(h.max())
+        if not i & 7 or i == count:
+            top = h.max()
             if top <= 0.0:
                 return 1.0
             h /= top
             scales.append(math.log(top))
-            first = int(np.argmax(h > _NEGLIGIBLE))
+            first = int((h > _NEGLIGIBLE).argmax())
             if first:
                 h = h[first:]
                 low += first
@@ -213,6 +256,13 @@ def log_sf(s: float, n: int) -> float:
 
 def log10_sf(s: float, n: int) -> float:
     return log_sf(s, n) / LN10
+
+
+def log10_union(s: float, n: int) -> float:
+    """log10 of the union (Chernoff) bound min(1, I e^-s) on P(S >= s): valid at any depth."""
+    if n == 0 or s <= 0.0:
+        return 0.0
+    return min(0.0, math.log(order_count(n)) - s) / LN10
 
 
 def log10_pvalue(scores: np.ndarray) -> float:

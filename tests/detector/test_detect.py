@@ -84,7 +84,7 @@ def test_auto_statistic_follows_the_coin():
     tokens, _ = generate_speculative(plain, 200, seed=5)
     result = detect(tokens, [Candidate.inline(plain)])
     assert result.watermarked and result.per_key[0].statistic == "max"
-    assert "weighted 0.3" in result.correction
+    assert "weighted 0.45" in result.correction
 
 
 NULL_TEXTS = 3000
