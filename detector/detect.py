@@ -21,10 +21,12 @@ its share. Without edits this costs the sum test one factor 2 of p-value (0.3 in
 
 Tr-GoF's exact tail (:func:`detector.trgof.log_sf`, milliseconds at 1,000 tokens) is
 computed only when it can change the result: when a cheap lower bound on its p
-(:func:`detector.trgof.log_sf_lower`), weighted, is below both the threshold and the key's
-other whole-text components. Otherwise Tr-GoF's reported p is its union (Chernoff) bound, a
-valid p-value too. The verdict is the same as with the exact tail always, and so is the
-global p of every text reported watermarked.
+(:func:`detector.trgof.log_sf_lower`), divided by its weight, is at most both the key's
+other whole-text components and max(threshold, TRGOF_EXACT_BELOW). Otherwise Tr-GoF's
+reported p is its union (Chernoff) bound, a valid p-value too. Hence the verdict, and every
+global p at most max(threshold, 0.01), are the same as with the exact tail always; only a
+larger global p may come out larger (still valid), which spares the exact tail on most
+unwatermarked texts.
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ class DetectorConfig(BaseModel):
     (see the module docstring); `sum` or `trgof` alone."""
 
 
+TRGOF_EXACT_BELOW = 0.01
+"""Global p-values up to this (or up to the threshold, if larger) are as if Tr-GoF's exact
+tail were always computed (see the module docstring)."""
 SPANS_SHARE = 0.25
 """The spans' share of the threshold when spans are on."""
 
@@ -229,8 +234,8 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
             # w = 1 - alpha; otherwise on the statistic's own per-token scores.
             gof_scores = parts.weighted_sidak if parts is not None and (
                 statistic == "weighted" or "weighted" in share) else per_token
-            log10_p_trgof = _trgof_log10_p(gof_scores, math.log10(share["trgof"]),
-                                           min(log10_threshold, min(combined, default=0.0)))
+            log10_p_trgof = _trgof_log10_p(gof_scores, math.log10(share["trgof"]), min(
+                max(log10_threshold, math.log10(TRGOF_EXACT_BELOW)), min(combined, default=0.0)))
             combined.append(log10_p_trgof - math.log10(share["trgof"]))
         evidence.append(KeyEvidence(candidate=candidate, scored=scored, statistic=statistic,
                                     per_token=per_token, total=total, log10_p_sum=log10_p_sum,

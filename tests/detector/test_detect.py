@@ -168,3 +168,14 @@ def test_bad_input():
         detect([1, -2, 3], [key])
     empty = detect([], [key])
     assert not empty.watermarked and empty.p_value == 1.0 and empty.scored_tokens == 0
+
+
+@pytest.mark.parametrize("test", ["auto", "sum", "trgof"])
+@pytest.mark.parametrize("with_spans", [True, False])
+@pytest.mark.parametrize("dual_auto", [True, False])
+def test_bonferroni_weights_sum_to_one(test, with_spans, dual_auto):
+    from detector.detect import weights
+    share = weights(DetectorConfig(test=test), with_spans, dual_auto=dual_auto)
+    assert math.isclose(sum(share.values()), 1.0, rel_tol=1e-12)
+    if dual_auto and test == "auto" and with_spans:
+        assert share == pytest.approx({"sum": 0.15, "weighted": 0.45, "trgof": 0.15, "spans": 0.25})

@@ -117,3 +117,15 @@ def test_routed_is_stronger_than_max_on_speculative_text():
         p = {s: detect(tokens, [Candidate.inline(key)], c).log10_p_value for s, c in config.items()}
         gains.append(p["max"] - p["routed"])
     assert np.mean(gains) > 0 and np.median(gains) > 0, gains
+
+
+def test_dual_scores_match_the_single_statistics():
+    from detector.scoring import dual_scores, scored_positions, token_scores, uniforms_many, weighted_max_scores
+    key = WatermarkKey(5150, WatermarkSpec(algorithm="dual_key_gumbel", alpha=0.2))
+    tokens = np.random.default_rng(2).integers(0, 5000, 300)
+    scored = scored_positions(tokens, key.spec.context_width, key.spec.dedup)
+    parts = dual_scores(key, scored)
+    assert np.array_equal(parts.max, token_scores(key, scored, "max"))
+    assert np.array_equal(parts.weighted, token_scores(key, scored, "weighted"))
+    u_a, u_b = uniforms_many([(key.key_a, None), (key.key_b, None)], scored)
+    assert np.array_equal(parts.weighted_sidak, weighted_max_scores(u_a, u_b, 0.8))

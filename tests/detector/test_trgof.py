@@ -149,3 +149,51 @@ def test_span_aware_verdict_and_refined_offsets():
     overlap = min(span.end, 600) - max(span.start, 400)
     iou = overlap / (max(span.end, 600) - min(span.start, 400))
     assert iou >= 0.85, (span.start, span.end)
+
+
+@pytest.mark.parametrize("n", [1, 2, 9, 60, 400, 1500])
+def test_lower_bound_is_below_the_exact_tail(n):
+    # The screen that lets detect() skip the exact tail must never exceed it.
+    rng = np.random.default_rng(n)
+    for trial in range(60):
+        scores = rng.exponential(size=n)
+        if trial % 2:
+            scores[: n // 15 + 1] += rng.uniform(0.0, 8.0)
+        s, i, v = trgof.statistic_at(trgof.token_pvalues(scores))
+        assert s == trgof.statistic(trgof.token_pvalues(scores))
+        if s > 0.0:
+            assert trgof.log_sf_lower(n, i, v) <= trgof.log_sf(s, n) + 1e-12, (n, s)
+            assert trgof.log_sf(s, n) <= trgof.log10_union(s, n) * trgof.LN10 + 1e-12
+
+
+def test_boundary_newton_survives_far_left_starts():
+    # i = 1 starts at ln v ~ -n; K is evaluated from ln v, so Newton (not bisection) finds it.
+    for n, s in [(1000, 12.0), (5000, 20.0)]:
+        log_a = trgof.log_boundaries(s, n)
+        u = np.arange(1, trgof.order_count(n) + 1) / n
+        assert np.all(n * trgof._kl(u, np.exp(log_a)) <= s + 1e-9)
+        assert np.all(n * trgof._kl_log(u, log_a - 1e-9 * (1 + np.abs(log_a))) >= s - 1e-5)
+
+
+@pytest.mark.parametrize("spec", [{}, {"algorithm": "dual_key_gumbel"}])
+def test_skipping_the_exact_tail_changes_no_verdict_and_no_small_p(spec, monkeypatch):
+    # detect() computes Tr-GoF's exact tail only where a lower bound says it can matter; with
+    # the screen disabled (always exact) the verdict and every global p <= 0.01 must agree.
+    rng = np.random.default_rng(23)
+    cases = []
+    for seed in range(30):
+        key = WatermarkKey(9100 + seed, WatermarkSpec(**spec))
+        if seed % 3 == 0:
+            tokens = [int(t) for t in rng.integers(0, 5000, 300)]
+        else:
+            tokens, _ = generate(key, 300, scale=1.2, seed=seed)
+            tokens = _substitute(tokens, 0.1 * (seed % 4), rng)
+        cases.append((tokens, key))
+    screened = [detect(t, [Candidate.inline(k)]) for t, k in cases]
+    monkeypatch.setattr(trgof, "log_sf_lower", lambda n, i, v: -math.inf)
+    exact = [detect(t, [Candidate.inline(k)]) for t, k in cases]
+    for a, b in zip(screened, exact):
+        assert a.watermarked == b.watermarked
+        assert a.log10_p_value >= b.log10_p_value - 1e-12
+        if b.log10_p_value <= -2.0:
+            assert a.log10_p_value == b.log10_p_value
