@@ -174,9 +174,23 @@ def _bisect(u: np.ndarray, target: float, hi: np.ndarray) -> np.ndarray:
 
 
 _KERNEL = 48
-_NEGLIGIBLE = 1e-30
+_BLOCK = 16
+"""Steps per block of the recursion (see :func:`_crossing_exact`)."""
+_NEGLIGIBLE = 1e-20
 """Poisson increments kept per boundary step; dropping the rest only lowers the computed
 non-crossing probability, so it can only raise the p-value (conservative)."""
+
+
+def _block_kernel(lam: float, log_scale: float) -> np.ndarray:
+    """lambda^r / r! / e^log_scale for r = 0, 1, ... (terms below _NEGLIGIBLE of the largest
+    dropped, which only lowers `keep`)."""
+    if lam <= 0.0:
+        return np.full(1, math.exp(-log_scale))
+    r = np.arange(int(lam + 15.0 * math.sqrt(lam) + 48.0), dtype=np.float64)
+    log_kernel = r * math.log(lam) - _LOG_FACT[:len(r)] - log_scale
+    kernel = np.exp(log_kernel)
+    keep = kernel > _NEGLIGIBLE * kernel.max()
+    return kernel[:int(np.flatnonzero(keep)[-1]) + 1]
 
 
 def _crossing_exact(log_a: np.ndarray, n: int) -> float:
@@ -206,26 +220,48 @@ def _crossing_exact(log_a: np.ndarray, n: int) -> float:
     scales: list[float] = []  # h's rescalings (the kernels' own scales are `peak`)
     # Terms below _NEGLIGIBLE of their maximum are dropped, from the kernels and from h's
     # low end (m far below n a_i): like the _KERNEL truncation this only removes paths that
-    # kept below the boundary, lowering `keep` by far less than 1e-20, so it can only raise
+    # kept below the boundary, lowering `keep` by far less than 1e-13, so it can only raise
     # the p-value.
     widths = np.maximum(1, _KERNEL - np.argmax((kernels > _NEGLIGIBLE)[:, ::-1], axis=1))
     steps = [kernels[j, :min(j + 1, w)] for j, w in enumerate(widths.tolist())]  # views
+    peak_sums = np.concatenate(([0.0], np.cumsum(peak)))
     convolve = np.convolve
     h = np.ones(1)
     low = 0  # h[j] is the weight of N(a_i) = low + j
-    for i in range(1, count + 1):
-        h = convolve(h, steps[i - 1])[:i - low]
-        # A scaled kernel grows h by at most 48x a step: rescaling every 8 steps keeps it in range.
-        if not i & 7 or i == count:
-            top = h.max()
-            if top <= 0.0:
-                return 1.0
-            h /= top
-            scales.append(math.log(top))
-            first = int((h > _NEGLIGIBLE).argmax())
-            if first:
-                h = h[first:]
-                low += first
+    for first_step in range(0, count, _BLOCK):
+        last = min(first_step + _BLOCK, count)  # this block runs steps first_step + 1 .. last
+        # Blocks: the counts far below the boundary (m < cut) cannot reach it within the
+        # block unless they jump by more than `depth`; they move in one step with the
+        # block's combined kernel Lambda^r / r! (a sum of Poisson increments is Poisson), and
+        # the few paths that end above the block's first boundary (m > first_step) are
+        # dropped, which only lowers `keep` (by far less than 1e-20 a block). The counts near the
+        # boundary take the steps one by one, each step dropping m > i - 1.
+        lam_block = n * (a[last - 1] - (a[first_step - 1] if first_step else 0.0))
+        depth = int(lam_block + 10.0 * math.sqrt(lam_block) + 16.0)  # P(Poisson > depth) < 1e-24
+        split = min(len(h), first_step - depth - low)
+        far = None
+        if split > 0 and last - first_step > 1:
+            far, far_low = h[:split], low
+            h, low = h[split:], low + split
+        for i in range(first_step + 1, last + 1):
+            h = convolve(h, steps[i - 1])[:i - low]
+        if far is not None:
+            moved = convolve(far, _block_kernel(lam_block, float(peak_sums[last] - peak_sums[first_step])))
+            moved = moved[:first_step + 1 - far_low]
+            merged = np.zeros(max(len(moved), low - far_low + len(h)))
+            merged[:len(moved)] = moved
+            merged[low - far_low:low - far_low + len(h)] += h
+            h, low = merged, far_low
+        # A scaled kernel grows h by at most 48x a step: rescaling every block keeps it in range.
+        top = h.max()
+        if top <= 0.0:
+            return 1.0
+        h /= top
+        scales.append(math.log(top))
+        first = int((h > _NEGLIGIBLE).argmax())
+        if first:
+            h = h[first:]
+            low += first
     # The last stretch (a_I, 1] takes the remaining n - m points. Its terms are tens of
     # thousands in size and cancel to about ln(1 - p): they are combined in extended
     # precision where the platform has it (x87 long double; elsewhere float64 as before).

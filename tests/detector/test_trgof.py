@@ -197,3 +197,14 @@ def test_skipping_the_exact_tail_changes_no_verdict_and_no_small_p(spec, monkeyp
         assert a.log10_p_value >= b.log10_p_value - 1e-12
         if b.log10_p_value <= -2.0:
             assert a.log10_p_value == b.log10_p_value
+
+
+@pytest.mark.parametrize("n,s", [(50, 6.0), (1000, 6.0), (1000, 27.0), (3000, 20.0)])
+def test_blocked_recursion_matches_the_stepwise_one(n, s, monkeypatch):
+    # Blocks move the counts far below the boundary with one combined Poisson kernel; the
+    # paths this drops must not show at 1e-13.
+    log_a = trgof.log_boundaries(s, n)
+    blocked = trgof._crossing_exact(log_a, n)
+    monkeypatch.setattr(trgof, "_BLOCK", 1)
+    stepwise = trgof._crossing_exact(log_a, n)
+    assert blocked >= stepwise - 1e-14 and abs(blocked - stepwise) <= 1e-13, (blocked, stepwise)
