@@ -181,16 +181,18 @@ _NEGLIGIBLE = 1e-20
 non-crossing probability, so it can only raise the p-value (conservative)."""
 
 
-def _block_kernel(lam: float, log_scale: float) -> np.ndarray:
-    """lambda^r / r! / e^log_scale for r = 0, 1, ... (terms below _NEGLIGIBLE of the largest
-    dropped, which only lowers `keep`)."""
-    if lam <= 0.0:
-        return np.full(1, math.exp(-log_scale))
-    r = np.arange(int(lam + 15.0 * math.sqrt(lam) + 48.0), dtype=np.float64)
-    log_kernel = r * math.log(lam) - _LOG_FACT[:len(r)] - log_scale
-    kernel = np.exp(log_kernel)
-    keep = kernel > _NEGLIGIBLE * kernel.max()
-    return kernel[:int(np.flatnonzero(keep)[-1]) + 1]
+def _block_kernels(lams: np.ndarray, log_scales: np.ndarray) -> list[np.ndarray]:
+    """Per block b, lambda_b^r / r! / e^(log_scale_b) for r = 0, 1, ... [widths vary]: terms
+    below _NEGLIGIBLE of a row's largest are dropped, which only lowers `keep`."""
+    r = np.arange(int(float(lams.max(initial=0.0)) + 15.0 * math.sqrt(float(lams.max(initial=0.0))) + 48.0),
+                  dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_kernel = np.where(r[None, :] > 0, r[None, :] * np.log(lams)[:, None], 0.0) - _LOG_FACT[:len(r)][None, :]
+    log_kernel[lams <= 0.0, 1:] = -math.inf
+    kernels = np.exp(log_kernel - log_scales[:, None])
+    keep = kernels > _NEGLIGIBLE * kernels.max(axis=1, keepdims=True)
+    widths = len(r) - np.argmax(keep[:, ::-1], axis=1)
+    return [kernels[b, :w] for b, w in enumerate(widths.tolist())]
 
 
 def _crossing_exact(log_a: np.ndarray, n: int) -> float:
@@ -223,20 +225,23 @@ def _crossing_exact(log_a: np.ndarray, n: int) -> float:
     # kept below the boundary, lowering `keep` by far less than 1e-13, so it can only raise
     # the p-value.
     widths = np.maximum(1, _KERNEL - np.argmax((kernels > _NEGLIGIBLE)[:, ::-1], axis=1))
-    steps = [kernels[j, :min(j + 1, w)] for j, w in enumerate(widths.tolist())]  # views
+    steps = list(kernels[:, :int(widths.max())])  # row views; zero-weight tails cost little
     peak_sums = np.concatenate(([0.0], np.cumsum(peak)))
+    starts = list(range(0, count, _BLOCK))
+    ends = [min(b + _BLOCK, count) for b in starts]
+    block_lams = n * (a[np.array(ends) - 1] - np.where(np.array(starts) > 0, a[np.maximum(np.array(starts) - 1, 0)], 0.0))
+    block_kernels = _block_kernels(block_lams, peak_sums[ends] - peak_sums[starts])
     convolve = np.convolve
     h = np.ones(1)
     low = 0  # h[j] is the weight of N(a_i) = low + j
-    for first_step in range(0, count, _BLOCK):
-        last = min(first_step + _BLOCK, count)  # this block runs steps first_step + 1 .. last
+    for block, (first_step, last) in enumerate(zip(starts, ends)):  # steps first_step + 1 .. last
         # Blocks: the counts far below the boundary (m < cut) cannot reach it within the
         # block unless they jump by more than `depth`; they move in one step with the
         # block's combined kernel Lambda^r / r! (a sum of Poisson increments is Poisson), and
         # the few paths that end above the block's first boundary (m > first_step) are
         # dropped, which only lowers `keep` (by far less than 1e-20 a block). The counts near the
         # boundary take the steps one by one, each step dropping m > i - 1.
-        lam_block = n * (a[last - 1] - (a[first_step - 1] if first_step else 0.0))
+        lam_block = float(block_lams[block])
         depth = int(lam_block + 10.0 * math.sqrt(lam_block) + 16.0)  # P(Poisson > depth) < 1e-24
         split = min(len(h), first_step - depth - low)
         far = None
@@ -246,7 +251,7 @@ def _crossing_exact(log_a: np.ndarray, n: int) -> float:
         for i in range(first_step + 1, last + 1):
             h = convolve(h, steps[i - 1])[:i - low]
         if far is not None:
-            moved = convolve(far, _block_kernel(lam_block, float(peak_sums[last] - peak_sums[first_step])))
+            moved = convolve(far, block_kernels[block])
             moved = moved[:first_step + 1 - far_low]
             merged = np.zeros(max(len(moved), low - far_low + len(h)))
             merged[:len(moved)] = moved
