@@ -141,6 +141,7 @@ class SpanFamily:
     log10_sf_lower: object  # Callable[[ndarray, ndarray], ndarray]: a lower bound on it
     fraction: float
     """Share of SPANS_SHARE this search spends."""
+    log10_sf_many: object = None  # Callable[[ndarray, ndarray], ndarray] | None: log10_sf vectorised
 
 
 def statistic_for(candidate: Candidate, config: DetectorConfig) -> scoring.Statistic:
@@ -218,14 +219,15 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
         combined = []
         if "sum" in share:
             combined.append(log10_p_sum - math.log10(share["sum"]))
-        families = (SpanFamily(per_token, log10_sf, _log10_sf_lower(statistic, spec.alpha), 1.0),)
+        many = None if statistic == "weighted" else stats.gamma_log10_sf_many
+        families = (SpanFamily(per_token, log10_sf, _log10_sf_lower(statistic, spec.alpha), 1.0, many),)
         if "weighted" in share:
             weighted = parts.weighted
             weighted_sf = _log10_sf("weighted", spec.alpha)
             log10_p_weighted = weighted_sf(float(weighted.sum()), len(weighted))
             combined.append(log10_p_weighted - math.log10(share["weighted"]))
             families = (SpanFamily(per_token, log10_sf, _log10_sf_lower(statistic, spec.alpha),
-                                   DUAL_AUTO_SPAN_FRACTIONS["max"]),
+                                   DUAL_AUTO_SPAN_FRACTIONS["max"], many),
                         SpanFamily(weighted, weighted_sf, _log10_sf_lower("weighted", spec.alpha),
                                    DUAL_AUTO_SPAN_FRACTIONS["weighted"]))
         if "trgof" in share:
@@ -266,7 +268,7 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
             hits = spans.locate(best.scored.positions, family.scores, len(tokens),
                                 min_length=config.span_min_length, family_size_factor=m,
                                 log10_threshold=log10_threshold + log10_share, log10_sf=family.log10_sf,
-                                log10_sf_lower=family.log10_sf_lower)
+                                log10_sf_lower=family.log10_sf_lower, log10_sf_many=family.log10_sf_many)
             hits = spans.refine(hits, best.scored.positions, family.scores, len(tokens))
             ranked.extend((h.log10_p_value - log10_share, h) for h in hits)
         kept: list[tuple[float, spans.SpanHit]] = []

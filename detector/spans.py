@@ -67,7 +67,8 @@ class SpanHit:
 def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length: int,
            family_size_factor: int, log10_threshold: float,
            log10_sf: Callable[[float, int], float],
-           log10_sf_lower: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> list[SpanHit]:
+           log10_sf_lower: Callable[[np.ndarray, np.ndarray], np.ndarray],
+           log10_sf_many: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> list[SpanHit]:
     """Significant merged spans.
 
     positions [n] (ascending scored positions) and scores [n] are one key's evidence;
@@ -75,6 +76,7 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
     ``log10_sf`` is the exact null tail of a window's score sum; ``log10_sf_lower`` a
     vectorised lower bound on it (sums [k], counts [k] -> [k]), used only to skip windows
     that cannot pass: a lower bound, never an upper one, so no passing window is skipped.
+    ``log10_sf_many``, if given, is ``log10_sf`` vectorised (sums [k], counts [k] -> [k]).
     """
     family = windows(total, min_length)
     if not family:
@@ -90,11 +92,14 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
     hits: list[SpanHit] = []
     live = np.flatnonzero(counts > 0)
     live = live[log10_sf_lower(sums[live], counts[live]) + log10_m[live] <= log10_threshold]
-    for i in live:
-        n_i, s_i = int(counts[i]), float(sums[i])
-        adjusted = min(0.0, log10_sf(s_i, n_i) + float(log10_m[i]))
+    if log10_sf_many is not None and len(live):
+        exact = log10_sf_many(sums[live], counts[live])
+    else:
+        exact = [log10_sf(float(sums[i]), int(counts[i])) for i in live]
+    for i, log10_p in zip(live.tolist(), exact):
+        adjusted = min(0.0, float(log10_p) + float(log10_m[i]))
         if adjusted <= log10_threshold:
-            hits.append(SpanHit(int(starts[i]), int(ends[i]), n_i, adjusted))
+            hits.append(SpanHit(int(starts[i]), int(ends[i]), int(counts[i]), adjusted))
     return merge(hits)
 
 

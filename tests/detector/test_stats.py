@@ -3,6 +3,7 @@
 import math
 
 import mpmath
+import numpy as np
 import pytest
 
 from detector import stats
@@ -150,3 +151,14 @@ def test_weighted_lower_bound_is_below_the_exact_tail(n, alpha):
     lower = stats.weighted_gamma_log10_sf_lower(scores, np.full(len(scores), n), alpha)
     exact = np.array([stats.weighted_gamma_log10_sf(float(s), n, alpha) for s in scores])
     assert np.all(lower <= exact + 1e-12)
+
+
+def test_vectorised_gamma_tail_matches_the_scalar_one():
+    rng = np.random.default_rng(4)
+    ns = np.concatenate(([0, 1, 2, 5], rng.integers(1, 3000, 200)))
+    scores = np.concatenate(([1.0, 0.0, 3.0, 40.0], rng.uniform(0.0, 3.0, 200) * ns[4:]))
+    scores[5] = np.inf
+    many = stats.gamma_log10_sf_many(scores, ns)
+    for s, n, m in zip(scores, ns, many):
+        one = stats.gamma_log10_sf(float(s), int(n))
+        assert (one == m) or abs(one - m) <= 1e-12 * max(1.0, abs(one)), (s, n, one, m)
