@@ -2,7 +2,8 @@
 DeepseekV32ForCausalLM math with fixed shapes.
 
 - MLA (DeepSeek-V3, arXiv:2405.04434): the cache holds the compressed latent and the
-  rotated shared key per column; keys and values are expanded from the latent each step.
+  rotated shared key per column; the latent up-projection is absorbed into the query and
+  output weights (:func:`absorbed_weights`), so heads attend to the latents directly.
 - Lightning indexer (DeepSeek-V3.2 DSA): per query, ReLU'd multi-head scores weighted per
   head; the ``index_topk`` best columns among those the query may attend to are kept, ties
   broken by column order (a stable sort, as ``service/engines/local/stable_topk.py`` does
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from service.engines.local.model import attention
 from service.engines.local.model.llama import rms_norm, rope, rotate_half
 
 
@@ -41,36 +43,60 @@ def _indexer_select(indexer, cache, layer: int, h, q_resid, cos, sin, columns, m
     k_rot = k[..., :rope_dim] * cos + rotate_half(k[..., :rope_dim]) * sin
     k = torch.cat([k_rot, k[..., rope_dim:]], dim=-1)
     keys = cache.write(layer, "index_k", columns, k)  # [B, T, D]
-    scores = F.relu(torch.matmul(q.float(), keys.transpose(-1, -2).float().unsqueeze(1)) * indexer.softmax_scale)
     weights = indexer.weights_proj(h.to(indexer.weights_proj.weight.dtype)).float() * (indexer.n_heads ** -0.5)
-    index_scores = torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)  # [B, S, T]
+    index_scores = attention.index_scores(q, keys, weights, indexer.softmax_scale)  # [B, S, T]
     index_scores = index_scores.masked_fill(~mask, float("-inf"))
     topk = min(indexer.index_topk, index_scores.shape[-1])
     order = torch.sort(index_scores, dim=-1, descending=True, stable=True).indices[..., :topk]
     return torch.zeros_like(mask).scatter(-1, order, True)
 
 
-def _attention(attn, cache, layer: int, h, cos, sin, columns, mask) -> torch.Tensor:
+def absorbed_weights(attn, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA with the latent up-projection absorbed (DeepSeek-V2 section 2.1.3), as two linear
+    weights: queries [H * (r + rope), q_lora] (per head, W_UK[h]^T W_Q_nope[h] stacked over
+    the heads, then the rotary rows W_Q_rope unchanged), so that q_latent . latent = q_nope .
+    k_nope; and the output [hidden, H * r] (W_O[:, h] W_UV[h]), so that o_proj(values) =
+    w_o . (attention over the latents). Computed in float32 once per module and dtype."""
+    key = (attn.q_b_proj.weight.data_ptr(), attn.kv_b_proj.weight.data_ptr(), attn.o_proj.weight.data_ptr(), dtype)
+    cached = attn.__dict__.get("_hallmark_absorbed")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    if attn.q_b_proj.bias is not None or attn.kv_b_proj.bias is not None:
+        raise ValueError("MLA weight absorption needs q_b_proj and kv_b_proj without bias")
+    heads, nope, rope, v_dim, rank = (attn.num_heads, attn.qk_nope_head_dim, attn.qk_rope_head_dim,
+                                      attn.v_head_dim, attn.kv_lora_rank)
+    with torch.no_grad():
+        wq = attn.q_b_proj.weight.float().view(heads, nope + rope, -1)  # [H, qk, q_lora]
+        wkv = attn.kv_b_proj.weight.float().view(heads, nope + v_dim, rank)  # [H, nope + v, r]
+        w_q = torch.cat([torch.einsum("hnr,hnq->hrq", wkv[:, :nope], wq[:, :nope]).reshape(heads * rank, -1),
+                         wq[:, nope:].reshape(heads * rope, -1)]).to(dtype)
+        wo = attn.o_proj.weight.float().view(-1, heads, v_dim)  # [hidden, H, v]
+        w_o = torch.einsum("dhv,hvr->dhr", wo, wkv[:, nope:]).reshape(wo.shape[0], heads * rank).to(dtype)
+    attn.__dict__["_hallmark_absorbed"] = (key, (w_q, w_o))
+    return w_q, w_o
+
+
+def _attention(attn, cache, layer: int, h, cos, sin, columns, mask, bound) -> torch.Tensor:
+    """MLA over the cached latents with absorbed weights: every head attends to the one
+    shared key [latent | rotary key] and value (the latent), so nothing is expanded per
+    column; the attention itself is batch-invariant (model/attention.py)."""
     batch, seq, _ = h.shape
-    nope, rope_dim, v_dim = attn.qk_nope_head_dim, attn.qk_rope_head_dim, attn.v_head_dim
+    heads, rope_dim, rank = attn.num_heads, attn.qk_rope_head_dim, attn.kv_lora_rank
+    w_q, w_o = absorbed_weights(attn, h.dtype)
     q_resid = rms_norm(attn.q_a_layernorm, attn.q_a_proj(h))
-    q = attn.q_b_proj(q_resid).view(batch, seq, -1, attn.qk_head_dim).transpose(1, 2)  # [B, H, S, qk]
+    q = F.linear(q_resid, w_q)
+    q_latent = q[..., :heads * rank].view(batch, seq, heads, rank)
+    q_rot = _rotate_interleaved(q[..., heads * rank:].view(batch, seq, heads, rope_dim), cos.unsqueeze(2),
+                                sin.unsqueeze(2))
     compressed = attn.kv_a_proj_with_mqa(h)
-    latent = rms_norm(attn.kv_a_layernorm, compressed[..., :attn.kv_lora_rank])  # [B, S, r]
-    k_rot = compressed[..., attn.kv_lora_rank:]  # [B, S, rope]
-    q_rot = _rotate_interleaved(q[..., nope:], cos.unsqueeze(1), sin.unsqueeze(1))
-    k_rot = _rotate_interleaved(k_rot, cos, sin)
+    latent = rms_norm(attn.kv_a_layernorm, compressed[..., :rank])  # [B, S, r]
+    k_rot = _rotate_interleaved(compressed[..., rank:], cos, sin)  # [B, S, rope]
     latents = cache.write(layer, "latent", columns, latent)  # [B, T, r]
     k_rots = cache.write(layer, "k_rot", columns, k_rot)  # [B, T, rope]
-    query = torch.cat([q[..., :nope], q_rot], dim=-1)
-    kv = attn.kv_b_proj(latents.to(h.dtype)).view(batch, latents.shape[1], -1, nope + v_dim).transpose(1, 2)
-    heads = kv.shape[1]
-    key = torch.cat([kv[..., :nope], k_rots.to(h.dtype).unsqueeze(1).expand(-1, heads, -1, -1)], dim=-1)
-    value = kv[..., nope:]
     selected = _indexer_select(attn.indexer, cache, layer, h, q_resid, cos, sin, columns, mask)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=(mask & selected).unsqueeze(1),
-                                         scale=attn.scaling)
-    return attn.o_proj(out.transpose(1, 2).reshape(batch, seq, heads * v_dim))
+    out = attention.attention(q_latent, latents.unsqueeze(2), latents.unsqueeze(2), mask & selected, bound,
+                              attn.scaling, q2=q_rot, k2=k_rots.unsqueeze(2))  # [B, S, H, r] float32
+    return F.linear(out.reshape(batch, seq, heads * rank).to(h.dtype), w_o, attn.o_proj.bias)
 
 
 def _moe(moe, x: torch.Tensor) -> torch.Tensor:
@@ -98,14 +124,14 @@ def _moe(moe, x: torch.Tensor) -> torch.Tensor:
     return routed.view(shape) + moe.shared_experts(x)
 
 
-def forward(model, cache, input_ids, positions, columns, mask) -> torch.Tensor:
+def forward(model, cache, input_ids, positions, columns, mask, bound) -> torch.Tensor:
     inner = model.model
     x = inner.embed_tokens(input_ids)
     cos, sin = rope(positions, inner.rotary_emb.inv_freq, x.dtype)
     cos, sin = cos * inner.rotary_emb.attention_scaling, sin * inner.rotary_emb.attention_scaling
     for i, layer in enumerate(inner.layers):
         h = rms_norm(layer.input_layernorm, x)
-        x = x + _attention(layer.self_attn, cache, i, h, cos, sin, columns, mask)
+        x = x + _attention(layer.self_attn, cache, i, h, cos, sin, columns, mask, bound)
         h = rms_norm(layer.post_attention_layernorm, x)
         x = x + (_moe(layer.mlp, h) if hasattr(layer.mlp, "gate") else layer.mlp(h))
     return model.lm_head(rms_norm(inner.norm, x))

@@ -30,7 +30,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def forward(model, cache, input_ids, positions, columns, mask) -> torch.Tensor:
+def forward(model, cache, input_ids, positions, columns, mask, bound) -> torch.Tensor:
+    from service.engines.local.model.attention import attention
+
     c = model.config
     inner = model.model
     batch, seq = input_ids.shape
@@ -39,7 +41,6 @@ def forward(model, cache, input_ids, positions, columns, mask) -> torch.Tensor:
     x = inner.embed_tokens(input_ids)
     cos, sin = rope(positions, inner.rotary_emb.inv_freq, x.dtype)
     cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [B, S, 1, D]
-    attn_mask = mask.unsqueeze(1)  # [B, 1, S, T]
     for i, layer in enumerate(inner.layers):
         attn = layer.self_attn
         h = rms_norm(layer.input_layernorm, x)
@@ -50,10 +51,7 @@ def forward(model, cache, input_ids, positions, columns, mask) -> torch.Tensor:
         k = k * cos + rotate_half(k) * sin
         keys = cache.write(i, "k", columns, k.reshape(batch, seq, -1)).view(batch, -1, kv_heads, head_dim)
         values = cache.write(i, "v", columns, v.reshape(batch, seq, -1)).view(batch, -1, kv_heads, head_dim)
-        keys = keys.transpose(1, 2).repeat_interleave(heads // kv_heads, dim=1)
-        values = values.transpose(1, 2).repeat_interleave(heads // kv_heads, dim=1)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.to(q.dtype), values.to(q.dtype),
-                                             attn_mask=attn_mask, scale=attn.scaling)
-        x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+        out = attention(q, keys, values, mask, bound, attn.scaling)  # [B, S, H, D] float32, batch-invariant
+        x = x + attn.o_proj(out.reshape(batch, seq, -1).to(x.dtype))
         x = x + layer.mlp(rms_norm(layer.post_attention_layernorm, x))
     return model.lm_head(rms_norm(inner.norm, x))

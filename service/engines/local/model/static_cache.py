@@ -70,4 +70,13 @@ def forward(model, cache: StaticCache, input_ids: torch.Tensor, positions: torch
     else:
         raise ValueError(f"unknown model type: {model_type}; expected one of deepseek_v32, llama")
     mask = attend_mask(valid, columns)
-    return arch.forward(model, cache, input_ids, positions, columns, mask)
+    return arch.forward(model, cache, input_ids, positions, columns, mask, query_bound(valid, columns))
+
+
+def query_bound(valid: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """[B, S] int32: a query attends to columns below its bound, its own column + 1 (its row's
+    columns at or before it), or 0 for a padding input (its scratch column is never valid):
+    the attention never visits a column past it (model/attention.py), so its result does
+    not depend on how many columns the step's window holds."""
+    live = valid.gather(1, columns)
+    return torch.where(live, columns + 1, torch.zeros_like(columns)).to(torch.int32)

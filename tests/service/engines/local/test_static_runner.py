@@ -199,3 +199,29 @@ def test_speculative_block_graphs_replay_and_are_batch_independent():
         assert batched == [_run(engine, [r])[0] for r in requests]
     finally:
         _stop(engine)
+
+
+@pytest.mark.gpu
+def test_long_outputs_are_batch_independent_in_bf16():
+    """Long outputs (600 tokens: the batch's column window passes 128, 256, 512 and 1,024
+    while they run) are the same alone and beside other requests, one of them with a
+    400-token prompt: dual key (speculative blocks) and single key (plain steps), in bf16."""
+    engine = _engine("cuda")
+    try:
+        engine.eos_ids = frozenset()  # every request runs its max_tokens
+        tok = engine.tokenizer()
+        long = []
+        for i, algorithm in enumerate(("dual_key_gumbel", "gumbel")):
+            key = WatermarkKey(900 + i, WatermarkSpec(algorithm=algorithm))
+            plan = WatermarkPlan(key=key, key_id=f"long{i}", version=1, fingerprint=key.fingerprint)
+            long.append(GenerationRequest(f"long{i}", tuple(tok.encode("This module provides")), 600, seed=i,
+                                          watermark=plan))
+        prompt = tuple(tok.encode("The function returns a list. " * 80))[:400]
+        others = [GenerationRequest("long-prompt", prompt, 500, seed=7)] + _requests(tok, tokens=300)[:4]
+        alone = [_run(engine, [r])[0] for r in long]
+        together = _run(engine, long + others)[:2]
+        for request, a, b in zip(long, alone, together):
+            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            assert len(a) == 600 and a == b, f"{request.request_id}: first difference at token {first}"
+    finally:
+        _stop(engine)
