@@ -10,7 +10,8 @@ DeepseekV32ForCausalLM math with fixed shapes.
   for transformers' indexer), so a row's selection does not depend on its batch.
 - MoE: sigmoid router with group-limited top-k (DeepSeek-V3), every expert evaluated for
   every token and weighted by the (mostly zero) routing weights: no data-dependent loop,
-  so the step is capturable; plus the shared experts.
+  so the step is capturable; plus the shared experts. Every product is a plain matrix
+  product whose rows do not depend on the batch (see _moe).
 """
 
 from __future__ import annotations
@@ -117,10 +118,18 @@ def _moe(moe, x: torch.Tensor) -> torch.Tensor:
         top_w = top_w / (top_w.sum(dim=-1, keepdim=True) + 1e-20)
     top_w = top_w * gate.routed_scaling_factor
     dense_w = torch.zeros_like(scores).scatter(1, top_idx, top_w)  # [N, E], zero for unrouted experts
-    gate_up = torch.einsum("nd,efd->enf", flat, experts.gate_up_proj)  # [E, N, 2I]
+    # Plain matrix products (as nn.Linear) and a fixed-order sum over the experts: a row's
+    # result must not depend on N (the batch bucket). The batched einsums this replaces did,
+    # for N >= 40 on the H200 (bf16; tests/service/engines/local/model/test_batch_invariance.py).
+    num, inter = experts.gate_up_proj.shape[0], experts.gate_up_proj.shape[1] // 2
+    gate_up = F.linear(flat, experts.gate_up_proj.reshape(num * 2 * inter, -1)).view(-1, num, 2 * inter)
     g, u = gate_up.chunk(2, dim=-1)
-    y = torch.einsum("eni,edi->end", experts.act_fn(g) * u, experts.down_proj)  # [E, N, D]
-    routed = (y.float() * dense_w.t().unsqueeze(-1)).sum(dim=0).to(x.dtype)
+    hidden = (experts.act_fn(g) * u).transpose(0, 1).contiguous()  # [E, N, I]
+    routed = None
+    for e in range(num):
+        term = F.linear(hidden[e], experts.down_proj[e]).float() * dense_w[:, e:e + 1]
+        routed = term if routed is None else routed + term
+    routed = routed.to(x.dtype)
     return routed.view(shape) + moe.shared_experts(x)
 
 
