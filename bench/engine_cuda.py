@@ -135,7 +135,8 @@ def _profile(engine, tok, args, watermark: bool, salt: int, trace_dir: str | Non
 async def main_async(args) -> dict:
     from watermark.kernels import registry
 
-    engine = LocalEngine(args.model, args.draft, device="cuda", max_batch=max(16, args.requests), speculative_k=4)
+    engine = LocalEngine(args.model, args.draft, device="cuda", max_batch=max(16, args.requests), speculative_k=4,
+                         pipeline_blocks=not args.no_pipeline)
     start = time.perf_counter()
     await engine.start()
     startup = time.perf_counter() - start
@@ -233,6 +234,7 @@ async def main_async(args) -> dict:
     }
     return {
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        "pipeline_blocks": not args.no_pipeline,
         "workload": f"{args.requests} concurrent requests x {args.tokens} tokens, bundled target + draft, k=4"
                     + (", EOS ignored (every request generates exactly that many tokens)" if args.ignore_eos else ""),
         "rounds_each": args.rounds,
@@ -269,6 +271,8 @@ def main() -> None:
                         help="stop requests at EOS (default: ignore EOS, every request runs --tokens tokens)")
     parser.add_argument("--long-tokens", type=int, default=600,
                         help="tokens of the long-output batch-independence check (0: skip)")
+    parser.add_argument("--no-pipeline", action="store_true",
+                        help="take each speculative block before launching the next (no chained launches)")
     parser.add_argument("--trace-dir", default=None, help="write the profiled batches' traces and tables here")
     parser.add_argument("--out", default="bench/results/engine-cuda-h200.json")
     args = parser.parse_args()

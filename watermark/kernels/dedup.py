@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from watermark.kernels import launch
+from watermark.transfer import host_tensor
 
 # Mirrors of watermark.dedup.PAD and watermark.spec.DEDUP_SCOPES / MAX_CONTEXT_WIDTH (a CPU
 # test asserts they agree): watermark.dedup imports the pydantic spec module, which the
@@ -271,8 +272,10 @@ class GpuDeduper:
         self.scope[slot] = SCOPES.index(scope)
         self.max_history[slot] = -1 if max_history is None else min(max_history, 2**31 - 1)
         if scope == "all" and len(prompt):
-            tokens = torch.as_tensor(list(prompt), dtype=torch.int64, device=self.device).unsqueeze(0)
-            self.append(torch.tensor([slot], device=self.device), tokens, generated=False)
+            # The slot and the prompt in one pinned copy that does not wait for the stream
+            # (the slot fields above are fills: no copy either): admission never synchronises.
+            data = host_tensor([slot] + [int(t) for t in prompt], torch.int64, self.device)
+            self.append(data[:1], data[1:].unsqueeze(0), generated=False)
 
     def append(self, slots: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor | None = None, *,
                generated: bool = True) -> None:

@@ -51,7 +51,7 @@ class LocalEngine:
                  max_batch: int = 16, speculative_k: int = 4, max_queue: int = 256,
                  restart_delay: float = 1.0, max_restarts: int = 3, on_fatal=None,
                  static_cache: bool | None = None, cuda_graphs: bool = True, cpu_threads: int | None = None,
-                 speculative_blocks: bool | None = None) -> None:
+                 speculative_blocks: bool | None = None, pipeline_blocks: bool = True) -> None:
         # Reported as the bundled model's real name ("bundled" is only an alias for it).
         self.model_name = BUNDLED_MODELS.get(model, model)
         self.draft_name = draft_model
@@ -67,6 +67,8 @@ class LocalEngine:
         # Speculative blocks as one function of fixed shapes (spec_block.py), one CUDA graph
         # per bucket on CUDA; None = on static caches on CUDA. False: scheduler.speculative_step.
         self.speculative_blocks = speculative_blocks
+        # Graph-replayed blocks run one ahead of the host (spec_block.SpeculativeBlocks.step).
+        self.pipeline_blocks = pipeline_blocks
         self._blocks = None
         self._ready = False
         self._tokenizer = None
@@ -160,7 +162,7 @@ class LocalEngine:
             from service.engines.local.spec_block import SpeculativeBlocks
 
             self._blocks = SpeculativeBlocks(self.spec.draft, self.spec_target, self.k, self._dedup_slots,
-                                             graphs=self.cuda_graphs)
+                                             graphs=self.cuda_graphs, pipeline=self.pipeline_blocks)
             self._blocks.after_send = self._outbox.flush
         self._warm_up()
         for group in self._groups():  # capture every decode/verify graph now, not at request time
@@ -316,6 +318,7 @@ class LocalEngine:
 
     def _admit_contained(self, state: RequestState) -> None:
         """Admit one request; if its prefill or first draw fails, only it fails."""
+        self._drain_blocks()
         snapshot = self._snapshot()
         try:
             self._admit(state)
@@ -368,13 +371,24 @@ class LocalEngine:
         """Each group's state, restorable after a failed step (see Group.snapshot)."""
         return [(group, group.snapshot()) for group in self._groups()]
 
+    def _drain_blocks(self) -> None:
+        """Take the speculative block in flight (before rows join or leave the groups)."""
+        drained = self._blocks.drain() if self._blocks is not None else None
+        if drained is not None:
+            for state, pending in zip(*drained):
+                self._pending[id(state)] = pending
+
     def _restore(self, saved: list) -> None:
+        if self._blocks is not None:
+            self._blocks.abandon()
         for group, state in saved:
             group.restore(state)
         if self._dedup_slots is not None:  # undo a commit the failed step made on the device
             self._dedup_slots.resync(self._running)
 
     def _reset_groups(self) -> None:
+        if self._blocks is not None:
+            self._blocks.abandon()
         for group in (self.plain, self.spec_target, self.spec.draft if self.spec else None):
             if group is not None:
                 group.keep([])
@@ -388,6 +402,7 @@ class LocalEngine:
         return self.spec is not None and (state.request.watermark is None or state.dual_key)
 
     def _admit(self, state: RequestState) -> None:
+        self._drain_blocks()
         rid = state.request.request_id + f"#{id(state)}"
         state.rid = rid
         prompt = list(state.request.prompt_ids)
@@ -453,6 +468,8 @@ class LocalEngine:
                 state.finish("cancelled")
         alive = [s for s in self._running if not s.finished]
         if len(alive) != len(self._running):
+            self._drain_blocks()  # its rows may finish too
+            alive = [s for s in self._running if not s.finished]
             ids = {s.rid for s in alive}
             self.plain.keep([i for i in self.plain.ids if i in ids])
             if self.spec is not None:

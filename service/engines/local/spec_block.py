@@ -38,7 +38,6 @@ from watermark import dispatch, stream
 from watermark.processing import MIN_TEMPERATURE
 from watermark.sampler import SamplerRows
 from watermark.speculative import VerifyRows
-from watermark.transfer import to_host
 
 CONTEXT = 16
 """Context columns of the step's table (the widest watermark context, MAX_CONTEXT_WIDTH):
@@ -127,7 +126,8 @@ def block(bufs: _Buffers, draft: StaticGroup, target: StaticGroup, k: int, fed: 
     """One speculative block over the bucket's buffers (fixed shapes, no host reads unless
     ``dedup`` is host-side). Returns (out [B, 3k + 3] int64: tokens, routes, drafts,
     accepted; draft next_pos, valid; target next_pos, valid), the caches' rejected tails
-    already dropped; the new states are also written back into the buffers."""
+    already dropped; the new states are also written back into the buffers, and the next
+    block's inputs into ``bufs.step``."""
     step = bufs.step
     batch = step.shape[0]
     positions = step[:, 0]
@@ -186,6 +186,15 @@ def block(bufs: _Buffers, draft: StaticGroup, target: StaticGroup, k: int, fed: 
     for buf, value in ((bufs.t_pos, t_pos), (bufs.t_valid, t_valid), (bufs.d_pos, d_pos), (bufs.d_valid, d_valid)):
         buf.copy_(value)
     out = torch.cat([result.tokens, result.routes.to(torch.int64), drafts, accepted.unsqueeze(1)], dim=1)
+    # The next block's inputs, as the host would pack them from the tokens taken (position,
+    # last token, the last CONTEXT tokens right-aligned, the draft's pending inputs), so that
+    # the next block can be launched before the host has read this one (chained launches).
+    last = result.tokens.gather(1, accepted.unsqueeze(1))  # [B, 1]
+    context = torch.cat([step[:, 2:2 + CONTEXT], result.tokens], dim=1).gather(1, accepted.unsqueeze(1) + 1 + lane)
+    context = context.masked_fill(lane < CONTEXT - bufs.widths.to(torch.int64).unsqueeze(1), 0)
+    full = (accepted == k).to(torch.int64).unsqueeze(1)  # all drafts accepted: two pending inputs
+    pending = torch.cat([drafts[:, k - 1:k] * full, last, full, torch.ones_like(full)], dim=1)
+    step.copy_(torch.cat([(positions + accepted + 1).unsqueeze(1), last, context, pending], dim=1) * one)
     return out, d_pos, d_valid, t_pos, t_valid
 
 
@@ -209,7 +218,7 @@ class SpeculativeBlocks:
     bucket x fed x window, captured at load), the same function eagerly elsewhere."""
 
     def __init__(self, draft: StaticGroup, target: StaticGroup, k: int, dedup_slots=None, graphs: bool = True,
-                 defer_text: bool | None = None) -> None:
+                 defer_text: bool | None = None, pipeline: bool = True) -> None:
         self.draft, self.target, self.k = draft, target, k
         # Detokenise a step's text while the GPU runs the next one (RequestState.emit_block
         # defer); None = on CUDA, where the wait for the GPU would otherwise be idle.
@@ -217,6 +226,10 @@ class SpeculativeBlocks:
         self.device = target.device
         self.dedup_slots = dedup_slots  # rows.DedupSlots (CUDA) or None (HostDedup)
         self.graphs_enabled = graphs and self.device.type == "cuda" and dedup_slots is not None
+        # Graph replays run one block ahead of the host (step); False: each block is taken
+        # before the call returns.
+        self.pipeline = pipeline
+        self._inflight: _InFlight | None = None
         self.slots = min(draft.cache.slots, target.cache.slots)
         self._buffers: dict[int, _Buffers] = {}
         self._graphs: dict[tuple[int, int, int], tuple] = {}
@@ -251,8 +264,11 @@ class SpeculativeBlocks:
     def windows(self) -> tuple[int, ...]:
         return self.target.windows
 
-    def _window(self, fed: int) -> int:
-        need = max(max(self.draft.lengths) + fed + self.k, max(self.target.lengths) + self.k + 2)
+    def _window(self, fed: int, ahead: bool = False) -> int:
+        """The column window of a block; ``ahead``: chained behind a block not yet taken
+        (whose rows advance by at most k + 1 columns in either cache)."""
+        extra = self.k + 1 if ahead else 0
+        need = max(max(self.draft.lengths) + fed + self.k, max(self.target.lengths) + self.k + 2) + extra
         return next((w for w in self.target.windows if w >= need), self.target.columns)
 
     def _graph_process(self, bufs: _Buffers):
@@ -322,12 +338,54 @@ class SpeculativeBlocks:
     @torch.inference_mode()
     def step(self, rows: list[RequestState], pending: list[list[int]], table: RowTable, dedup) -> None:
         """One draft-then-verify block for every row (as ``scheduler.speculative_step``;
-        ``dedup``: the rows' rows.DeviceDedup, or HostDedup where no GPU deduper runs)."""
-        k, batch = self.k, len(rows)
+        ``dedup``: the rows' rows.DeviceDedup, or HostDedup where no GPU deduper runs).
+
+        Pipelined on CUDA graphs: a launched block is taken (read back, its tokens emitted)
+        by the next call, after that call has launched the following block, chained to it
+        on the device (its inputs are the ones the last block wrote, see :func:`block`), so
+        the GPU runs one block while the host takes the one before. The groups' states
+        (``next_pos``, ``valid``, ``lengths``) are those of the last block taken; the
+        buffers run ahead. A row that finishes in a taken block has its chained block's
+        tokens dropped (its dedup slot and cache row are closed or rewritten before anyone
+        reads them) and the chained block is taken at once, so rows leave with nothing in
+        flight; the engine calls :meth:`drain` before rows join or leave otherwise."""
         counts = self.counts
         t0 = time.perf_counter()
-        bucket = self._bucket(batch)
+        ids = tuple(r.rid for r in rows)
+        inflight = self._inflight
+        if inflight is not None and inflight.ids != ids:
+            raise RuntimeError("rows joined or left with a speculative block in flight (drain first)")
+        bucket = self._bucket(len(rows))
         bufs = self._bufs(bucket)
+        plain = _unfiltered(table)
+        chained = None
+        if inflight is not None and plain and bufs.table is table and bufs.dedup is dedup:
+            key = (bucket, 2, self._window(2, ahead=True))
+            chained = self._graphs.get(key) if key[2] < self.target.columns else None
+        if chained is not None:  # launch the next block now, take the last one while it runs
+            t1 = time.perf_counter()
+            self._inflight = self._launch(chained, rows, pending, 2, bufs)
+            t2 = time.perf_counter()
+            self._send_text(rows)
+            t3 = time.perf_counter()
+            finished = self._take(inflight, pending, counts)
+            if finished:  # rows leave after this step: take the chained block now (its tokens, or none)
+                self._take(self._inflight, pending, counts)
+                self._inflight = None
+            counts.seconds_prepare += t1 - t0
+            counts.seconds_launch += t2 - t1
+            counts.seconds_send_text += t3 - t2
+            return
+        if inflight is not None:  # not chainable (top-k rows, the cache's end): take it first
+            self._inflight = None
+            if self._take(inflight, pending, counts):
+                return  # finished rows leave before the next block
+        self._launch_packed(rows, pending, table, dedup, bufs, bucket, plain, t0)
+
+    def _launch_packed(self, rows, pending, table, dedup, bufs, bucket, plain, t0) -> None:
+        """A block whose inputs the host packs (after a join, a leave, a rollback, an eager
+        batch): launched, then taken by the next call (graphs) or at once (eager)."""
+        k, batch, counts = self.k, len(rows), self.counts
         if bufs.table is not table or bufs.dedup is not dedup:
             bufs.load_rows(table, dedup)
         fed = max(len(p) for p in pending)
@@ -342,55 +400,132 @@ class SpeculativeBlocks:
         bufs.d_state = bufs.load_group(self.draft, bufs.d_pos, bufs.d_valid, bufs.d_state)
         bufs.t_state = bufs.load_group(self.target, bufs.t_pos, bufs.t_valid, bufs.t_state)
         window = self._window(fed)
-        plain = _unfiltered(table)
         key = (bucket, fed, window)
         t1 = time.perf_counter()
         if self.graphs_enabled and plain and key in self._graphs:
-            graph, outputs = self._graphs[key]
-            graph.replay()
-            self.counts.graph_replays += 1
-            self.draft.graph_replays += k
-            self.target.graph_replays += 1
+            launched = self._launch(self._graphs[key], rows, pending, fed, bufs)
         else:
             process = self._graph_process(bufs) if plain else self._table_process(bufs, table, batch)
             outputs = block(bufs, self.draft, self.target, k, fed, window, process, self._dedup(bufs, dedup))
+            launched = self._record(outputs, rows, pending, fed, bufs)
             self.counts.eager_blocks += 1
             self.draft.eager_forwards += k
             self.target.eager_forwards += 1
-        out_all, d_pos, d_valid, t_pos, t_valid = outputs
         t2 = time.perf_counter()
-        defer = self.defer_text
-        for row in rows:  # the last step's deferred text, detokenised while the GPU runs this one
-            row.send_text()
-        if defer and self.after_send is not None:
-            self.after_send()
+        self._send_text(rows)
         t3 = time.perf_counter()
-        # Copies: a replay's outputs live in the graph's memory, which the next replay reuses.
-        self.draft.next_pos, self.draft.valid = d_pos[:batch].clone(), d_valid[:batch].clone()
-        self.target.next_pos, self.target.valid = t_pos[:batch].clone(), t_valid[:batch].clone()
-        bufs.d_state = (self.draft.next_pos, self.draft.valid)
-        bufs.t_state = (self.target.next_pos, self.target.valid)
-        out = to_host(out_all[:batch])  # the step's one synchronisation
+        if self.pipeline and launched.graph:
+            self._inflight = launched
+        else:
+            self._take(launched, pending, counts)
+        counts.seconds_prepare += t1 - t0
+        counts.seconds_launch += t2 - t1
+        counts.seconds_send_text += t3 - t2
+
+    def _launch(self, captured, rows, pending, fed: int, bufs: _Buffers) -> _InFlight:
+        graph, outputs = captured
+        graph.replay()
+        self.counts.graph_replays += 1
+        self.draft.graph_replays += self.k
+        self.target.graph_replays += 1
+        launched = self._record(outputs, rows, pending, fed, bufs)
+        launched.graph = True
+        return launched
+
+    def _record(self, outputs, rows, pending, fed: int, bufs: _Buffers) -> _InFlight:
+        """The block's outputs copied behind it: tokens into pinned memory (read by
+        :meth:`_take`), the groups' new states into tensors of their own (a replay's outputs
+        live in the graph's memory, which the next replay reuses)."""
+        batch = len(rows)
+        out_all, d_pos, d_valid, t_pos, t_valid = outputs
+        states = (d_pos[:batch].clone(), d_valid[:batch].clone(), t_pos[:batch].clone(), t_valid[:batch].clone())
+        out = out_all[:batch]
+        if out.is_cuda:
+            host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+            host.copy_(out, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(out.device))
+        else:
+            host, event = out.clone(), None
+        return _InFlight(tuple(r.rid for r in rows), list(rows), pending, fed, host, event, states, bufs)
+
+    def _send_text(self, rows) -> None:
+        for row in rows:  # the last taken step's deferred text, detokenised while the GPU runs
+            row.send_text()
+        if self.defer_text and self.after_send is not None:
+            self.after_send()
+
+    def _take(self, launched: _InFlight, pending: list[list[int]], counts: BlockCounts) -> bool:
+        """Read a launched block back (the step's one synchronisation) and emit its tokens;
+        the groups take its states. ``pending`` (aligned with its rows) is updated. Returns
+        whether any row finished (rows already finished take nothing)."""
+        k, fed = self.k, launched.fed
+        t3 = time.perf_counter()
+        if launched.event is not None:
+            launched.event.synchronize()
+        out = launched.host.tolist()
         t4 = time.perf_counter()
+        self.draft.next_pos, self.draft.valid, self.target.next_pos, self.target.valid = launched.states
+        launched.bufs.d_state = (self.draft.next_pos, self.draft.valid)
+        launched.bufs.t_state = (self.target.next_pos, self.target.valid)
         accepted = [row[-1] for row in out]
         self.draft.lengths = [n + fed + k - 1 - max(0, k - 1 - a) for n, a in zip(self.draft.lengths, accepted)]
         self.target.lengths = [n + a + 1 for n, a in zip(self.target.lengths, accepted)]
-        for b, row in enumerate(rows):
+        finished = False
+        for b, row in enumerate(launched.rows):
+            if row.finished:
+                finished = True
+                continue
             a = accepted[b]
             tokens, routes, drawn = out[b][:k + 1], out[b][k + 1:2 * k + 2], out[b][2 * k + 2:3 * k + 2]
             row.drafted += k
             row.accepted += a
-            if row.emit_block(tokens[:a + 1], routes[:a + 1], defer=defer):
+            if row.emit_block(tokens[:a + 1], routes[:a + 1], defer=self.defer_text):
                 pending[b] = []
+                finished = True
                 continue
             # The draft has seen pending + drafts[:k-1]; it still needs what it has not seen.
             pending[b] = drawn[min(a, k - 1):a] + [tokens[a]]
-        t5 = time.perf_counter()
-        counts.seconds_prepare += t1 - t0
-        counts.seconds_launch += t2 - t1
-        counts.seconds_send_text += t3 - t2
         counts.seconds_wait_read += t4 - t3
-        counts.seconds_take += t5 - t4
+        counts.seconds_take += time.perf_counter() - t4
+        return finished
+
+    def drain(self) -> tuple[list[RequestState], list[list[int]]] | None:
+        """Take the block in flight, if any (before rows join or leave): returns its rows
+        and their updated pending draft inputs, for the engine to keep."""
+        launched, self._inflight = self._inflight, None
+        if launched is None:
+            return None
+        pending = launched.pending
+        self._take(launched, pending, self.counts)
+        return launched.rows, pending
+
+    def abandon(self) -> None:
+        """Forget the block in flight (a failed step: the engine restores the groups and the
+        GPU deduper's history lengths; what the block wrote beyond them is rewritten)."""
+        if self._inflight is not None and self._inflight.event is not None:
+            self._inflight.event.synchronize()
+        self._inflight = None
+        for bufs in self._buffers.values():  # they ran ahead: reload from the restored groups
+            bufs.d_state = bufs.t_state = None
+
+
+@dataclass
+class _InFlight:
+    """A launched block the host has not taken yet."""
+
+    ids: tuple[str, ...]
+    rows: list[RequestState]
+    pending: list[list[int]]
+    fed: int
+    host: torch.Tensor
+    """[B, 3k + 3] int64 (pinned on CUDA): tokens, routes, drafts, accepted."""
+    event: object
+    """The CUDA event after the copy into ``host`` (None off CUDA)."""
+    states: tuple
+    """The groups' states after the block: draft next_pos, valid, target next_pos, valid."""
+    bufs: _Buffers
+    graph: bool = False
 
 
 def _unfiltered(table: RowTable) -> bool:

@@ -193,6 +193,10 @@ def test_speculative_block_graphs_replay_and_are_batch_independent():
         batched = _run(engine, requests)
         assert blocks.counts.graph_replays > 0 and blocks.counts.eager_blocks == eager_before
         assert batched == [_run(engine, [r])[0] for r in requests]
+        assert blocks.pipeline  # blocks were chained one ahead of the host; without: the same texts
+        blocks.pipeline = False
+        assert _run(engine, requests) == batched
+        blocks.pipeline = True
         requests[3] = dataclasses.replace(requests[3], top_k=50)
         batched = _run(engine, requests)
         assert blocks.counts.eager_blocks > eager_before
@@ -223,5 +227,37 @@ def test_long_outputs_are_batch_independent_in_bf16():
         for request, a, b in zip(long, alone, together):
             first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
             assert len(a) == 600 and a == b, f"{request.request_id}: first difference at token {first}"
+    finally:
+        _stop(engine)
+
+
+@pytest.mark.slow
+def test_a_block_writes_the_next_blocks_inputs():
+    """What a block writes into its step buffer for the next block (spec_block.block's last
+    lines, which chained launches on CUDA run from) is exactly what the host packs from
+    the tokens it took: checked before every packed block whose rows are the last block's."""
+    from service.engines.local.rows import right_aligned
+    from service.engines.local.spec_block import CONTEXT
+
+    engine = _engine("cpu", static_cache=True, speculative_blocks=True)
+    blocks = engine._blocks  # noqa: SLF001
+    original, seen, checked = blocks._launch_packed, {}, []  # noqa: SLF001
+
+    def spy(rows, pending, table, dedup, bufs, *args):
+        ids = tuple(r.rid for r in rows)
+        if seen.get(id(bufs)) == ids and bufs.table is table:
+            expected = [[len(r.output), r.last_token] + right_aligned(r.dedup.context, CONTEXT)
+                        + [0] * (2 - len(p)) + list(p) + [0] * (2 - len(p)) + [1] * len(p)
+                        for r, p in zip(rows, pending)]
+            assert bufs.step[:len(rows)].tolist() == expected
+            checked.append(len(rows))
+        original(rows, pending, table, dedup, bufs, *args)
+        seen[id(bufs)] = ids
+
+    blocks._launch_packed = spy  # noqa: SLF001
+    try:
+        requests = _requests(engine.tokenizer(), tokens=40)
+        _run(engine, requests)
+        assert len(checked) > 10 and max(checked) > 1
     finally:
         _stop(engine)
