@@ -176,6 +176,26 @@ async def main_async(args) -> dict:
         host_ms_per_block = {"blocks": n, **{k.removeprefix("seconds_"): round(1e3 * v / n, 4)
                                              for k, v in diff.items() if k.startswith("seconds_")}}
 
+    # Pipelined vs not, side by side in this run: alternating rounds (watermark on), the
+    # engine's blocks switched between rounds (nothing is in flight then).
+    pipeline_ab = None
+    if args.pipeline_ab and engine._blocks is not None:  # noqa: SLF001
+        blocks = engine._blocks  # noqa: SLF001
+        ab = {True: [], False: []}
+        for r in range(args.pipeline_ab):
+            for mode in ((True, False) if r % 2 == 0 else (False, True)):
+                blocks.pipeline = mode
+                reqs, _ = _batch(tok, args.requests, args.tokens, True, 70 + r)
+                _, stats = await _round(engine, reqs)
+                ab[mode].append(stats)
+        blocks.pipeline = not args.no_pipeline
+        tps = {m: [s["tokens_per_second"] for s in v] for m, v in ab.items()}
+        pipeline_ab = {"rounds_each": args.pipeline_ab, "tokens_per_second_pipelined": _spread(tps[True]),
+                       "tokens_per_second_not_pipelined": _spread(tps[False]),
+                       "pipelined_vs_not_per_round": _spread([a / b for a, b in zip(tps[True], tps[False])]),
+                       "ms_per_step_pipelined": _spread([s["ms_per_step"] for s in ab[True]]),
+                       "ms_per_step_not_pipelined": _spread([s["ms_per_step"] for s in ab[False]])}
+
     # bf16 batch independence over long outputs: one request alone, then beside a request
     # whose long prompt moves the batch's column window (static_runner.WINDOWS) earlier.
     long_check = None
@@ -190,8 +210,15 @@ async def main_async(args) -> dict:
                       "equal": alone == together, "first_difference": first}
 
     profiles = {}
-    for name, watermark, salt in (("on", True, 50), ("off", False, 51)):
+    runs = [("on", True, 50), ("off", False, 51)]
+    if args.pipeline_ab and engine._blocks is not None:  # noqa: SLF001
+        runs.append(("on_not_pipelined", True, 52))
+    for name, watermark, salt in runs:
+        if name == "on_not_pipelined":
+            engine._blocks.pipeline = False  # noqa: SLF001
         prof, p_tokens, p_seconds = await _profile(engine, tok, args, watermark, salt, args.trace_dir)
+        if name == "on_not_pipelined":
+            engine._blocks.pipeline = not args.no_pipeline  # noqa: SLF001
         trace = tempfile.mktemp(suffix=".json")
         prof.export_chrome_trace(trace)
         busy = _busy_fraction(trace, p_seconds * 1e6)
@@ -249,6 +276,8 @@ async def main_async(args) -> dict:
         "profiled_run": profiles["on"],
         "profiled_run_off": profiles["off"],
         "gpu_busy_fraction": profiles["on"]["gpu_busy_fraction"],
+        "profiled_run_on_not_pipelined": profiles.get("on_not_pipelined"),
+        "pipeline_ab": pipeline_ab,
         "compiled_at_request_time": watch.compiled, "compiled_variants_unchanged": before == after,
         "telemetry": telemetry, "forwards_replay_eager_compactions": forwards,
         "speculative_blocks": blocks,
@@ -273,6 +302,8 @@ def main() -> None:
                         help="tokens of the long-output batch-independence check (0: skip)")
     parser.add_argument("--no-pipeline", action="store_true",
                         help="take each speculative block before launching the next (no chained launches)")
+    parser.add_argument("--pipeline-ab", type=int, default=0,
+                        help="rounds of each: pipelined vs not (watermark on, alternating), and one more profile")
     parser.add_argument("--trace-dir", default=None, help="write the profiled batches' traces and tables here")
     parser.add_argument("--out", default="bench/results/engine-cuda-h200.json")
     args = parser.parse_args()
