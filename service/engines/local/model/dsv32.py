@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from service.engines.local.model import attention
+from service.engines.local.model.matmul import batched_linear
 from service.engines.local.model.llama import rms_norm, rope, rotate_half
 
 
@@ -104,7 +105,7 @@ def _moe(moe, x: torch.Tensor) -> torch.Tensor:
     shape = x.shape
     flat = x.reshape(-1, shape[-1])
     gate, experts = moe.gate, moe.experts
-    scores = F.linear(flat.float(), gate.weight.float()).sigmoid()  # [N, E]
+    scores = batched_linear(flat.float().unsqueeze(0), gate.weight.float().unsqueeze(0))[0].sigmoid()  # [N, E]
     choice = scores + gate.e_score_correction_bias
     per_group = gate.num_experts // gate.num_group
     group_scores = choice.view(-1, gate.num_group, per_group).topk(2, dim=-1)[0].sum(dim=-1)
@@ -118,16 +119,17 @@ def _moe(moe, x: torch.Tensor) -> torch.Tensor:
         top_w = top_w / (top_w.sum(dim=-1, keepdim=True) + 1e-20)
     top_w = top_w * gate.routed_scaling_factor
     dense_w = torch.zeros_like(scores).scatter(1, top_idx, top_w)  # [N, E], zero for unrouted experts
-    # Plain matrix products (as nn.Linear) and a fixed-order sum over the experts: a row's
-    # result must not depend on N (the batch bucket). The batched einsums this replaces did,
-    # for N >= 40 on the H200 (bf16; tests/service/engines/local/model/test_batch_invariance.py).
+    # Row-invariant products (model/matmul.py) and a fixed-order sum over the experts: a
+    # row's result must not depend on N (the batch bucket); cuBLAS's did for N >= 40 on the
+    # H200 (bf16; tests/service/engines/local/model/test_batch_invariance.py).
     num, inter = experts.gate_up_proj.shape[0], experts.gate_up_proj.shape[1] // 2
-    gate_up = F.linear(flat, experts.gate_up_proj.reshape(num * 2 * inter, -1)).view(-1, num, 2 * inter)
-    g, u = gate_up.chunk(2, dim=-1)
+    gate_up = batched_linear(flat.unsqueeze(0), experts.gate_up_proj.reshape(1, num * 2 * inter, -1))[0]
+    g, u = gate_up.view(-1, num, 2 * inter).chunk(2, dim=-1)
     hidden = (experts.act_fn(g) * u).transpose(0, 1).contiguous()  # [E, N, I]
+    down = batched_linear(hidden, experts.down_proj)  # [E, N, D]
     routed = None
     for e in range(num):
-        term = F.linear(hidden[e], experts.down_proj[e]).float() * dense_w[:, e:e + 1]
+        term = down[e].float() * dense_w[:, e:e + 1]
         routed = term if routed is None else routed + term
     routed = routed.to(x.dtype)
     return routed.view(shape) + moe.shared_experts(x)

@@ -83,6 +83,26 @@ def check_index_scores(seed: int, device, dtype=torch.float32) -> None:
     assert torch.equal(out[1, :, :150], alone), f"seed {seed}: a row's index scores depend on its batch or window"
 
 
+def check_batched_linear(seed: int, device, dtype=torch.float32, start: int = 37) -> None:
+    """The MoE's products: kernel vs reference, and rows ``start`` .. + 2 of 100 the same as
+    those 3 alone (at the first rows of a tile: on the device every row of a tile is
+    computed alike; the interpreter's numpy products are not, so it checks start = 32),
+    for a shared and a per-expert weight."""
+    from service.engines.local.model import matmul
+
+    gen = torch.Generator().manual_seed(seed)
+    for experts, rows, depth, outs in ((1, 100, 256, 72), (3, 100, 128, 40)):
+        x = torch.randn(experts, rows, depth, generator=gen).to(dtype).to(device)
+        w = torch.randn(experts, outs, depth, generator=gen).to(dtype).to(device)
+        out = matmul.batched_linear(x, w)
+        ref = matmul.batched_linear_reference(x.double(), w.double())
+        error = _relative(out, ref)
+        limit = 1e-5 if dtype == torch.float32 else 1e-2
+        assert error <= limit, f"seed {seed}: batched_linear relative error {error:.2e}"
+        few = matmul.batched_linear(x[:, start:start + 3].contiguous(), w)
+        assert torch.equal(few, out[:, start:start + 3]), f"seed {seed}: a row's product depends on the other rows"
+
+
 def main(seed: int) -> int:
     cpu = torch.device("cpu")
     check_attention(seed, cpu)
@@ -90,6 +110,7 @@ def main(seed: int) -> int:
     check_attention(seed + 2, cpu, heads=4, groups=2, dim=16, dim2=0, dim_v=32, columns=64)
     check_attention_invariance(seed + 3, cpu)
     check_index_scores(seed + 4, cpu)
+    check_batched_linear(seed + 5, cpu, start=32)
     print("attention checks passed")
     return 0
 

@@ -1,4 +1,5 @@
-"""The batch-invariant attention kernels (service/engines/local/model/attention.py): parity
+"""The batch-invariant attention kernels (service/engines/local/model/attention.py) and the
+MoE's row-invariant products (model/matmul.py): parity
 with their torch references and bit-identical results for a row whatever its batch, its
 window and its row's other queries; on the H200 (float32 and bfloat16) and on the CPU
 through Triton's interpreter (float32; the interpreter runs programs one by one, so only
@@ -47,3 +48,9 @@ def test_attention_on_cuda(dtype, shape):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_index_scores_on_cuda(dtype):
     checks.check_index_scores(secrets.randbits(31), torch.device("cuda"), dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batched_linear_on_cuda(dtype):
+    checks.check_batched_linear(secrets.randbits(31), torch.device("cuda"), dtype)
