@@ -371,13 +371,8 @@ def _seeded_sample_kernel(logits_ptr, stride_row, vocab, temp_ptr, key_a_ptr, ke
     """gumbel_sample's kernel with the row bound known before the race: ``bound_ptr[row]``
     is a token of the row (its first argmax, from a first launch); its exact score seeds
     every program's best, so the exact pruning floor is tight from the first tile."""
-    row = tl.program_id(0)
-    blk = tl.program_id(1)
-    row_ptr = logits_ptr + row.to(tl.int64) * (stride_row * STRIDE_MULT)
-    tile_begin = blk * tiles_per_block
-    tile_end = tl.minimum(tile_begin + tiles_per_block, tl.cdiv(vocab, BLOCK))
-    x0, x1, x2, x3 = tiles.first_tile(row_ptr, tile_begin, tile_end, vocab, float("-inf"), BLOCK)
-    scratch = scratch_ptr + (row.to(tl.int64) * nblk + blk) * (2 * BLOCK)
+    row, blk, row_ptr, tile_begin, tile_end, x0, x1, x2, x3, scratch = tiles.chunk_start(
+        logits_ptr, stride_row, vocab, scratch_ptr, tiles_per_block, nblk, BLOCK, STRIDE_MULT)
     temperature, greedy, route, s0, s1, s2, kk0, kk1 = row_prologue(
         row, temp_ptr, key_a_ptr, key_b_ptr, alpha_ptr, ctx_ptr, ctx_stride, width_ptr, wm_ptr, skey_ptr, pos_ptr,
         lane)

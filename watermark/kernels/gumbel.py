@@ -59,13 +59,8 @@ def _gumbel_sample_kernel(logits_ptr, stride_row, vocab, temp_ptr, key_a_ptr, ke
                           part_s_ptr, part_i_ptr, count_ptr, scratch_ptr, tiles_per_block, nblk,
                           BLOCK: tl.constexpr, STRIDE_MULT: tl.constexpr, NB: tl.constexpr,
                           COMPACT: tl.constexpr):
-    row = tl.program_id(0)
-    blk = tl.program_id(1)
-    row_ptr = logits_ptr + row.to(tl.int64) * (stride_row * STRIDE_MULT)
-    tile_begin = blk * tiles_per_block
-    tile_end = tl.minimum(tile_begin + tiles_per_block, tl.cdiv(vocab, BLOCK))
-    x0, x1, x2, x3 = tiles.first_tile(row_ptr, tile_begin, tile_end, vocab, float("-inf"), BLOCK)
-    scratch = scratch_ptr + (row.to(tl.int64) * nblk + blk) * (2 * BLOCK)
+    row, blk, row_ptr, tile_begin, tile_end, x0, x1, x2, x3, scratch = tiles.chunk_start(
+        logits_ptr, stride_row, vocab, scratch_ptr, tiles_per_block, nblk, BLOCK, STRIDE_MULT)
 
     temperature = tl.load(temp_ptr + row)
     greedy = temperature == 0.0
@@ -126,13 +121,8 @@ def _gumbel_argmax_kernel(logits_ptr, stride_row, vocab, keys_ptr, states_ptr, t
                           count_ptr, scratch_ptr, tiles_per_block, nblk,
                           BLOCK: tl.constexpr, STRIDE_MULT: tl.constexpr, NB: tl.constexpr,
                           COMPACT: tl.constexpr):
-    row = tl.program_id(0)
-    blk = tl.program_id(1)
-    row_ptr = logits_ptr + row.to(tl.int64) * (stride_row * STRIDE_MULT)
-    tile_begin = blk * tiles_per_block
-    tile_end = tl.minimum(tile_begin + tiles_per_block, tl.cdiv(vocab, BLOCK))
-    x0, x1, x2, x3 = tiles.first_tile(row_ptr, tile_begin, tile_end, vocab, float("-inf"), BLOCK)
-    scratch = scratch_ptr + (row.to(tl.int64) * nblk + blk) * (2 * BLOCK)
+    row, blk, row_ptr, tile_begin, tile_end, x0, x1, x2, x3, scratch = tiles.chunk_start(
+        logits_ptr, stride_row, vocab, scratch_ptr, tiles_per_block, nblk, BLOCK, STRIDE_MULT)
     s0, s1, s2, s3, k0, k1 = _row_state(keys_ptr, states_ptr, row)
     best_s, best_i = race.log_race_chunk(row_ptr, x0, x1, x2, x3, tile_begin, tile_end, vocab, 1.0, False,
                                          s0, s1, s2, s3, k0, k1, scratch, BLOCK, COMPACT)

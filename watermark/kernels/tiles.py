@@ -102,3 +102,20 @@ def first_tile(row_ptr, tile_begin, tile_end, vocab, fill, BLOCK: tl.constexpr):
     """Prefetch of a chunk's first whole tile; kernels issue it before their scalar
     prologue (keys, routing coin, context state) so that memory latency overlaps it."""
     return load_next(row_ptr, tile_begin, tl.minimum(tile_end, vocab // BLOCK), fill, BLOCK)
+
+
+@triton.jit
+def chunk_start(logits_ptr, stride_row, vocab, scratch_ptr, tiles_per_block, nblk, BLOCK: tl.constexpr,
+                STRIDE_MULT: tl.constexpr):
+    """The common start of the vocabulary kernels (grid: rows x programs per row): the
+    program's row and chunk, the row's pointer, its tiles [tile_begin, tile_end), the
+    chunk's first tile prefetched (x0..x3, :func:`first_tile`: issued before the caller's
+    scalar prologue) and its compaction scratch (2 * BLOCK words)."""
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    row_ptr = logits_ptr + row.to(tl.int64) * (stride_row * STRIDE_MULT)
+    tile_begin = blk * tiles_per_block
+    tile_end = tl.minimum(tile_begin + tiles_per_block, tl.cdiv(vocab, BLOCK))
+    x0, x1, x2, x3 = first_tile(row_ptr, tile_begin, tile_end, vocab, float("-inf"), BLOCK)
+    scratch = scratch_ptr + (row.to(tl.int64) * nblk + blk) * (2 * BLOCK)
+    return row, blk, row_ptr, tile_begin, tile_end, x0, x1, x2, x3, scratch
