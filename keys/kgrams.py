@@ -43,15 +43,36 @@ def kgram_key(secret: int) -> bytes:
     return hashlib.sha256(b"hallmark-kgram-v1" + int(secret).to_bytes(8, "big")).digest()
 
 
-def digests(token_ids: Sequence[int], secret: int, k: int = K) -> set[int]:
-    """Distinct 63-bit digests of the k-grams of ``token_ids`` [n] (empty if n < k)."""
+def position_digests(token_ids: Sequence[int], secret: int, k: int = K) -> list[int]:
+    """The 63-bit digest of the k-gram starting at each position of ``token_ids`` [n]
+    (n - k + 1 of them; empty if n < k)."""
     key = kgram_key(secret)
     data = b"".join((int(t) & 0xFFFFFFFF).to_bytes(4, "big") for t in token_ids)
-    out = set()
+    out = []
     for start in range(0, len(token_ids) - k + 1):
         mac = hmac.new(key, data[4 * start:4 * (start + k)], hashlib.sha256).digest()
-        out.add(int.from_bytes(mac[:8], "big") >> (64 - DIGEST_BITS))
+        out.append(int.from_bytes(mac[:8], "big") >> (64 - DIGEST_BITS))
     return out
+
+
+def digests(token_ids: Sequence[int], secret: int, k: int = K) -> set[int]:
+    """Distinct 63-bit digests of the k-grams of ``token_ids`` [n] (empty if n < k)."""
+    return set(position_digests(token_ids, secret, k))
+
+
+def matched_positions(session: Session, *, key_id: str, generation_id: str, secret: int,
+                      token_ids: Sequence[int], skip: int = 0) -> set[int]:
+    """Positions of ``token_ids`` [n] inside a k-gram that generation ``generation_id``
+    recorded under ``key_id`` (the tokens the text shares with it), leaving out the first
+    ``skip`` of each k-gram (a watermark context width: those tokens' contexts reach before
+    the shared run)."""
+    at = position_digests(token_ids, secret)
+    found: set[int] = set()
+    for chunk in _chunks(sorted(set(at))):
+        found.update(session.scalars(select(LedgerKgram.digest).where(
+            LedgerKgram.key_id == key_id, LedgerKgram.generation_id == generation_id,
+            LedgerKgram.digest.in_(chunk))))
+    return {i for start, d in enumerate(at) if d in found for i in range(start + min(skip, K), start + K)}
 
 
 def record(session: Session, *, tenant_id: str, generation_id: str, key_id: str, secret: int,
@@ -77,12 +98,19 @@ class KgramMatch:
     """Distinct k-gram digests recorded for the generation."""
     log10_false_match_bound: float
     """log10 of the bound on a chance (hash-collision) match this large (module docstring)."""
+    shared_tokens: int | None = None
+    """Scored tokens of the text inside the shared k-grams (None: not computed)."""
+    log10_shared_p: float | None = None
+    """log10 p of the watermark test over those tokens alone, under this key: whether the
+    shared phrases were sampled under the watermark or are text any writer could produce
+    (boilerplate the model reproduces with no choice to make; service.ledger_evidence)."""
 
     def to_dict(self) -> dict[str, object]:
         return {"generation_id": self.generation_id, "key_id": self.key_id, "matched_kgrams": self.matched,
                 "text_kgrams": self.queried, "generation_kgrams": self.stored,
                 "share": round(self.matched / self.queried, 6) if self.queried else 0.0,
-                "log10_false_match_bound": self.log10_false_match_bound}
+                "log10_false_match_bound": self.log10_false_match_bound,
+                "shared_tokens": self.shared_tokens, "log10_shared_p": self.log10_shared_p}
 
 
 def false_match_log10(matched: int, queried: int, stored: int, generations: int) -> float:

@@ -18,7 +18,8 @@ from service import evidence
 from service.auth import Identity, resolve_tenant
 from service.errors import Conflict, NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
 from service.http_errors import store_error
-from service.provenance import report_statement, with_ledger_basis
+from service.ledger_evidence import with_ledger_basis, with_shared_evidence
+from service.provenance import report_statement
 from service.schemas import DetectBody
 from service.state import Services
 from watermark.validation import describe
@@ -99,7 +100,7 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
     if text:
         scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
         matches = services.ledger_matches(hash_output(text), scope)
-    kgram_matches = _kgram_matches(services, identity, tenant, candidates, token_ids)
+    kgram_matches = _kgram_matches(services, identity, tenant, candidates, token_ids, config)
     services.metrics.detections.labels("watermarked" if result.watermarked else "not_watermarked").inc()
     # The ledger is a second basis: an exact copy (output hash) or shared k-grams whose
     # chance-collision bound passes the threshold, even when the watermark no longer does.
@@ -122,15 +123,17 @@ def _tokenized(services: Services, text: str, normalized) -> tuple[list[int], li
     return token_ids, offsets
 
 
-def _kgram_matches(services: Services, identity: Identity, tenant, candidates, token_ids) -> list:
-    """Generations sharing k-grams with the text under a stored candidate key (keys.kgrams)."""
+def _kgram_matches(services: Services, identity: Identity, tenant, candidates, token_ids, config) -> list:
+    """Generations sharing k-grams with the text under a stored candidate key (keys.kgrams),
+    with the watermark evidence of the shared tokens (service.ledger_evidence)."""
     keys = [(c.info.key_id, c.key.secret) for c in candidates if c.info.tenant is not None and c.info.key_id]
     if not keys or len(token_ids) < kgrams.K:
         return []
     scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
     try:
         with services.store.transaction(write=False) as session:
-            return kgrams.find_matches(session, keys=keys, token_ids=token_ids, tenant_id=scope)
+            found = kgrams.find_matches(session, keys=keys, token_ids=token_ids, tenant_id=scope)
+            return with_shared_evidence(session, found, candidates, token_ids, config)
     except KeyStoreError as exc:
         raise store_error(exc) from None
 

@@ -10,7 +10,6 @@ multiple-testing correction, and the ledger records whose output is exactly this
 from __future__ import annotations
 
 import hashlib
-import math
 from datetime import datetime, timezone
 from typing import Any
 
@@ -28,20 +27,6 @@ def ledger_match(entry: GenerationEntry) -> dict[str, Any]:
             "key_version": entry.key_version, "key_state": entry.key_state, "engine": entry.engine,
             "model": entry.model, "watermarked_tokens": entry.watermarked_tokens, "status": entry.status,
             "ledger": {"seq": entry.seq, "entry_hash": entry.entry_hash}, "created_at": entry.created_at.isoformat()}
-
-
-def with_ledger_basis(result: dict[str, Any], matches: list[dict[str, Any]], kgram_matches: list,
-                      threshold: float) -> dict[str, Any]:
-    """``result`` (a detection result's dict) with its ledger evidence: ``ledger_matches``,
-    ``kgram_matches`` (:class:`keys.kgrams.KgramMatch`) and ``"ledger"`` in ``basis`` when an
-    exact copy is recorded or a k-gram match's chance-collision bound passes the threshold,
-    even when the watermark does not (``watermarked`` stays the watermark's verdict)."""
-    result["ledger_matches"] = matches
-    result["kgram_matches"] = [m.to_dict() for m in kgram_matches]
-    if (matches or any(m.log10_false_match_bound <= math.log10(threshold) for m in kgram_matches)) \
-            and "ledger" not in result["basis"]:
-        result["basis"] = [*result["basis"], "ledger"]
-    return result
 
 
 def receipt_statement(entry: GenerationEntry, *, fingerprint: str | None) -> dict[str, Any]:

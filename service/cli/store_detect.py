@@ -26,14 +26,15 @@ def stored_candidates(*, tenant: str | None) -> list[Candidate]:
 
 
 def add_ledger_evidence(result: dict[str, Any], *, tenant: str | None, text: str | None,
-                        token_ids: Sequence[int], candidates: list[Candidate], threshold: float) -> dict[str, Any]:
+                        token_ids: Sequence[int], candidates: list[Candidate], config) -> dict[str, Any]:
     """The ledger's evidence, as the API gives it (service.detection): recorded generations
     whose output is exactly ``text``, and generations sharing k-grams of ``token_ids`` under
     the stored candidate keys, scoped to ``tenant`` (None: every tenant)."""
     from keys import kgrams
     from keys.ledger import find_generations_by_output_hash, hash_output
     from keys.tenants import get_tenant
-    from service.provenance import ledger_match, with_ledger_basis
+    from service.ledger_evidence import with_ledger_basis, with_shared_evidence
+    from service.provenance import ledger_match
 
     keys = [(c.info.key_id, c.key.secret) for c in candidates if c.info.tenant is not None and c.info.key_id]
     try:
@@ -43,6 +44,7 @@ def add_ledger_evidence(result: dict[str, Any], *, tenant: str | None, text: str
                 session, output_sha256=hash_output(text), tenant_id=tenant_id)
             matches = [] if not keys or len(token_ids) < kgrams.K else kgrams.find_matches(
                 session, keys=keys, token_ids=list(token_ids), tenant_id=tenant_id)
+            matches = with_shared_evidence(session, matches, candidates, list(token_ids), config)
     except KeyStoreError as exc:
         raise CliError(exc.user_message) from None
-    return with_ledger_basis(result, [ledger_match(e) for e in found], matches, threshold)
+    return with_ledger_basis(result, [ledger_match(e) for e in found], matches, config.threshold)

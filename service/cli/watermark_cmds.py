@@ -273,8 +273,7 @@ def detect_command(
         from service.cli.store_detect import add_ledger_evidence
 
         payload = add_ledger_evidence(payload, tenant=None if all_tenants else tenant, text=text_input,
-                                      token_ids=forms[scored_form], candidates=candidates,
-                                      threshold=config.threshold)
+                                      token_ids=forms[scored_form], candidates=candidates, config=config)
     if normalized is not None:
         payload["normalization"] = {**normalized.to_dict(), "scored": form_names[scored_form]}
     verdict = "watermarked" if result.watermarked else "not watermarked"
@@ -282,10 +281,11 @@ def detect_command(
     if result.key is not None:
         source = f" (key {result.key.key_id} v{result.key.version}, {result.key.state})" if result.key.tenant else ""
     ledger = ""
+    passed = [m for m in payload.get("kgram_matches", []) if m["passes"]]
     if "ledger" in payload["basis"]:
         ledger = (f"; in the ledger: exact copy of generation {payload['ledger_matches'][0]['generation_id']}"
                   if payload["ledger_matches"] else
-                  f"; in the ledger: shares {payload['kgram_matches'][0]['matched_kgrams']} eight-token sequences "
-                  f"with generation {payload['kgram_matches'][0]['generation_id']}")
+                  f"; in the ledger: shares {passed[0]['matched_kgrams']} eight-token sequences "
+                  f"with generation {passed[0]['generation_id']}")
     emit(payload, as_json, f"{verdict}: log10 p = {result.log10_p_value:.2f} over {result.scored_tokens} "
                            f"scored of {result.total_tokens} tokens{source}{ledger}")

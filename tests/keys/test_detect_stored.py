@@ -41,12 +41,24 @@ def test_detect_unknown_tenant_is_one_line(cli):
     assert "nobody" in result.stderr
 
 
+def _record(store, cli, tenant: str, key_id: str, key: WatermarkKey, tokens: list[int], text: str) -> str:
+    from keys import kgrams
+    from keys.ledger import record_generation
+
+    tenant_id = next(t["id"] for t in cli.ok("tenants", "list", "--json").json() if t["name"] == tenant)
+    with store.transaction() as session:
+        entry = record_generation(session, tenant_id=tenant_id, key_id=key_id, key_version=1, engine="local",
+                                  model="m", spec=key.spec, prompt_tokens=1, watermarked_tokens=len(tokens),
+                                  unwatermarked_reason=None, output_text=text, token_ids=tokens)
+        kgrams.record(session, tenant_id=tenant_id, generation_id=entry.id, key_id=key_id, secret=key.secret,
+                      token_ids=tokens)
+    return entry.id
+
+
 def test_detect_reports_the_ledgers_evidence_as_the_api_does(cli, store):
     """README: `hallmark detect --json` has the API's result schema, ledger evidence included:
     the exact copy's record (ledger_matches) and, for an edited copy, the generations sharing
     its 8-token runs (kgram_matches), with "ledger" in basis. Before, the CLI left both out."""
-    from keys import kgrams
-    from keys.ledger import record_generation
     from service.tokenization import load_tokenizer
 
     cli.ok("tenants", "create", "acme")
@@ -56,30 +68,51 @@ def test_detect_reports_the_ledgers_evidence_as_the_api_does(cli, store):
     key = _material(cli, key_id)
     text = ("Return the number of items in the container, counting each distinct element once and "
             "ignoring the order in which they were added to it.")
-    tokens = load_tokenizer("bundled").encode(text, add_special_tokens=False)
-    with store.transaction() as session:
-        tenant_id = cli.ok("tenants", "list", "--json").json()[0]["id"]
-        entry = record_generation(session, tenant_id=tenant_id, key_id=key_id, key_version=1, engine="local",
-                                  model="m", spec=key.spec, prompt_tokens=1, watermarked_tokens=len(tokens),
-                                  unwatermarked_reason=None, output_text=text, token_ids=tokens)
-        kgrams.record(session, tenant_id=tenant_id, generation_id=entry.id, key_id=key_id, secret=key.secret,
-                      token_ids=tokens)
-
+    exact_id = _record(store, cli, "acme", key_id, key, load_tokenizer("bundled").encode(text, add_special_tokens=False),
+                       text)
     exact = cli.ok("detect", "--tenant", "acme", "--text", text, "--tokenizer", "bundled", "--json").json()
-    assert [m["generation_id"] for m in exact["ledger_matches"]] == [entry.id]
+    assert [m["generation_id"] for m in exact["ledger_matches"]] == [exact_id]
     assert exact["basis"] == ["ledger"] and not exact["watermarked"]
-    assert "exact copy of generation " + entry.id in cli.ok("detect", "--tenant", "acme", "--text", text,
+    assert "exact copy of generation " + exact_id in cli.ok("detect", "--tenant", "acme", "--text", text,
                                                              "--tokenizer", "bundled").stdout
 
-    edited = tokens[:12] + [7, 7, 7] + tokens[15:]
+    tokens, _ = generate(key, 200, seed=11)
+    generated_id = _record(store, cli, "acme", key_id, key, tokens, "generated")
+    edited = list(tokens)
+    for i in range(0, len(edited), 10):
+        edited[i] = (edited[i] + 1) % 2000
     result = cli.ok("detect", "--tenant", "acme", "--token-ids", json.dumps(edited), "--json").json()
-    assert result["ledger_matches"] == [] and result["basis"] == ["ledger"]
+    assert result["ledger_matches"] == [] and "ledger" in result["basis"]
     match = result["kgram_matches"][0]
-    assert match["generation_id"] == entry.id and match["log10_false_match_bound"] < -6
+    assert match["generation_id"] == generated_id and match["passes"] and match["log10_false_match_bound"] < -6
     assert str(key.secret) not in json.dumps(result)
+    assert "eight-token sequences with generation " + generated_id in cli.ok(
+        "detect", "--tenant", "acme", "--token-ids", json.dumps(edited)).stdout
 
     # Scoped like the API: another tenant's keys and ledger see nothing.
-    other = cli.ok("detect", "--tenant", "beta", "--text", text, "--tokenizer", "bundled", "--json").json()
+    other = cli.ok("detect", "--tenant", "beta", "--token-ids", json.dumps(edited), "--json").json()
     assert other["ledger_matches"] == [] and other["kgram_matches"] == [] and other["basis"] == []
     everyone = cli.ok("detect", "--all-tenants", "--token-ids", json.dumps(edited), "--json").json()
-    assert [m["generation_id"] for m in everyone["kgram_matches"]] == [entry.id]
+    assert [m["generation_id"] for m in everyone["kgram_matches"]] == [generated_id]
+
+
+def test_shared_phrases_without_the_watermark_are_not_a_ledger_basis(cli, store):
+    """A text that shares phrases with a generation is an edited copy of it only when the shared
+    tokens carry the generation's watermark. Tokens the generation reproduced with no choice
+    to make (boilerplate; here: tokens not drawn under the key at all) score as on any text,
+    and people write the same phrases: 40 of 102 chunks of the standard library's own
+    documentation were reported as edited copies of one of 20 bundled-model generations. The
+    match is still listed (collision bound and all), with passes false and no ledger basis."""
+    cli.ok("tenants", "create", "acme")
+    key_id = cli.ok("keys", "create", "--tenant", "acme", "--json").json()["key_id"]
+    key = _material(cli, key_id)
+    boilerplate = human_like(120, seed=9)
+    generation_id = _record(store, cli, "acme", key_id, key, boilerplate, "boilerplate")
+    # A person's text that contains 40 tokens of the same boilerplate.
+    text = human_like(80, seed=1) + boilerplate[30:70] + human_like(80, seed=2)
+    result = cli.ok("detect", "--tenant", "acme", "--token-ids", json.dumps(text), "--json").json()
+    match = next(m for m in result["kgram_matches"] if m["generation_id"] == generation_id)
+    assert match["matched_kgrams"] >= 20 and match["log10_false_match_bound"] < -100
+    assert match["shared_tokens"] >= 20 and match["log10_shared_p"] > -3 and not match["passes"]
+    assert result["basis"] == [] and not result["watermarked"]
+    assert "ledger" not in cli.ok("detect", "--tenant", "acme", "--token-ids", json.dumps(text)).stdout

@@ -209,11 +209,11 @@ function verdictWords(result) {
   return { cls: "no", title: "Not watermarked", scored };
 }
 
-// The k-gram match the verdict can rest on (the API puts "ledger" in `basis` for it), best first.
+// The k-gram match the verdict can rest on (the API marks it `passes` and puts "ledger" in
+// `basis` for it), best first.
 function bestKgramMatch(result) {
   if (!(result.basis || []).includes("ledger")) return null;
-  const bound = Math.log10(result.threshold);
-  return (result.kgram_matches || []).find((m) => m.log10_false_match_bound <= bound) || null;
+  return (result.kgram_matches || []).find((m) => m.passes) || null;
 }
 
 function normalisationNote(result) {
@@ -253,7 +253,7 @@ function explain(result) {
   }
   const match = bestKgramMatch(result);
   if (match) {
-    items.push(`The watermark alone is not significant here (p = ${result.p_value.toPrecision(2)}), but ${match.matched_kgrams} of the text's ${match.text_kgrams} eight-token sequences match the keyed fingerprints recorded for generation ${match.generation_id} (${Math.round(match.share * 100)} %): the text is an edited copy of it. A chance collision this large has probability below 10^${match.log10_false_match_bound.toFixed(0)}.`);
+    items.push(`The watermark alone is not significant here (p = ${result.p_value.toPrecision(2)}), but ${match.matched_kgrams} of the text's ${match.text_kgrams} eight-token sequences match the keyed fingerprints recorded for generation ${match.generation_id} (${Math.round(match.share * 100)} %): the text is an edited copy of it. A chance collision this large has probability below 10^${match.log10_false_match_bound.toFixed(0)}, and the ${match.shared_tokens} shared tokens carry this key's watermark (p = 10^${match.log10_shared_p.toFixed(1)}), so they were generated, not written independently.`);
     items.push("Shared phrases are what the match measures: a text that quotes a generation word for word matches it too.");
     return items;
   }
