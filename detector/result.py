@@ -51,14 +51,16 @@ class KeyResult:
     scored_tokens: int
     log10_p_value: float
     """This key's whole-text p, not adjusted for the number of keys: the minimum over its
-    tests (sum, Tr-GoF, and for dual keys under auto the weighted sum) of p / weight
+    tests (sum, Tr-GoF, and for ordinary-coin dual keys under auto the weighted sum) of p / weight
     (see :func:`detector.detect.weights`)."""
     log10_p_adjusted: float
     """Holm-adjusted over every key tested."""
     log10_p_sum: float | None = None
     """The sum test alone (Gamma null), unweighted."""
     log10_p_trgof: float | None = None
-    """Tr-GoF alone, unweighted (None when the test was not run)."""
+    """Tr-GoF alone, unweighted (None when the test was not run): its exact tail where that
+    can change the verdict or a global p <= max(threshold, 0.01), otherwise its union
+    (Chernoff) bound, also a valid p (:data:`detector.detect.TRGOF_EXACT_BELOW`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.key.to_dict(), "statistic": self.statistic, "score": self.score,
