@@ -124,7 +124,12 @@ async def chat_route(body: ChatBody, services: ServicesDep, identity: IdentityDe
     return await _openai(services, identity, _openai_params(body, services, prompt_ids), body.stream, chat=True)
 
 
+_STARTED = int(time.time())
+"""The Model object's ``created`` (OpenAI's schema requires an integer; typed clients reject a
+missing one): when this process loaded the routes."""
+
+
 @router.get("/v1/models")
 def models_route(services: ServicesDep, identity: IdentityDep):
     return {"object": "list", "data": [{"id": services.engine.model_name, "object": "model",
-                                        "owned_by": "hallmark"}]}
+                                        "created": _STARTED, "owned_by": "hallmark"}]}

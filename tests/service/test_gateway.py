@@ -122,6 +122,11 @@ def test_openai_client_completions_and_chat(server):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="hm_wrong").completions.create(
             model="hallmark", prompt="x", max_tokens=2)
+    # The model list as OpenAI's schema has it: `created` is a required integer.
+    models = client(server).get("/v1/models").json()["data"]
+    assert [set(m) for m in models] == [{"id", "object", "created", "owned_by"}]
+    assert isinstance(models[0]["created"], int) and models[0]["created"] > 1_700_000_000
+    assert [m.id for m in api.models.list().data] == [models[0]["id"]]
 
 
 def test_temperature_zero_and_opt_out_are_recorded_unwatermarked(server):
