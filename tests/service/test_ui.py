@@ -404,6 +404,24 @@ def test_keys_page_rotates_a_key(server, browser):
     _no_console_errors(browser)
 
 
+def test_a_text_over_the_evidence_limit_is_still_checked(server, browser):
+    """The page asks for per-token evidence, which is capped (413 beyond; 400 tokens on this
+    server, 5,000 by default): a longer text is checked without the heat map instead of
+    failing with "leave 'evidence' out", which the page's user cannot do."""
+    from selenium.webdriver.common.by import By
+
+    _open(browser, server, "acme")
+    area = _visible(browser, "check-text")
+    _wait(browser, lambda d: "tenant acme" in d.find_element(By.ID, "token-status").text)
+    browser.execute_script("arguments[0].value = arguments[1]", area, HUMAN * 6)
+    browser.find_element(By.ID, "check-submit").click()
+    _wait(browser, lambda d: d.find_element(By.ID, "verdict-title").text)
+    assert browser.find_element(By.ID, "verdict-title").text == "Not watermarked"
+    assert "heat map is left out" in browser.find_element(By.ID, "explain").text
+    assert not browser.find_element(By.ID, "error").is_displayed()
+    assert browser.execute_script("return document.getElementById('heat').textContent") == HUMAN * 6
+
+
 def test_revoking_needs_a_reason_that_is_not_blank(server, browser):
     """The dialog keeps a blank reason (spaces pass `required`) instead of closing on the API's 422."""
     from selenium.webdriver.common.by import By

@@ -190,7 +190,16 @@ function updateCount() {
 async function check() {
   const text = $("check-text").value;
   if (!text.trim()) throw new ApiError(0, "paste a text (or drop a file) to check", "empty");
-  const { payload: result, raw } = await apiRaw("POST", "/v1/detect", { text, evidence: true });
+  let response;
+  try {
+    response = await apiRaw("POST", "/v1/detect", { text, evidence: true });
+  } catch (exc) {
+    // Per-token evidence is capped (HALLMARK_MAX_EVIDENCE_TOKENS, 413): check a longer text
+    // without it rather than not at all (a text over the detection limit fails again, and says so).
+    if (!(exc instanceof ApiError) || exc.status !== 413) throw exc;
+    response = await apiRaw("POST", "/v1/detect", { text });
+  }
+  const { payload: result, raw } = response;
   renderResult(text, result);
   showSigned($("report-status"), raw, "report", { expectedType: "hallmark.detection_report" },
     "This result is signed by the server");
@@ -237,6 +246,10 @@ function explain(result) {
     if (!t.scored) reasons[t.reason] = (reasons[t.reason] || 0) + 1;
   }
   const reasonText = Object.entries(reasons).map(([r, n]) => `${n} ${r.replaceAll("_", " ")}`).join(", ");
+  const because = reasonText ? ` (${reasonText})` : "";
+  if (!result.evidence) {
+    items.push("This text is longer than the server gives per-token scores for, so the heat map is left out; the verdict covers the whole text.");
+  }
   const scope = me && me.admin && !me.tenant ? "any tenant" : `tenant ${(me && me.tenant) || "yours"}`;
   if (result.watermarked) {
     const k = result.key;
@@ -246,7 +259,7 @@ function explain(result) {
       items.push("The key is verify-only: it was the active key earlier and has since been rotated; its text is still detected.");
     }
     items.push(`The chance that text without this watermark scores this high is below the threshold ${thresholdText(result.threshold)} (corrected for the ${result.keys_tested} key${result.keys_tested === 1 ? "" : "s"} tested).`);
-    if (skipped > 0) items.push(`${skipped} token${skipped === 1 ? " was" : "s were"} not scored (${reasonText}): a repeated context carries no new evidence.`);
+    if (skipped > 0) items.push(`${skipped} token${skipped === 1 ? " was" : "s were"} not scored${because}: a repeated context carries no new evidence.`);
     if (result.decided_by === "span") items.push("The whole text is not significant on its own; a stretch of it is (underlined below): part of the text is generated, the rest probably not.");
     if (result.spans && result.spans.length) items.push(`${result.spans.length} watermarked stretch${result.spans.length === 1 ? " is" : "es are"} underlined in the text below.`);
     return items;
@@ -262,7 +275,7 @@ function explain(result) {
     items.push(`Too short: only ${result.scored_tokens} token${result.scored_tokens === 1 ? "" : "s"} could be scored. A watermark usually needs 50 or more scored tokens to pass the threshold ${thresholdText(result.threshold)}, so a short watermarked text can be missed.`);
   }
   if (result.total_tokens >= 20 && skipped / result.total_tokens > 0.3) {
-    items.push(`Too repetitive: ${skipped} of ${result.total_tokens} tokens repeat an earlier context (${reasonText}) and are not counted.`);
+    items.push(`Too repetitive: ${skipped} of ${result.total_tokens} tokens repeat an earlier context${because} and are not counted.`);
   }
   items.push(`No key of ${scope} matches: ${result.keys_tested} key${result.keys_tested === 1 ? "" : "s"} tested (active, verify-only and revoked); the best score was not significant.`);
   if (result.spans && result.spans.length) items.push(`${result.spans.length} stretch${result.spans.length === 1 ? "" : "es"} of the text nevertheless pass on their own (underlined below): part of it may be generated.`);
