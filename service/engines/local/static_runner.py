@@ -20,8 +20,10 @@ from watermark.transfer import host_tensor, to_device
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Column windows: a step reads only the first W columns of the cache (every live column of
-# its rows lies below W - 1; column W - 1 is the window's scratch), so attention, the
-# indexer's scores and the latent expansion cost O(W), not O(context).
+# its rows lies below W - 1; column W - 1 is the window's scratch), so the indexer's scores,
+# its top-k and the masks cost O(W), not O(context); attention visits each query's own
+# columns only. No result depends on W (model/attention.py): a request's tokens are the
+# same whichever window its batch's longest row picks.
 WINDOWS = (128, 256, 512, 1024)
 # Prompt lengths whose prefill is a CUDA graph (a prompt is padded to the next one; longer
 # prompts run eagerly). An eager prefill of the bundled target took ~9 ms on the H200:
