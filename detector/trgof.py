@@ -177,6 +177,7 @@ _KERNEL = 48
 _BLOCK = 16
 """Steps per block of the recursion (see :func:`_crossing_exact`)."""
 _NEGLIGIBLE = 1e-20
+_LOG_NEGLIGIBLE = math.log(_NEGLIGIBLE)
 """Poisson increments kept per boundary step; dropping the rest only lowers the computed
 non-crossing probability, so it can only raise the p-value (conservative)."""
 
@@ -194,6 +195,33 @@ def _block_kernels(lams: np.ndarray, log_scales: np.ndarray) -> list[np.ndarray]
     widths = len(r) - np.argmax(keep[:, ::-1], axis=1)
     return [kernels[b, :w] for b, w in enumerate(widths.tolist())]
 
+
+
+def _log_kernels(lam: np.ndarray, columns: int) -> np.ndarray:
+    """ln(lambda^r / r!) [len(lam), columns] for r < columns; a zero increment gives the
+    identity kernel [0, -inf, ...]."""
+    r = np.arange(columns, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_kernel = np.where(r[None, :] > 0, r[None, :] * np.log(lam)[:, None], 0.0) - _LOG_FACT[:columns][None, :]
+    log_kernel[lam <= 0.0, 1:] = -math.inf
+    return log_kernel
+
+
+def _convolver():
+    """full(x, reversed_kernel) = np.convolve(x, reversed_kernel[::-1]) for 1-d float64
+    arrays, bit for bit (np.convolve is numpy's correlate of x with the reversed kernel): the
+    call without np.convolve's Python-level argument handling where numpy exposes it, which
+    halves the cost of the recursion's small convolutions."""
+    correlate = getattr(getattr(getattr(np, "_core", None), "multiarray", None), "correlate", None)
+    if correlate is None:  # pragma: no cover - other numpy layouts
+        return lambda x, reversed_kernel: np.convolve(x, reversed_kernel[::-1])
+
+    def full(x: np.ndarray, reversed_kernel: np.ndarray) -> np.ndarray:
+        if len(x) >= len(reversed_kernel):
+            return correlate(x, reversed_kernel, 2)
+        return np.convolve(x, reversed_kernel[::-1])  # numpy's correlate swaps shorter inputs
+
+    return full
 
 def _crossing_exact(log_a: np.ndarray, n: int) -> float:
     """P(U_(i) <= a_i for some i <= I) for n iid uniforms; log_a [I] = ln a_i.
@@ -213,10 +241,13 @@ def _crossing_exact(log_a: np.ndarray, n: int) -> float:
     # Every step's kernel at once, each scaled to a maximum of 1 (the log scales are kept
     # in `scales`); a zero increment is the identity kernel [1, 0, ...].
     lam = n * np.diff(a, prepend=0.0)
-    r = np.arange(_KERNEL, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_kernel = np.where(r[None, :] > 0, r[None, :] * np.log(lam)[:, None], 0.0) - lf[:_KERNEL][None, :]
-    log_kernel[lam <= 0.0, 1:] = -math.inf
+    # Only the first `columns` terms can exceed _NEGLIGIBLE of their row's largest: the
+    # right tail lambda^r / r! relative to the row's largest term grows with lambda, so the
+    # row of the largest lambda is the widest (computing the rest would only compute terms
+    # that are dropped below).
+    widest = _log_kernels(lam[[int(np.argmax(lam))]], _KERNEL)[0]
+    columns = _KERNEL - int(np.argmax((widest - widest.max() > _LOG_NEGLIGIBLE)[::-1]))
+    log_kernel = _log_kernels(lam, columns)
     peak = log_kernel.max(axis=1)
     kernels = np.exp(log_kernel - peak[:, None])
     scales: list[float] = []  # h's rescalings (the kernels' own scales are `peak`)
@@ -224,38 +255,41 @@ def _crossing_exact(log_a: np.ndarray, n: int) -> float:
     # low end (m far below n a_i): like the _KERNEL truncation this only removes paths that
     # kept below the boundary, lowering `keep` by far less than 1e-13, so it can only raise
     # the p-value.
-    widths = np.maximum(1, _KERNEL - np.argmax((kernels > _NEGLIGIBLE)[:, ::-1], axis=1))
-    steps = list(kernels[:, :int(widths.max())])  # row views; zero-weight tails cost little
+    widths = np.maximum(1, columns - np.argmax((kernels > _NEGLIGIBLE)[:, ::-1], axis=1))
+    # Each step's kernel reversed, as contiguous rows: the recursion's ~I small
+    # convolutions call numpy's correlate on them directly (see _convolver).
+    width = int(widths.max())
+    steps = list(np.ascontiguousarray(kernels[:, width - 1::-1]))  # row views; zero-weight tails cost little
     peak_sums = np.concatenate(([0.0], np.cumsum(peak)))
-    starts = list(range(0, count, _BLOCK))
-    ends = [min(b + _BLOCK, count) for b in starts]
-    block_lams = n * (a[np.array(ends) - 1] - np.where(np.array(starts) > 0, a[np.maximum(np.array(starts) - 1, 0)], 0.0))
-    block_kernels = _block_kernels(block_lams, peak_sums[ends] - peak_sums[starts])
-    convolve = np.convolve
+    starts = np.arange(0, count, _BLOCK)
+    ends = np.minimum(starts + _BLOCK, count)
+    block_lams = n * (a[ends - 1] - np.where(starts > 0, a[np.maximum(starts - 1, 0)], 0.0))
+    block_kernels = [k[::-1].copy() for k in _block_kernels(block_lams, peak_sums[ends] - peak_sums[starts])]
+    # P(Poisson(lambda_block) > depth) < 1e-24 (see the block comment below).
+    depths = (block_lams + 10.0 * np.sqrt(block_lams) + 16.0).astype(np.int64).tolist()
+    full = _convolver()
     h = np.ones(1)
     low = 0  # h[j] is the weight of N(a_i) = low + j
-    for block, (first_step, last) in enumerate(zip(starts, ends)):  # steps first_step + 1 .. last
+    for block, (first_step, last) in enumerate(zip(starts.tolist(), ends.tolist())):  # steps first_step + 1 .. last
         # Blocks: the counts far below the boundary (m < cut) cannot reach it within the
         # block unless they jump by more than `depth`; they move in one step with the
         # block's combined kernel Lambda^r / r! (a sum of Poisson increments is Poisson), and
         # the few paths that end above the block's first boundary (m > first_step) are
         # dropped, which only lowers `keep` (by far less than 1e-20 a block). The counts near the
         # boundary take the steps one by one, each step dropping m > i - 1.
-        lam_block = float(block_lams[block])
-        depth = int(lam_block + 10.0 * math.sqrt(lam_block) + 16.0)  # P(Poisson > depth) < 1e-24
-        split = min(len(h), first_step - depth - low)
+        split = min(len(h), first_step - depths[block] - low)
         far = None
         if split > 0 and last - first_step > 1:
             far, far_low = h[:split], low
             h, low = h[split:], low + split
         for i in range(first_step + 1, last + 1):
-            h = convolve(h, steps[i - 1])[:i - low]
+            h = full(h, steps[i - 1])[:i - low]
         if far is not None:
-            moved = convolve(far, block_kernels[block])
-            moved = moved[:first_step + 1 - far_low]
-            merged = np.zeros(max(len(moved), low - far_low + len(h)))
+            moved = full(far, block_kernels[block])[:first_step + 1 - far_low]
+            offset = low - far_low
+            merged = np.zeros(max(len(moved), offset + len(h)))
             merged[:len(moved)] = moved
-            merged[low - far_low:low - far_low + len(h)] += h
+            merged[offset:offset + len(h)] += h
             h, low = merged, far_low
         # A scaled kernel grows h by at most 48x a step: rescaling every block keeps it in range.
         top = h.max()
