@@ -141,10 +141,20 @@ def log_boundaries(s: float, n: int) -> np.ndarray:
     top = np.log(u)  # K(u, u) = 0 <= target
     x = top - (target + 1.0) / u  # K(u, v) >= u ln(u/v) - 1/e > target here
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        # A nearer start where it is checked to lie left of the root (f >= 0): the Gaussian
+        # approximation of the root, moved away from u by a factor 1.5 (or 4 where that is not
+        # left of the root); Newton needs about half the iterations from there. Elsewhere the
+        # far start above.
+        for factor in (4.0, 1.5):
+            near = np.log(u - factor * np.sqrt(2.0 * u * (1.0 - u) * target))
+            x = np.where(_kl_log(u, near) >= target, near, x)
+        # K(u, e^x) = u (ln u - x) + (1 - u) ln(1 - u) - (1 - u) ln(1 - e^x), its terms in x hoisted.
+        fixed = np.where(u < 1.0, (1.0 - u) * np.log1p(-u), 0.0) + u * top - target
+        rest = np.where(u < 1.0, 1.0 - u, 0.0)
         for _ in range(100):
             v = np.exp(x)
             slope = (v - u) / -np.expm1(x)  # f'(x) < 0 left of ln u
-            step = -(_kl_log(u, x) - target) / slope
+            step = -(fixed - u * x - rest * np.log1p(-v)) / slope
             step = np.where(np.isfinite(step) & (step > 0.0), step, 0.0)
             x = np.minimum(x + step, top)
             if float(step.max(initial=0.0)) <= 1e-13 * (1.0 + float(np.abs(x).max(initial=0.0))):

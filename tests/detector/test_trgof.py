@@ -208,3 +208,35 @@ def test_blocked_recursion_matches_the_stepwise_one(n, s, monkeypatch):
     monkeypatch.setattr(trgof, "_BLOCK", 1)
     stepwise = trgof._crossing_exact(log_a, n)
     assert blocked >= stepwise - 1e-14 and abs(blocked - stepwise) <= 1e-13, (blocked, stepwise)
+
+
+def test_convolver_is_np_convolve_bit_for_bit():
+    # The exact tail's recursion calls numpy's correlate directly on reversed kernels.
+    full = trgof._convolver()
+    rng = np.random.default_rng(3)
+    for length, width in [(1, 1), (1, 21), (5, 21), (21, 21), (22, 21), (80, 21), (300, 57), (3, 1)]:
+        x, kernel = rng.random(length), rng.random(width)
+        assert np.array_equal(full(x, np.ascontiguousarray(kernel[::-1])), np.convolve(x, kernel)), (length, width)
+
+
+@pytest.mark.parametrize("n,s", [(2, 3.0), (50, 6.0), (1000, 27.8), (3000, 20.0), (5000, 25.6)])
+def test_kernel_columns_cut_changes_nothing(n, s, monkeypatch):
+    # Only the columns that can exceed _NEGLIGIBLE of their row are computed; with every
+    # column computed the tail is the same, bit for bit.
+    log_a = trgof.log_boundaries(s, n)
+    cut = trgof._crossing_exact(log_a, n)
+    monkeypatch.setattr(trgof, "_LOG_NEGLIGIBLE", -math.inf)
+    assert trgof._crossing_exact(log_a, n) == cut
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 50, 200, 1000, 3000, 5000])
+def test_boundaries_are_tight_and_conservative_from_every_start(n):
+    # Newton starts near the root where that start is checked to lie left of it, else far
+    # left; either way each a_i is >= the root (n K <= s) and within float noise of it.
+    u = np.arange(1, trgof.order_count(n) + 1) / n
+    for s in (0.01, 0.5, 3.0, 12.0, 27.8, 60.0, 200.0):
+        log_a = trgof.log_boundaries(s, n)
+        assert np.all(log_a <= np.log(u))
+        assert np.all(n * trgof._kl_log(u, log_a) <= s + 1e-9), (n, s)
+        below = log_a - 1e-9 * (1 + np.abs(log_a))
+        assert np.all(n * trgof._kl_log(u, below) >= s - 1e-5 * max(1.0, s)), (n, s)
