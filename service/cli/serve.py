@@ -48,7 +48,7 @@ def _serve(host: str, port: int, **overrides) -> None:
 @app.command("serve")
 def serve_command(
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port"),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="TCP port (1-65535)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="local (default) or vllm."),
     model: Optional[str] = typer.Option(None, "--model", help="Checkpoint directory or bundled model name."),
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model ('' disables speculation)."),
@@ -89,7 +89,7 @@ def _bootstrap_demo() -> str | None:
 @app.command("quickstart")
 def quickstart_command(
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port"),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="TCP port (1-65535)."),
 ) -> None:
     """Development quick start: a SQLite store and KEK file under ./var, a `demo` tenant with
     an active key and an API token (printed once), then the gateway with the bundled models."""

@@ -121,3 +121,13 @@ def test_generate_json_writes_nothing_on_stderr_without_a_terminal(fresh_dir):
     assert run.returncode == 0, run.stderr
     assert run.stderr == ""
     assert json.loads(run.stdout)["generations"][0]["output_tokens"] >= 1
+
+
+@pytest.mark.parametrize("command", ["serve", "quickstart"])
+@pytest.mark.parametrize("port", ["99999", "0", "-1"])
+def test_a_port_outside_1_65535_is_a_usage_error(monkeypatch, capsys, fresh_dir, command, port):
+    """Before, `hallmark serve --port 99999` loaded the model and listened on 34463 (99999 mod
+    65536) without a word."""
+    code, _, err = run(monkeypatch, capsys, command, "--port", port)
+    assert code == 2 and "Invalid value for '--port'" in err and "Traceback" not in err
+    assert not (fresh_dir / "var").exists()
