@@ -217,12 +217,19 @@ def _log_kernels(lam: np.ndarray, columns: int) -> np.ndarray:
     return log_kernel
 
 
+def _correlate():
+    """numpy's correlate(x, v, mode) without np.convolve's argument handling (mode 2: full;
+    for len(x) >= len(v) it is np.convolve(x, v[::-1]) bit for bit), or None where numpy does
+    not expose it."""
+    return getattr(getattr(getattr(np, "_core", None), "multiarray", None), "correlate", None)
+
+
 def _convolver():
     """full(x, reversed_kernel) = np.convolve(x, reversed_kernel[::-1]) for 1-d float64
     arrays, bit for bit (np.convolve is numpy's correlate of x with the reversed kernel): the
     call without np.convolve's Python-level argument handling where numpy exposes it, which
     halves the cost of the recursion's small convolutions."""
-    correlate = getattr(getattr(getattr(np, "_core", None), "multiarray", None), "correlate", None)
+    correlate = _correlate()
     if correlate is None:  # pragma: no cover - other numpy layouts
         return lambda x, reversed_kernel: np.convolve(x, reversed_kernel[::-1])
 
@@ -277,7 +284,7 @@ def _crossing_exact(log_a: np.ndarray, n: int) -> float:
     block_kernels = [k[::-1].copy() for k in _block_kernels(block_lams, peak_sums[ends] - peak_sums[starts])]
     # P(Poisson(lambda_block) > depth) < 1e-24 (see the block comment below).
     depths = (block_lams + 10.0 * np.sqrt(block_lams) + 16.0).astype(np.int64).tolist()
-    full = _convolver()
+    full, correlate = _convolver(), _correlate()
     h = np.ones(1)
     low = 0  # h[j] is the weight of N(a_i) = low + j
     for block, (first_step, last) in enumerate(zip(starts.tolist(), ends.tolist())):  # steps first_step + 1 .. last
@@ -292,8 +299,12 @@ def _crossing_exact(log_a: np.ndarray, n: int) -> float:
         if split > 0 and last - first_step > 1:
             far, far_low = h[:split], low
             h, low = h[split:], low + split
-        for i in range(first_step + 1, last + 1):
-            h = full(h, steps[i - 1])[:i - low]
+        if correlate is not None and len(h) >= width:  # h only grows within a block
+            for i in range(first_step + 1, last + 1):
+                h = correlate(h, steps[i - 1], 2)[:i - low]
+        else:
+            for i in range(first_step + 1, last + 1):
+                h = full(h, steps[i - 1])[:i - low]
         if far is not None:
             moved = full(far, block_kernels[block])[:first_step + 1 - far_low]
             offset = low - far_low
