@@ -20,15 +20,11 @@ from keys.errors import (DuplicateKey, DuplicateTenant, InvalidInput, InvalidTra
 from keys.lifecycle import get_key, list_keys, revoke_key, rotate_key
 from keys.tenants import list_tenants
 from service.auth import Identity
-from service.errors import BadRequest, Forbidden, NotFound, ServiceError, Unavailable, Unprocessable
+from service.errors import BadRequest, Conflict, Forbidden, NotFound, Unprocessable
 from service.http_errors import store_error
 from service.routes.deps import IdentityDep, ServicesDep
 
 MAX_AUDIT_EVENTS = 500
-
-
-class Conflict(ServiceError):
-    status = 409
 
 
 def _admin(identity: Identity) -> Identity:
@@ -52,12 +48,15 @@ def _mapped() -> Iterator[None]:
     does not allow the change 409, anything else 503."""
     try:
         yield
-    except (UnknownTenant, UnknownKey, NoActiveKey) as exc:
+    except (UnknownTenant, UnknownKey) as exc:
         raise NotFound(exc.user_message) from None
+    except NoActiveKey as exc:  # a state, as on /v1/generate: 409 no_active_key, not retried
+        raise store_error(exc) from None
     except InvalidInput as exc:
         raise Unprocessable(exc.user_message) from None
     except (InvalidTransition, DuplicateKey, DuplicateTenant) as exc:
-        raise Conflict(exc.user_message) from None
+        # The error shape of every 409 (conflict_error), and not retried by OpenAI-style clients.
+        raise Conflict(exc.user_message, headers={"x-should-retry": "false"}) from None
     except KeyStoreError as exc:
         raise store_error(exc) from None
 

@@ -104,6 +104,31 @@ def test_admin_routes_are_scoped(server):
     assert response.status_code == 422 and response.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_admin_state_conflicts_are_409_in_the_conflict_shape(server):
+    """A revoked key revoked again, a tenant without an active key rotated: 409 with type
+    conflict_error (before: type invalid_request_error, code bad_request), not retried."""
+    from keys.db import open_store
+    from keys.lifecycle import create_key
+    from keys.tenants import create_tenant
+
+    store = open_store(server.store_settings, require_kek=True)
+    try:
+        with store.transaction() as session:
+            create_tenant(session, name="initech", actor="test")
+            key_id = create_key(session, store.keyring, tenant="initech", actor="test").key_id
+    finally:
+        store.close()
+    admin = client(server, "admin")
+    assert admin.post(f"/v1/admin/keys/{key_id}/revoke", json={"reason": "leaked"}).status_code == 200
+    again = admin.post(f"/v1/admin/keys/{key_id}/revoke", json={"reason": "leaked"})
+    assert again.status_code == 409 and again.headers["x-should-retry"] == "false"
+    assert again.json()["error"]["type"] == "conflict_error" and again.json()["error"]["code"] == "conflict"
+    assert "already revoked" in again.json()["error"]["message"]
+    rotate = admin.post("/v1/admin/keys/rotate", json={"tenant": "initech"})
+    assert rotate.status_code == 409 and rotate.json()["error"]["type"] == "conflict_error"
+    assert "no active key" in rotate.json()["error"]["message"] and rotate.headers["x-should-retry"] == "false"
+
+
 def test_tenant_scoped_admin_token_sees_its_tenant_only(server):
     from keys.db import open_store
     from keys.tokens import issue_token
