@@ -447,6 +447,25 @@ def test_a_text_over_the_evidence_limit_is_still_checked(server, browser):
     assert browser.execute_script("return document.getElementById('heat').textContent") == HUMAN * 6
 
 
+def test_a_stream_cut_before_done_is_reported(server, browser):
+    """A generation stream that ends without its `done` event (server or network gone) says so
+    instead of leaving a partial output that looks finished. The stream is cut in the browser
+    (fetch replaced for this page) after one delta."""
+    from selenium.webdriver.common.by import By
+
+    _open(browser, server, "acme", "generate")
+    _wait(browser, lambda d: "tenant acme" in d.find_element(By.ID, "token-status").text)
+    browser.execute_script("""
+        window.fetch = async () => new Response(new ReadableStream({start(c) {
+            c.enqueue(new TextEncoder().encode('data: {"type": "started", "generation_id": "x"}\\n\\n' +
+                                               'data: {"type": "delta", "text": "The function"}\\n\\n'));
+            c.close(); }}), {status: 200, headers: {"Content-Type": "text/event-stream"}});""")
+    browser.find_element(By.ID, "gen-submit").click()
+    assert "stream ended before the generation finished" in _visible(browser, "error", timeout=30).text
+    assert browser.find_element(By.ID, "gen-output").text == "The function"
+    assert not browser.find_element(By.ID, "gen-summary-panel").is_displayed()
+
+
 def test_revoking_needs_a_reason_that_is_not_blank(server, browser):
     """The dialog keeps a blank reason (spaces pass `required`) instead of closing on the API's 422."""
     from selenium.webdriver.common.by import By

@@ -422,6 +422,7 @@ async function generate() {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
+  let finished = false;
   try {
     for (;;) {
       const { value, done } = await reader.read();
@@ -438,6 +439,7 @@ async function generate() {
           const event = JSON.parse(data);
           if (event.type === "delta") output.append(event.text);
           else if (event.type === "done") {
+            finished = true;
             finishGeneration(event);
             showSigned($("receipt-status"), data, "receipt", { text: event.text, expectedType: "hallmark.receipt" },
               "Receipt");
@@ -450,6 +452,11 @@ async function generate() {
       }
     }
   } finally { output.classList.remove("streaming"); }
+  // A stream cut before its `done` event (the server or the network went away) is not a result.
+  if (!finished) {
+    throw new ApiError(0, "the stream ended before the generation finished: the output above is incomplete " +
+      "(its ledger record says how it ended)", "stream_cut");
+  }
 }
 
 function finishGeneration(event) {
