@@ -162,7 +162,9 @@ def signing_list(as_json: bool = JSON_OPTION) -> None:
 
 @signing_app.command("export-public")
 @_domain_errors
-def signing_export_public() -> None:
+def signing_export_public(
+    as_json: bool = typer.Option(False, "--json", help="Accepted for uniformity: the output is always JSON."),
+) -> None:
     """Print the public key set (what /.well-known/hallmark-keys.json serves)."""
     from keys.signing import public_keyset
 

@@ -68,14 +68,14 @@ def _token_list(value: Any) -> list[int]:
     return value
 
 
-def _batch(path: str, handle_line) -> None:
+def _batch(path: str, handle_line, *, as_json: bool = False) -> None:
     from pydantic import ValidationError
 
     from watermark.validation import describe
     from service.cli.progress import Counter
 
     failures = 0
-    counter = Counter("lines")  # on a terminal only (stderr); the JSONL goes to stdout
+    counter = Counter("lines", as_json=as_json)  # on a terminal only (stderr), not with --json
     for number, line in enumerate(_open_lines(path), start=1):
         if not line.strip():
             continue
@@ -102,6 +102,7 @@ def _batch(path: str, handle_line) -> None:
 @app.command("prf")
 def prf_command(
     jsonl: str = typer.Option(..., "--jsonl", help='File ("-" for stdin): {"key": "<u64>", "context": [...], "tokens": [...]} per line.'),
+    as_json: bool = typer.Option(False, "--json", help="Accepted for uniformity: the output is always JSON lines."),
 ) -> None:
     """PRF words and uniforms for (key, context, tokens), one output line per input line."""
     import numpy as np
@@ -119,7 +120,7 @@ def prf_command(
         uniforms = philox.uniforms_from_words_numpy(words)
         return {"words": [int(w) for w in words], "uniforms": [float(u) for u in uniforms]}
 
-    _batch(jsonl, one)
+    _batch(jsonl, one, as_json=as_json)
 
 
 def _token_list_or_pad(value: Any) -> list[int]:
@@ -248,7 +249,7 @@ def detect_command(
             candidate = Candidate.inline(WatermarkKey(secret, WatermarkSpec(**spec_fields)))
             return run_detect(_token_list(item["token_ids"]), [candidate], config).to_dict()
 
-        _batch(jsonl, one)
+        _batch(jsonl, one, as_json=as_json)
         return
     forms, normalized, form_names, text_input = _single_input(token_ids, token_ids_file, text, text_file, tokenizer, normalize_text)
     if tenant is not None or all_tenants:

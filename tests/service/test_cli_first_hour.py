@@ -131,3 +131,21 @@ def test_a_port_outside_1_65535_is_a_usage_error(monkeypatch, capsys, fresh_dir,
     code, _, err = run(monkeypatch, capsys, command, "--port", port)
     assert code == 2 and "Invalid value for '--port'" in err and "Traceback" not in err
     assert not (fresh_dir / "var").exists()
+
+
+def test_every_command_that_prints_json_takes_json(monkeypatch, capsys, fresh_dir):
+    """README: "Every command takes --json". `prf` and `signing-keys export-public` print JSON
+    anyway but refused the flag (usage error, exit 2); with it, prf's line counter stays off
+    even on a terminal."""
+    import json
+
+    ensure_dev_kek_file(fresh_dir / "var" / "kek.key")
+    assert run(monkeypatch, capsys, "db", "upgrade")[0] == 0
+    code, out, _ = run(monkeypatch, capsys, "signing-keys", "export-public", "--json")
+    assert code == 0 and "keys" in json.loads(out)
+    lines = fresh_dir / "cases.jsonl"
+    lines.write_text('{"key": "7", "context": [1, 2, 3, 4], "tokens": [5]}\n' * 2)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    code, out, err = run(monkeypatch, capsys, "prf", "--jsonl", str(lines), "--json")
+    assert code == 0 and [set(json.loads(line)) for line in out.splitlines()] == [{"words", "uniforms"}] * 2
+    assert err == ""
