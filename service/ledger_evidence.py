@@ -15,7 +15,10 @@ threshold, the watermark test over the shared tokens alone, under the match's ke
 context lies inside the shared k-gram has the same context in the text as in the generation,
 so its score is the generation's: high where the model sampled among real alternatives under
 the watermark, Exp(1) where it had no choice.
-The shared positions are chosen by the ledger, not by their scores, so the test is exact.
+This is a gate, not an exact test of "written independently": a writer who happens to agree
+with the generation on 8+ tokens it sampled with real choice shares those tokens' high scores,
+but that agreement is itself rare; what the gate removes is agreement on phrases with no choice
+in them, the common case (boilerplate, stock phrases).
 """
 
 from __future__ import annotations
