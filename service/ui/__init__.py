@@ -4,6 +4,11 @@ Served with a strict Content-Security-Policy (scripts and styles from this origi
 inline code, no framing), so the page works offline and an injected string cannot run.
 The page talks to the same JSON API as any client, with the token the user enters once
 per tab (kept in ``sessionStorage``).
+
+``/docs`` (the interactive API reference) is Swagger UI served from here too, not from
+FastAPI's default CDN, so it works offline: ``swagger-ui-bundle.js`` and ``swagger-ui.css`` are
+swagger-ui-dist 5 (Swagger UI, SmartBear Software, Apache License 2.0), unmodified, as vLLM
+ships them in ``vllm/entrypoints/serve/instrumentator/static/``.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self';
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
            "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
 ASSETS = {"app.js": "text/javascript; charset=utf-8", "verify.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8",
-          "favicon.svg": "image/svg+xml"}
+          "favicon.svg": "image/svg+xml", "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
+          "swagger-ui.css": "text/css; charset=utf-8"}
 
 
 def mount_ui(app: FastAPI) -> None:
@@ -40,3 +46,17 @@ def mount_ui(app: FastAPI) -> None:
     @app.get("/", include_in_schema=False)
     def root():
         return RedirectResponse("/ui")
+
+    # The API reference, with Swagger UI's files from this package (create_app sets docs_url=None).
+    from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+
+    @app.get("/docs", include_in_schema=False)
+    def docs():
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - API reference",
+                                   swagger_js_url="/ui/swagger-ui-bundle.js", swagger_css_url="/ui/swagger-ui.css",
+                                   swagger_favicon_url="/ui/favicon.svg",
+                                   oauth2_redirect_url="/docs/oauth2-redirect")
+
+    @app.get("/docs/oauth2-redirect", include_in_schema=False)
+    def docs_oauth2_redirect():
+        return get_swagger_ui_oauth2_redirect_html()

@@ -466,6 +466,22 @@ def test_a_stream_cut_before_done_is_reported(server, browser):
     assert not browser.find_element(By.ID, "gen-summary-panel").is_displayed()
 
 
+def test_the_api_reference_works_offline(server, browser):
+    """/docs is Swagger UI from this package, not from a CDN (FastAPI's default): on a machine
+    without internet access (this one) the default page stayed blank."""
+    from selenium.webdriver.common.by import By
+
+    html = httpx.get(f"{server.url}/docs", timeout=30).text
+    assert "cdn." not in html and "/ui/swagger-ui-bundle.js" in html and "/openapi.json" in html
+    browser.get(f"{server.url}/docs")
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".swagger-ui .info .title"), 60)
+    assert "Hallmark" in browser.find_element(By.CSS_SELECTOR, ".swagger-ui .info .title").text
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".opblock-summary-path"), 60)
+    paths = {e.text for e in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")}
+    assert "/v1/detect" in {p.replace("\u200b", "") for p in paths}
+    _no_console_errors(browser)
+
+
 def test_revoking_needs_a_reason_that_is_not_blank(server, browser):
     """The dialog keeps a blank reason (spaces pass `required`) instead of closing on the API's 422."""
     from selenium.webdriver.common.by import By
