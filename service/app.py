@@ -93,7 +93,7 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
                 own_store.close()
 
     # /docs is served by mount_ui with local Swagger UI files (FastAPI's default loads them from a
-    # CDN: a blank page offline); /redoc would need a CDN too, so it is off.
+    # CDN: a blank page offline); ReDoc's bundle loads its logo from a CDN, so /redoc is off.
     app = FastAPI(title="Hallmark", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     http_errors.install(app)
     openapi.install(app, settings, state)

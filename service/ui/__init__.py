@@ -5,27 +5,29 @@ inline code, no framing), so the page works offline and an injected string canno
 The page talks to the same JSON API as any client, with the token the user enters once
 per tab (kept in ``sessionStorage``).
 
-``/docs`` (the interactive API reference) is Swagger UI served from here too, not from
-FastAPI's default CDN, so it works offline: ``swagger-ui-bundle.js`` and ``swagger-ui.css`` are
-swagger-ui-dist 5 (Swagger UI, SmartBear Software, Apache License 2.0), unmodified, as vLLM
-ships them in ``vllm/entrypoints/serve/instrumentator/static/``.
+``/docs`` (Swagger UI), the API reference, is served from here too, not from FastAPI's
+default CDN, so it works offline: its files come from the ``fastapi-offline`` package (a
+dependency that ships them for exactly this), not from this repository. ``/redoc`` stays off:
+ReDoc's bundle loads its logo from a CDN whatever the options.
 """
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.responses import FileResponse, RedirectResponse
 
 STATIC = Path(__file__).parent / "static"
+REFERENCE = Path(str(resources.files("fastapi_offline") / "static"))
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "font-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'")
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
            "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
 ASSETS = {"app.js": "text/javascript; charset=utf-8", "verify.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8",
-          "favicon.svg": "image/svg+xml", "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
-          "swagger-ui.css": "text/css; charset=utf-8"}
+          "favicon.svg": "image/svg+xml"}
+REFERENCE_ASSETS = {"swagger-ui-bundle.js": "text/javascript; charset=utf-8", "swagger-ui.css": "text/css; charset=utf-8"}
 
 
 def mount_ui(app: FastAPI) -> None:
@@ -37,6 +39,8 @@ def mount_ui(app: FastAPI) -> None:
 
     @app.get("/ui/{asset}", include_in_schema=False)
     def ui_asset(asset: str):
+        if asset in REFERENCE_ASSETS:
+            return FileResponse(REFERENCE / asset, media_type=REFERENCE_ASSETS[asset], headers=HEADERS)
         if asset not in ASSETS:
             from service.errors import NotFound
 
@@ -47,7 +51,7 @@ def mount_ui(app: FastAPI) -> None:
     def root():
         return RedirectResponse("/ui")
 
-    # The API reference, with Swagger UI's files from this package (create_app sets docs_url=None).
+    # The API reference, with Swagger UI's files served locally (create_app sets docs_url=None).
     from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 
     @app.get("/docs", include_in_schema=False)

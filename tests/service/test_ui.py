@@ -467,8 +467,9 @@ def test_a_stream_cut_before_done_is_reported(server, browser):
 
 
 def test_the_api_reference_works_offline(server, browser):
-    """/docs is Swagger UI from this package, not from a CDN (FastAPI's default): on a machine
-    without internet access (this one) the default page stayed blank."""
+    """/docs is Swagger UI served by the gateway (files from the fastapi-offline package), not
+    from a CDN (FastAPI's default): on a machine without internet access (this one) the
+    default page stayed blank."""
     from selenium.webdriver.common.by import By
 
     html = httpx.get(f"{server.url}/docs", timeout=30).text
