@@ -25,6 +25,7 @@ of the cell; a false ledger match is any generation reported with bound <= 1e-6.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import tempfile
@@ -46,6 +47,7 @@ from keys.ledger import record_generation
 from keys.lifecycle import import_key
 from keys.settings import StoreSettings
 from keys.tenants import create_tenant
+from service.ledger_evidence import with_ledger_basis, with_shared_evidence
 from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
 
@@ -86,14 +88,37 @@ def _record(store, keys: list[WatermarkKey], texts: list[list[int]]) -> list[tup
     return out
 
 
-def _ledger_hits(store, key: WatermarkKey, ids: tuple[str, str, str], text: list[int]) -> tuple[bool, bool]:
-    """(matched its own generation within the threshold, matched any other generation within it)."""
+def _stored_candidate(key: WatermarkKey, key_id: str) -> Candidate:
+    """The key as a detection candidate of the store (tenant and stored key id), as the gateway has it."""
+    inline = Candidate.inline(key)
+    return dataclasses.replace(inline, info=dataclasses.replace(inline.info, tenant="bench", key_id=key_id))
+
+
+def ledger_lookup(session, candidates: list[Candidate], text: list[int], config: DetectorConfig,
+                  tenant_id: str | None) -> tuple[list, list[bool], bool]:
+    """The product's ledger basis for ``text`` (``service.detection._kgram_matches`` +
+    ``service.ledger_evidence.with_ledger_basis``): (k-gram matches, per match ``passes``,
+    ``"ledger"`` in ``basis``). No exact copy is looked up: edited texts are never one."""
+    keys = [(c.info.key_id, c.key.secret) for c in candidates]
+    found = [] if len(text) < kgrams.K else kgrams.find_matches(session, keys=keys, token_ids=text,
+                                                                   tenant_id=tenant_id)
+    found = with_shared_evidence(session, found, candidates, text, config)
+    result = with_ledger_basis({"basis": []}, [], found, config.threshold)
+    return found, [m["passes"] for m in result["kgram_matches"]], "ledger" in result["basis"]
+
+
+def _ledger_hits(store, key: WatermarkKey, ids: tuple[str, str, str], text: list[int],
+                 config: DetectorConfig) -> dict[str, bool]:
+    """Under the product rule (``passes``) and the previous rule (collision bound alone):
+    matched its own generation, matched any other generation."""
     tenant_id, key_id, generation_id = ids
     with store.transaction(write=False) as session:
-        found = kgrams.find_matches(session, keys=[(key_id, key.secret)], token_ids=text, tenant_id=tenant_id)
-    own = any(m.generation_id == generation_id and m.log10_false_match_bound <= THRESHOLD for m in found)
-    other = any(m.generation_id != generation_id and m.log10_false_match_bound <= THRESHOLD for m in found)
-    return own, other
+        found, passes, _ = ledger_lookup(session, [_stored_candidate(key, key_id)], text, config, tenant_id)
+    old = [m.log10_false_match_bound <= THRESHOLD for m in found]
+    return {"own": any(p and m.generation_id == generation_id for m, p in zip(found, passes)),
+            "other": any(p and m.generation_id != generation_id for m, p in zip(found, passes)),
+            "own_old": any(p and m.generation_id == generation_id for m, p in zip(found, old)),
+            "other_old": any(p and m.generation_id != generation_id for m, p in zip(found, old))}
 
 
 def _oracle_log10_p(original: list[int], edited: list[int], key: WatermarkKey) -> float:
@@ -111,7 +136,7 @@ def _oracle_log10_p(original: list[int], edited: list[int], key: WatermarkKey) -
 
 
 def run_cells(texts_per_cell: int, n: int, entropies, algorithms, null_texts: int, workdir: Path):
-    rows, null = [], {"tests": 0, "false_matches": 0, "cells": 0}
+    rows, null = [], {"tests": 0, "false_matches": 0, "false_matches_previous_rule": 0, "cells": 0}
     config = DetectorConfig()
     null_rng = np.random.default_rng(4242)
     for nats in entropies:
@@ -129,18 +154,23 @@ def run_cells(texts_per_cell: int, n: int, entropies, algorithms, null_texts: in
                 for kind, rate in ATTACKS + EXTRA_ATTACKS:
                     rng = np.random.default_rng(zlib.crc32(repr((kind, rate, nats, algorithm)).encode()))
                     attacked = [attack(t, kind, rate, rng) for t in texts]
-                    wm, led, oracle, wrong = [], [], [], 0
+                    wm, led, led_old, oracle, wrong, wrong_old = [], [], [], [], 0, 0
                     for original, edited, key, key_ids in zip(texts, attacked, keys, ids):
                         wm.append(detect(edited, [Candidate.inline(key)], config).log10_p_value <= THRESHOLD)
-                        own, other = _ledger_hits(store, key, key_ids, edited)
-                        led.append(own)
-                        wrong += other
+                        hits = _ledger_hits(store, key, key_ids, edited, config)
+                        led.append(hits["own"])
+                        led_old.append(hits["own_old"])
+                        wrong += hits["other"]
+                        wrong_old += hits["other_old"]
                         if kind in ("substitution", "none"):
                             oracle.append(_oracle_log10_p(original, edited, key) <= THRESHOLD)
-                    wm_a, led_a = np.array(wm), np.array(led)
+                    wm_a, led_a, old_a = np.array(wm), np.array(led), np.array(led_old)
                     rows.append({"nats": nats, "algorithm": algorithm, "attack": kind, "rate": rate,
                                  "auto": float(wm_a.mean()), "ledger": float(led_a.mean()),
                                  "verdict": float((wm_a | led_a).mean()), "wrong_generation": int(wrong),
+                                 "ledger_previous_rule": float(old_a.mean()),
+                                 "verdict_previous_rule": float((wm_a | old_a).mean()),
+                                 "wrong_generation_previous_rule": int(wrong_old),
                                  "oracle": float(np.mean(oracle)) if oracle else None})
                     print(rows[-1], flush=True)
                 # Null: unrelated texts against this cell's ledger, under every key of the cell.
@@ -149,9 +179,10 @@ def run_cells(texts_per_cell: int, n: int, entropies, algorithms, null_texts: in
                     kind, rate = ATTACKS[i % len(ATTACKS)]
                     text = attack([int(x) for x in null_rng.integers(0, VOCAB, n)], kind, rate, null_rng)
                     j = i % len(keys)
-                    own, other = _ledger_hits(store, keys[j], ids[j], text)
+                    hits = _ledger_hits(store, keys[j], ids[j], text, config)
                     null["tests"] += 1
-                    null["false_matches"] += int(own or other)
+                    null["false_matches"] += int(hits["own"] or hits["other"])
+                    null["false_matches_previous_rule"] += int(hits["own_old"] or hits["other_old"])
                 null["cells"] += 1
             finally:
                 store.close()
@@ -170,13 +201,15 @@ def write(rows, null, out: Path, command: str, seconds: float) -> None:
         "reports in `basis`). `oracle` (substitution only, not a detector): the exact sum test over",
         "just the tokens the edits left intact, i.e. a test that is told where the signal survived.",
         "",
-        "| nats | key | attack | rate | auto | ledger | verdict | oracle | matched another generation |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| nats | key | attack | rate | auto | ledger | verdict | oracle | matched another generation "
+        "| ledger, previous rule | verdict, previous rule |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         oracle = "" if r["oracle"] is None else f"{r['oracle']:.2f}"
         lines.append(f"| {r['nats']} | {r['algorithm']} | {r['attack']} | {r['rate']} | {r['auto']:.2f} | "
-                     f"{r['ledger']:.2f} | {r['verdict']:.2f} | {oracle} | {r['wrong_generation']} |")
+                     f"{r['ledger']:.2f} | {r['verdict']:.2f} | {oracle} | {r['wrong_generation']} | "
+                     f"{r['ledger_previous_rule']:.2f} | {r['verdict_previous_rule']:.2f} |")
     lines += ["", f"Null: {null['tests']:,} unwatermarked texts under the same attacks, each looked up in",
               f"one cell's ledger ({null['cells']} ledgers): **{null['false_matches']} false ledger matches**",
               "at 1e-6.", "", "## Findings", "",
