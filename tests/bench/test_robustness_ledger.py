@@ -37,9 +37,9 @@ def test_the_report_shows_both_nulls_and_both_rules(tmp_path):
     row = {"nats": 1.7, "algorithm": "gumbel", "attack": "substitution", "rate": 0.3, "auto": 0.1, "ledger": 0.9,
            "verdict": 0.9, "wrong_generation": 0, "ledger_previous_rule": 1.0, "verdict_previous_rule": 1.0,
            "wrong_generation_previous_rule": 0, "oracle": 0.5}
-    human = {"generations": 20, "generation_tokens": 3600, "chunks": 132, "ledger": 0, "ledger_previous_rule": 89,
-             "watermarked": 0, "with_kgram_match": 89, "max_matched_kgrams": 47, "python": "3.11.7",
-             "min_log10_shared_p": -2.5, "shared_p_below_1e-2": 1,
+    cell = {"chunks": 132, "ledger": 0, "ledger_previous_rule": 89, "watermarked": 0, "with_kgram_match": 89,
+            "max_matched_kgrams": 47, "min_log10_shared_p": -2.5, "shared_p_below_1e-2": 1}
+    human = {"generations": 20, "generation_tokens": 3600, "python": "3.11.7", "sets": {"qa's": cell}, "closest": [],
              "edited_generations": [{"rate": 0.2, "texts": 20, "ledger": 16, "ledger_previous_rule": 20,
                                      "watermarked": 13, "either": 16}]}
     result = {"runs": [{"part": "cells and random-token null", "command": "cmd", "commit": "abc", "date": "d",
@@ -49,6 +49,6 @@ def test_the_report_shows_both_nulls_and_both_rules(tmp_path):
     rl.write(result, tmp_path / "r.md")
     text = (tmp_path / "r.md").read_text()
     assert "| 1.7 | gumbel | substitution | 0.3 | 0.10 | 0.90 | 0.90 | 0.50 | 0 | 1.00 | 1.00 |" in text
-    assert "| 132 | 89 (up to 47 k-grams) | 89 | **0** | 0 |" in text
+    assert "| qa's | 132 | 89 (47) | 89 | **0** | 0 | 10^-2.50 | 1 |" in text
     assert "| 20 % | 20 | 20 | **16** | 13 | 16 |" in text
     assert (tmp_path / "r.json").exists()
