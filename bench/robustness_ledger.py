@@ -333,7 +333,8 @@ def write(result: dict, out: Path) -> None:
     rows, null, human = result["rows"], result["null"], result.get("human_null")
     lines = ["# Edited text: watermark basis, ledger basis, and a survivor oracle (issue 11)", ""]
     for run in result["runs"]:
-        lines.append(f"- {run['part']}: `{run['command']}` at commit {run['commit']}, {run['date']}, "
+        note = f" ({run['note']})" if run.get("note") else ""
+        lines.append(f"- {run['part']}: `{run['command']}`{note} at commit {run['commit']}, {run['date']}, "
                      f"{run['seconds'] / 60:.0f} min on the shared 2-core box.")
     lines += [
         "",
@@ -407,8 +408,8 @@ FINDINGS = [
     "  uses the share α.",
     "- The ledger basis (product rule) matches an edited copy to its own generation at",
     "  0.98-1.00 with 10 % of tokens edited (any kind), after mixing and unedited, in every",
-    "  cell; at 1.7 nats also 0.99-1.00 at 20 %, 0.76-0.95 at 30 %. At 0.9 nats it holds",
-    "  less: 0.72-0.91 at 20 %, 0.29-0.60 at 30 %, truncation 0.66-0.85; past 40 % it is gone",
+    "  cell; at 1.7 nats also 0.99-1.00 at 20 %, 0.76-0.94 at 30 %. At 0.9 nats it holds",
+    "  less: 0.71-0.91 at 20 %, 0.29-0.60 at 30 %, truncation 0.66-0.84; from 40 % it is gone",
     "  (<= 0.33 anywhere). The previous rule (collision bound alone) kept 0.93-1.00 up to",
     "  30 % everywhere: the difference is the gate, which needs the shared tokens to carry the",
     "  watermark at 1e-3, and at low entropy fewer, shorter surviving runs carry less of it.",
@@ -471,8 +472,9 @@ def main() -> None:
         if not args.no_human:
             started, when = time.perf_counter(), date()
             result["human_null"] = run_human_null(Path(tmp))
-            command = f"{base} --cells-from PATH (the cells part's .json)" if args.cells_from else f"{base} --texts {args.texts} --null {args.null}"
+            command = f"{base} --cells-from PATH" if args.cells_from else f"{base} --texts {args.texts} --null {args.null}"
             result["runs"].append({"part": "human null", "date": when, "commit": _commit(), "command": command,
+                                   "note": "PATH: the cells part's .json" if args.cells_from else None,
                                    "seconds": time.perf_counter() - started})
     write(result, Path(args.out))
     print(Path(args.out).read_text())
