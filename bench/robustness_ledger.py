@@ -435,7 +435,8 @@ def _commit() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!bench/results"], capture_output=True,
                                text=True, check=True).stdout.strip()
         return head + ("+uncommitted changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
