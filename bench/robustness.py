@@ -197,11 +197,20 @@ def run_timing(repeats: int = 20) -> dict:
 
 
 def _timing_child(repeats: int) -> dict:
-    """Tr-GoF alone (statistic + exact p, on scores whose p is near 1e-6: the exact
-    recursion's slow case) and end-to-end `detect()` (default config, single key, spans on)
-    on three texts per length: unwatermarked tokens, a watermarked text edited until
-    Tr-GoF's exact tail is needed (the slow case of the HTTP path), and the unedited
-    watermarked text. CPU time of this process (one core); median and min of `repeats`."""
+    """Tr-GoF alone and end-to-end `detect()` at n = 200, 1,000 and 5,000 (see timing_row),
+    in this process pinned to one core."""
+    import os
+
+    exact_runs = pin_and_count_exact_tails()
+    rng = np.random.default_rng(5)
+    key = WatermarkKey(0x7131_0000 | (1 << 40), WatermarkSpec(algorithm="gumbel", context_width=WIDTH))
+    rows = [timing_row(n, rng, key, repeats, exact_runs) for n in (200, 1000, 5000)]
+    return {"load_average": [round(x, 2) for x in os.getloadavg()], "rows": rows}
+
+
+def pin_and_count_exact_tails() -> dict:
+    """Pin this process to one core and count Tr-GoF's exact tails (bench only: it wraps
+    detector.trgof._crossing_exact); returns the counter."""
     import os
 
     from detector import trgof
@@ -215,7 +224,19 @@ def _timing_child(repeats: int) -> dict:
         exact_runs["count"] += 1
         return crossing(*args)
 
-    trgof._crossing_exact = counted  # counts the exact tails (bench only)
+    trgof._crossing_exact = counted
+    return exact_runs
+
+
+def timing_row(n: int, rng: np.random.Generator, key: WatermarkKey, repeats: int, exact_runs: dict,
+               digits: int = 2) -> dict:
+    """One length's timings: Tr-GoF alone (statistic + exact p, on scores whose p is near
+    1e-6: the exact recursion's slow case) and end-to-end `detect()` (default config, single
+    key, spans on) on three texts: unwatermarked tokens, a watermarked text edited until
+    Tr-GoF's exact tail is needed (the slow case of the HTTP path), and the unedited
+    watermarked text. CPU time of this process; median and min of `repeats`. Draws from
+    `rng` in a fixed order (the scores, then the unwatermarked tokens)."""
+    from detector import trgof
 
     def clock(fn) -> dict:
         fn()
@@ -224,38 +245,33 @@ def _timing_child(repeats: int) -> dict:
             start = time.process_time()
             fn()
             cpu.append((time.process_time() - start) * 1e3)
-        return {"median_ms": round(float(np.median(cpu)), 2), "min_ms": round(float(np.min(cpu)), 2)}
+        return {"median_ms": round(float(np.median(cpu)), digits), "min_ms": round(float(np.min(cpu)), digits)}
 
-    rng = np.random.default_rng(5)
-    rows = []
-    key = WatermarkKey(0x7131_0000 | (1 << 40), WatermarkSpec(algorithm="gumbel", context_width=WIDTH))
-    for n in (200, 1000, 5000):
-        base = rng.exponential(size=n)
-        lo, hi = 0.0, 20.0  # a sparse signal on 5 % of the tokens, sized so that p is near 1e-6
-        for _ in range(40):
-            boost = 0.5 * (lo + hi)
-            scores = base.copy()
-            scores[: n // 20] += boost
-            lo, hi = (boost, hi) if trgof.log10_pvalue(scores) > -6.0 else (lo, boost)
-        row = {"n": n, "trgof_log10_p": round(trgof.log10_pvalue(scores), 2),
-               "trgof": clock(lambda: trgof.log10_pvalue(scores))}
-        marked = generate([key], n, SIGMAS[1.7], seed=n)[0]
-        texts = {"unwatermarked": [int(t) for t in rng.integers(0, VOCAB, n)], "watermarked": marked}
-        for rate in np.arange(0.3, 0.95, 0.05):  # the least editing that needs the exact tail
-            edited = attack(marked, "substitution", float(rate), np.random.default_rng(n))
-            exact_runs["count"] = 0
-            result = detect(edited, [Candidate.inline(key)])
-            if exact_runs["count"] and result.log10_p_value < -2.0:
-                texts["edited, exact Tr-GoF tail"] = edited
-                row["edited_rate"] = round(float(rate), 2)
-                break
-        for name, tokens in texts.items():
-            exact_runs["count"] = 0
-            result = detect(tokens, [Candidate.inline(key)])
-            row[name] = {**clock(lambda: detect(tokens, [Candidate.inline(key)])),
-                         "log10_p": round(result.log10_p_value, 2), "exact_tail": exact_runs["count"] > 0}
-        rows.append(row)
-    return {"load_average": [round(x, 2) for x in os.getloadavg()], "rows": rows}
+    base = rng.exponential(size=n)
+    lo, hi = 0.0, 20.0  # a sparse signal on 5 % of the tokens, sized so that p is near 1e-6
+    for _ in range(40):
+        boost = 0.5 * (lo + hi)
+        scores = base.copy()
+        scores[: n // 20] += boost
+        lo, hi = (boost, hi) if trgof.log10_pvalue(scores) > -6.0 else (lo, boost)
+    row = {"n": n, "trgof_log10_p": round(trgof.log10_pvalue(scores), digits),
+           "trgof": clock(lambda: trgof.log10_pvalue(scores))}
+    marked = generate([key], n, SIGMAS[1.7], seed=n)[0]
+    texts = {"unwatermarked": [int(t) for t in rng.integers(0, VOCAB, n)], "watermarked": marked}
+    for rate in np.arange(0.3, 0.95, 0.05):  # the least editing that needs the exact tail
+        edited = attack(marked, "substitution", float(rate), np.random.default_rng(n))
+        exact_runs["count"] = 0
+        result = detect(edited, [Candidate.inline(key)])
+        if exact_runs["count"] and result.log10_p_value < -2.0:
+            texts["edited, exact Tr-GoF tail"] = edited
+            row["edited_rate"] = round(float(rate), 2)
+            break
+    for name, tokens in texts.items():
+        exact_runs["count"] = 0
+        result = detect(tokens, [Candidate.inline(key)])
+        row[name] = {**clock(lambda: detect(tokens, [Candidate.inline(key)])),
+                     "log10_p": round(result.log10_p_value, digits), "exact_tail": exact_runs["count"] > 0}
+    return row
 
 
 # ---------------------------------------------------------------- bundled models, text attacks

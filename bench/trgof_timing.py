@@ -21,74 +21,32 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 
 def child(tree: str, n: int, repeats: int) -> dict:
+    """One measurement: `detector` (and what it imports) from `tree`; the measuring code,
+    bench.robustness's timing_row, from this script's own tree, so old trees need not have it."""
     sys.path.insert(0, str(Path(tree).resolve()))
+    import importlib.util
+
     import numpy as np
 
-    from bench.robustness import SIGMAS, VOCAB, WIDTH, attack, generate
-    from detector import trgof
-    from detector.detect import detect
-    from detector.result import Candidate
-    from watermark.key import WatermarkKey
-    from watermark.spec import WatermarkSpec
-
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    exact_runs = {"count": 0}
-    crossing = trgof._crossing_exact
-
-    def counted(*args):
-        exact_runs["count"] += 1
-        return crossing(*args)
-
-    trgof._crossing_exact = counted  # counts the exact tails (bench only)
-
-    def clock(fn) -> dict:
-        fn()
-        cpu = []
-        for _ in range(repeats):
-            start = time.process_time()
-            fn()
-            cpu.append((time.process_time() - start) * 1e3)
-        return {"median_ms": round(float(np.median(cpu)), 3), "min_ms": round(float(np.min(cpu)), 3)}
-
+    spec = importlib.util.spec_from_file_location("robustness_here", Path(__file__).with_name("robustness.py"))
+    here = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(here)
+    if n not in (200, 1000, 5000):
+        raise SystemExit(f"--n must be one of 200, 1000, 5000 (the bench's lengths), not {n}")
+    exact_runs = here.pin_and_count_exact_tails()
     # The same draws as bench.robustness._timing_child for this n (it starts at n = 200).
     rng = np.random.default_rng(5)
-    key = WatermarkKey(0x7131_0000 | (1 << 40), WatermarkSpec(algorithm="gumbel", context_width=WIDTH))
     for length in (200, 1000, 5000):
-        base = rng.exponential(size=length)
         if length == n:
             break
-        rng.integers(0, VOCAB, length)
-    else:
-        raise SystemExit(f"--n must be one of 200, 1000, 5000 (the bench's lengths), not {n}")
-    lo, hi = 0.0, 20.0
-    for _ in range(40):
-        boost = 0.5 * (lo + hi)
-        scores = base.copy()
-        scores[: n // 20] += boost
-        lo, hi = (boost, hi) if trgof.log10_pvalue(scores) > -6.0 else (lo, boost)
-    row = {"tree": tree, "n": n, "trgof_log10_p": round(trgof.log10_pvalue(scores), 3),
-           "trgof": clock(lambda: trgof.log10_pvalue(scores))}
-    marked = generate([key], n, SIGMAS[1.7], seed=n)[0]
-    texts = {"unwatermarked": [int(t) for t in rng.integers(0, VOCAB, n)], "watermarked": marked}
-    for rate in np.arange(0.3, 0.95, 0.05):  # the least editing that needs the exact tail
-        edited = attack(marked, "substitution", float(rate), np.random.default_rng(n))
-        exact_runs["count"] = 0
-        result = detect(edited, [Candidate.inline(key)])
-        if exact_runs["count"] and result.log10_p_value < -2.0:
-            texts["edited, exact Tr-GoF tail"] = edited
-            row["edited_rate"] = round(float(rate), 2)
-            break
-    for name, tokens in texts.items():
-        exact_runs["count"] = 0
-        result = detect(tokens, [Candidate.inline(key)])
-        row[name] = {**clock(lambda: detect(tokens, [Candidate.inline(key)])),
-                     "log10_p": round(result.log10_p_value, 3), "exact_tail": exact_runs["count"] > 0}
+        rng.exponential(size=length)
+        rng.integers(0, here.VOCAB, length)
+    key = here.WatermarkKey(0x7131_0000 | (1 << 40), here.WatermarkSpec(algorithm="gumbel", context_width=here.WIDTH))
+    row = {"tree": tree, **here.timing_row(n, rng, key, repeats, exact_runs, digits=3)}
     row["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return row
 
