@@ -2,8 +2,11 @@
 
 Every field has a type that is not coerced (``"5"`` is not an integer, ``0`` is not a
 boolean) and bounds, so that a malformed request gets a 422 before it reaches the engine.
-Hallmark's own routes refuse unknown fields; the OpenAI-compatible ones ignore fields they
-do not use, as OpenAI clients send many. Bounds that depend on the deployment (the token
+Hallmark's own routes refuse unknown fields. The OpenAI-compatible ones take the fields they
+honour, refuse with a 400 naming it any parameter that would change the output but is not
+supported (:data:`UNSUPPORTED`, unless it has its neutral value), and ignore the rest, which
+change nothing in the output (``user``, ``metadata``, ``store``, ``service_tier``,
+``stream_options``, ...; OpenAI clients send many). Bounds that depend on the deployment (the token
 cap, the prompt length, the model's vocabulary) are enforced by :mod:`service.limits` and
 written into the OpenAPI document by :mod:`service.openapi`.
 
@@ -13,6 +16,7 @@ no tokenizer can encode them, and no generated text contains them.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, model_validator
@@ -41,6 +45,7 @@ def _valid_unicode(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_valid_unicode)]
+"""A string of Unicode characters (no lone surrogates)."""
 
 
 def _json_integer(value: Any) -> Any:
@@ -61,8 +66,6 @@ Count = _int(ge=1)
 TopK = _int(ge=0, le=MAX_TOP_K)
 Seed = _int(ge=0, le=MAX_SEED)
 TokenId = _int(ge=0, le=MAX_TOKEN_ID)
-One = _int(ge=1, le=1)
-"""A string of Unicode characters (no lone surrogates)."""
 
 TenantName = Annotated[str, Field(pattern=f"^{NAME_PATTERN.pattern}$", max_length=64)]
 StopText = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_CHARS)]
@@ -116,10 +119,48 @@ class GenerateBody(BaseModel):
         return _stops(self.stop)
 
 
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    # OpenAI's: tool calling, log-probabilities, several choices, structured or non-text output,
+    # penalties and biases, and prompt echo/suffix (legacy completions).
+    "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
+    "function_call": (None, "none", "auto"), "logprobs": (None, False), "top_logprobs": (None, 0),
+    "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
+    "response_format": (None, {"type": "text"}), "logit_bias": (None, {}),
+    "frequency_penalty": (None, 0), "presence_penalty": (None, 0), "audio": (None,),
+    "modalities": (None, ["text"]), "prediction": (None,), "web_search_options": (None,),
+    "reasoning_effort": (None,), "verbosity": (None,),
+    # vLLM's sampling extras.
+    "min_p": (None, 0), "repetition_penalty": (None, 1), "min_tokens": (None, 0), "ignore_eos": (None, False),
+    "use_beam_search": (None, False),
+}
+"""Parameters of OpenAI's (and vLLM's) routes that would change the output and that Hallmark
+does not implement, each with the values that ask for nothing (accepted, no effect). Any
+other value is refused (400 ``unsupported_parameter`` with ``param``) rather than ignored: a
+client that asks for tool calls or log-probabilities must not get a plain completion that
+looks like an answer. ``tool_choice: "auto"`` is neutral because no tool can be declared."""
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    # JSON equality without Python's bool/int mixing (true is not 1, false is not 0).
+    if isinstance(value, bool) or isinstance(neutral, bool):
+        return type(value) is type(neutral) and value == neutral
+    if isinstance(value, (list, dict)) or isinstance(neutral, (list, dict)):
+        return json.dumps(value, sort_keys=True) == json.dumps(neutral, sort_keys=True)
+    return value == neutral
+
+
+def _unsupported(name: str) -> Any:
+    accepted = " or ".join(json.dumps(v) for v in UNSUPPORTED[name])
+    return Field(default=None, description=f"Not supported: {accepted} only (no effect); any other value "
+                                           "gets 400 with code `unsupported_parameter` and `param` naming it.")
+
+
 class _OpenAIBase(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     model: Text | None = Field(default=None, max_length=256)
+    """One of the ids /v1/models lists (omitted: the served model); another gets 404
+    `model_not_found`."""
     max_tokens: Count | None = None
     max_completion_tokens: Count | None = None
     temperature: OpenAITemperature | None = None
@@ -128,8 +169,24 @@ class _OpenAIBase(BaseModel):
     seed: Seed | None = None
     stop: Stop | None = None
     stream: bool = False
-    n: One = 1
     watermark: bool = True
+    n: Any = _unsupported("n")
+    logprobs: Any = _unsupported("logprobs")
+    logit_bias: Any = _unsupported("logit_bias")
+    frequency_penalty: Any = _unsupported("frequency_penalty")
+    presence_penalty: Any = _unsupported("presence_penalty")
+    min_p: Any = _unsupported("min_p")
+    repetition_penalty: Any = _unsupported("repetition_penalty")
+    min_tokens: Any = _unsupported("min_tokens")
+    ignore_eos: Any = _unsupported("ignore_eos")
+    use_beam_search: Any = _unsupported("use_beam_search")
+
+    def unsupported_parameter(self) -> str | None:
+        """The first parameter of :data:`UNSUPPORTED` sent with a value other than a neutral one."""
+        for name in type(self).model_fields:
+            if name in UNSUPPORTED and not any(_same(getattr(self, name), v) for v in UNSUPPORTED[name]):
+                return name
+        return None
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -148,6 +205,9 @@ class CompletionBody(_OpenAIBase):
                                                              Field(min_length=1, max_length=1)] \
         | TokenIds | Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
     """One prompt: a string, or token ids (OpenAI's forms; a list holds exactly one)."""
+    best_of: Any = _unsupported("best_of")
+    echo: Any = _unsupported("echo")
+    suffix: Any = _unsupported("suffix")
 
     @property
     def prompt_text(self) -> str | None:
@@ -190,6 +250,18 @@ class ChatMessage(BaseModel):
 
 class ChatBody(_OpenAIBase):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    tools: Any = _unsupported("tools")
+    tool_choice: Any = _unsupported("tool_choice")
+    functions: Any = _unsupported("functions")
+    function_call: Any = _unsupported("function_call")
+    top_logprobs: Any = _unsupported("top_logprobs")
+    response_format: Any = _unsupported("response_format")
+    audio: Any = _unsupported("audio")
+    modalities: Any = _unsupported("modalities")
+    prediction: Any = _unsupported("prediction")
+    web_search_options: Any = _unsupported("web_search_options")
+    reasoning_effort: Any = _unsupported("reasoning_effort")
+    verbosity: Any = _unsupported("verbosity")
 
 
 class DetectBody(BaseModel):

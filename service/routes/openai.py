@@ -1,30 +1,68 @@
 """OpenAI-compatible endpoints: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``.
 
 The routes shape :class:`service.generation.Outcome` (or its stream) into OpenAI's
-response and chunk objects; Hallmark's extras ride in a ``hallmark`` field.
+response and chunk objects; Hallmark's extras ride in a ``hallmark`` field. Like OpenAI and
+vLLM they answer a model they do not serve with 404 ``model_not_found``, and a parameter
+they do not implement (:data:`service.schemas.UNSUPPORTED`) with 400 ``unsupported_parameter``
+whose ``param`` names it, instead of ignoring it.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from service import generation
 from service.auth import Identity
 from service.chat import chat_prompt_ids
 from service.engines.base import Delta
-from service.errors import ServiceError, Unprocessable
+from service.errors import NotFound, ServiceError, Unprocessable
 from service.generation import GenerateParams, Outcome
 from service.http import SSE_DONE, sse
-from service.http_errors import service_error_payload
+from service.http_errors import error_payload, error_response, service_error_payload
 from service.routes.deps import IdentityDep, ServicesDep
-from service.schemas import ChatBody, CompletionBody
+from service.schemas import UNSUPPORTED, ChatBody, CompletionBody
 from service.state import Services
 
 router = APIRouter()
+
+ALIAS = "hallmark"
+"""A model id every deployment accepts for the model it serves, so that a client written
+against one gateway (the README's examples) works against another."""
+
+
+def served_models(services: Services) -> tuple[str, ...]:
+    """The model ids the OpenAI routes accept, as /v1/models lists them: the served model's
+    name first, then :data:`ALIAS`."""
+    name = services.engine.model_name
+    return (name,) if name == ALIAS else (name, ALIAS)
+
+
+def _refusal(body: CompletionBody | ChatBody, services: Services) -> JSONResponse | None:
+    """None for a request these routes can honour, else its error response: 404 for a model
+    not served, 400 (with OpenAI's ``param``) for an unsupported parameter."""
+    served = served_models(services)
+    if body.model is not None and body.model not in served:
+        also = f" (also as {ALIAS!r}, or omit 'model')" if len(served) > 1 else " (or omit 'model')"
+        return error_response(NotFound(f"the model {body.model!r} does not exist on this server; it serves "
+                                       f"{served[0]!r}{also}; see /v1/models", code="model_not_found"))
+    name = body.unsupported_parameter()
+    if name is None:
+        return None
+    payload = error_payload(400, f"the parameter {name!r} is not supported by this server with the value "
+                                 f"sent; omit it (accepted without effect: "
+                                 f"{' or '.join(json.dumps(v) for v in UNSUPPORTED[name])})",
+                            code="unsupported_parameter")
+    payload["error"]["param"] = name
+    return JSONResponse(payload, status_code=400)
+
+
+_REFUSED = {400: {"description": "An unsupported parameter (`param` names it; `code`: `unsupported_parameter`).",
+                  "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}}
 
 
 def _openai_params(body: CompletionBody | ChatBody, services: Services, prompt_ids: tuple[int, ...]) -> GenerateParams:
@@ -110,16 +148,20 @@ async def _openai(services: Services, identity: Identity, params: GenerateParams
     return StreamingResponse(stream_events(), media_type="text/event-stream")
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses=_REFUSED)
 async def completions_route(body: CompletionBody, services: ServicesDep, identity: IdentityDep):
+    if (refused := _refusal(body, services)) is not None:
+        return refused
     prompt_ids = body.prompt_ids
     if prompt_ids is None:
         prompt_ids = tuple(services.engine.tokenizer().encode(body.prompt_text))
     return await _openai(services, identity, _openai_params(body, services, prompt_ids), body.stream, chat=False)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", responses=_REFUSED)
 async def chat_route(body: ChatBody, services: ServicesDep, identity: IdentityDep):
+    if (refused := _refusal(body, services)) is not None:
+        return refused
     prompt_ids = tuple(chat_prompt_ids(services.engine.tokenizer(), [(m.role, m.text) for m in body.messages]))
     return await _openai(services, identity, _openai_params(body, services, prompt_ids), body.stream, chat=True)
 
@@ -131,5 +173,5 @@ missing one): when this process loaded the routes."""
 
 @router.get("/v1/models")
 def models_route(services: ServicesDep, identity: IdentityDep):
-    return {"object": "list", "data": [{"id": services.engine.model_name, "object": "model",
-                                        "created": _STARTED, "owned_by": "hallmark"}]}
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": _STARTED, "owned_by": "hallmark"}
+                                       for name in served_models(services)]}

@@ -124,9 +124,9 @@ def test_openai_client_completions_and_chat(server):
             model="hallmark", prompt="x", max_tokens=2)
     # The model list as OpenAI's schema has it: `created` is a required integer.
     models = client(server).get("/v1/models").json()["data"]
-    assert [set(m) for m in models] == [{"id", "object", "created", "owned_by"}]
+    assert [set(m) for m in models] == [{"id", "object", "created", "owned_by"}] * 2
     assert isinstance(models[0]["created"], int) and models[0]["created"] > 1_700_000_000
-    assert [m.id for m in api.models.list().data] == [models[0]["id"]]
+    assert [m.id for m in api.models.list().data] == [m["id"] for m in models] == [completion.model, "hallmark"]
 
 
 def test_temperature_zero_and_opt_out_are_recorded_unwatermarked(server):

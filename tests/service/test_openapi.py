@@ -45,6 +45,9 @@ def test_every_error_has_the_error_schema(doc):
                 assert response["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
     generate = doc["paths"]["/v1/generate"]["post"]["responses"]
     assert {"401", "403", "409", "413", "415", "422", "429", "503"} <= set(generate)
+    for path in ("/v1/completions", "/v1/chat/completions"):  # unsupported parameter; unknown model
+        assert {"400", "404"} <= set(doc["paths"][path]["post"]["responses"])
+    assert "tools" in doc["components"]["schemas"]["ChatBody"]["properties"]
 
 
 def test_content_types_and_deployment_bounds(doc):
