@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, TypeVar
 
 from detector.detect import DetectorConfig, detect
 from detector.normalize import NormalizedText, normalize
@@ -65,3 +65,49 @@ def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate]
                       for k in result.per_key),
         correction=f"{result.correction}; {CORRECTION.format(m=m)}")
     return result, best
+
+
+def distinct_forms(forms: Sequence[Sequence[int]], min_length: int = 0) -> list[list[int]]:
+    """The distinct token-id lists among ``forms`` with at least ``min_length`` tokens, in order
+    (two forms often tokenise alike: a search run on both would only double its correction)."""
+    out: list[list[int]] = []
+    for tokens in forms:
+        tokens = list(tokens)
+        if len(tokens) >= min_length and tokens not in out:
+            out.append(tokens)
+    return out
+
+
+Match = TypeVar("Match")
+
+
+def merge_form_matches(per_form: Sequence[Sequence[Match]]) -> list[Match]:
+    """Ledger k-gram matches found in each of m forms of one text (``keys.kgrams.KgramMatch``,
+    with their shared tokens' evidence) merged: per generation and key, the strongest (a tested
+    match by its shared tokens' p, then the collision bound), with its collision bound and
+    shared-token p multiplied by m (Bonferroni over the forms searched). Best first.
+
+    Every form is searched because the ledger's case is an edited copy whose watermark no
+    longer passes: there the best watermark p among the forms is noise, and the form it picks
+    (whitespace runs collapsed, say) may share no k-gram with the generation while the text
+    as sent shares many. The factor m keeps each match's stated bounds valid whichever form
+    matched; with one form (token ids, or text normalisation left unchanged) nothing changes."""
+    best: dict[tuple[str, str], Match] = {}
+    for matches in per_form:
+        for match in matches:
+            key = (match.generation_id, match.key_id)
+            if key not in best or _strength(match) < _strength(best[key]):
+                best[key] = match
+    factor = math.log10(max(1, len(per_form)))
+    out = [dataclasses.replace(
+        match, log10_false_match_bound=min(0.0, match.log10_false_match_bound + factor),
+        log10_shared_p=None if match.log10_shared_p is None else min(0.0, round(match.log10_shared_p + factor, 6)))
+        for match in best.values()]
+    return sorted(out, key=lambda match: (match.log10_false_match_bound, -match.matched))
+
+
+def _strength(match) -> tuple[float, float]:
+    """Smaller is stronger: a tested match (its shared tokens' p) before an untested one, then
+    the smaller collision bound."""
+    shared = match.log10_shared_p if match.log10_shared_p is not None else math.inf
+    return shared, match.log10_false_match_bound

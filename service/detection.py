@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from detector.detect import DetectorConfig, statistic_for
-from detector.forms import TextForm, detect_forms, text_forms
+from detector.forms import TextForm, detect_forms, distinct_forms, merge_form_matches, text_forms
 from detector.result import Span
 from keys import kgrams
 from keys.errors import KeyStoreError, UnknownTenant
@@ -100,7 +100,7 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
     if text:
         scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
         matches = services.ledger_matches(hash_output(text), scope)
-    kgram_matches = _kgram_matches(services, identity, tenant, candidates, token_ids, config)
+    kgram_matches = _kgram_matches(services, identity, tenant, candidates, [t for t, _ in forms], config)
     services.metrics.detections.labels("watermarked" if result.watermarked else "not_watermarked").inc()
     # The ledger is a second basis: an exact copy (output hash) or shared k-grams whose
     # chance-collision bound passes the threshold, even when the watermark no longer does.
@@ -123,17 +123,21 @@ def _tokenized(services: Services, text: str, normalized) -> tuple[list[int], li
     return token_ids, offsets
 
 
-def _kgram_matches(services: Services, identity: Identity, tenant, candidates, token_ids, config) -> list:
+def _kgram_matches(services: Services, identity: Identity, tenant, candidates, forms, config) -> list:
     """Generations sharing k-grams with the text under a stored candidate key (keys.kgrams),
     with the watermark evidence of the shared tokens (service.ledger_evidence)."""
     keys = [(c.info.key_id, c.key.secret) for c in candidates if c.info.tenant is not None and c.info.key_id]
-    if not keys or len(token_ids) < kgrams.K:
+    if not keys:
         return []
     scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
     try:
         with services.store.transaction(write=False) as session:
-            found = kgrams.find_matches(session, keys=keys, token_ids=token_ids, tenant_id=scope)
-            return with_shared_evidence(session, found, candidates, token_ids, config)
+            # Every form of the text is searched, not only the one the watermark scored best
+            # (detector.forms.merge_form_matches says why and what it costs).
+            return merge_form_matches([
+                with_shared_evidence(session, kgrams.find_matches(session, keys=keys, token_ids=tokens, tenant_id=scope),
+                                     candidates, tokens, config)
+                for tokens in distinct_forms(forms, kgrams.K)])
     except KeyStoreError as exc:
         raise store_error(exc) from None
 

@@ -26,10 +26,12 @@ def stored_candidates(*, tenant: str | None) -> list[Candidate]:
 
 
 def add_ledger_evidence(result: dict[str, Any], *, tenant: str | None, text: str | None,
-                        token_ids: Sequence[int], candidates: list[Candidate], config) -> dict[str, Any]:
+                        forms: Sequence[Sequence[int]], candidates: list[Candidate], config) -> dict[str, Any]:
     """The ledger's evidence, as the API gives it (service.detection): recorded generations
-    whose output is exactly ``text``, and generations sharing k-grams of ``token_ids`` under
-    the stored candidate keys, scoped to ``tenant`` (None: every tenant)."""
+    whose output is exactly ``text``, and generations sharing k-grams of any of the text's
+    forms (token ids [n] each: as given and normalised, detector.forms) under the stored
+    candidate keys, scoped to ``tenant`` (None: every tenant)."""
+    from detector.forms import distinct_forms, merge_form_matches
     from keys import kgrams
     from keys.ledger import find_generations_by_output_hash, hash_output
     from keys.tenants import get_tenant
@@ -42,9 +44,10 @@ def add_ledger_evidence(result: dict[str, Any], *, tenant: str | None, text: str
             tenant_id = None if tenant is None else get_tenant(session, name=tenant).id
             found = [] if not text else find_generations_by_output_hash(
                 session, output_sha256=hash_output(text), tenant_id=tenant_id)
-            matches = [] if not keys or len(token_ids) < kgrams.K else kgrams.find_matches(
-                session, keys=keys, token_ids=list(token_ids), tenant_id=tenant_id)
-            matches = with_shared_evidence(session, matches, candidates, list(token_ids), config)
+            matches = [] if not keys else merge_form_matches([
+                with_shared_evidence(session, kgrams.find_matches(session, keys=keys, token_ids=tokens,
+                                                                  tenant_id=tenant_id), candidates, tokens, config)
+                for tokens in distinct_forms(forms, kgrams.K)])
     except KeyStoreError as exc:
         raise CliError(exc.user_message) from None
     return with_ledger_basis(result, [ledger_match(e) for e in found], matches, config.threshold)

@@ -274,7 +274,7 @@ def detect_command(
         from service.cli.store_detect import add_ledger_evidence
 
         payload = add_ledger_evidence(payload, tenant=None if all_tenants else tenant, text=text_input,
-                                      token_ids=forms[scored_form], candidates=candidates, config=config)
+                                      forms=forms, candidates=candidates, config=config)
     if normalized is not None:
         payload["normalization"] = {**normalized.to_dict(), "scored": form_names[scored_form]}
     verdict = "watermarked" if result.watermarked else "not watermarked"

@@ -7,10 +7,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from detector.detect import DetectorConfig, detect
 from detector.result import Candidate
-from detector.forms import detect_forms
+from detector.forms import detect_forms, distinct_forms, merge_form_matches
 from tests.synthetic import generate, human_like
 from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
@@ -67,3 +68,25 @@ def test_text_forms_are_distinct_and_keep_indentation_apart():
     assert by_name["normalized"] == "def f(x):\n return x + 1"
     assert by_name["normalized_spaces_kept"] == "def f(x):\n    return x + 1"
     assert full.changes == {"zero_width": 1, "whitespace": 3}
+
+
+def test_ledger_matches_of_every_form_merge_per_generation_at_m_times_their_bounds():
+    from keys.kgrams import KgramMatch
+
+    def match(generation, bound, shared=None):
+        return KgramMatch(generation_id=generation, key_id="k", matched=5, queried=100, stored=100,
+                          log10_false_match_bound=bound, shared_tokens=None if shared is None else 10,
+                          log10_shared_p=shared)
+
+    as_sent = [match("g1", -50.0, -8.0), match("g2", -3.0)]
+    collapsed = [match("g1", -60.0, -4.0), match("g3", -40.0, -9.0)]
+    merged = merge_form_matches([as_sent, collapsed])
+    by_id = {m.generation_id: m for m in merged}
+    assert set(by_id) == {"g1", "g2", "g3"}  # a generation matched in any form is reported
+    # g1: the tested match with the smaller shared p wins; both of its bounds carry the factor 2.
+    assert by_id["g1"].log10_shared_p == pytest.approx(-8.0 + math.log10(2))
+    assert by_id["g1"].log10_false_match_bound == pytest.approx(-50.0 + math.log10(2))
+    assert by_id["g2"].log10_shared_p is None and by_id["g2"].log10_false_match_bound == pytest.approx(-3.0 + math.log10(2))
+    assert [m.generation_id for m in merged] == ["g1", "g3", "g2"]  # best (smallest bound) first
+    assert merge_form_matches([as_sent]) == sorted(as_sent, key=lambda m: m.log10_false_match_bound)  # one form: unchanged
+    assert distinct_forms([[1, 2, 3], [1, 2, 3], [4, 5], [6]], min_length=2) == [[1, 2, 3], [4, 5]]

@@ -302,3 +302,27 @@ def test_an_edited_copy_is_matched_to_its_generation_by_kgrams(server):
     assert 0 < match["matched_kgrams"] < match["text_kgrams"] and match["log10_false_match_bound"] < -6
     assert "ledger" in result["basis"]
     assert client(server, "globex").post("/v1/detect", json={"token_ids": edited}).json()["kgram_matches"] == []
+
+
+def test_an_edited_copy_is_matched_whichever_form_of_the_text_the_watermark_scored_best(server):
+    """The ledger basis must not depend on which tokenisation the watermark test preferred:
+    an edited copy of indented (pydoc-like) output, whose watermark is too weak to choose
+    between the text as sent and its whitespace-collapsed form, is still matched to its
+    generation with normalisation on (the default), as it is with it off."""
+    import random
+
+    outputs = (generate(server, seed=seed, prompt="class Foo", max_tokens=200) for seed in range(1, 12))
+    out = next((o for o in outputs if len(o["token_ids"]) >= 150 and "    " in o["text"]), None)
+    assert out is not None, "no seed gave 150 tokens of indented text"
+    words = "apple river window quickly table under seven green".split()
+    normalized_won = 0
+    for seed in range(8):
+        rng = random.Random(seed)
+        edited = " ".join(rng.choice(words) if w.strip() and rng.random() < 0.5 else w for w in out["text"].split(" "))
+        raw = client(server).post("/v1/detect", json={"text": edited, "normalize": False}).json()
+        result = client(server).post("/v1/detect", json={"text": edited}).json()
+        normalized_won += result["normalization"]["scored"] != "as_sent"
+        raw_ids = {m["generation_id"] for m in raw["kgram_matches"]}
+        ids = {m["generation_id"] for m in result["kgram_matches"]}
+        assert raw_ids <= ids, (seed, result["normalization"], raw["kgram_matches"], result["kgram_matches"])
+    assert normalized_won, "no edit made the collapsed form win: the case is not exercised"
