@@ -522,6 +522,11 @@ def find_generations_by_output_hash(session: Session, *, output_sha256: str, ten
     return _generations(session, ids, tenant_id)
 
 
+MAX_OFFSET = 2 ** 62
+"""The largest page offset: SQL engines take OFFSET as a signed 64-bit integer, and the offset
+plus a page (plus the look-ahead row) must still fit."""
+
+
 def list_generations(session: Session, *, tenant_id: str | None, limit: int = 50, offset: int = 0,
                      since: datetime | None = None, until: datetime | None = None,
                      key_id: str | None = None) -> list[GenerationEntry]:

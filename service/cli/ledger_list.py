@@ -34,8 +34,11 @@ def ledger_list(tenant: Optional[str] = typer.Option(None, "--tenant", help="Onl
                 offset: int = typer.Option(0, "--offset", min=0, help="Skip the newest N (the next page)."),
                 as_json: bool = JSON_OPTION) -> None:
     """Generations in the ledger, newest first (never their text: the ledger holds hashes)."""
-    from keys.ledger import list_generations
+    from keys.ledger import MAX_OFFSET, list_generations
     from keys.tenants import get_tenant
+
+    if offset > MAX_OFFSET:
+        raise CliError(f"--offset is at most {MAX_OFFSET}")
 
     start, end = _when(since, "--since"), _when(until, "--until")
     with cli_store() as store, store.transaction(write=False) as session:

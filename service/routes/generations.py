@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import BeforeValidator
 
-from keys.ledger import get_generation, list_generations
+from keys.ledger import MAX_OFFSET, get_generation, list_generations
 from service.auth import resolve_tenant
 from service.errors import NotFound
 from service.routes.deps import IdentityDep, ServicesDep
@@ -53,7 +53,7 @@ def _utc(value: datetime | None) -> datetime | None:
 @router.get("/v1/generations")
 def generations_route(services: ServicesDep, identity: IdentityDep,
                       limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-                      offset: Annotated[int, Query(ge=0)] = 0,
+                      offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
                       since: Timestamp = None, until: Timestamp = None,
                       key_id: str | None = None, tenant: str | None = None):
     """The caller's generations, newest first, ``limit`` per page from ``offset``; only those

@@ -598,3 +598,5 @@ def test_ledger_list_command(server, monkeypatch, capsys):
     assert [g["id"] for g in listed] == [out["generation_id"]]
     assert run("ledger", "list", "--since", "not-a-time") == 1
     assert "--since takes an ISO 8601 time" in capsys.readouterr().err
+    assert run("ledger", "list", "--offset", str(2 ** 70)) == 1
+    assert capsys.readouterr().err.strip().count("\n") == 0
