@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Chromium and its WebDriver for the browser tests (tests/service/test_ui_browser.py), from the
+# Chromium and its WebDriver for the browser tests (tests/service/test_ui.py), from the
 # system's packages (Debian: chromium, chromium-driver). Does nothing when both are present;
 # installs them when missing and run as root (CI); otherwise says how and lets the tests skip.
 set -euo pipefail
