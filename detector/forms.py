@@ -7,6 +7,7 @@ distinct form is scored (as sent; normalised keeping runs of spaces, since genui
 indentation is one; fully normalised), each at threshold / m for m forms, and the verdict
 rests on the best one with its p multiplied by m: a Bonferroni bound over the forms, valid
 whatever their dependence, that costs at most a factor m in p and lets normalising only help.
+The same factor multiplies the best form's span p-values and Holm-adjusted per-key p-values.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate]
         result, threshold=config.threshold, log10_p_value=min(0.0, result.log10_p_value + factor),
         per_key=tuple(dataclasses.replace(k, log10_p_adjusted=min(0.0, k.log10_p_adjusted + factor))
                       for k in result.per_key),
+        spans=tuple(dataclasses.replace(s, log10_p_value=min(0.0, s.log10_p_value + factor)) for s in result.spans),
         correction=f"{result.correction}; {CORRECTION.format(m=m)}")
     return result, best
 

@@ -5,8 +5,16 @@ characters between letters, look-alike letters from other scripts, compatibility
 extra spaces. Each breaks the watermark's contexts without changing what a reader sees.
 This undoes them, in order:
 
-1. Unicode NFKC (compatibility forms: full-width letters, ligatures, non-breaking spaces);
-2. removes zero-width characters and soft hyphens, and bidirectional controls;
+1. removes invisible characters, Unicode's default-ignorable code points (zero-width
+   space and joiners, soft hyphen, word joiner, invisible operators, variation selectors,
+   tag characters, Hangul fillers, ...; DerivedCoreProperties.txt), and bidirectional
+   controls, where they sit in Latin text. Several of them carry meaning in other scripts:
+   the zero-width joiner of an emoji sequence or of Persian or Indic words, a variation
+   selector or tag after an emoji or an ideograph, a right-to-left mark between Hebrew
+   words. So a joiner-like character is kept when the visible characters on both sides of
+   it are neither ASCII nor Latin nor look-alikes of Latin letters (nor spaces), and a
+   selector (variation selectors, tags) when the character it modifies is such;
+2. Unicode NFKC (compatibility forms: full-width letters, ligatures, non-breaking spaces);
 3. maps Cyrillic and Greek homoglyphs of ASCII letters to the ASCII letter (a fixed table
    of letters that render identically in common fonts; Unicode's confusables.txt subset),
    only where they pose as Latin: in a word that also has a Latin letter, or in a word
@@ -27,7 +35,20 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 
+# Unicode 15.1 Default_Ignorable_Code_Point (DerivedCoreProperties.txt) less the bidi
+# controls below, as inclusive ranges: drawn as nothing by every renderer.
+INVISIBLE_RANGES: tuple[tuple[int, int], ...] = (
+    (0x00AD, 0x00AD), (0x034F, 0x034F), (0x115F, 0x1160), (0x17B4, 0x17B5), (0x180B, 0x180F),
+    (0x200B, 0x200D), (0x2060, 0x2065), (0x206A, 0x206F), (0x3164, 0x3164), (0xFE00, 0xFE0F),
+    (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A),
+    (0xE0000, 0xE0FFF),
+)
+# Selectors modify the character before them (variation selectors, Mongolian free variation
+# selectors, tags and variation selectors 17-256).
+SELECTOR_RANGES: tuple[tuple[int, int], ...] = (
+    (0x180B, 0x180D), (0x180F, 0x180F), (0xFE00, 0xFE0F), (0xE0000, 0xE0FFF))
 ZERO_WIDTH = frozenset("\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e\u034f")
+"""The most common invisible characters (all inside :data:`INVISIBLE_RANGES`)."""
 BIDI_CONTROLS = frozenset("\u200e\u200f\u061c\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 # Cyrillic and Greek letters that look like ASCII letters.
@@ -46,6 +67,51 @@ HOMOGLYPHS: dict[str, str] = {
     "\u039f": "O", "\u03a1": "P", "\u03a4": "T", "\u03a5": "Y", "\u03a7": "X",
 }
 _WORD = re.compile(r"[^\W\d_]+")  # runs of letters
+
+
+def _in(ch: str, ranges: tuple[tuple[int, int], ...]) -> bool:
+    code = ord(ch)
+    return any(lo <= code <= hi for lo, hi in ranges)
+
+
+def _hidden(ch: str) -> bool:
+    """An invisible character or a bidi control (module docstring, 1)."""
+    return ch in BIDI_CONTROLS or _in(ch, INVISIBLE_RANGES)
+
+
+def _latin_like(ch: str | None) -> bool:
+    """ASCII, a Latin letter of any block (accented, full-width), a look-alike of one, or a
+    space: where an invisible character has no business (None: the text's edge)."""
+    return (ch is None or ch.isascii() or ch in HOMOGLYPHS or ch.isspace()
+            or "LATIN" in unicodedata.name(ch, ""))
+
+
+def _hidden_to_remove(text: str) -> list[bool]:
+    """Per character of ``text``: an invisible character or bidi control placed in Latin
+    text, to remove (module docstring, 1)."""
+    n = len(text)
+    hidden = [_hidden(ch) for ch in text]
+    before: list[str | None] = [None] * n  # the nearest visible character on each side
+    after: list[str | None] = [None] * n
+    last = None
+    for i, ch in enumerate(text):
+        before[i] = last
+        if not hidden[i]:
+            last = ch
+    last = None
+    for i in range(n - 1, -1, -1):
+        after[i] = last
+        if not hidden[i]:
+            last = text[i]
+    out = [False] * n
+    for i, ch in enumerate(text):
+        if not hidden[i]:
+            continue
+        if _in(ch, SELECTOR_RANGES):
+            out[i] = _latin_like(before[i])
+        else:
+            out[i] = _latin_like(before[i]) or _latin_like(after[i])
+    return out
 
 
 def _foreign(ch: str) -> bool:
@@ -107,18 +173,19 @@ def normalize(text: str, *, collapse_whitespace: bool = True) -> NormalizedText:
     """Normalise ``text`` (see the module docstring); ``collapse_whitespace=False`` skips
     step 4 (genuine indentation is also a run of spaces)."""
     changes: dict[str, int] = {}
-    nfkc = unicodedata.normalize("NFKC", text)
-    chars, origin = _nfkc_with_origin(text, nfkc)
-    if nfkc != text:
-        changes["nfkc"] = sum(1 for a, b in zip(text, nfkc) if a != b) + abs(len(text) - len(nfkc))
-    zero = sum(ch in ZERO_WIDTH for ch in chars)
-    bidi = sum(ch in BIDI_CONTROLS for ch in chars)
+    remove = _hidden_to_remove(text)
+    zero = sum(r and ch not in BIDI_CONTROLS for ch, r in zip(text, remove))
+    bidi = sum(r and ch in BIDI_CONTROLS for ch, r in zip(text, remove))
     if zero:
         changes["zero_width"] = zero
     if bidi:
         changes["bidi"] = bidi
-    kept = [(ch, o) for ch, o in zip(chars, origin) if ch not in ZERO_WIDTH and ch not in BIDI_CONTROLS]
-    posing = _posing_as_latin("".join(ch for ch, _ in kept))
+    visible = [(ch, o) for o, (ch, r) in enumerate(zip(text, remove)) if not r]
+    chars, origin, rewritten = _nfkc_with_origin("".join(ch for ch, _ in visible), [o for _, o in visible])
+    if rewritten:
+        changes["nfkc"] = rewritten
+    kept = list(zip(chars, origin))
+    posing = _posing_as_latin(chars)
     if any(posing):
         changes["homoglyph"] = sum(posing)
         kept = [(HOMOGLYPHS[ch] if swap else ch, o) for (ch, o), swap in zip(kept, posing)]
@@ -138,12 +205,48 @@ def normalize(text: str, *, collapse_whitespace: bool = True) -> NormalizedText:
                           original_length=len(text))
 
 
-def _nfkc_with_origin(text: str, nfkc: str) -> tuple[str, list[int]]:
-    """NFKC's result with each character's source index. Per-character NFKC gives the map
-    where it reproduces the whole text's NFKC (no composition across characters); where it
-    does not, the map is proportional, which keeps offsets in range and in order."""
-    pieces = [unicodedata.normalize("NFKC", ch) for ch in text]
-    if "".join(pieces) == nfkc:
-        return nfkc, [j for j, piece in enumerate(pieces) for _ in piece]
-    scale = len(text) / max(len(nfkc), 1)
-    return nfkc, [min(int(i * scale), max(len(text) - 1, 0)) for i in range(len(nfkc))]
+MAX_MERGED_SEGMENTS = 8
+"""Segments (a starter and its combining marks) NFKC may compose together: Hangul jamo, and
+a few scripts' two-part vowels; beyond this the map falls back to proportional."""
+
+
+def _nfkc_with_origin(text: str, origin: list[int]) -> tuple[str, list[int], int]:
+    """NFKC of ``text`` [n], each of its characters' source index (through ``origin`` [n]),
+    and how many characters of ``text`` NFKC rewrote.
+
+    NFKC acts within a character and its combining marks (a segment), and across segments
+    only where scripts compose two starters (Hangul jamo, a few vowel signs). So the text is
+    walked segment by segment, each normalised alone and checked against the whole text's
+    NFKC at that point; where it differs, the next segments are joined to it until they
+    agree. Inside a run, characters that normalise alone keep their own index, and a
+    composition (e + U+0301 -> é) maps to the run's first character."""
+    nfkc = unicodedata.normalize("NFKC", text)
+    if nfkc == text:
+        return text, list(origin), 0
+    starts = [i for i, ch in enumerate(text) if i == 0 or not unicodedata.combining(ch)] + [len(text)]
+    mapped: list[int] = []
+    rewritten = 0
+    at, s = 0, 0
+    while s < len(starts) - 1:
+        a = starts[s]
+        for t in range(s + 1, min(s + 1 + MAX_MERGED_SEGMENTS, len(starts))):
+            piece = unicodedata.normalize("NFKC", text[a:starts[t]])
+            if nfkc.startswith(piece, at):
+                break
+        else:  # no run agrees: proportional for the rest, in range and in order
+            rest = len(nfkc) - at
+            span = len(text) - a
+            mapped.extend(origin[a + min(int(k * span / max(rest, 1)), span - 1)] for k in range(rest))
+            rewritten += span
+            break
+        b = starts[t]
+        alone = [unicodedata.normalize("NFKC", ch) for ch in text[a:b]]
+        if "".join(alone) == piece:
+            mapped.extend(origin[a + k] for k, part in enumerate(alone) for _ in part)
+            rewritten += sum(part != ch for part, ch in zip(alone, text[a:b]))
+        else:
+            mapped.extend([origin[a]] * len(piece))
+            rewritten += b - a
+        at += len(piece)
+        s = t
+    return nfkc, mapped, rewritten

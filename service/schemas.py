@@ -267,22 +267,30 @@ class ChatBody(_OpenAIBase):
 class DetectBody(BaseModel):
     """Exactly one of ``text`` and ``token_ids``."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
+    # Attribute docstrings become the fields' descriptions in /openapi.json (and /docs).
+    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True, json_schema_extra={
         "oneOf": [{"required": ["text"]}, {"required": ["token_ids"]}]})
 
     text: Text = Field(default=None, json_schema_extra={"description": (
         "Text to score, tokenized with the key's model tokenizer (above the server's "
         "max_detect_chars: 413).")})
     token_ids: list[TokenId] = Field(default=None)
+    """Token ids to score (instead of `text`), each in [0, 2**32)."""
     tenant: TenantName | None = None
-    """Admin tokens: the tenant whose keys to test (omit to test every tenant's keys)."""
+    """Admin tokens: the tenant whose keys to test (omit to test every tenant's keys). A
+    tenant token may name only its own tenant (403 otherwise)."""
     threshold: float | None = Field(default=None, gt=0.0, lt=1.0)
+    """The text is reported watermarked when its global p-value is at most this (default 1e-6)."""
     statistic: Literal["auto", "max", "weighted", "routed"] = "auto"
-    """`routed` needs keys with a keyed acceptance coin (422 otherwise)."""
+    """Dual-key statistic. `auto`: `routed` for keys with a keyed acceptance coin; otherwise
+    both `max` and `weighted` under one weighted Bonferroni correction. `max`, `weighted`
+    or `routed` force one; `routed` needs keys with a keyed acceptance coin (409
+    `statistic_unavailable` otherwise). Single-key (`gumbel`) keys ignore it."""
     test: Literal["auto", "sum", "trgof"] = "auto"
     """Whole-text test: `auto` combines the sum and Tr-GoF (edit-robust) with the spans under
     one weighted Bonferroni correction; `sum` or `trgof` alone."""
     spans: bool = True
+    """Localise watermarked spans (token and, for text, character offsets)."""
     normalize: bool = True
     """Text input: undo tokenisation attacks (NFKC, zero-width and bidi controls, homoglyphs,
     whitespace runs) before tokenising; the response's `normalization` says what changed."""

@@ -90,3 +90,18 @@ def test_ledger_matches_of_every_form_merge_per_generation_at_m_times_their_boun
     assert [m.generation_id for m in merged] == ["g1", "g3", "g2"]  # best (smallest bound) first
     assert merge_form_matches([as_sent]) == sorted(as_sent, key=lambda m: m.log10_false_match_bound)  # one form: unchanged
     assert distinct_forms([[1, 2, 3], [1, 2, 3], [4, 5], [6]], min_length=2) == [[1, 2, 3], [4, 5]]
+
+
+def test_span_p_values_carry_the_forms_correction_like_the_global_p():
+    # A span's p is corrected for every window and key examined; with m forms scored, for
+    # the forms too, or a span could show a smaller p than the procedure guarantees.
+    marked, _ = generate(KEY, 200, seed=5)
+    mixed = human_like(400, seed=6) + marked + human_like(400, seed=7)
+    other = human_like(1000, seed=8)
+    config = DetectorConfig()
+    result, form = detect_forms([mixed, other], [Candidate.inline(KEY)], config)
+    alone = detect(mixed, [Candidate.inline(KEY)], config.model_copy(update={"threshold": config.threshold / 2}))
+    assert form == 0 and result.spans and len(result.spans) == len(alone.spans)
+    for span, plain in zip(result.spans, alone.spans):
+        assert (span.start, span.end) == (plain.start, plain.end)
+        assert span.log10_p_value == pytest.approx(plain.log10_p_value + math.log10(2))

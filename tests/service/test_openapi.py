@@ -59,6 +59,16 @@ def test_content_types_and_deployment_bounds(doc):
     assert doc["components"]["schemas"]["GenerateBody"]["additionalProperties"] is False
 
 
+def test_detect_options_are_documented_with_the_status_their_misuse_gets(doc):
+    # The request's options carry their meaning in /docs: the enum alone does not say that
+    # `routed` needs keyed-coin keys (409 statistic_unavailable, not 422), nor what `auto` does.
+    body = doc["components"]["schemas"]["DetectBody"]["properties"]
+    for name in ("tenant", "threshold", "statistic", "test", "spans", "normalize", "evidence"):
+        assert body[name].get("description"), name
+    assert "409" in body["statistic"]["description"] and "422" not in body["statistic"]["description"]
+    assert "auto" in body["statistic"]["description"] and "auto" in body["test"]["description"]
+
+
 @pytest.mark.slow
 def test_schemathesis_every_check_zero_failures():
     code, output, _ = run(12, seed=7)
