@@ -27,6 +27,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     event,
+    func,
     text,
 )
 from sqlalchemy.engine import Dialect
@@ -104,6 +105,9 @@ class Tenant(Base):
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_LENGTH), unique=True)
+    """As the admin typed it; unique without regard to case (keys/tenants.py)."""
+
+    __table_args__ = (Index("uq_tenants_name_lower", func.lower(name), unique=True),)
     created_at: Mapped[datetime]
 
 

@@ -1,4 +1,11 @@
-"""Tenants: who keys, tokens and generations belong to."""
+"""Tenants: who keys, tokens and generations belong to.
+
+A tenant's name keeps the case the admin typed (it is shown so), but names are unique
+without regard to case: ``Acme`` cannot be created beside ``acme``, and a lookup by name
+matches any case (``ACME`` finds ``acme``), as a person reading them would expect. The
+database enforces it with a unique index on ``lower(name)`` (migration 0007); names are
+ASCII, so Python's and both databases' ``lower()`` agree.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -47,9 +54,13 @@ def check_name(name: str) -> str:
 
 
 def get_tenant(session: Session, *, name: str, lock: bool = False) -> Tenant:
-    """The tenant row named ``name``; ``lock`` takes a row lock (SELECT ... FOR UPDATE)
+    """The tenant row named ``name`` in any case; ``lock`` takes a row lock (SELECT ... FOR UPDATE)
     that serialises key changes of this tenant on PostgreSQL."""
-    query = select(Tenant).where(Tenant.name == name)
+    if not isinstance(name, str) or NAME_PATTERN.fullmatch(name) is None:
+        # No tenant has such a name; and lower() must not fold a non-ASCII letter into an
+        # ASCII one (Python maps the Kelvin sign U+212A to 'k').
+        raise UnknownTenant(name)
+    query = select(Tenant).where(func.lower(Tenant.name) == name.lower())
     if lock:
         query = query.with_for_update()
     row = session.scalar(query)
@@ -69,10 +80,12 @@ def get_tenant_by_id(session: Session, *, tenant_id: str, lock: bool = False) ->
 
 
 def create_tenant(session: Session, *, name: str, actor: str, now: datetime | None = None) -> TenantInfo:
-    """Create a tenant (audited). :class:`~keys.errors.DuplicateTenant` if the name is taken."""
+    """Create a tenant (audited), its name kept as given. :class:`~keys.errors.DuplicateTenant`
+    if the name is taken in any case (the error names the existing spelling)."""
     check_name(name)
-    if session.scalar(select(Tenant.id).where(Tenant.name == name)) is not None:
-        raise DuplicateTenant(name)
+    existing = session.scalar(select(Tenant.name).where(func.lower(Tenant.name) == name.lower()))
+    if existing is not None:
+        raise DuplicateTenant(existing)
     created = clock.resolve(now)
     row = Tenant(id=new_id("ten"), name=name, created_at=created)
     session.add(row)
@@ -86,4 +99,6 @@ def create_tenant(session: Session, *, name: str, actor: str, now: datetime | No
 
 
 def list_tenants(session: Session) -> list[TenantInfo]:
-    return [_info(row) for row in session.scalars(select(Tenant).order_by(Tenant.name))]
+    # Alphabetical without regard to case, the same on both databases (PostgreSQL's collation
+    # and SQLite's binary order disagree on case).
+    return [_info(row) for row in session.scalars(select(Tenant).order_by(func.lower(Tenant.name)))]

@@ -44,6 +44,15 @@ def test_tenants_commands(cli):
     assert "acme" in listing and "beta" in listing
 
 
+def test_tenant_names_are_one_name_in_any_case(cli):
+    assert "created tenant Acme" in cli.ok("tenants", "create", "Acme").stdout  # shown as typed
+    refused = cli.fails("tenants", "create", "acme")
+    assert "tenant 'Acme' already exists" in refused.stderr
+    assert [t["name"] for t in cli.ok("tenants", "list", "--json").json()] == ["Acme"]
+    # Any spelling finds it; records show the name as created.
+    assert cli.ok("keys", "create", "--tenant", "ACME", "--json").json()["tenant"] == "Acme"
+
+
 def test_keys_lifecycle_commands(cli, tmp_path):
     first = _tenant_with_key(cli)
     assert (first["state"], first["version"], first["spec"]["algorithm"]) == ("active", 1, "gumbel")

@@ -131,3 +131,40 @@ def test_light_revision_reading_agrees_with_alembic(engine):
             migrate.upgrade(engine, target)
         with engine.connect() as connection:
             assert migrate.current_revision(engine) == MigrationContext.configure(connection).get_current_revision()
+
+
+def test_case_duplicate_tenant_names_stop_the_upgrade_with_their_names_and_change_nothing(
+        engine, empty_database_url, kek, monkeypatch, capsys):
+    """0007 puts a unique index on lower(name): a database holding names that differ only in
+    case cannot take it, so the upgrade stops, names them, and leaves the database as it was;
+    after a rename (tenants are referred to by id) it goes through."""
+    from alembic.util import CommandError
+
+    from tests.keys.conftest import Cli
+
+    migrate.upgrade(engine, "0006_kgrams")
+    with engine.begin() as connection:
+        for tenant_id, name in (("ten_1", "acme"), ("ten_2", "Acme"), ("ten_3", "beta"), ("ten_4", "ACME")):
+            connection.execute(text("INSERT INTO tenants (id, name, created_at) VALUES (:id, :name, "
+                                    "CURRENT_TIMESTAMP)"), {"id": tenant_id, "name": name})
+    with pytest.raises(CommandError) as caught:
+        migrate.upgrade(engine)
+    message = str(caught.value)
+    assert "'ACME' (id ten_4), 'Acme' (id ten_2), 'acme' (id ten_1)" in message and "beta" not in message
+    assert "Nothing was changed" in message and "hallmark db upgrade" in message
+    assert migrate.current_revision(engine) == "0006_kgrams"
+    # The CLI says the same in one line, with a non-zero exit.
+    cli = Cli(monkeypatch, capsys)
+    cli.env(HALLMARK_DATABASE_URL=empty_database_url, HALLMARK_KEK=kek.to_base64())
+    assert "differ only in case" in cli.fails("db", "upgrade").stderr
+    assert migrate.current_revision(engine) == "0006_kgrams"
+
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE tenants SET name = 'acme-2' WHERE id = 'ten_2'"))
+        connection.execute(text("UPDATE tenants SET name = 'acme-3' WHERE id = 'ten_4'"))
+    migrate.upgrade(engine)
+    assert migrate.current_revision(engine) == migrate.head_revision()
+    with pytest.raises(DBAPIError):
+        with engine.begin() as connection:
+            connection.execute(text("INSERT INTO tenants (id, name, created_at) VALUES ('ten_5', 'BETA', "
+                                    "CURRENT_TIMESTAMP)"))
