@@ -38,6 +38,8 @@ import math
 
 import numpy as np
 
+from detector import trgof_compiled
+
 LN10 = math.log(10.0)
 GRID_SLACK = 2.0 ** -23
 """Added to each per-token p-value: one and a half grid steps of the PRF's 24-bit uniforms
@@ -192,9 +194,10 @@ _LOG_NEGLIGIBLE = math.log(_NEGLIGIBLE)
 non-crossing probability, so it can only raise the p-value (conservative)."""
 
 
-def _block_kernels(lams: np.ndarray, log_scales: np.ndarray) -> list[np.ndarray]:
-    """Per block b, lambda_b^r / r! / e^(log_scale_b) for r = 0, 1, ... [widths vary]: terms
-    below _NEGLIGIBLE of a row's largest are dropped, which only lowers `keep`."""
+def _block_kernels(lams: np.ndarray, log_scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per block b, lambda_b^r / r! / e^(log_scale_b) for r = 0, 1, ... [B, R] and each row's
+    width [B]: terms past a row's width are below _NEGLIGIBLE of its largest and dropped,
+    which only lowers `keep`."""
     r = np.arange(int(float(lams.max(initial=0.0)) + 15.0 * math.sqrt(float(lams.max(initial=0.0))) + 48.0),
                   dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -203,7 +206,7 @@ def _block_kernels(lams: np.ndarray, log_scales: np.ndarray) -> list[np.ndarray]
     kernels = np.exp(log_kernel - log_scales[:, None])
     keep = kernels > _NEGLIGIBLE * kernels.max(axis=1, keepdims=True)
     widths = len(r) - np.argmax(keep[:, ::-1], axis=1)
-    return [kernels[b, :w] for b, w in enumerate(widths.tolist())]
+    return kernels, widths
 
 
 
@@ -240,7 +243,8 @@ def _convolver():
 
     return full
 
-def _crossing_exact(log_a: np.ndarray, n: int) -> float:
+
+def _crossing_exact(log_a: np.ndarray, n: int, compiled: bool = True) -> float:
     """P(U_(i) <= a_i for some i <= I) for n iid uniforms; log_a [I] = ln a_i.
 
     Poissonised forward recursion over the boundaries (Noe 1972, one-sided): with a Poisson
@@ -248,15 +252,17 @@ def _crossing_exact(log_a: np.ndarray, n: int) -> float:
     conditioning on N(1) = n gives the uniform sample. h_i(m) = weight of the paths with
     N(a_i) = m that satisfied N(a_l) <= l - 1 for every l <= i; each step convolves with
     the Poisson kernel lambda^r / r! (lambda = n (a_i - a_{i-1})) and drops m > i - 1.
-    Every term is positive (no cancellation); h is rescaled every 8 steps, and the final
+    Every term is positive (no cancellation); h is rescaled every block, and the final
     combination, where 1 - keep cancels, runs in extended precision: the float error stays
-    near 1e-13 up to n = 5000 (tested against the recursion in 80-bit arithmetic)."""
+    near 1e-13 up to n = 5000 (tested against the recursion in 80-bit arithmetic).
+
+    The loop over the steps runs compiled (:mod:`detector.trgof_compiled`) where numba is
+    installed and ``compiled``; otherwise in numpy (:func:`_forward_numpy`, the reference)."""
     log_a = np.maximum.accumulate(log_a)
     a = np.exp(log_a)
     count = len(a)
-    lf = _LOG_FACT
     # Every step's kernel at once, each scaled to a maximum of 1 (the log scales are kept
-    # in `scales`); a zero increment is the identity kernel [1, 0, ...].
+    # in `peak`); a zero increment is the identity kernel [1, 0, ...].
     lam = n * np.diff(a, prepend=0.0)
     # Only the first `columns` terms can exceed _NEGLIGIBLE of their row's largest: the
     # right tail lambda^r / r! relative to the row's largest term grows with lambda, so the
@@ -267,24 +273,59 @@ def _crossing_exact(log_a: np.ndarray, n: int) -> float:
     log_kernel = _log_kernels(lam, columns)
     peak = log_kernel.max(axis=1)
     kernels = np.exp(log_kernel - peak[:, None])
-    scales: list[float] = []  # h's rescalings (the kernels' own scales are `peak`)
     # Terms below _NEGLIGIBLE of their maximum are dropped, from the kernels and from h's
     # low end (m far below n a_i): like the _KERNEL truncation this only removes paths that
     # kept below the boundary, lowering `keep` by far less than 1e-13, so it can only raise
     # the p-value.
     widths = np.maximum(1, columns - np.argmax((kernels > _NEGLIGIBLE)[:, ::-1], axis=1))
-    # Each step's kernel reversed, as contiguous rows: the recursion's ~I small
-    # convolutions call numpy's correlate on them directly (see _convolver).
-    width = int(widths.max())
-    steps = list(np.ascontiguousarray(kernels[:, width - 1::-1]))  # row views; zero-weight tails cost little
     peak_sums = np.concatenate(([0.0], np.cumsum(peak)))
     starts = np.arange(0, count, _BLOCK)
     ends = np.minimum(starts + _BLOCK, count)
     block_lams = n * (a[ends - 1] - np.where(starts > 0, a[np.maximum(starts - 1, 0)], 0.0))
-    block_kernels = [k[::-1].copy() for k in _block_kernels(block_lams, peak_sums[ends] - peak_sums[starts])]
-    # P(Poisson(lambda_block) > depth) < 1e-24 (see the block comment below).
-    depths = (block_lams + 10.0 * np.sqrt(block_lams) + 16.0).astype(np.int64).tolist()
+    block_kernels, block_widths = _block_kernels(block_lams, peak_sums[ends] - peak_sums[starts])
+    # P(Poisson(lambda_block) > depth) < 1e-24 (see _forward_numpy's block comment).
+    depths = (block_lams + 10.0 * np.sqrt(block_lams) + 16.0).astype(np.int64)
+    run = trgof_compiled.forward() if compiled else None
+    if run is not None:
+        h, low, scales, alive = run(kernels, widths.astype(np.int64, copy=False), starts.astype(np.int64, copy=False),
+                                    ends.astype(np.int64, copy=False), block_kernels, block_widths.astype(np.int64, copy=False),
+                                    depths, _NEGLIGIBLE)
+    else:
+        h, low, scales, alive = _forward_numpy(kernels, widths, starts, ends, block_kernels, block_widths, depths)
+    if not alive:
+        return 1.0
+    # The last stretch (a_I, 1] takes the remaining n - m points. Its terms are tens of
+    # thousands in size and cancel to about ln(1 - p): they are combined in extended
+    # precision where the platform has it (x87 long double; elsewhere float64 as before).
+    ld = np.longdouble
+    m = low + np.arange(len(h))
+    rest = ld(n) * (ld(1.0) - ld(a[-1]))
+    with np.errstate(divide="ignore"):
+        terms = np.log(h.astype(ld)) + (n - m).astype(ld) * (np.log(rest) if rest > 0.0 else ld(-np.inf)) - _LOG_FACT_EXTENDED[n - m]
+    top = terms.max()
+    if top == -np.inf:
+        return 1.0
+    log_scale = peak.astype(ld).sum() + np.asarray(scales, dtype=ld).sum()
+    log_keep = float(_LOG_FACT_EXTENDED[n] - ld(n) * np.log(ld(n)) + log_scale + top + np.log(np.exp(terms - top).sum()))
+    return min(1.0, max(0.0, -math.expm1(min(0.0, log_keep))))
+
+
+def _forward_numpy(kernels: np.ndarray, widths: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                   block_kernels: np.ndarray, block_widths: np.ndarray,
+                   depths: np.ndarray) -> tuple[np.ndarray, int, list[float], bool]:
+    """The recursion's loop in numpy (the reference of :mod:`detector.trgof_compiled`):
+    kernels [I, C] scaled Poisson kernels with their widths [I]; blocks of steps
+    starts[b] + 1 .. ends[b] [B] with their combined kernels [B, R], widths [B] and
+    depths [B]. Returns (h, low, scales, alive) as the compiled loop does."""
+    count = len(kernels)
+    # Each step's kernel reversed, as contiguous rows: the recursion's ~I small
+    # convolutions call numpy's correlate on them directly (see _convolver).
+    width = int(widths.max())
+    steps = list(np.ascontiguousarray(kernels[:, width - 1::-1]))  # row views; zero-weight tails cost little
+    reversed_blocks = [k[:w][::-1].copy() for k, w in zip(block_kernels, block_widths.tolist())]
+    depths = depths.tolist()
     full, correlate = _convolver(), _correlate()
+    scales: list[float] = []  # h's rescalings (the kernels' own scales are `peak`)
     h = np.ones(1)
     low = 0  # h[j] is the weight of N(a_i) = low + j
     for block, (first_step, last) in enumerate(zip(starts.tolist(), ends.tolist())):  # steps first_step + 1 .. last
@@ -306,7 +347,7 @@ def _crossing_exact(log_a: np.ndarray, n: int) -> float:
             for i in range(first_step + 1, last + 1):
                 h = full(h, steps[i - 1])[:i - low]
         if far is not None:
-            moved = full(far, block_kernels[block])[:first_step + 1 - far_low]
+            moved = full(far, reversed_blocks[block])[:first_step + 1 - far_low]
             offset = low - far_low
             merged = np.zeros(max(len(moved), offset + len(h)))
             merged[:len(moved)] = moved
@@ -315,27 +356,14 @@ def _crossing_exact(log_a: np.ndarray, n: int) -> float:
         # A scaled kernel grows h by at most 48x a step: rescaling every block keeps it in range.
         top = h.max()
         if top <= 0.0:
-            return 1.0
+            return h, low, scales, False
         h /= top
         scales.append(math.log(top))
         first = int((h > _NEGLIGIBLE).argmax())
         if first:
             h = h[first:]
             low += first
-    # The last stretch (a_I, 1] takes the remaining n - m points. Its terms are tens of
-    # thousands in size and cancel to about ln(1 - p): they are combined in extended
-    # precision where the platform has it (x87 long double; elsewhere float64 as before).
-    ld = np.longdouble
-    m = low + np.arange(len(h))
-    rest = ld(n) * (ld(1.0) - ld(a[-1]))
-    with np.errstate(divide="ignore"):
-        terms = np.log(h.astype(ld)) + (n - m).astype(ld) * (np.log(rest) if rest > 0.0 else ld(-np.inf)) - _LOG_FACT_EXTENDED[n - m]
-    top = terms.max()
-    if top == -np.inf:
-        return 1.0
-    log_scale = peak.astype(ld).sum() + np.array(scales, dtype=ld).sum()
-    log_keep = float(_LOG_FACT_EXTENDED[n] - ld(n) * np.log(ld(n)) + log_scale + top + np.log(np.exp(terms - top).sum()))
-    return min(1.0, max(0.0, -math.expm1(min(0.0, log_keep))))
+    return h, low, scales, True
 
 
 def log_sf(s: float, n: int) -> float:
@@ -348,6 +376,12 @@ def log_sf(s: float, n: int) -> float:
         return min(0.0, log_union)
     exact = _crossing_exact(log_boundaries(s, n), n)
     return min(0.0, log_union, math.log(exact + FLOAT_ALLOWANCE))
+
+
+def warm_up() -> None:
+    """Compile the exact tail's loop now (about a second; loaded from numba's cache in later
+    processes), so that no request pays for it. Nothing to do without numba."""
+    log_sf(20.0, 64)
 
 
 def log10_sf(s: float, n: int) -> float:

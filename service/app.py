@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from fastapi import FastAPI
 
+from detector import trgof
 from keys.db import Store, open_store
 from keys.errors import ConcurrentChange
 from keys.ledger import recover_interrupted
@@ -76,6 +77,7 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
             own_engine = create_engine(settings)
         services = Services(settings=settings, store=own_store, engine=own_engine)
         await asyncio.to_thread(_prepare_provenance, own_store)
+        await asyncio.to_thread(trgof.warm_up)  # Tr-GoF's compiled tail: no request compiles it
         state["services"] = services
         app.state.services = services
         await own_engine.start()

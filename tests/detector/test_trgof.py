@@ -4,11 +4,16 @@ combination's validity and power under edits."""
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from detector import trgof
+from detector import trgof, trgof_compiled
 from detector.detect import DetectorConfig, detect
 from detector.result import Candidate
 from tests.detector.test_detect import generate
@@ -16,9 +21,21 @@ from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
 
 
+IMPLEMENTATIONS = ["numpy", pytest.param("compiled", marks=pytest.mark.skipif(
+    not trgof_compiled.available(), reason="numba is not installed"))]
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def implementation(request, monkeypatch) -> str:
+    """Runs a test with the exact tail's loop in numpy (the reference) and compiled."""
+    if request.param == "numpy":
+        monkeypatch.setattr(trgof_compiled, "forward", lambda: None)
+    return request.param
+
+
 @pytest.mark.statistical
 @pytest.mark.parametrize("n", [1, 2, 7, 40, 200])
-def test_exact_null_matches_monte_carlo(n):
+def test_exact_null_matches_monte_carlo(n, implementation):
     rng = np.random.default_rng(n)
     trials = 40_000
     sims = np.array([trgof.statistic(rng.random(n)) for _ in range(trials)])
@@ -33,7 +50,7 @@ def test_exact_null_matches_monte_carlo(n):
 
 
 @pytest.mark.parametrize("n", [3, 50, 400, 1000])
-def test_tail_is_monotone_and_below_the_union_bound(n):
+def test_tail_is_monotone_and_below_the_union_bound(n, implementation):
     previous = 1.0
     for s in np.linspace(0.5, 60.0, 40):
         log_p = trgof.log_sf(float(s), n)
@@ -76,7 +93,7 @@ def _crossing_80_bit(log_a: np.ndarray, n: int) -> float:
 
 @pytest.mark.skipif(np.finfo(np.longdouble).eps >= 1e-18, reason="needs 80-bit long double")
 @pytest.mark.parametrize("n,s", [(200, 15.0), (1000, 27.8), (3000, 24.0), (5000, 25.6)])
-def test_exact_tail_float_error_is_far_below_the_allowance(n, s):
+def test_exact_tail_float_error_is_far_below_the_allowance(n, s, implementation):
     # Where the exact branch is used (p down to ~1e-11) 1 - keep cancels; its error must stay
     # well inside FLOAT_ALLOWANCE so that exact + allowance is conservative.
     log_a = trgof.log_boundaries(s, n)
@@ -152,7 +169,7 @@ def test_span_aware_verdict_and_refined_offsets():
 
 
 @pytest.mark.parametrize("n", [1, 2, 9, 60, 400, 1500])
-def test_lower_bound_is_below_the_exact_tail(n):
+def test_lower_bound_is_below_the_exact_tail(n, implementation):
     # The screen that lets detect() skip the exact tail must never exceed it.
     rng = np.random.default_rng(n)
     for trial in range(60):
@@ -176,7 +193,7 @@ def test_boundary_newton_survives_far_left_starts():
 
 
 @pytest.mark.parametrize("spec", [{}, {"algorithm": "dual_key_gumbel"}])
-def test_skipping_the_exact_tail_changes_no_verdict_and_no_small_p(spec, monkeypatch):
+def test_skipping_the_exact_tail_changes_no_verdict_and_no_small_p(spec, monkeypatch, implementation):
     # detect() computes Tr-GoF's exact tail only where a lower bound says it can matter; with
     # the screen disabled (always exact) the verdict and every global p <= 0.01 must agree.
     rng = np.random.default_rng(23)
@@ -200,7 +217,7 @@ def test_skipping_the_exact_tail_changes_no_verdict_and_no_small_p(spec, monkeyp
 
 
 @pytest.mark.parametrize("n,s", [(50, 6.0), (1000, 6.0), (1000, 27.0), (3000, 20.0)])
-def test_blocked_recursion_matches_the_stepwise_one(n, s, monkeypatch):
+def test_blocked_recursion_matches_the_stepwise_one(n, s, monkeypatch, implementation):
     # Blocks move the counts far below the boundary with one combined Poisson kernel; the
     # paths this drops must not show at 1e-13.
     log_a = trgof.log_boundaries(s, n)
@@ -220,7 +237,7 @@ def test_convolver_is_np_convolve_bit_for_bit():
 
 
 @pytest.mark.parametrize("n,s", [(2, 3.0), (50, 6.0), (1000, 27.8), (3000, 20.0), (5000, 25.6)])
-def test_kernel_columns_cut_changes_nothing(n, s, monkeypatch):
+def test_kernel_columns_cut_changes_nothing(n, s, monkeypatch, implementation):
     # Only the columns that can exceed _NEGLIGIBLE of their row are computed; with every
     # column computed the tail is the same, bit for bit.
     log_a = trgof.log_boundaries(s, n)
@@ -240,3 +257,62 @@ def test_boundaries_are_tight_and_conservative_from_every_start(n):
         assert np.all(n * trgof._kl_log(u, log_a) <= s + 1e-9), (n, s)
         below = log_a - 1e-9 * (1 + np.abs(log_a))
         assert np.all(n * trgof._kl_log(u, below) >= s - 1e-5 * max(1.0, s)), (n, s)
+
+
+compiled_only = pytest.mark.skipif(not trgof_compiled.available(), reason="numba is not installed")
+
+
+@compiled_only
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 50, 200, 1000, 3000, 5000])
+def test_compiled_loop_matches_the_numpy_reference(n):
+    # Same recursion and truncations; the compiled loop also stops each kernel at its last
+    # term above _NEGLIGIBLE (conservative) and sums in another order: float noise only,
+    # far inside FLOAT_ALLOWANCE (the final 1 - keep cancels, hence an absolute bound).
+    for s in (0.01, 0.5, 3.0, 6.0, 12.0, 20.0, 27.8, 40.0):
+        log_a = trgof.log_boundaries(s, n)
+        reference = trgof._crossing_exact(log_a, n, compiled=False)
+        compiled = trgof._crossing_exact(log_a, n, compiled=True)
+        assert abs(compiled - reference) <= 1e-13, (n, s, compiled, reference)
+
+
+@compiled_only
+def test_compiled_loop_reports_when_every_path_crossed():
+    # A first kernel with no mass at 0 sends every path over the first boundary (N(a_1) <= 0).
+    kernels = np.array([[0.0, 1.0], [1.0, 0.5]])
+    widths = np.array([2, 2])
+    starts, ends, depths = np.array([0]), np.array([2]), np.array([16])
+    blocks, block_widths = np.ones((1, 1)), np.array([1])
+    *_, alive = trgof._forward_numpy(kernels, widths, starts, ends, blocks, block_widths, depths)
+    *_, compiled_alive = trgof_compiled.forward()(kernels, widths, starts, ends, blocks, block_widths, depths,
+                                                  trgof._NEGLIGIBLE)
+    assert not alive and not compiled_alive
+
+
+def test_detector_import_does_not_import_numba():
+    # numba is imported on the first exact tail only: the CLI does not pay for it.
+    code = ("import sys; from detector import detect, trgof; print('numba' in sys.modules); "
+            "trgof.log_sf(20.0, 64); print('numba' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.stdout.split() == ["False", str(trgof_compiled.available())]
+
+
+@compiled_only
+def test_compiled_loop_runs_where_no_cache_can_be_written(tmp_path):
+    # numba's cache falls back from NUMBA_CACHE_DIR to the package's __pycache__ to the user
+    # cache; where none is writable the loop compiles per process instead of failing.
+    package = tmp_path / "detector"
+    package.mkdir()
+    source = Path(trgof.__file__).parent
+    for name in ("__init__.py", "trgof.py", "trgof_compiled.py"):
+        shutil.copy(source / name, package / name)
+    (package / "__pycache__").write_text("")  # a file where the cache directory would go
+    env = {**os.environ, "NUMBA_CACHE_DIR": "/dev/null/numba", "XDG_CACHE_HOME": "/dev/null/cache",
+           "HOME": "/dev/null", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(tmp_path)}
+    code = ("from detector import trgof, trgof_compiled; "
+            "print(type(trgof_compiled.forward()._cache).__name__, repr(trgof.log_sf(20.0, 300)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=tmp_path, env=env)
+    cache, value = done.stdout.split()
+    assert cache == "NullCache"
+    assert float(value) == trgof.log_sf(20.0, 300)
