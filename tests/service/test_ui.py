@@ -525,6 +525,94 @@ def test_looking_up_an_empty_generation_id_says_what_to_enter(server, browser):
     assert not browser.find_element(By.ID, "record-result").is_displayed()
 
 
+def _ax_description(driver) -> str:
+    """The accessible description Chromium computes for the focused element (DevTools protocol)."""
+    found = driver.execute_cdp_cmd("Runtime.evaluate", {"expression": "document.activeElement"})
+    tree = driver.execute_cdp_cmd("Accessibility.getPartialAXTree", {
+        "objectId": found["result"]["objectId"], "fetchRelatives": False})
+    return ((tree["nodes"][0].get("description") or {}).get("value")) or ""
+
+
+def test_token_scores_are_reachable_by_keyboard_alone(server, browser):
+    """No mouse: Tab reaches the heat map as one stop (its first token), ←/→/Home/End move
+    between tokens, the focused token's score shows below the text and is its accessible
+    name; Tab leaves and Shift+Tab comes back to the token last visited; the per-token table
+    opens from the keyboard and fits a 320 px window."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    text = generate(server, seed=5, max_tokens=60)["text"]
+    scores = {t["index"]: t for t in client(server).post(
+        "/v1/detect", json={"text": text, "evidence": True}).json()["evidence"]["tokens"]}
+    _open(browser, server, "acme", "check")
+    _wait(browser, lambda d: "tenant acme" in d.find_element(By.ID, "token-status").text)
+    browser.execute_script("document.getElementById('check-text').value = arguments[0]", text)
+    browser.find_element(By.ID, "check-submit").send_keys(Keys.ENTER)
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#heat .tok"))
+    keys = ActionChains(browser)
+    focused = lambda: browser.switch_to.active_element  # noqa: E731
+
+    def expect_token(index):
+        token = focused()
+        assert "tok" in token.get_attribute("class").split() and token.get_attribute("data-index") == str(index)
+        t = scores[index]
+        note = f"score {t['score']:.2f}" if t["scored"] else "not scored"
+        readout = browser.find_element(By.ID, "heat-readout").text
+        assert readout.startswith(f"Token {index}, ") and note in readout, readout
+        # What a screen reader gets: the token's text as its name (blank for a space), and the
+        # quoted token with its score as its description.
+        assert token.accessible_name.strip() in text
+        description = _ax_description(browser)
+        assert f"token {index}: {note}" in description, description
+        return token
+
+    rendered = [int(i) for i in browser.execute_script(
+        "return Array.from(document.querySelectorAll('#heat .tok'), (e) => e.dataset.index)")]
+    assert len(rendered) >= 20 and set(rendered) <= set(scores)
+    browser.execute_script("document.getElementById('heat-toggle').focus()")  # the stop before the text
+    keys.send_keys(Keys.TAB).perform()
+    expect_token(rendered[0])
+    for step in range(1, 4):
+        keys.send_keys(Keys.ARROW_RIGHT).perform()
+        expect_token(rendered[step])
+    keys.send_keys(Keys.ARROW_LEFT).perform()
+    expect_token(rendered[2])
+    keys.send_keys(Keys.END).perform()
+    expect_token(rendered[-1])
+    keys.send_keys(Keys.HOME).perform()
+    keys.send_keys(Keys.ARROW_RIGHT).perform()
+    expect_token(rendered[1])
+    # One tab stop: Tab leaves the text for the table's toggle; Shift+Tab returns to the same token.
+    keys.send_keys(Keys.TAB).perform()
+    assert focused().tag_name == "summary"
+    keys.key_down(Keys.SHIFT).send_keys(Keys.TAB).key_up(Keys.SHIFT).perform()
+    expect_token(rendered[1])
+
+    keys.send_keys(Keys.TAB).perform()
+    keys.send_keys(Keys.ENTER).perform()
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#token-table tbody tr"), 10)
+    rows = browser.find_elements(By.CSS_SELECTOR, "#token-table tbody tr")
+    assert len(rows) == len(rendered)
+    first = scores[rendered[0]]
+    cells = [c.text for c in rows[0].find_elements(By.TAG_NAME, "td")]
+    assert cells[0] == str(rendered[0]) and cells[2] == (f"{first['score']:.2f}" if first["scored"] else "—")
+    try:
+        browser.set_window_size(320, 900)
+        widths = browser.execute_script(
+            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        # What sticks out (outside the boxes that scroll on purpose), to say what to fix.
+        wide = browser.execute_script(
+            "const w = document.documentElement.clientWidth;"
+            "return Array.from(document.querySelectorAll('body *'))"
+            "  .filter((e) => !e.closest('.table-wrap') && e.getBoundingClientRect().right > w + 1)"
+            "  .slice(0, 8).map((e) => `${e.tagName}.${e.className} in #${e.parentElement.id}.${e.parentElement.className}`)")
+        assert widths[0] <= widths[1], (widths, wide)
+    finally:
+        browser.set_window_size(1280, 1000)
+    _no_console_errors(browser)
+
+
 @pytest.mark.parametrize("width", [320, 360])
 def test_no_page_is_wider_than_a_phone(server, browser, width):
     """Every page fits a 320/360 px wide window (wide tables scroll inside their box)."""

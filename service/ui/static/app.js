@@ -289,6 +289,15 @@ function heatClass(t) {
   return s < 0.5 ? "h0" : s < 1 ? "h1" : s < 2 ? "h2" : s < 3 ? "h3" : s < 5 ? "h4" : "h5";
 }
 
+// What a token's score says, in words: the heat map's tooltip, its keyboard readout, the table.
+function tokenNote(t) {
+  return t.scored ? `score ${t.score.toFixed(2)}` : `not scored (${(t.reason || "").replaceAll("_", " ")})`;
+}
+
+function quoted(piece) { return `“${piece.replace(/\n/g, "↵")}”`; }
+
+let heatRows = [];  // [{t, piece, inSpan}] of the last checked text, for the per-token table
+
 function renderHeat(text, result) {
   const box = clear($("heat"));
   const chars = Array.from(text); // code points, as the API's character offsets count them
@@ -299,6 +308,7 @@ function renderHeat(text, result) {
   let current = box;
   let currentSpan = -1;
   const slice = (a, b) => chars.slice(a, b).join("");
+  heatRows = [];
   for (const t of tokens) {
     const start = Math.max(t.char_start, cursor);
     const end = t.char_end;
@@ -309,11 +319,54 @@ function renderHeat(text, result) {
     }
     if (start > cursor) current.append(slice(cursor, start));
     if (end <= start) continue; // a token inside a character already shown (byte-level pieces)
-    const title = t.scored ? `token ${t.index}: score ${t.score.toFixed(2)}` : `token ${t.index}: not scored (${(t.reason || "").replaceAll("_", " ")})`;
-    current.append(el("span", { class: "tok " + heatClass(t), title, "data-score": t.scored ? t.score : null }, slice(start, end)));
+    const piece = slice(start, end);
+    // The title is the tooltip on hover and, when the token has focus, its accessible
+    // description (its name is its text): what a screen reader reads after the token.
+    current.append(el("span", { class: "tok " + heatClass(t), title: `${quoted(piece)} token ${t.index}: ${tokenNote(t)}`,
+                                "data-score": t.scored ? t.score : null, "data-index": t.index,
+                                "data-row": heatRows.length, tabindex: "-1" }, piece));
+    heatRows.push({ t, piece, inSpan: which >= 0 });
     cursor = end;
   }
   if (cursor < chars.length) box.append(slice(cursor, chars.length));
+  const first = box.querySelector(".tok");
+  // One tab stop: the first token (then the last one visited), or the box itself when it has
+  // no tokens (it may still scroll).
+  if (first) { first.tabIndex = 0; box.removeAttribute("tabindex"); } else box.tabIndex = 0;
+  $("heat-readout").hidden = !first;
+  $("heat-readout").textContent = first ? "Tab into the text, then use ← and → (Home, End) to read each token's score here." : "";
+  $("token-details").hidden = !first;
+  if ($("token-details").open) renderTokenTable();
+}
+
+function showToken(span) {
+  const row = heatRows[Number(span.dataset.row)];
+  if (row) $("heat-readout").textContent = `Token ${row.t.index}, ${quoted(row.piece)}: ${tokenNote(row.t)}${row.inSpan ? ", in a watermarked span" : ""}.`;
+}
+
+// Roving focus over the tokens (one tab stop; ←/→ move, Home/End jump), the score shown
+// below the text for keyboard users as well as on hover.
+function onHeatKey(event) {
+  const from = event.target.closest && event.target.closest(".tok");
+  if (!from) return;
+  const all = Array.from($("heat").querySelectorAll(".tok"));
+  const at = all.indexOf(from);
+  const to = { ArrowRight: at + 1, ArrowLeft: at - 1, Home: 0, End: all.length - 1 }[event.key];
+  if (to === undefined || to < 0 || to >= all.length) return;
+  event.preventDefault();
+  from.tabIndex = -1;
+  all[to].tabIndex = 0;
+  all[to].focus();
+}
+
+function renderTokenTable() {
+  const body = clear($("token-table").tBodies[0]);
+  for (const { t, piece, inSpan } of heatRows) {
+    body.append(el("tr", {},
+      el("td", { class: "num", text: t.index }), el("td", {}, el("code", { class: "piece", text: quoted(piece) })),
+      el("td", { class: "num", text: t.scored ? t.score.toFixed(2) : "—" }),
+      el("td", { text: [t.scored ? "" : tokenNote(t), inSpan ? "in a watermarked span" : ""].filter(Boolean).join("; ") })));
+  }
 }
 
 function renderLedger(result) {
@@ -656,6 +709,10 @@ document.addEventListener("DOMContentLoaded", () => {
     const file = event.dataTransfer.files[0];
     if (file) busy($("check-submit"), () => readDroppedFile(file));
   });
+  $("heat").addEventListener("keydown", onHeatKey);
+  $("heat").addEventListener("focusin", (event) => { if (event.target.classList.contains("tok")) showToken(event.target); });
+  $("heat").addEventListener("mouseover", (event) => { if (event.target.classList.contains("tok")) showToken(event.target); });
+  $("token-details").addEventListener("toggle", () => { if ($("token-details").open) renderTokenTable(); });
   $("heat-toggle").addEventListener("change", (event) => {
     $("heat").classList.toggle("heat-on", event.target.checked);
     $("check-result").classList.toggle("heat-off", !event.target.checked);
