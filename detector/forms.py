@@ -19,7 +19,7 @@ from typing import Sequence, TypeVar
 
 from detector.detect import DetectorConfig, detect
 from detector.normalize import NormalizedText, normalize
-from detector.result import Candidate, DetectionResult
+from detector.result import Candidate, DetectionResult, Span
 
 CORRECTION = "bonferroni x{m} over the text as sent and its normalised forms"
 
@@ -32,6 +32,27 @@ class TextForm:
     text: str
     normalized: NormalizedText | None
     """None for the text as sent; else its character origins map offsets back."""
+
+
+def original_offsets(form: TextForm, offsets: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Character ranges [(start, end)] of the form's tokens, in its own text, mapped to the
+    text as sent (where spans and evidence report them)."""
+    return offsets if form.normalized is None else form.normalized.original_offsets(offsets)
+
+
+def with_span_chars(result: DetectionResult, offsets: Sequence[tuple[int, int]]) -> DetectionResult:
+    """``result`` with its spans' character offsets: ``offsets`` [n] are the scored form's
+    tokens' ranges in the text as sent; a span runs from its first token's start to its last
+    token's end."""
+    if not result.spans:
+        return result
+    return dataclasses.replace(result, spans=tuple(_span_chars(span, offsets) for span in result.spans))
+
+
+def _span_chars(span: Span, offsets: Sequence[tuple[int, int]]) -> Span:
+    start = offsets[span.start][0] if span.start < len(offsets) else None
+    end = offsets[span.end - 1][1] if 0 < span.end <= len(offsets) else None
+    return dataclasses.replace(span, char_start=start, char_end=end)
 
 
 def text_forms(text: str) -> tuple[list[TextForm], NormalizedText]:

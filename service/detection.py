@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
 from pydantic import ValidationError
 
 from detector.detect import DetectorConfig, statistic_for
-from detector.forms import TextForm, detect_forms, distinct_forms, merge_form_matches, text_forms
-from detector.result import Span
+from detector.forms import (TextForm, detect_forms, distinct_forms, merge_form_matches, original_offsets, text_forms,
+                            with_span_chars)
 from keys import kgrams
 from keys.errors import KeyStoreError, UnknownTenant
 from keys.ledger import hash_output
@@ -65,7 +64,7 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
             text_variants, normalized = text_forms(params.text)
         else:
             text_variants = [TextForm("as_sent", params.text, None)]
-        forms = [_tokenized(services, params.text, form.normalized) for form in text_variants]
+        forms = [_tokenized(services, form) for form in text_variants]
         form_names = [form.name for form in text_variants]
         text = params.text
     else:
@@ -89,9 +88,8 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
         evidence.check_size(max(len(t) for t, _ in forms), settings.max_evidence_tokens)
     result, best = detect_forms([token_ids for token_ids, _ in forms], candidates, config)
     token_ids, offsets = forms[best]
-    if offsets is not None and result.spans:
-        spans = tuple(_with_chars(span, offsets) for span in result.spans)
-        result = dataclasses.replace(result, spans=spans)
+    if offsets is not None:
+        result = with_span_chars(result, offsets)
     if text is None and token_ids:
         text = services.engine.tokenizer().decode(token_ids, skip_special_tokens=True)
     matches: list[dict[str, Any]] = []
@@ -114,13 +112,10 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
     return out
 
 
-def _tokenized(services: Services, text: str, normalized) -> tuple[list[int], list[tuple[int, int]] | None]:
-    """Token ids and character offsets in the client's text, of the text or its normalised form."""
-    token_ids, offsets = tokenize_with_offsets(services.engine.tokenizer(),
-                                               text if normalized is None else normalized.text)
-    if normalized is not None and offsets is not None:
-        offsets = normalized.original_offsets(offsets)  # spans and evidence in the client's text
-    return token_ids, offsets
+def _tokenized(services: Services, form: TextForm) -> tuple[list[int], list[tuple[int, int]] | None]:
+    """Token ids of one form of the text, and their character offsets in the client's text."""
+    token_ids, offsets = tokenize_with_offsets(services.engine.tokenizer(), form.text)
+    return token_ids, None if offsets is None else original_offsets(form, offsets)
 
 
 def _kgram_matches(services: Services, identity: Identity, tenant, candidates, forms, config) -> list:
@@ -150,9 +145,3 @@ def tokenize_with_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[i
         encoding = backend.encode(text, add_special_tokens=False)
         return encoding.ids, encoding.offsets
     return tokenizer.encode(text, add_special_tokens=False), None
-
-
-def _with_chars(span: Span, offsets: list[tuple[int, int]]) -> Span:
-    start = offsets[span.start][0] if span.start < len(offsets) else None
-    end = offsets[span.end - 1][1] if 0 < span.end <= len(offsets) else None
-    return dataclasses.replace(span, char_start=start, char_end=end)

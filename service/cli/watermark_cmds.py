@@ -143,23 +143,26 @@ def _detector_config(threshold: float, statistic: str, spans: bool) -> "Detector
         raise CliError(f"invalid detector option: {describe(exc)}") from None
 
 
-def _tokenize(texts: list[str], tokenizer_path: str) -> list[list[int]]:
+def _tokenize(texts: list[str], tokenizer_path: str) -> list[tuple[list[int], list[tuple[int, int]] | None]]:
+    """Token ids and character offsets of each text (offsets None without a fast tokenizer)."""
+    from service.detection import tokenize_with_offsets  # the API's own tokenisation
     from service.tokenization import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(tokenizer_path)
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot load tokenizer {tokenizer_path!r}: {exc}") from None
-    return [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    return [tokenize_with_offsets(tokenizer, text) for text in texts]
 
 
 def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text: Optional[str],
                   text_file: Optional[Path], tokenizer: Optional[str],
                   normalize_text: bool = True
-                  ) -> tuple[list[list[int]], "NormalizedText | None", list[str], str | None]:
+                  ) -> tuple[list[list[int]], "NormalizedText | None", list[str], str | None, list | None]:
     """The input's token ids: one form, or for text changed by normalisation several (as
     given and normalised; the API's rule, detector.forms), the normalisation when applied,
-    the forms' names, and the text as given (None for token ids)."""
+    the forms' names, the text as given (None for token ids) and, for text, each form's
+    tokens' character offsets in the text as given (None for token ids)."""
     given = [x is not None for x in (token_ids, token_ids_file, text, text_file)]
     if sum(given) != 1:
         raise CliError("give exactly one input: --token-ids, --token-ids-file, --text or --text-file (or --jsonl)")
@@ -173,12 +176,13 @@ def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text
                 raise CliError(f"cannot read {text_file}: {exc.strerror}") from None
             except UnicodeDecodeError:
                 raise CliError(f"cannot read {text_file} as UTF-8 text") from None
-        from detector.forms import text_forms
+        from detector.forms import TextForm, original_offsets, text_forms
 
-        if not normalize_text:
-            return _tokenize([text], tokenizer), None, ["as_sent"], text
-        forms, normalized = text_forms(text)
-        return _tokenize([form.text for form in forms], tokenizer), normalized, [form.name for form in forms], text
+        forms, normalized = text_forms(text) if normalize_text else ([TextForm("as_sent", text, None)], None)
+        tokenized = _tokenize([form.text for form in forms], tokenizer)
+        offsets = [None if chars is None else original_offsets(form, chars)
+                   for form, (_, chars) in zip(forms, tokenized)]
+        return [ids for ids, _ in tokenized], normalized, [form.name for form in forms], text, offsets
     raw = token_ids
     if token_ids_file is not None:
         try:
@@ -186,7 +190,7 @@ def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text
         except OSError as exc:
             raise CliError(f"cannot read {token_ids_file}: {exc.strerror}") from None
     try:
-        return [_token_list(json.loads(raw))], None, ["as_sent"], None
+        return [_token_list(json.loads(raw))], None, ["as_sent"], None, None
     except json.JSONDecodeError:
         raise CliError("token ids must be a JSON list of integers, e.g. [12, 7, 99]") from None
     except ValueError as exc:
@@ -251,7 +255,8 @@ def detect_command(
 
         _batch(jsonl, one, as_json=as_json)
         return
-    forms, normalized, form_names, text_input = _single_input(token_ids, token_ids_file, text, text_file, tokenizer, normalize_text)
+    forms, normalized, form_names, text_input, offsets = _single_input(token_ids, token_ids_file, text, text_file,
+                                                                       tokenizer, normalize_text)
     if tenant is not None or all_tenants:
         if key is not None or key_file is not None:
             raise CliError("give either an inline key (--key/--key-file) or --tenant/--all-tenants, not both")
@@ -269,6 +274,10 @@ def detect_command(
         result, scored_form = detect_forms(forms, candidates, config)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    if offsets is not None and offsets[scored_form] is not None:  # spans in the text as given, as the API
+        from detector.forms import with_span_chars
+
+        result = with_span_chars(result, offsets[scored_form])
     payload = result.to_dict()
     if store_scope:  # the ledger's evidence too, as the API reports it
         from service.cli.store_detect import add_ledger_evidence

@@ -326,3 +326,28 @@ def test_an_edited_copy_is_matched_whichever_form_of_the_text_the_watermark_scor
         ids = {m["generation_id"] for m in result["kgram_matches"]}
         assert raw_ids <= ids, (seed, result["normalization"], raw["kgram_matches"], result["kgram_matches"])
     assert normalized_won, "no edit made the collapsed form win: the case is not exercised"
+
+
+def test_cli_detect_text_gives_the_apis_spans_with_character_offsets(server, tmp_path):
+    """README: `hallmark detect --json` has the API's result schema: spans of a text input
+    carry character offsets in the text as given, through normalisation too."""
+    import os
+    import subprocess
+    import sys
+
+    out = next(o for o in (generate(server, seed=seed) for seed in range(1, 9)) if len(o["token_ids"]) >= 100)
+    marked = "\u200b".join(out["text"][i:i + 4] for i in range(0, len(out["text"]), 4))
+    text = HUMAN_TEXTS[0] + "\n\n" + marked + "\n\n" + HUMAN_TEXTS[1]
+    path = tmp_path / "mixed.txt"
+    path.write_text(text, encoding="utf-8")
+    settings = server.store_settings
+    env = {**os.environ, "HALLMARK_DATABASE_URL": settings.database_url, "HALLMARK_KEK_FILE": str(settings.kek_file)}
+    run = subprocess.run([sys.executable, "-m", "service.cli", "detect", "--text-file", str(path), "--tokenizer",
+                          "bundled", "--tenant", "acme", "--json"], capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    api = client(server).post("/v1/detect", json={"text": text}).json()
+    assert api["spans"] and result["spans"] == api["spans"]
+    start = text.index(marked)
+    for span in result["spans"]:
+        assert start - 10 <= span["char_start"] < span["char_end"] <= start + len(marked) + 10
