@@ -74,9 +74,9 @@ def _in(ch: str, ranges: tuple[tuple[int, int], ...]) -> bool:
     return any(lo <= code <= hi for lo, hi in ranges)
 
 
-def _hidden(ch: str) -> bool:
-    """An invisible character or a bidi control (module docstring, 1)."""
-    return ch in BIDI_CONTROLS or _in(ch, INVISIBLE_RANGES)
+def _char_class(ranges: tuple[tuple[int, int], ...], extra: str = "") -> re.Pattern:
+    return re.compile("[" + "".join(f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in ranges)
+                      + "".join(f"\\U{ord(ch):08x}" for ch in sorted(extra)) + "]")
 
 
 def _latin_like(ch: str | None) -> bool:
@@ -88,29 +88,16 @@ def _latin_like(ch: str | None) -> bool:
 
 def _hidden_to_remove(text: str) -> list[bool]:
     """Per character of ``text``: an invisible character or bidi control placed in Latin
-    text, to remove (module docstring, 1)."""
-    n = len(text)
-    hidden = [_hidden(ch) for ch in text]
-    before: list[str | None] = [None] * n  # the nearest visible character on each side
-    after: list[str | None] = [None] * n
-    last = None
-    for i, ch in enumerate(text):
-        before[i] = last
-        if not hidden[i]:
-            last = ch
-    last = None
-    for i in range(n - 1, -1, -1):
-        after[i] = last
-        if not hidden[i]:
-            last = text[i]
-    out = [False] * n
-    for i, ch in enumerate(text):
-        if not hidden[i]:
-            continue
-        if _in(ch, SELECTOR_RANGES):
-            out[i] = _latin_like(before[i])
-        else:
-            out[i] = _latin_like(before[i]) or _latin_like(after[i])
+    text, to remove (module docstring, 1). Linear: each run of hidden characters has one
+    visible neighbour on each side."""
+    out = [False] * len(text)
+    for run in _HIDDEN_RUN.finditer(text):
+        before = text[run.start() - 1] if run.start() > 0 else None
+        after = text[run.end()] if run.end() < len(text) else None
+        latin_before, latin_either = _latin_like(before), _latin_like(before) or _latin_like(after)
+        for i in range(run.start(), run.end()):
+            # A selector modifies the character before it; anything else sits between two.
+            out[i] = latin_before if _in(text[i], SELECTOR_RANGES) else latin_either
     return out
 
 
@@ -136,6 +123,8 @@ def _posing_as_latin(text: str) -> list[bool]:
                 out[i] = text[i] in HOMOGLYPHS
     return out
 _HSPACE_RUN = re.compile(r"[ \t]{2,}")
+_HIDDEN_RUN = re.compile(_char_class(INVISIBLE_RANGES, "".join(BIDI_CONTROLS)).pattern + "+")
+"""Runs of invisible characters and bidi controls (module docstring, 1)."""
 
 
 @dataclass(frozen=True)
