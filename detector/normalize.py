@@ -12,8 +12,9 @@ This undoes them, in order:
    the zero-width joiner of an emoji sequence or of Persian or Indic words, a variation
    selector or tag after an emoji or an ideograph, a right-to-left mark between Hebrew
    words. So a joiner-like character is kept when the visible characters on both sides of
-   it are neither ASCII nor Latin nor look-alikes of Latin letters (nor spaces), and a
-   selector (variation selectors, tags) when the character it modifies is such;
+   it are neither ASCII nor Latin nor look-alikes of Latin letters (nor spaces or
+   punctuation), and a selector (variation selectors, tags) when the character it
+   modifies is such;
 2. Unicode NFKC (compatibility forms: full-width letters, ligatures, non-breaking spaces);
 3. maps Cyrillic and Greek homoglyphs of ASCII letters to the ASCII letter (a fixed table
    of letters that render identically in common fonts; Unicode's confusables.txt subset),
@@ -80,10 +81,11 @@ def _char_class(ranges: tuple[tuple[int, int], ...], extra: str = "") -> re.Patt
 
 
 def _latin_like(ch: str | None) -> bool:
-    """ASCII, a Latin letter of any block (accented, full-width), a look-alike of one, or a
-    space: where an invisible character has no business (None: the text's edge)."""
+    """ASCII, a Latin letter of any block (accented, full-width), a look-alike of one, a
+    space or punctuation (typographic quotes and dashes): where an invisible character has
+    no business (None: the text's edge). Emoji are symbols, not punctuation."""
     return (ch is None or ch.isascii() or ch in HOMOGLYPHS or ch.isspace()
-            or "LATIN" in unicodedata.name(ch, ""))
+            or unicodedata.category(ch).startswith("P") or "LATIN" in unicodedata.name(ch, ""))
 
 
 def _hidden_to_remove(text: str) -> list[bool]:
