@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from keys import clock
@@ -92,7 +92,10 @@ def list_audit(session: Session, *, tenant: str | None = None, action: str | Non
     """
     query = select(AuditEvent, Tenant.name).outerjoin(Tenant, Tenant.id == AuditEvent.tenant_id)
     if tenant is not None:
-        tenant_id = session.scalar(select(Tenant.id).where(Tenant.name == tenant))
+        # Names are unique without regard to case (keys.tenants); only ASCII is folded, so that
+        # lower() never maps a non-ASCII letter (the Kelvin sign) onto a tenant's name.
+        tenant_id = (session.scalar(select(Tenant.id).where(func.lower(Tenant.name) == tenant.lower()))
+                     if isinstance(tenant, str) and tenant.isascii() else None)
         if tenant_id is None:
             raise UnknownTenant(tenant)
         query = query.where(AuditEvent.tenant_id == tenant_id)

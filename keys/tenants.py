@@ -53,6 +53,14 @@ def check_name(name: str) -> str:
     return name
 
 
+def same_name(a: str, b: str) -> bool:
+    """Whether two tenant names name the same tenant (names are unique without regard to
+    case; a string that is not a tenant name matches nothing, so lower() never folds a
+    non-ASCII letter into an ASCII one)."""
+    return (isinstance(a, str) and isinstance(b, str) and NAME_PATTERN.fullmatch(a) is not None
+            and NAME_PATTERN.fullmatch(b) is not None and a.lower() == b.lower())
+
+
 def get_tenant(session: Session, *, name: str, lock: bool = False) -> Tenant:
     """The tenant row named ``name`` in any case; ``lock`` takes a row lock (SELECT ... FOR UPDATE)
     that serialises key changes of this tenant on PostgreSQL."""

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 
 from keys.errors import KeyStoreError
+from keys.tenants import same_name
 from keys.tokens import authenticate_token, well_formed
 from service.errors import Forbidden, Unauthorized
 from service.http_errors import store_error
@@ -94,7 +95,7 @@ def resolve_tenant(services: Services, identity: Identity, requested: str | None
     same message, so the answer tells nothing about other tenants); global admin tokens
     name one (or none: every tenant, where that makes sense)."""
     if identity.tenant_id is not None:
-        if requested is not None and requested != identity.tenant:
+        if requested is not None and not same_name(requested, identity.tenant):
             raise Forbidden(f"this token acts for tenant {identity.tenant!r} only")
         return identity.tenant_id, identity.tenant
     if requested is None:

@@ -18,7 +18,7 @@ from keys.audit import list_audit
 from keys.errors import (DuplicateKey, DuplicateTenant, InvalidInput, InvalidTransition, KeyStoreError, NoActiveKey,
                          UnknownKey, UnknownTenant)
 from keys.lifecycle import get_key, list_keys, revoke_key, rotate_key
-from keys.tenants import list_tenants
+from keys.tenants import list_tenants, same_name
 from service.auth import Identity
 from service.errors import BadRequest, Conflict, Forbidden, NotFound, Unprocessable
 from service.http_errors import store_error
@@ -36,7 +36,7 @@ def _admin(identity: Identity) -> Identity:
 def _scope(identity: Identity, tenant: str | None) -> str | None:
     """The tenant an admin request acts on: a tenant-scoped admin token acts on its own only."""
     if identity.tenant is not None:
-        if tenant is not None and tenant != identity.tenant:
+        if tenant is not None and not same_name(tenant, identity.tenant):
             raise Forbidden(f"this admin token belongs to tenant {identity.tenant!r} and cannot act for {tenant!r}")
         return identity.tenant
     return tenant

@@ -86,3 +86,14 @@ def test_lookup_does_not_fold_a_non_ascii_letter_into_a_name(store):
     with pytest.raises(UnknownTenant):
         with store.transaction(write=False) as session:
             get_tenant(session, name="\u212acme")
+
+
+def test_the_audit_log_is_listed_by_a_name_in_any_case(store):
+    with store.transaction() as session:
+        create_tenant(session, name="Acme", actor="test")
+        create_tenant(session, name="kcme", actor="test")
+    with store.transaction(write=False) as session:
+        events = list_audit(session, tenant="ACME")
+        assert [e.action for e in events] == ["tenant.created"] and events == list_audit(session, tenant="acme")
+        with pytest.raises(UnknownTenant):
+            list_audit(session, tenant="\u212acme")  # the Kelvin sign lowers to 'k'

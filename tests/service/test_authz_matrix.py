@@ -222,3 +222,21 @@ def test_refusals_do_not_tell_an_existing_tenant_from_a_missing_one(world, crede
         assert _without(a.text, *names) == _without(b.text, *names), (a.text, b.text)
     with store.transaction(write=False) as session:
         assert next(k for k in list_keys(session, tenant="globex") if k.key_id == globex_key).state != "revoked"
+
+
+@pytest.mark.parametrize("credential", ["tenant", "scoped_admin", "global_admin"])
+def test_a_token_may_name_its_own_tenant_in_any_case(world, credential):
+    # Tenant names are unique without regard to case (keys.tenants), so "ACME" is acme: a
+    # token scoped to acme that names it so acts for acme instead of being refused.
+    for method, path, body in (("POST", "/v1/detect", {"token_ids": [1, 2, 3], "tenant": "ACME"}),
+                               ("GET", "/v1/generations?tenant=Acme", None)):
+        response = _call(world, credential, method, path, body)
+        assert response.status_code == 200, (credential, path, response.text[:300])
+    if credential != "tenant":
+        audit = _call(world, credential, "GET", "/v1/admin/audit?tenant=ACME")
+        assert audit.status_code == 200 and audit.json(), audit.text[:300]
+        keys = _call(world, credential, "GET", "/v1/admin/keys?tenant=aCmE").json()
+        assert keys and all("globex" not in str(k) for k in keys)
+    # A look-alike that only lower() folds onto the name is not the tenant.
+    response = _call(world, credential, "POST", "/v1/detect", {"token_ids": [1, 2, 3], "tenant": "\u212acme"})
+    assert response.status_code in (403, 404, 422)
