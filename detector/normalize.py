@@ -22,7 +22,9 @@ This undoes them, in order:
    made of table letters alone within a text whose letters are mostly Latin. Real Cyrillic
    or Greek words (with letters outside the table, or in a mostly Cyrillic/Greek text) are
    left alone, so that normalising never rewrites a genuine Russian or Greek text;
-4. collapses runs of horizontal whitespace (spaces, tabs) to one space; newlines are kept.
+4. makes every line break a \\n (CRLF, CR, U+2028, U+2029, NEL: a paste from Windows or an
+   HTML form re-tokenises every line), and collapses runs of horizontal whitespace (spaces,
+   tabs) to one space (``collapse_whitespace``); newlines are kept.
 
 The result says what was changed, by category, so a client sees that the text was altered.
 Each character of the result keeps the index of the original character it came from, so
@@ -135,8 +137,9 @@ class NormalizedText:
 
     text: str
     changes: dict[str, int] = field(default_factory=dict)
-    """Counts by step: ``nfkc``, ``zero_width``, ``bidi``, ``homoglyph``, ``whitespace``
-    (characters removed or replaced); only non-zero counts appear."""
+    """Counts by step: ``zero_width`` (invisible characters), ``bidi``, ``nfkc``,
+    ``homoglyph``, ``line_endings``, ``whitespace`` (characters removed or replaced; a CRLF
+    counts once); only non-zero counts appear."""
     origin: tuple[int, ...] = ()
     """For each character of ``text``, the index in the original text it came from."""
     original_length: int = 0
@@ -161,8 +164,8 @@ class NormalizedText:
 
 
 def normalize(text: str, *, collapse_whitespace: bool = True) -> NormalizedText:
-    """Normalise ``text`` (see the module docstring); ``collapse_whitespace=False`` skips
-    step 4 (genuine indentation is also a run of spaces)."""
+    """Normalise ``text`` (see the module docstring); ``collapse_whitespace=False`` keeps
+    runs of spaces (genuine indentation is also one)."""
     changes: dict[str, int] = {}
     remove = _hidden_to_remove(text)
     zero = sum(r and ch not in BIDI_CONTROLS for ch, r in zip(text, remove))
@@ -180,6 +183,9 @@ def normalize(text: str, *, collapse_whitespace: bool = True) -> NormalizedText:
     if any(posing):
         changes["homoglyph"] = sum(posing)
         kept = [(HOMOGLYPHS[ch] if swap else ch, o) for (ch, o), swap in zip(kept, posing)]
+    kept, line_endings = _newlines(kept)
+    if line_endings:
+        changes["line_endings"] = line_endings
     out: list[tuple[str, int]] = []
     removed = 0
     for ch, o in kept:  # a run of spaces and tabs becomes its first character, as one space
@@ -194,6 +200,29 @@ def normalize(text: str, *, collapse_whitespace: bool = True) -> NormalizedText:
         collapsed = _HSPACE_RUN.sub(" ", "".join(ch for ch, _ in kept))
     return NormalizedText(text=collapsed, changes=changes, origin=tuple(o for _, o in out),
                           original_length=len(text))
+
+
+LINE_BREAKS = frozenset("\r\u2028\u2029\x85")
+"""Line breaks other than \\n (CR, as in CRLF, and Unicode's line and paragraph separators
+and NEL), each made a \\n."""
+
+
+def _newlines(chars: list[tuple[str, int]]) -> tuple[list[tuple[str, int]], int]:
+    """``chars`` (character, source index) with every line break a single \\n (a CRLF's \\n
+    is dropped, so it joins the \\r's range), and how many line breaks were rewritten."""
+    out: list[tuple[str, int]] = []
+    rewritten = 0
+    after_cr = False
+    for ch, o in chars:
+        if ch == "\n" and after_cr:
+            after_cr = False
+            continue  # the \n of a CRLF
+        after_cr = ch == "\r"
+        if ch in LINE_BREAKS:
+            rewritten += 1
+            ch = "\n"
+        out.append((ch, o))
+    return out, rewritten
 
 
 MAX_MERGED_SEGMENTS = 8

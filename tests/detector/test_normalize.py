@@ -115,3 +115,18 @@ def test_joiners_selectors_and_marks_of_genuine_text_are_kept():
     for text in genuine:
         out = normalize(text)
         assert out.text == text and not out.changed, (text, out.changes)
+
+
+def test_line_endings_become_newlines_in_every_normalised_form():
+    # Windows line endings (a paste from a Windows clipboard, an HTML form post) re-tokenise
+    # every line break: through the API they took a watermarked text from log10 p -154 to -90.
+    text = "def f(x):\r\n    return x\rnext line\u2028and\u2029last\x85end"
+    for collapse in (True, False):
+        out = normalize(text, collapse_whitespace=collapse)
+        assert out.changes.get("line_endings") == 5
+    out = normalize(text, collapse_whitespace=False)
+    assert out.text == "def f(x):\n    return x\nnext line\nand\nlast\nend"
+    cuts = list(range(len(out.text) + 1))
+    ranges = out.original_offsets(list(zip(cuts, cuts[1:])))
+    assert "".join(text[s:e] for s, e in ranges) == text
+    assert ranges[out.text.index("\n")] == (9, 11)  # the newline stands for the whole CRLF
