@@ -229,13 +229,16 @@ def pin_and_count_exact_tails() -> dict:
 
 
 def timing_row(n: int, rng: np.random.Generator, key: WatermarkKey, repeats: int, exact_runs: dict,
-               digits: int = 2) -> dict:
+               digits: int = 2, dual_key: WatermarkKey | None = None) -> dict:
     """One length's timings: Tr-GoF alone (statistic + exact p, on scores whose p is near
     1e-6: the exact recursion's slow case) and end-to-end `detect()` (default config, single
     key, spans on) on three texts: unwatermarked tokens, a watermarked text edited until
     Tr-GoF's exact tail is needed (the slow case of the HTTP path), and the unedited
-    watermarked text. CPU time of this process; median and min of `repeats`. Draws from
-    `rng` in a fixed order (the scores, then the unwatermarked tokens)."""
+    watermarked text. With `dual_key` (an ordinary-coin dual key: `auto` runs max, weighted,
+    Tr-GoF on the weighted Šidák scores and both span searches) the same three texts for it,
+    as "dual: ..." entries. CPU time of this process; median and min of `repeats`. Draws from
+    `rng` in a fixed order (the scores, then the unwatermarked tokens; the dual key's
+    texts draw nothing from it)."""
     from detector import trgof
 
     def clock(fn) -> dict:
@@ -256,21 +259,24 @@ def timing_row(n: int, rng: np.random.Generator, key: WatermarkKey, repeats: int
         lo, hi = (boost, hi) if trgof.log10_pvalue(scores) > -6.0 else (lo, boost)
     row = {"n": n, "trgof_log10_p": round(trgof.log10_pvalue(scores), digits),
            "trgof": clock(lambda: trgof.log10_pvalue(scores))}
-    marked = generate([key], n, SIGMAS[1.7], seed=n)[0]
-    texts = {"unwatermarked": [int(t) for t in rng.integers(0, VOCAB, n)], "watermarked": marked}
-    for rate in np.arange(0.3, 0.95, 0.05):  # the least editing that needs the exact tail
-        edited = attack(marked, "substitution", float(rate), np.random.default_rng(n))
-        exact_runs["count"] = 0
-        result = detect(edited, [Candidate.inline(key)])
-        if exact_runs["count"] and result.log10_p_value < -2.0:
-            texts["edited, exact Tr-GoF tail"] = edited
-            row["edited_rate"] = round(float(rate), 2)
-            break
-    for name, tokens in texts.items():
-        exact_runs["count"] = 0
-        result = detect(tokens, [Candidate.inline(key)])
-        row[name] = {**clock(lambda: detect(tokens, [Candidate.inline(key)])),
-                     "log10_p": round(result.log10_p_value, digits), "exact_tail": exact_runs["count"] > 0}
+    unwatermarked = [int(t) for t in rng.integers(0, VOCAB, n)]
+    for prefix, this_key in [("", key)] + ([("dual: ", dual_key)] if dual_key is not None else []):
+        marked = generate([this_key], n, SIGMAS[1.7], seed=n)[0]
+        texts = {"unwatermarked": unwatermarked, "watermarked": marked}
+        for rate in np.arange(0.3, 0.95, 0.05):  # the least editing that needs the exact tail
+            edited = attack(marked, "substitution", float(rate), np.random.default_rng(n))
+            exact_runs["count"] = 0
+            result = detect(edited, [Candidate.inline(this_key)])
+            if exact_runs["count"] and result.log10_p_value < -2.0:
+                texts["edited, exact Tr-GoF tail"] = edited
+                row[prefix + "edited_rate"] = round(float(rate), 2)
+                break
+        for name, tokens in texts.items():
+            exact_runs["count"] = 0
+            result = detect(tokens, [Candidate.inline(this_key)])
+            row[prefix + name] = {**clock(lambda: detect(tokens, [Candidate.inline(this_key)])),
+                                  "log10_p": round(result.log10_p_value, digits),
+                                  "exact_tail": exact_runs["count"] > 0}
     return row
 
 

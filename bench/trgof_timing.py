@@ -7,9 +7,11 @@ both trees see the same stretch of machine load (the shared box's CPU time swing
 A child is pinned to one core with numpy's thread pools at one thread and measures, exactly as
 :func:`bench.robustness._timing_child` does at one length (its texts, seeds and attack): Tr-GoF
 alone (statistic + exact p on scores whose p is near 1e-6) and end-to-end `detect()` (default
-config, single key, spans on) on an unwatermarked text, the watermarked text edited until
-Tr-GoF's exact tail is needed, and the unedited watermarked text. CPU time of the child,
-median and min of `--repeats`. The child imports `detector` and `bench` from its tree; this
+config, spans on) on an unwatermarked text, the watermarked text edited until Tr-GoF's exact
+tail is needed, and the unedited watermarked text, for a single key and for an ordinary-coin
+dual key (`auto`: max, weighted, Tr-GoF on the weighted Šidák scores, both span searches).
+CPU time of the child, median and min of `--repeats`; each row names the exact tail's loop
+the tree ran (compiled with numba, or numpy). The child imports `detector` and `bench` from its tree; this
 script itself only needs to exist in the tree it is run from. Prints one JSON line per child
 and a summary table (median over rounds of each child's median, and the smallest min).
 """
@@ -46,7 +48,15 @@ def child(tree: str, n: int, repeats: int) -> dict:
         rng.exponential(size=length)
         rng.integers(0, here.VOCAB, length)
     key = here.WatermarkKey(0x7131_0000 | (1 << 40), here.WatermarkSpec(algorithm="gumbel", context_width=here.WIDTH))
-    row = {"tree": tree, **here.timing_row(n, rng, key, repeats, exact_runs, digits=3)}
+    dual = here.WatermarkKey(0x7131_0001 | (1 << 40), here.WatermarkSpec(algorithm="dual_key_gumbel",
+                                                                          context_width=here.WIDTH))
+    try:  # trees before the compiled loop have no detector.trgof_compiled
+        from detector import trgof_compiled
+
+        loop = "compiled" if trgof_compiled.available() else "numpy"
+    except ImportError:
+        loop = "numpy"
+    row = {"tree": tree, "loop": loop, **here.timing_row(n, rng, key, repeats, exact_runs, digits=3, dual_key=dual)}
     row["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return row
 
@@ -72,7 +82,8 @@ def main() -> None:
                                   check=True)
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(json.dumps(rows[-1]), flush=True)
-    cases = ["trgof", "unwatermarked", "edited, exact Tr-GoF tail", "watermarked"]
+    cases = ["trgof", "unwatermarked", "edited, exact Tr-GoF tail", "watermarked",
+             "dual: unwatermarked", "dual: edited, exact Tr-GoF tail", "dual: watermarked"]
     print(f"\n| tree | {' | '.join(cases)} |\n|---|{'---|' * len(cases)}")
     for tree in args.tree:
         mine = [r for r in rows if r["tree"] == tree]

@@ -256,10 +256,39 @@ def _crossing_exact(log_a: np.ndarray, n: int, compiled: bool = True) -> float:
     combination, where 1 - keep cancels, runs in extended precision: the float error stays
     near 1e-13 up to n = 5000 (tested against the recursion in 80-bit arithmetic).
 
-    The loop over the steps runs compiled (:mod:`detector.trgof_compiled`) where numba is
-    installed and ``compiled``; otherwise in numpy (:func:`_forward_numpy`, the reference)."""
+    The kernels and the loop over the steps run compiled (:mod:`detector.trgof_compiled`)
+    where numba is installed and ``compiled``; otherwise in numpy (:func:`_crossing_numpy`,
+    the reference); the final combination is shared."""
     log_a = np.maximum.accumulate(log_a)
     a = np.exp(log_a)
+    run = trgof_compiled.crossing() if compiled else None
+    if run is not None:
+        h, low, peak, scales, alive = run(a, n, _BLOCK, _KERNEL, _NEGLIGIBLE, _LOG_FACT)
+    else:
+        h, low, peak, scales, alive = _crossing_numpy(a, n)
+    if not alive:
+        return 1.0
+    # The last stretch (a_I, 1] takes the remaining n - m points. Its terms are tens of
+    # thousands in size and cancel to about ln(1 - p): they are combined in extended
+    # precision where the platform has it (x87 long double; elsewhere float64 as before).
+    ld = np.longdouble
+    m = low + np.arange(len(h))
+    rest = ld(n) * (ld(1.0) - ld(a[-1]))
+    with np.errstate(divide="ignore"):
+        terms = np.log(h.astype(ld)) + (n - m).astype(ld) * (np.log(rest) if rest > 0.0 else ld(-np.inf)) - _LOG_FACT_EXTENDED[n - m]
+    top = terms.max()
+    if top == -np.inf:
+        return 1.0
+    log_scale = peak.astype(ld).sum() + np.asarray(scales, dtype=ld).sum()
+    log_keep = float(_LOG_FACT_EXTENDED[n] - ld(n) * np.log(ld(n)) + log_scale + top + np.log(np.exp(terms - top).sum()))
+    return min(1.0, max(0.0, -math.expm1(min(0.0, log_keep))))
+
+
+def _crossing_numpy(a: np.ndarray, n: int) -> tuple[np.ndarray, int, np.ndarray, list[float], bool]:
+    """The recursion in numpy (the reference of :mod:`detector.trgof_compiled`) on
+    boundaries a [I] (ascending): (h, low, peak, scales, alive), h[j] the scaled weight of
+    N(a_I) = low + j, peak [I] the steps' kernel log scales, scales the blocks' rescalings,
+    alive False where every path crossed."""
     count = len(a)
     # Every step's kernel at once, each scaled to a maximum of 1 (the log scales are kept
     # in `peak`); a zero increment is the identity kernel [1, 0, ...].
@@ -285,29 +314,8 @@ def _crossing_exact(log_a: np.ndarray, n: int, compiled: bool = True) -> float:
     block_kernels, block_widths = _block_kernels(block_lams, peak_sums[ends] - peak_sums[starts])
     # P(Poisson(lambda_block) > depth) < 1e-24 (see _forward_numpy's block comment).
     depths = (block_lams + 10.0 * np.sqrt(block_lams) + 16.0).astype(np.int64)
-    run = trgof_compiled.forward() if compiled else None
-    if run is not None:
-        h, low, scales, alive = run(kernels, widths.astype(np.int64, copy=False), starts.astype(np.int64, copy=False),
-                                    ends.astype(np.int64, copy=False), block_kernels, block_widths.astype(np.int64, copy=False),
-                                    depths, _NEGLIGIBLE)
-    else:
-        h, low, scales, alive = _forward_numpy(kernels, widths, starts, ends, block_kernels, block_widths, depths)
-    if not alive:
-        return 1.0
-    # The last stretch (a_I, 1] takes the remaining n - m points. Its terms are tens of
-    # thousands in size and cancel to about ln(1 - p): they are combined in extended
-    # precision where the platform has it (x87 long double; elsewhere float64 as before).
-    ld = np.longdouble
-    m = low + np.arange(len(h))
-    rest = ld(n) * (ld(1.0) - ld(a[-1]))
-    with np.errstate(divide="ignore"):
-        terms = np.log(h.astype(ld)) + (n - m).astype(ld) * (np.log(rest) if rest > 0.0 else ld(-np.inf)) - _LOG_FACT_EXTENDED[n - m]
-    top = terms.max()
-    if top == -np.inf:
-        return 1.0
-    log_scale = peak.astype(ld).sum() + np.asarray(scales, dtype=ld).sum()
-    log_keep = float(_LOG_FACT_EXTENDED[n] - ld(n) * np.log(ld(n)) + log_scale + top + np.log(np.exp(terms - top).sum()))
-    return min(1.0, max(0.0, -math.expm1(min(0.0, log_keep))))
+    h, low, scales, alive = _forward_numpy(kernels, widths, starts, ends, block_kernels, block_widths, depths)
+    return h, low, peak, scales, alive
 
 
 def _forward_numpy(kernels: np.ndarray, widths: np.ndarray, starts: np.ndarray, ends: np.ndarray,
@@ -317,7 +325,6 @@ def _forward_numpy(kernels: np.ndarray, widths: np.ndarray, starts: np.ndarray, 
     kernels [I, C] scaled Poisson kernels with their widths [I]; blocks of steps
     starts[b] + 1 .. ends[b] [B] with their combined kernels [B, R], widths [B] and
     depths [B]. Returns (h, low, scales, alive) as the compiled loop does."""
-    count = len(kernels)
     # Each step's kernel reversed, as contiguous rows: the recursion's ~I small
     # convolutions call numpy's correlate on them directly (see _convolver).
     width = int(widths.max())
