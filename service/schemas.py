@@ -131,7 +131,9 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "reasoning_effort": (None,), "verbosity": (None,),
     # vLLM's sampling extras.
     "min_p": (None, 0), "repetition_penalty": (None, 1), "min_tokens": (None, 0), "ignore_eos": (None, False),
-    "use_beam_search": (None, False),
+    "use_beam_search": (None, False), "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,),
+    "guided_grammar": (None,), "structured_outputs": (None,), "allowed_token_ids": (None,), "bad_words": (None, []),
+    "prompt_logprobs": (None,), "logits_processors": (None, []),
 }
 """Parameters of OpenAI's (and vLLM's) routes that would change the output and that Hallmark
 does not implement, each with the values that ask for nothing (accepted, no effect). Any
@@ -180,6 +182,15 @@ class _OpenAIBase(BaseModel):
     min_tokens: Any = _unsupported("min_tokens")
     ignore_eos: Any = _unsupported("ignore_eos")
     use_beam_search: Any = _unsupported("use_beam_search")
+    guided_json: Any = _unsupported("guided_json")
+    guided_regex: Any = _unsupported("guided_regex")
+    guided_choice: Any = _unsupported("guided_choice")
+    guided_grammar: Any = _unsupported("guided_grammar")
+    structured_outputs: Any = _unsupported("structured_outputs")
+    allowed_token_ids: Any = _unsupported("allowed_token_ids")
+    bad_words: Any = _unsupported("bad_words")
+    prompt_logprobs: Any = _unsupported("prompt_logprobs")
+    logits_processors: Any = _unsupported("logits_processors")
 
     def unsupported_parameter(self) -> str | None:
         """The first parameter of :data:`UNSUPPORTED` sent with a value other than a neutral one."""
@@ -238,6 +249,10 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Text | list[TextPart] | None = None
+    tool_calls: Any = Field(default=None, description="Not supported: null or [] only (no tool can be declared); "
+                                                      "any other value gets 400 `unsupported_parameter`.")
+    function_call: Any = Field(default=None, description="Not supported: null only; any other value gets 400 "
+                                                         "`unsupported_parameter`.")
 
     @property
     def text(self) -> str:
@@ -262,6 +277,15 @@ class ChatBody(_OpenAIBase):
     web_search_options: Any = _unsupported("web_search_options")
     reasoning_effort: Any = _unsupported("reasoning_effort")
     verbosity: Any = _unsupported("verbosity")
+
+    def unsupported_parameter(self) -> str | None:
+        """As the base class, and an assistant message's tool or function calls: this server
+        declares no tools, and dropping the calls would feed the model a different conversation
+        than the client sent (``param``: ``messages``)."""
+        name = super().unsupported_parameter()
+        if name is None and any(m.tool_calls not in (None, []) or m.function_call is not None for m in self.messages):
+            return "messages"
+        return name
 
 
 class DetectBody(BaseModel):

@@ -53,10 +53,13 @@ def _refusal(body: CompletionBody | ChatBody, services: Services) -> JSONRespons
     name = body.unsupported_parameter()
     if name is None:
         return None
-    payload = error_payload(400, f"the parameter {name!r} is not supported by this server with the value "
-                                 f"sent; omit it (accepted without effect: "
-                                 f"{' or '.join(json.dumps(v) for v in UNSUPPORTED[name])})",
-                            code="unsupported_parameter")
+    if name in UNSUPPORTED:
+        message = (f"the parameter {name!r} is not supported by this server with the value sent; omit it "
+                   f"(accepted without effect: {' or '.join(json.dumps(v) for v in UNSUPPORTED[name])})")
+    else:  # messages holding tool or function calls
+        message = (f"the parameter {name!r} holds tool or function calls, which this server does not support "
+                   f"(it declares no tools); send the conversation without them")
+    payload = error_payload(400, message, code="unsupported_parameter")
     payload["error"]["param"] = name
     return JSONResponse(payload, status_code=400)
 

@@ -100,6 +100,11 @@ REFUSED = [
     ("/v1/completions", "suffix", "end"),
     ("/v1/completions", "min_p", 0.1),
     ("/v1/completions", "repetition_penalty", 1.2),
+    ("/v1/chat/completions", "guided_json", {"type": "object"}),
+    ("/v1/completions", "guided_choice", ["yes", "no"]),
+    ("/v1/chat/completions", "structured_outputs", {"regex": "[a-z]+"}),
+    ("/v1/completions", "allowed_token_ids", [5, 6]),
+    ("/v1/chat/completions", "bad_words", ["the"]),
 ]
 
 
@@ -155,3 +160,20 @@ def test_every_unsupported_parameter_is_a_field_with_a_neutral_value(body):
     # A JSON true is not the integer 1, false not 0.
     assert body.model_validate({**base, "n": True}).unsupported_parameter() == "n"
     assert body.model_validate({**base, "frequency_penalty": False}).unsupported_parameter() == "frequency_penalty"
+
+
+@pytest.mark.parametrize("message", [
+    {"role": "assistant", "content": None,
+     "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+    {"role": "assistant", "content": "", "function_call": {"name": "f", "arguments": "{}"}},
+])
+def test_a_conversation_with_tool_calls_is_a_400_not_fed_without_them(server, message):
+    # The calls would otherwise be dropped silently (the model would see an empty assistant turn).
+    messages = [*CHAT["messages"], message, {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    response = _post(server, "/v1/chat/completions", {**CHAT, "messages": messages})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_parameter" and error["param"] == "messages"
+    plain = _post(server, "/v1/chat/completions", {**CHAT, "messages": [*CHAT["messages"], {
+        "role": "assistant", "content": "ok", "tool_calls": []}, {"role": "user", "content": "more"}]})
+    assert plain.status_code == 200, plain.text
