@@ -297,5 +297,9 @@ def detect_command(
                   if payload["ledger_matches"] else
                   f"; in the ledger: shares {passed[0]['matched_kgrams']} eight-token sequences "
                   f"with generation {passed[0]['generation_id']}")
+    normalised = ""
+    if normalized is not None and normalized.changed:  # what the JSON's `normalization` says
+        normalised = (f"; normalised: {', '.join(f'{count} {step}' for step, count in normalized.changes.items())}"
+                      f" (scored {form_names[scored_form]})")
     emit(payload, as_json, f"{verdict}: log10 p = {result.log10_p_value:.2f} over {result.scored_tokens} "
-                           f"scored of {result.total_tokens} tokens{source}{ledger}")
+                           f"scored of {result.total_tokens} tokens{source}{ledger}{normalised}")

@@ -103,3 +103,15 @@ def test_prf_key_forms_are_those_of_key_import(tmp_path):
     for o, k in zip(out[len(accepted):], refused):
         assert str(k) not in o["error"] or len(str(k)) <= 4
     assert run.returncode != 0
+
+
+def test_detect_text_says_what_normalisation_changed_without_json():
+    # The JSON result has `normalization`; the one-line answer must say it too, or a user
+    # reading it cannot tell that the text was altered before it was scored.
+    run = hallmark("detect", "--text", "Hel\u200blo w\u043erld,  here\r\n", "--tokenizer", "bundled", "--key", "5")
+    assert run.returncode == 0, run.stderr
+    line = run.stdout.strip()
+    assert "normalised" in line and "1 zero_width" in line and "1 homoglyph" in line and "1 line_endings" in line
+    assert "scored" in line
+    plain = hallmark("detect", "--text", "Hello world", "--tokenizer", "bundled", "--key", "5")
+    assert "normalised" not in plain.stdout
