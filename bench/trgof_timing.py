@@ -50,12 +50,12 @@ def child(tree: str, n: int, repeats: int) -> dict:
     key = here.WatermarkKey(0x7131_0000 | (1 << 40), here.WatermarkSpec(algorithm="gumbel", context_width=here.WIDTH))
     dual = here.WatermarkKey(0x7131_0001 | (1 << 40), here.WatermarkSpec(algorithm="dual_key_gumbel",
                                                                           context_width=here.WIDTH))
-    try:  # trees before the compiled loop have no detector.trgof_compiled
-        from detector import trgof_compiled
+    from detector import trgof
 
-        loop = "compiled" if trgof_compiled.available() else "numpy"
-    except ImportError:
-        loop = "numpy"
+    # Trees before the compiled loop have no trgof.trgof_compiled (an editable install of
+    # another checkout may still offer the module: ask the tree's own trgof).
+    compiled = getattr(trgof, "trgof_compiled", None)
+    loop = "compiled" if compiled is not None and compiled.available() else "numpy"
     row = {"tree": tree, "loop": loop, **here.timing_row(n, rng, key, repeats, exact_runs, digits=3, dual_key=dual)}
     row["load_average"] = [round(x, 2) for x in os.getloadavg()]
     return row

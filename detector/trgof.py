@@ -14,15 +14,13 @@ p-values; the sum statistic covers dense signal).
 
 Null distribution, exact. For a level s, n K(i/n, v) >= s with v < i/n iff v <= a_i(s)
 (K decreases in v below u), so P(S >= s) = 1 - P(U_(i) > a_i for every i <= I), a
-boundary-crossing probability of uniform order statistics. With V = 1 - U that is
-P(V_(m) < c_m, m <= n) with c_m = 1 - a'_(n+1-m) (a' the running maximum of a, which
-leaves the event unchanged), computed by Bolshev's recursion (Shorack & Wellner,
-"Empirical Processes with Applications to Statistics", 1986, sec. 9.3):
-
-    F_0 = 1,  F_k = 1 - sum_{j<k} C(k, j) (1 - c_{j+1})^{k-j} F_j,
-
-a sum of positive terms each computed in log space; O(I^2) work. Its float error is far
-below 1e-11 absolute (tested against 80-bit arithmetic); deep in the tail the p-value is
+boundary-crossing probability of uniform order statistics (a' the running maximum of a
+leaves the event unchanged), computed by a Poissonised forward recursion over the
+boundaries (Noe 1972; :func:`_crossing_exact`): a sum of positive terms, O(I^2) work in
+the worst case and far less with the truncations it states. Its float error is far below
+1e-11 absolute (tested against 80-bit arithmetic). The recursion's kernels and loop run
+compiled (numba, :mod:`detector.trgof_compiled`, ~0.3 ms at n = 1,000) where numba is
+installed, and in numpy (the reference, ~1.3 ms) otherwise. Deep in the tail the p-value is
 instead bounded by a union of Chernoff bounds, P(U_(i) <= a_i) = P(Bin(n, a_i) >= i)
 <= exp(-n K(i/n, a_i)) = exp(-s), so P(S >= s) <= I exp(-s): provably conservative at any
 depth. The reported p is min(I e^-s, exact + 1e-11).
