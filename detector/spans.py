@@ -14,6 +14,7 @@ corrected one: refinement moves the offsets only, so it spends no error budget.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -91,16 +92,47 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
     sums = prefix[hi] - prefix[lo]
     hits: list[SpanHit] = []
     live = np.flatnonzero(counts > 0)
-    live = live[log10_sf_lower(sums[live], counts[live]) + log10_m[live] <= log10_threshold]
-    if log10_sf_many is not None and len(live):
-        exact = log10_sf_many(sums[live], counts[live])
-    else:
-        exact = [log10_sf(float(sums[i]), int(counts[i])) for i in live]
+    lower = log10_sf_lower(sums[live], counts[live]) + log10_m[live]
+    keep = lower <= log10_threshold
+    live, lower = live[keep], lower[keep]
+    if log10_sf_many is None:
+        return _merge_lazily(live, lower, starts, ends, sums, counts, log10_m, log10_threshold, log10_sf)
+    exact = log10_sf_many(sums[live], counts[live]) if len(live) else []
     for i, log10_p in zip(live.tolist(), exact):
         adjusted = min(0.0, float(log10_p) + float(log10_m[i]))
         if adjusted <= log10_threshold:
             hits.append(SpanHit(int(starts[i]), int(ends[i]), int(counts[i]), adjusted))
     return merge(hits)
+
+
+def _merge_lazily(live: np.ndarray, lower: np.ndarray, starts: np.ndarray, ends: np.ndarray, sums: np.ndarray,
+                  counts: np.ndarray, log10_m: np.ndarray, log10_threshold: float,
+                  log10_sf: Callable[[float, int], float]) -> list[SpanHit]:
+    """:func:`merge` of the passing windows among ``live`` [k] (with lower bounds [k] on their
+    corrected log10 p), computing a window's exact p only when it can still be reported.
+
+    Windows come off a heap in :func:`merge`'s order, keyed first by the lower bound and,
+    once computed, by the exact p (a bound sorts before an equal exact p, so no window is
+    taken before one that might beat it; then shorter first, then earlier, as merge's
+    stable sort). A window whose bound comes off the heap overlapping a span already kept
+    has an exact p no smaller than that span's, so merge would drop it: its exact p is never
+    computed. On a watermarked text most windows overlap the first spans kept, which is what
+    this saves (the weighted statistic's tail has no vectorised form)."""
+    heap = [(float(b), 0, int(ends[i] - starts[i]), int(i)) for i, b in zip(live.tolist(), lower.tolist())]
+    heapq.heapify(heap)
+    kept: list[SpanHit] = []
+    while heap:
+        value, exact, length, i = heapq.heappop(heap)
+        start, end = int(starts[i]), int(ends[i])
+        if any(start < k.end and k.start < end for k in kept):
+            continue
+        if exact:
+            kept.append(SpanHit(start, end, int(counts[i]), value))
+            continue
+        adjusted = min(0.0, float(log10_sf(float(sums[i]), int(counts[i]))) + float(log10_m[i]))
+        if adjusted <= log10_threshold:
+            heapq.heappush(heap, (adjusted, 1, length, i))
+    return sorted(kept, key=lambda h: h.start)
 
 
 def merge(hits: list[SpanHit]) -> list[SpanHit]:
