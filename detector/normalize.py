@@ -52,6 +52,8 @@ SELECTOR_RANGES: tuple[tuple[int, int], ...] = (
     (0x180B, 0x180D), (0x180F, 0x180F), (0xFE00, 0xFE0F), (0xE0000, 0xE0FFF))
 ZERO_WIDTH = frozenset("\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e\u034f")
 """The most common invisible characters (all inside :data:`INVISIBLE_RANGES`)."""
+KEYCAP = "\u20e3"
+"""Combining enclosing keycap: after a digit, # or * and a variation selector, an emoji."""
 BIDI_CONTROLS = frozenset("\u200e\u200f\u061c\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 # Cyrillic and Greek letters that look like ASCII letters.
@@ -99,9 +101,10 @@ def _hidden_to_remove(text: str) -> list[bool]:
         before = text[run.start() - 1] if run.start() > 0 else None
         after = text[run.end()] if run.end() < len(text) else None
         latin_before, latin_either = _latin_like(before), _latin_like(before) or _latin_like(after)
+        keycap = after == KEYCAP  # 1️⃣: an ASCII digit, VS16, the enclosing keycap
         for i in range(run.start(), run.end()):
             # A selector modifies the character before it; anything else sits between two.
-            out[i] = latin_before if _in(text[i], SELECTOR_RANGES) else latin_either
+            out[i] = (latin_before and not keycap) if _in(text[i], SELECTOR_RANGES) else latin_either
     return out
 
 

@@ -111,6 +111,7 @@ def test_joiners_selectors_and_marks_of_genuine_text_are_kept():
         "\u0e2a\u0e27\u0e31\u0e2a\u0e14\u0e35\u200b\u0e04\u0e23\u0e31\u0e1a",  # Thai: ZWSP between words
         "\u05e9\u05dc\u05d5\u05dd\u200f\u05e2\u05d5\u05dc\u05dd",  # Hebrew with a right-to-left mark
         "\u845b\U000e0100\u57ce\u5e02",  # an ideographic variation sequence
+        "Press 1\ufe0f\u20e3 or #\ufe0f\u20e3 now",  # keycap emoji: ASCII, VS16, enclosing keycap
     ]
     for text in genuine:
         out = normalize(text)
