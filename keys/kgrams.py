@@ -46,12 +46,15 @@ def kgram_key(secret: int) -> bytes:
 def position_digests(token_ids: Sequence[int], secret: int, k: int = K) -> list[int]:
     """The 63-bit digest of the k-gram starting at each position of ``token_ids`` [n]
     (n - k + 1 of them; empty if n < k)."""
-    key = kgram_key(secret)
+    # One keyed HMAC state, copied per k-gram: the key's two padded blocks are hashed once,
+    # not once per k-gram (the digests are the same as hmac.new(key, gram) each time).
+    keyed = hmac.new(kgram_key(secret), digestmod=hashlib.sha256)
     data = b"".join((int(t) & 0xFFFFFFFF).to_bytes(4, "big") for t in token_ids)
     out = []
     for start in range(0, len(token_ids) - k + 1):
-        mac = hmac.new(key, data[4 * start:4 * (start + k)], hashlib.sha256).digest()
-        out.append(int.from_bytes(mac[:8], "big") >> (64 - DIGEST_BITS))
+        mac = keyed.copy()
+        mac.update(data[4 * start:4 * (start + k)])
+        out.append(int.from_bytes(mac.digest()[:8], "big") >> (64 - DIGEST_BITS))
     return out
 
 
@@ -61,12 +64,14 @@ def digests(token_ids: Sequence[int], secret: int, k: int = K) -> set[int]:
 
 
 def matched_positions(session: Session, *, key_id: str, generation_id: str, secret: int,
-                      token_ids: Sequence[int], skip: int = 0) -> set[int]:
+                      token_ids: Sequence[int], skip: int = 0, at: Sequence[int] | None = None) -> set[int]:
     """Positions of ``token_ids`` [n] inside a k-gram that generation ``generation_id``
     recorded under ``key_id`` (the tokens the text shares with it), leaving out the first
     ``skip`` of each k-gram (a watermark context width: those tokens' contexts reach before
-    the shared run)."""
-    at = position_digests(token_ids, secret)
+    the shared run). ``at``: the text's :func:`position_digests` under ``secret``, when the
+    caller has them already (one text is matched against several generations)."""
+    if at is None:
+        at = position_digests(token_ids, secret)
     found: set[int] = set()
     for chunk in _chunks(sorted(set(at))):
         found.update(session.scalars(select(LedgerKgram.digest).where(

@@ -47,6 +47,7 @@ def with_shared_evidence(session, matches: Sequence[KgramMatch], candidates: Seq
     threshold = math.log10(config.threshold)
     by_key = {c.info.key_id: c for c in candidates if c.info.key_id}
     scores: dict[str, dict[int, float]] = {}
+    digests: dict[str, list[int]] = {}  # the text's k-gram digests per key, computed once
     out, tested = [], 0
     for match in matches:
         candidate = by_key.get(match.key_id)
@@ -60,9 +61,11 @@ def with_shared_evidence(session, matches: Sequence[KgramMatch], candidates: Seq
                 statistic: {t.index: t.score for t in token_evidence(token_ids, candidate, statistic).tokens if t.scored}
                 for statistic in statistics}
         # Tokens whose whole context lies inside a shared k-gram: their scores are the generation's.
+        if match.key_id not in digests:
+            digests[match.key_id] = kgrams.position_digests(token_ids, candidate.key.secret)
         positions = kgrams.matched_positions(session, key_id=match.key_id, generation_id=match.generation_id,
                                              secret=candidate.key.secret, token_ids=token_ids,
-                                             skip=candidate.key.spec.context_width)
+                                             skip=candidate.key.spec.context_width, at=digests[match.key_id])
         log10_p, n = 0.0, 0
         for statistic in statistics:
             shared = [score for index, score in scores[match.key_id][statistic].items() if index in positions]

@@ -56,6 +56,13 @@ def test_edited_copy_matches_its_generation_only(store, setup):
         # No token id or text is stored: only 63-bit keyed digests.
         digests = session.scalars(select(LedgerKgram.digest)).all()
         assert digests and all(0 <= d < 2**63 for d in digests) and not set(digests) & set(tokens)
+        # Digests computed once by the caller give the same shared positions.
+        at = kgrams.position_digests(edited, acme_key.material.secret)
+        plain = kgrams.matched_positions(session, key_id=acme_key.key_id, generation_id=generation_id,
+                                         secret=acme_key.material.secret, token_ids=edited, skip=4)
+        assert plain and plain == kgrams.matched_positions(
+            session, key_id=acme_key.key_id, generation_id=generation_id, secret=acme_key.material.secret,
+            token_ids=edited, skip=4, at=at)
 
 
 def test_digests_are_keyed_and_the_bound_is_monotone():
@@ -65,3 +72,14 @@ def test_digests_are_keyed_and_the_bound_is_monotone():
     assert kgrams.false_match_log10(0, 10, 10, 1) == 0.0
     bounds = [kgrams.false_match_log10(x, 300, 300, 1000) for x in range(1, 6)]
     assert all(b2 < b1 for b1, b2 in zip(bounds, bounds[1:])) and bounds[0] < -10
+
+
+def test_position_digests_are_the_hmac_of_each_kgram():
+    import hashlib
+    import hmac
+
+    tokens = [3, 2**32 - 1, 0, 77, 5, 9, 1, 4, 8, 8, 8, 123456, 6]
+    key = kgrams.kgram_key(0xDEADBEEF)
+    grams = [b"".join(t.to_bytes(4, "big") for t in tokens[i:i + kgrams.K]) for i in range(len(tokens) - kgrams.K + 1)]
+    want = [int.from_bytes(hmac.new(key, g, hashlib.sha256).digest()[:8], "big") >> 1 for g in grams]
+    assert kgrams.position_digests(tokens, 0xDEADBEEF) == want
