@@ -126,6 +126,8 @@ class KeyEvidence:
     total: float
     log10_p_sum: float
     log10_p_trgof: float
+    log10_p_weighted: float | None
+    """The weighted sum alone, where it is one of the key's tests (ordinary-coin dual key, auto)."""
     log10_p: float
     """This key's combined whole-text p: min over its tests of p / weight share."""
     log10_sf: object  # Callable[[float, int], float], the sum statistic's null tail
@@ -216,6 +218,7 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
         log10_sf = _log10_sf(statistic, spec.alpha)
         log10_p_sum = log10_sf(total, len(per_token))
         log10_p_trgof = 0.0
+        log10_p_weighted = None
         combined = []
         if "sum" in share:
             combined.append(log10_p_sum - math.log10(share["sum"]))
@@ -241,7 +244,8 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
             combined.append(log10_p_trgof - math.log10(share["trgof"]))
         evidence.append(KeyEvidence(candidate=candidate, scored=scored, statistic=statistic,
                                     per_token=per_token, total=total, log10_p_sum=log10_p_sum,
-                                    log10_p_trgof=log10_p_trgof, log10_p=min(0.0, min(combined)),
+                                    log10_p_trgof=log10_p_trgof, log10_p_weighted=log10_p_weighted,
+                                    log10_p=min(0.0, min(combined)),
                                     log10_sf=log10_sf, span_families=families))
 
     m = len(evidence)
@@ -250,7 +254,8 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
         KeyResult(key=e.candidate.info, statistic=e.statistic, score=e.total,
                   scored_tokens=len(e.scored.positions), log10_p_value=e.log10_p,
                   log10_p_adjusted=adj / stats.LN10, log10_p_sum=e.log10_p_sum,
-                  log10_p_trgof=e.log10_p_trgof if "trgof" in shares else None)
+                  log10_p_trgof=e.log10_p_trgof if "trgof" in shares else None,
+                  log10_p_weighted=e.log10_p_weighted)
         for e, adj in zip(evidence, adjusted)
     )
     best = min(evidence, key=lambda e: e.log10_p)
@@ -291,6 +296,8 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
         per_key=per_key,
         spans=found,
         basis=("watermark",) if watermarked else (),
-        correction=("weighted Bonferroni: " + ", ".join(f"{name} {w:.3g}" for name, w in shares.items())
+        # Under dual auto the sum share is the max statistic's sum, beside the weighted sum's.
+        correction=("weighted Bonferroni: " + ", ".join(
+            f"{'max' if name == 'sum' and 'weighted' in shares else name} {w:.3g}" for name, w in shares.items())
                     + f"; sidak over {m} key(s) tested; spans union-bound over windows x keys"),
     )

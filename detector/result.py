@@ -61,12 +61,16 @@ class KeyResult:
     """Tr-GoF alone, unweighted (None when the test was not run): its exact tail where that
     can change the verdict or a global p <= max(threshold, 0.01), otherwise its union
     (Chernoff) bound, also a valid p (:data:`detector.detect.TRGOF_EXACT_BELOW`)."""
+    log10_p_weighted: float | None = None
+    """The ``weighted`` sum alone, unweighted, where it is one of the key's tests (an
+    ordinary-coin dual key under ``auto``: ``log10_p_sum`` is then the ``max`` sum)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.key.to_dict(), "statistic": self.statistic, "score": self.score,
                 "scored_tokens": self.scored_tokens, "p_value": _p(self.log10_p_value),
                 "log10_p_value": self.log10_p_value, "log10_p_adjusted": self.log10_p_adjusted,
-                "log10_p_sum": self.log10_p_sum, "log10_p_trgof": self.log10_p_trgof}
+                "log10_p_sum": self.log10_p_sum, "log10_p_trgof": self.log10_p_trgof,
+                "log10_p_weighted": self.log10_p_weighted}
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ import zlib
 import numpy as np
 import pytest
 
+from detector import scoring, stats
 from detector.detect import DetectorConfig, detect
 from detector.result import Candidate, KeyInfo
 from tests.stats_helpers import binomial_two_sided_p
@@ -78,13 +79,20 @@ def test_auto_statistic_follows_the_coin():
     tokens, _ = generate_speculative(keyed, 200, seed=5)
     result = detect(tokens, [Candidate.inline(keyed)])
     assert result.watermarked and result.per_key[0].statistic == "routed"
-    assert "weighted 0." not in result.correction
+    assert "weighted 0." not in result.correction and result.per_key[0].log10_p_weighted is None
     # Ordinary coin: the key-B share is unknown, so auto tests max and weighted.
     plain = WatermarkKey(424242, WatermarkSpec(algorithm="dual_key_gumbel"))
     tokens, _ = generate_speculative(plain, 200, seed=5)
     result = detect(tokens, [Candidate.inline(plain)])
     assert result.watermarked and result.per_key[0].statistic == "max"
-    assert "weighted 0.45" in result.correction
+    assert "max 0.15, weighted 0.45" in result.correction and "sum" not in result.correction
+    # Each whole-text test's own p is reported; the key's p is the best of them over its weight.
+    key = result.per_key[0]
+    assert key.log10_p_weighted == pytest.approx(
+        stats.weighted_gamma_log10_sf(float(scoring.dual_scores(plain, scoring.scored_positions(
+            tokens, plain.spec.context_width, plain.spec.dedup)).weighted.sum()), key.scored_tokens, plain.spec.alpha))
+    assert key.log10_p_value == pytest.approx(min(key.log10_p_sum - math.log10(0.15), key.log10_p_weighted - math.log10(0.45),
+                                                  key.log10_p_trgof - math.log10(0.15)))
 
 
 NULL_TEXTS = 3000
