@@ -18,8 +18,14 @@ r = t / T, S / t = Gamma(2n + K, 1) where K ~ NegativeBinomial(n, r) counts fail
     P(S >= s) = sum_k NB(k; n, r) * Q(2n + k, s / t),
 
 a sum of positive terms computed in log space; Q(2n + k + 1, x) follows from Q(2n + k, x)
-by adding one Poisson probability, and the series is summed until the negative-binomial
-tail bounds what is left below exp(-40) of the running total.
+by adding one Poisson probability. The terms are log-concave in k (the NB pmf is, the CDF of
+the log-concave Poisson pmf is, and so is their product; An 1998, "Log-concave probability
+distributions", Econ. Theory 80), so their ratios never increase: the terms below a start k1
+sum to at most term(k1) / (rho - 1) with rho = term(k1 + 1) / term(k1) > 1, and those from K
+on to at most term(K) / (1 - rho') with rho' = term(K) / term(K - 1) < 1. The series is summed
+over a window around its peak, each of the three truncations (head, tail, and the Poisson
+sum that starts Q at k1) checked below exp(-40) / 3 of the total, so that together they
+stay below exp(-40) of it, as before.
 """
 
 from __future__ import annotations
@@ -29,8 +35,12 @@ import math
 import numpy as np
 
 LN10 = math.log(10.0)
-_TAIL_MARGIN = 40.0  # stop once the remainder is below exp(-40) of the sum
-_CHUNK = 4096
+_TAIL_MARGIN = 40.0  # what a truncated series leaves out stays below exp(-40) of its sum
+# Each of the weighted series' three truncations gets a third of that margin.
+_SIDE_MARGIN = _TAIL_MARGIN + math.log(3.0)
+# The slope of a log term below which a geometric bound is not trusted (float rounding in the
+# slope is ~1e-12; at 1e-6 it moves the bound by a factor 1 + 1e-6 at most).
+_MIN_LOG_RATIO = 1e-6
 
 
 def _logsumexp(values: np.ndarray) -> float:
@@ -66,6 +76,91 @@ def gamma_log10_sf(score: float, n: int) -> float:
     return log_gamma_sf(score, n) / LN10
 
 
+def _log_poisson_cdf(top: int, x: float) -> float:
+    """ln P(Poisson(x) <= top) = ln Q(top + 1, x), summing only the terms that matter.
+
+    Below j0 < x each term is at most j0 / x times the one above it (p_{j-1} / p_j = j / x), so
+    the terms dropped below j0 sum to at most p_j0 * q / (1 - q), q = j0 / x. j0 is placed about
+    12 sd of Poisson(x) (or (margin + 10) / ln(x / top) geometric steps) below ``top``; if the
+    bound is not below exp(-_SIDE_MARGIN) of the sum the full sum from 0 is taken instead."""
+    if 0 < top < x:
+        width = min(math.ceil((_SIDE_MARGIN + 10.0) / math.log(x / top)) + 2, 12.0 * math.sqrt(x) + 32.0)
+    else:
+        width = top - x + 12.0 * math.sqrt(x) + 32.0
+    j0 = max(0, top - max(0, int(width)))
+    logs = _poisson_log_pmf(np.arange(j0, top + 1, dtype=np.float64), x)
+    total = _logsumexp(logs)
+    if j0 > 0:
+        q = j0 / x
+        if not (q < 1.0 and float(logs[0]) + math.log(q) - math.log1p(-q) < total - _SIDE_MARGIN):
+            total = _logsumexp(_poisson_log_pmf(np.arange(top + 1, dtype=np.float64), x))
+    return min(0.0, total)
+
+
+def _series_window(n: int, r: float, x: float) -> tuple[int, int]:
+    """Where the terms NB(k; n, r) Q(2n + k, x) matter: (first k, number of terms), a guess.
+
+    In the far tail (2n + k < x) Q(a + 1, x) / Q(a, x) is about x / a, so the terms peak where
+    (n + k) / (k + 1) (1 - r) x / (2n + k) = 1 (a quadratic in k), with curvature about
+    n / (k (n + k)) + 1 / (2n + k) of the log term; elsewhere Q is near 1 and the terms follow
+    the NB law (mean n (1 - r) / r, sd sqrt(n (1 - r)) / r). The window is the peak +- 12 sd
+    (a drop of about e^-72 for a Gaussian shape). Only the cost depends on this guess: the
+    series checks its own head and tail bounds and starts again from k = 0 when the head's
+    fails (see :func:`_log_weighted_series`)."""
+    b = 2.0 * n + 1.0 - (1.0 - r) * x
+    c = 2.0 * n - (1.0 - r) * x * n
+    disc = b * b - 4.0 * c
+    peak = max(0.0, 0.5 * (-b + math.sqrt(disc))) if disc > 0.0 else 0.0
+    if 2.0 * n + peak < x:
+        sd = 1.0 / math.sqrt(n / ((peak + 1.0) * (n + peak)) + 1.0 / (2.0 * n + peak))
+    else:
+        peak, sd = n * (1.0 - r) / r, math.sqrt(n * (1.0 - r)) / r
+    start = max(0, int(peak - 12.0 * sd - 16.0))
+    return start, max(16, int(peak + 12.0 * sd + 16.0) - start)
+
+
+def _log_weighted_series(n: int, r: float, x: float, k1: int, chunk: int) -> float | None:
+    """ln sum_{k} NB(k; n, r) Q(2n + k, x) summed from k = k1 in chunks (the first ``chunk``
+    terms long), or None when k1 > 0 and the head below k1 is not provably negligible."""
+    log_1mr = math.log1p(-r)
+    if k1 == 0:
+        log_w = n * math.log(r)  # NB(0; n, r)
+        log_q = log_gamma_sf(x, 2 * n)  # Q(2n, x)
+    else:
+        log_w = math.lgamma(n + k1) - math.lgamma(n) - math.lgamma(k1 + 1) + n * math.log(r) + k1 * log_1mr
+        log_q = _log_poisson_cdf(2 * n + k1 - 1, x)
+    total = -math.inf
+    head = -math.inf
+    k0 = k1
+    while True:
+        ks = np.arange(k0, k0 + chunk + 1, dtype=np.float64)
+        # NB(k + 1) / NB(k) = (n + k) / (k + 1) * (1 - r).
+        steps = np.log((n + ks[:-1]) / (ks[:-1] + 1.0)) + log_1mr
+        log_ws = log_w + np.concatenate(([0.0], np.cumsum(steps)))
+        # Q(a + 1, x) = Q(a, x) + Poisson(a; x) with a = 2n + k.
+        pmf = _poisson_log_pmf(2 * n + ks[:-1], x)
+        log_qs = np.minimum(np.logaddexp.accumulate(np.concatenate(([log_q], pmf))), 0.0)
+        terms = log_ws + log_qs  # terms k0 .. k0 + chunk; the last one is not summed yet
+        total = float(np.logaddexp(total, _logsumexp(terms[:-1])))
+        if k0 == k1 and k1 > 0:
+            # Ratios never increase, so every ratio below k1 is >= term(k1 + 1) / term(k1).
+            slope = float(terms[1] - terms[0])
+            head = float(terms[0]) - math.log(math.expm1(slope)) if slope > _MIN_LOG_RATIO else math.inf
+        log_w, log_q = float(log_ws[-1]), float(log_qs[-1])
+        k0 += chunk
+        # Two bounds on the terms from k0 on, either suffices: the ratios from k0 on are at
+        # most term(k0) / term(k0 - 1) (log-concavity), and each Q <= 1 with NB ratios at
+        # most the one at k0.
+        slope = float(terms[-1] - terms[-2])
+        tail = float(terms[-1]) - math.log(-math.expm1(slope)) if slope < -_MIN_LOG_RATIO else math.inf
+        ratio = (n + k0) / (k0 + 1.0) * (1.0 - r)
+        if ratio < 1.0:
+            tail = min(tail, log_w - math.log1p(-ratio))
+        if tail < total - _SIDE_MARGIN:
+            return min(0.0, total) if head < total - _SIDE_MARGIN else None
+        chunk = max(chunk, k0 // 4)
+
+
 def _log_weighted_sf(score: float, n: int, alpha: float) -> float:
     if n == 0 or score <= 0.0:
         return 0.0
@@ -76,28 +171,11 @@ def _log_weighted_sf(score: float, n: int, alpha: float) -> float:
         return log_gamma_sf(score / small, 2 * n)
     r = small / large
     x = score / small
-    log_1mr = math.log1p(-r)
-    log_w = n * math.log(r)  # NB(0; n, r)
-    log_q = log_gamma_sf(x, 2 * n)  # Q(2n, x)
-    total = -math.inf
-    k0 = 0
-    while True:
-        chunk = max(_CHUNK, k0 // 4)
-        ks = np.arange(k0, k0 + chunk + 1, dtype=np.float64)
-        # NB(k + 1) / NB(k) = (n + k) / (k + 1) * (1 - r).
-        steps = np.log((n + ks[:-1]) / (ks[:-1] + 1.0)) + log_1mr
-        log_ws = log_w + np.concatenate(([0.0], np.cumsum(steps)))
-        # Q(a + 1, x) = Q(a, x) + Poisson(a; x) with a = 2n + k.
-        pmf = _poisson_log_pmf(2 * n + ks[:-1], x)
-        log_qs = np.minimum(np.logaddexp.accumulate(np.concatenate(([log_q], pmf))), 0.0)
-        total = float(np.logaddexp(total, _logsumexp(log_ws[:-1] + log_qs[:-1])))
-        log_w, log_q = float(log_ws[-1]), float(log_qs[-1])
-        k0 += chunk
-        # For j >= k0 the NB ratios are at most the one at k0, so the rest of the series
-        # is at most NB(k0) / (1 - ratio) (each Q <= 1).
-        ratio = (n + k0) / (k0 + 1.0) * (1.0 - r)
-        if ratio < 1.0 and log_w - math.log1p(-ratio) < total - _TAIL_MARGIN:
-            return min(0.0, total)
+    k1, chunk = _series_window(n, r, x)
+    log_p = _log_weighted_series(n, r, x, k1, chunk)
+    if log_p is None:  # the window's guess started too close to the peak: sum the whole head
+        log_p = _log_weighted_series(n, r, x, 0, chunk + k1)
+    return log_p
 
 
 def weighted_gamma_log10_sf(score: float, n: int, alpha: float) -> float:
