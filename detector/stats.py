@@ -76,24 +76,38 @@ def gamma_log10_sf(score: float, n: int) -> float:
     return log_gamma_sf(score, n) / LN10
 
 
-def _log_poisson_cdf(top: int, x: float) -> float:
-    """ln P(Poisson(x) <= top) = ln Q(top + 1, x), summing only the terms that matter.
+def _poisson_starts(top: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """First index j0 [k] of the Poisson terms that P(Poisson(x) <= top) needs, for tops [k]
+    and means x [k] > 0: about 12 sd of Poisson(x) below ``top``, or fewer where top < x and the
+    terms fall geometrically below it ((margin + 10) / ln(x / top) steps). A guess: the caller
+    checks the dropped terms with :func:`_dropped_below`."""
+    top_f = top.astype(np.float64)
+    spread = 12.0 * np.sqrt(x) + 32.0
+    with np.errstate(divide="ignore"):
+        steps = np.ceil((_SIDE_MARGIN + 10.0) / np.log(x / np.maximum(top_f, 1.0))) + 2.0
+    width = np.where((top_f > 0) & (top_f < x), np.minimum(steps, spread), top_f - x + spread)
+    return np.maximum(0, top - np.maximum(0.0, width).astype(np.int64))
 
-    Below j0 < x each term is at most j0 / x times the one above it (p_{j-1} / p_j = j / x), so
-    the terms dropped below j0 sum to at most p_j0 * q / (1 - q), q = j0 / x. j0 is placed about
-    12 sd of Poisson(x) (or (margin + 10) / ln(x / top) geometric steps) below ``top``; if the
-    bound is not below exp(-_SIDE_MARGIN) of the sum the full sum from 0 is taken instead."""
-    if 0 < top < x:
-        width = min(math.ceil((_SIDE_MARGIN + 10.0) / math.log(x / top)) + 2, 12.0 * math.sqrt(x) + 32.0)
-    else:
-        width = top - x + 12.0 * math.sqrt(x) + 32.0
-    j0 = max(0, top - max(0, int(width)))
+
+def _dropped_below(j0: np.ndarray, x: np.ndarray, log_first: np.ndarray) -> np.ndarray:
+    """ln of a bound [k] on the Poisson terms below j0 [k] given ln p_j0 [k] (-inf where j0 = 0;
+    +inf where no bound holds). Below j0 < x each term is at most j0 / x of the one above it
+    (p_{j-1} / p_j = j / x), so they sum to at most p_j0 q / (1 - q), q = j0 / x."""
+    q = j0 / x
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bound = np.where(q < 1.0, log_first + np.log(q) - np.log1p(-q), math.inf)
+    return np.where(j0 == 0, -math.inf, bound)
+
+
+def _log_poisson_cdf(top: int, x: float) -> float:
+    """ln P(Poisson(x) <= top) = ln Q(top + 1, x) from the terms j0 .. top only
+    (:func:`_poisson_starts`), or from all of them where the terms below j0 are not provably
+    below exp(-_SIDE_MARGIN) of the sum (:func:`_dropped_below`)."""
+    j0 = int(_poisson_starts(np.array([top]), np.array([x]))[0])
     logs = _poisson_log_pmf(np.arange(j0, top + 1, dtype=np.float64), x)
     total = _logsumexp(logs)
-    if j0 > 0:
-        q = j0 / x
-        if not (q < 1.0 and float(logs[0]) + math.log(q) - math.log1p(-q) < total - _SIDE_MARGIN):
-            total = _logsumexp(_poisson_log_pmf(np.arange(top + 1, dtype=np.float64), x))
+    if float(_dropped_below(np.array([j0]), np.array([x]), logs[:1])[0]) >= total - _SIDE_MARGIN:
+        total = _logsumexp(_poisson_log_pmf(np.arange(top + 1, dtype=np.float64), x))
     return min(0.0, total)
 
 
@@ -199,9 +213,11 @@ def _log_fact(n_max: int) -> np.ndarray:
 
 
 def gamma_log10_sf_many(scores: np.ndarray, ns: np.ndarray) -> np.ndarray:
-    """log10 P(Gamma(n, 1) >= score) [k] for scores [k] and integer ns [k]: the same finite
-    Poisson sum as :func:`log_gamma_sf`, for many windows in one vectorised pass (rows in
-    chunks of about 2^20 terms)."""
+    """log10 P(Gamma(n, 1) >= score) [k] for scores [k] and integer ns [k]: the Poisson sum of
+    :func:`log_gamma_sf` (the same term values), for many windows in one vectorised pass (rows
+    in chunks of about 2^20 terms). A row sums only the terms from :func:`_poisson_starts` on
+    (in the far tail a few dozen, not n) when those it drops are provably below
+    exp(-_SIDE_MARGIN) of its sum (:func:`_dropped_below`); the other rows sum every term."""
     x = np.asarray(scores, dtype=np.float64)
     n = np.asarray(ns, dtype=np.int64)
     out = np.where(np.isinf(x) & (x > 0) & (n > 0), -math.inf, 0.0)
@@ -209,23 +225,42 @@ def gamma_log10_sf_many(scores: np.ndarray, ns: np.ndarray) -> np.ndarray:
     if not len(live):
         return out
     lf = _log_fact(int(n[live].max()))
-    live = live[np.argsort(n[live], kind="stable")]
-    start = 0
-    while start < len(live):
-        width = int(n[live[start]])
-        stop = start + 1
-        while stop < len(live) and (stop - start + 1) * int(n[live[stop]]) <= 1 << 20:
-            stop += 1
-        rows = live[start:stop]
-        width = int(n[rows].max())
-        ks = np.arange(width, dtype=np.float64)
-        xr = x[rows][:, None]
-        terms = ks[None, :] * np.log(xr) - xr - lf[:width][None, :]
-        terms[ks[None, :] >= n[rows][:, None]] = -math.inf
-        top = terms.max(axis=1)
-        out[rows] = np.minimum(0.0, top + np.log(np.exp(terms - top[:, None]).sum(axis=1))) / LN10
-        start = stop
+    j0 = np.zeros(len(x), dtype=np.int64)
+    j0[live] = _poisson_starts(n[live] - 1, x[live])
+    log_sf, log_first = _poisson_sums(x, n, j0, live, lf)
+    redo = live[_dropped_below(j0[live], x[live], log_first[live]) >= log_sf[live] - _SIDE_MARGIN]
+    if len(redo):
+        j0[redo] = 0
+        log_sf[redo] = _poisson_sums(x, n, j0, redo, lf)[0][redo]
+    out[live] = np.minimum(0.0, log_sf[live]) / LN10
     return out
+
+
+def _poisson_sums(x: np.ndarray, n: np.ndarray, j0: np.ndarray, rows: np.ndarray,
+                  lf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ln sum_{j = j0}^{n - 1} P(Poisson(x) = j) and ln P(Poisson(x) = j0), on ``rows`` of the
+    arrays [k] (others left 0), in blocks of about 2^20 terms of equal-ish width."""
+    log_sf = np.zeros(len(x))
+    log_first = np.zeros(len(x))
+    widths = n - j0
+    rows = rows[np.argsort(widths[rows], kind="stable")]
+    start = 0
+    while start < len(rows):
+        stop = start + 1
+        while stop < len(rows) and (stop - start + 1) * int(widths[rows[stop]]) <= 1 << 20:
+            stop += 1
+        block = rows[start:stop]
+        ks = j0[block][:, None] + np.arange(int(widths[block].max()))[None, :]
+        inside = ks < n[block][:, None]
+        ks = np.where(inside, ks, 0)
+        xr = x[block][:, None]
+        terms = ks.astype(np.float64) * np.log(xr) - xr - lf[ks]
+        terms[~inside] = -math.inf
+        top = terms.max(axis=1)
+        log_sf[block] = top + np.log(np.exp(terms - top[:, None]).sum(axis=1))
+        log_first[block] = terms[:, 0]
+        start = stop
+    return log_sf, log_first
 
 
 def gamma_log10_sf_lower(scores: np.ndarray, ns: np.ndarray) -> np.ndarray:

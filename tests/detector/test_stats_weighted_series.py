@@ -1,6 +1,7 @@
 """The weighted statistic's windowed series against the series it replaced (summed from k = 0
 in chunks of at least 4,096 terms until the NB tail alone bounds the rest), against closed
-forms and 40-digit sums, and the truncation bounds it relies on."""
+forms and 40-digit sums, and the truncation bounds it relies on; and the vectorised Gamma tail,
+whose rows now sum only the Poisson terms that matter, against the full sum and mpmath."""
 
 import math
 
@@ -94,9 +95,9 @@ def test_restart_from_zero_when_the_head_is_not_negligible(monkeypatch):
 
 
 @pytest.mark.parametrize("alpha", [1e-4, 1e-3, 0.01, 0.05, 0.3, 0.4999, 0.99])
+@mpmath.workdps(60)  # the precision is set per test, never for the whole session
 def test_n1_closed_form_to_the_far_tail(alpha):
     # n = 1: P(b X + a Y >= s) = (b e^{-s/b} - a e^{-s/a}) / (b - a), b = 1 - a (a < b).
-    mpmath.mp.dps = 60
     a, b = min(alpha, 1 - alpha), max(alpha, 1 - alpha)
     for log10_target in (-0.1, -1, -10, -100, -300, -600, -2000):
         s = -log10_target * LN10 * b
@@ -108,9 +109,9 @@ def test_n1_closed_form_to_the_far_tail(alpha):
         assert stats.weighted_gamma_log10_sf(s, 1, alpha) == pytest.approx(expected, rel=1e-12, abs=allowance)
 
 
+@mpmath.workdps(40)
 def _mp_series_log10(score, n, alpha):
     """The NB mixture at 40 digits, summed until the NB tail (each Q <= 1) is below 1e-25 of it."""
-    mpmath.mp.dps = 40
     small, large = min(alpha, 1 - alpha), max(alpha, 1 - alpha)
     r = mpmath.mpf(small) / large
     x = mpmath.mpf(score) / small
@@ -139,8 +140,8 @@ def test_small_alpha_matches_a_40_digit_series(n, alpha, score):
 
 
 @pytest.mark.parametrize("x", [0.5, 3.0, 40.0, 777.7, 12_345.0, 250_000.0])
+@mpmath.workdps(40)
 def test_truncated_poisson_cdf_matches_mpmath(x):
-    mpmath.mp.dps = 40
     for top in sorted({0, 1, 2, 7, int(x / 3), int(x / 1.2), int(x) - 1, int(x), int(x) + 3,
                        int(x + 3 * math.sqrt(x)), int(2 * x) + 5}):
         if top < 0:
@@ -153,10 +154,10 @@ def test_truncated_poisson_cdf_matches_mpmath(x):
 
 
 @pytest.mark.parametrize("n,alpha,score", [(3, 0.1, 40.0), (10, 0.3, 12.0), (25, 0.05, 60.0), (40, 0.45, 90.0)])
+@mpmath.workdps(40)
 def test_series_terms_are_log_concave(n, alpha, score):
     # The head and tail bounds rest on term(k + 1) / term(k) never increasing (NB and Poisson
     # CDF both log-concave); checked at 40 digits on the terms themselves.
-    mpmath.mp.dps = 40
     small, large = min(alpha, 1 - alpha), max(alpha, 1 - alpha)
     r = mpmath.mpf(small) / large
     x = mpmath.mpf(score) / small
@@ -166,3 +167,40 @@ def test_series_terms_are_log_concave(n, alpha, score):
         terms.append(weight * mpmath.gammainc(2 * n + k, x, mpmath.inf, regularized=True))
     ratios = [terms[k + 1] / terms[k] for k in range(len(terms) - 1)]
     assert all(ratios[k + 1] <= ratios[k] * (1 + mpmath.mpf(10) ** -30) for k in range(len(ratios) - 1))
+
+
+def _windows_far_and_near(rng):
+    ns = np.concatenate(([1, 2, 3, 32, 5000], rng.integers(1, 5001, 300)))
+    # from below the mean to 4x it (log10 p to about -2,600 at n = 5,000)
+    scores = ns * np.concatenate(([0.5, 3.0, 1.0, 2.0, 2.5], rng.uniform(0.2, 4.0, 300)))
+    return scores, ns
+
+
+def test_vectorised_gamma_tail_keeps_the_full_sums_values():
+    # The rows now start at _poisson_starts; the terms they keep are the full sum's, so only
+    # the dropped terms (provably < e^-41 of the sum) and the order of summation differ.
+    scores, ns = _windows_far_and_near(np.random.default_rng(11))
+    many = stats.gamma_log10_sf_many(scores, ns)
+    one = np.array([stats.gamma_log10_sf(float(s), int(n)) for s, n in zip(scores, ns)])
+    assert np.all(np.abs(many - one) <= 1e-12 * np.maximum(1.0, np.abs(one)))
+    assert one.min() < -2000
+    starts = stats._poisson_starts(ns - 1, scores)
+    assert np.mean(starts > 0) > 0.5  # most rows are truncated, or this tests nothing
+
+
+@pytest.mark.parametrize("n,score", [(1000, 1000.0), (1000, 2500.0), (5000, 9000.0), (5000, 20_000.0), (64, 300.0)])
+@mpmath.workdps(40)
+def test_vectorised_gamma_tail_matches_mpmath(n, score):
+    expected = float(mpmath.log10(mpmath.gammainc(n, score, mpmath.inf, regularized=True)))
+    got = stats.gamma_log10_sf_many(np.array([score]), np.array([n]))[0]
+    assert got == pytest.approx(expected, rel=1e-9, abs=1e-12)  # test_stats' tolerance for the scalar sum
+
+
+def test_vectorised_gamma_tail_sums_every_term_when_a_start_is_not_safe(monkeypatch):
+    scores, ns = _windows_far_and_near(np.random.default_rng(12))
+    expected = stats.gamma_log10_sf_many(scores, ns)
+    # Starts at the top term: the dropped terms are then not negligible wherever more than one
+    # term matters, and those rows must be summed from 0 again.
+    monkeypatch.setattr(stats, "_poisson_starts", lambda top, x: np.maximum(top, 0))
+    got = stats.gamma_log10_sf_many(scores, ns)
+    assert np.all(np.abs(got - expected) <= 1e-12 * np.maximum(1.0, np.abs(expected)))
