@@ -41,6 +41,7 @@ _SIDE_MARGIN = _TAIL_MARGIN + math.log(3.0)
 # The slope of a log term below which a geometric bound is not trusted (float rounding in the
 # slope is ~1e-12; at 1e-6 it moves the bound by a factor 1 + 1e-6 at most).
 _MIN_LOG_RATIO = 1e-6
+_BELOW_ONE = float(np.nextafter(1.0, 0.0))
 
 
 def _logsumexp(values: np.ndarray) -> float:
@@ -83,8 +84,8 @@ def _poisson_starts(top: np.ndarray, x: np.ndarray) -> np.ndarray:
     checks the dropped terms with :func:`_dropped_below`."""
     top_f = top.astype(np.float64)
     spread = 12.0 * np.sqrt(x) + 32.0
-    with np.errstate(divide="ignore"):
-        steps = np.ceil((_SIDE_MARGIN + 10.0) / np.log(x / np.maximum(top_f, 1.0))) + 2.0
+    # (the floor on the log only matters where top >= x, where steps is not used)
+    steps = np.ceil((_SIDE_MARGIN + 10.0) / np.log(np.maximum(x / np.maximum(top_f, 1.0), 1.0 + 1e-12))) + 2.0
     width = np.where((top_f > 0) & (top_f < x), np.minimum(steps, spread), top_f - x + spread)
     return np.maximum(0, top - np.maximum(0.0, width).astype(np.int64))
 
@@ -94,8 +95,9 @@ def _dropped_below(j0: np.ndarray, x: np.ndarray, log_first: np.ndarray) -> np.n
     +inf where no bound holds). Below j0 < x each term is at most j0 / x of the one above it
     (p_{j-1} / p_j = j / x), so they sum to at most p_j0 q / (1 - q), q = j0 / x."""
     q = j0 / x
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bound = np.where(q < 1.0, log_first + np.log(q) - np.log1p(-q), math.inf)
+    # The clips change no value that is used: q = 0 and q >= 1 are answered by the wheres.
+    inside = np.clip(q, 1e-300, _BELOW_ONE)
+    bound = np.where(q < 1.0, log_first + np.log(inside) - np.log1p(-inside), math.inf)
     return np.where(j0 == 0, -math.inf, bound)
 
 
@@ -117,10 +119,12 @@ def _series_window(n: int, r: float, x: float) -> tuple[int, int]:
     In the far tail (2n + k < x) Q(a + 1, x) / Q(a, x) is about x / a, so the terms peak where
     (n + k) / (k + 1) (1 - r) x / (2n + k) = 1 (a quadratic in k), with curvature about
     n / (k (n + k)) + 1 / (2n + k) of the log term; elsewhere Q is near 1 and the terms follow
-    the NB law (mean n (1 - r) / r, sd sqrt(n (1 - r)) / r). The window is the peak +- 12 sd
-    (a drop of about e^-72 for a Gaussian shape). Only the cost depends on this guess: the
-    series checks its own head and tail bounds and starts again from k = 0 when the head's
-    fails (see :func:`_log_weighted_series`)."""
+    the NB law (mean n (1 - r) / r, sd sqrt(n (1 - r)) / r). The window starts 12 sd below the
+    peak (a drop of about e^-72 for a Gaussian shape) and ends 12 sd above it, or further where
+    the terms fall more slowly (a skewed NB, or Q near 1 past the peak): at the NB's rate
+    -ln((n + k) / (k + 1) (1 - r)) from 6 sd above the peak on. Only the cost depends on this
+    guess: the series checks its own head and tail bounds, starts again from k = 0 when the
+    head's fails and sums further when the tail's does (see :func:`_log_weighted_series`)."""
     b = 2.0 * n + 1.0 - (1.0 - r) * x
     c = 2.0 * n - (1.0 - r) * x * n
     disc = b * b - 4.0 * c
@@ -130,7 +134,10 @@ def _series_window(n: int, r: float, x: float) -> tuple[int, int]:
     else:
         peak, sd = n * (1.0 - r) / r, math.sqrt(n * (1.0 - r)) / r
     start = max(0, int(peak - 12.0 * sd - 16.0))
-    return start, max(16, int(peak + 12.0 * sd + 16.0) - start)
+    mid = peak + 6.0 * sd  # a Gaussian shape is down e^-18 there
+    fall = -math.log((n + mid) / (mid + 1.0) * (1.0 - r))
+    end = max(peak + 12.0 * sd, mid + (_SIDE_MARGIN + 5.0) / fall if fall > 0.0 else 0.0) + 16.0
+    return start, max(16, int(end) - start)
 
 
 def _log_weighted_series(n: int, r: float, x: float, k1: int, chunk: int) -> float | None:
@@ -172,7 +179,13 @@ def _log_weighted_series(n: int, r: float, x: float, k1: int, chunk: int) -> flo
             tail = min(tail, log_w - math.log1p(-ratio))
         if tail < total - _SIDE_MARGIN:
             return min(0.0, total) if head < total - _SIDE_MARGIN else None
-        chunk = max(chunk, k0 // 4)
+        if slope < -_MIN_LOG_RATIO:
+            # Falling already: by log-concavity term(k0 + m) <= term(k0) rho^m, so m terms
+            # more bring the first bound below the margin (1.25 m + 16 against rounding).
+            m = (tail - total + _SIDE_MARGIN) / -slope
+            chunk = int(1.25 * m) + 16
+        else:
+            chunk = max(chunk, k0 // 4)
 
 
 def _log_weighted_sf(score: float, n: int, alpha: float) -> float:

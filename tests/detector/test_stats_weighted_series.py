@@ -204,3 +204,16 @@ def test_vectorised_gamma_tail_sums_every_term_when_a_start_is_not_safe(monkeypa
     monkeypatch.setattr(stats, "_poisson_starts", lambda top, x: np.maximum(top, 0))
     got = stats.gamma_log10_sf_many(scores, ns)
     assert np.all(np.abs(got - expected) <= 1e-12 * np.maximum(1.0, np.abs(expected)))
+
+
+@pytest.mark.parametrize("n,alpha,score", [(1, 0.1, 3.0), (64, 0.1, 124.0), (64, 0.45, 200.0), (1000, 0.1, 2191.0),
+                                           (1000, 0.3, 1000.0), (5000, 0.1, 10_982.5)])
+def test_a_short_first_chunk_is_continued_to_the_same_sum(n, alpha, score):
+    # The window's end is a guess too: from a 16-term first chunk the series must continue
+    # (sized by the falling terms' ratio, or by a quarter of k while they still rise).
+    small, large = min(alpha, 1.0 - alpha), max(alpha, 1.0 - alpha)
+    r, x = small / large, score / small
+    k1, _ = stats._series_window(n, r, x)
+    got = stats._log_weighted_series(n, r, x, k1, 16)
+    expected = _previous_log_weighted_sf(score, n, alpha)
+    assert got is not None and got == pytest.approx(expected, rel=1e-12, abs=1e-9 * LN10)
