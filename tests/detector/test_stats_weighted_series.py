@@ -217,3 +217,16 @@ def test_a_short_first_chunk_is_continued_to_the_same_sum(n, alpha, score):
     got = stats._log_weighted_series(n, r, x, k1, 16)
     expected = _previous_log_weighted_sf(score, n, alpha)
     assert got is not None and got == pytest.approx(expected, rel=1e-12, abs=1e-9 * LN10)
+
+
+@pytest.mark.parametrize("start", [0.0, -3.0, -400.0, -700.0, -5000.0])
+def test_running_sums_match_logaddexp(start):
+    rng = np.random.default_rng(7)
+    for shape in ("rising", "falling", "peaked"):
+        k = np.arange(3000, dtype=np.float64)
+        logs = {"rising": -20.0 + 0.01 * k, "falling": -0.5 - 0.3 * k,
+                "peaked": -1.0 - 1e-4 * (k - 1500.0) ** 2}[shape] + rng.normal(0.0, 0.1, len(k))
+        logs = np.minimum(logs, -0.01) - 5.0
+        expected = np.minimum(np.logaddexp.accumulate(np.concatenate(([start], logs))), 0.0)
+        got = stats._log_running_sums(start, logs)
+        assert np.all(np.abs(got - expected) <= 1e-12 * np.maximum(1.0, np.abs(expected))), (start, shape)
