@@ -42,6 +42,9 @@ _SIDE_MARGIN = _TAIL_MARGIN + math.log(3.0)
 # slope is ~1e-12; at 1e-6 it moves the bound by a factor 1 + 1e-6 at most).
 _MIN_LOG_RATIO = 1e-6
 _BELOW_ONE = float(np.nextafter(1.0, 0.0))
+# Longest chunk of the weighted series: windows of millions of terms (alpha near 0, where the
+# NB's mean n (1 - alpha) / alpha is huge) ran 3x slower in one piece (temporaries out of cache).
+_MAX_CHUNK = 1 << 16
 
 
 def _logsumexp(values: np.ndarray) -> float:
@@ -129,21 +132,28 @@ def _series_window(n: int, r: float, x: float) -> tuple[int, int]:
     the NB law (mean n (1 - r) / r, sd sqrt(n (1 - r)) / r). The window starts 12 sd below the
     peak (a drop of about e^-72 for a Gaussian shape) and ends 12 sd above it, or further where
     the terms fall more slowly (a skewed NB, or Q near 1 past the peak): at the NB's rate
-    -ln((n + k) / (k + 1) (1 - r)) from 6 sd above the peak on. Only the cost depends on this
+    -ln((n + k) / (k + 1) (1 - r)) from 6 sd above the peak on, up to 24 sd, and at least to
+    12 NB sd above the NB mean. Only the cost depends on this
     guess: the series checks its own head and tail bounds, starts again from k = 0 when the
     head's fails and sums further when the tail's does (see :func:`_log_weighted_series`)."""
     b = 2.0 * n + 1.0 - (1.0 - r) * x
     c = 2.0 * n - (1.0 - r) * x * n
     disc = b * b - 4.0 * c
     peak = max(0.0, 0.5 * (-b + math.sqrt(disc))) if disc > 0.0 else 0.0
+    nb_mean, nb_sd = n * (1.0 - r) / r, math.sqrt(n * (1.0 - r)) / r
     if 2.0 * n + peak < x:
         sd = 1.0 / math.sqrt(n / ((peak + 1.0) * (n + peak)) + 1.0 / (2.0 * n + peak))
     else:
-        peak, sd = n * (1.0 - r) / r, math.sqrt(n * (1.0 - r)) / r
+        peak, sd = nb_mean, nb_sd
     start = max(0, int(peak - 12.0 * sd - 16.0))
     mid = peak + 6.0 * sd  # a Gaussian shape is down e^-18 there
     fall = -math.log((n + mid) / (mid + 1.0) * (1.0 - r))
-    end = max(peak + 12.0 * sd, mid + (_SIDE_MARGIN + 5.0) / fall if fall > 0.0 else 0.0) + 16.0
+    # The NB's slope alone overshoots where it is nearly flat (r tiny: the NB is then close to
+    # Gaussian and 12 sd suffice), hence the cap at 24 sd.
+    slow = min(mid + (_SIDE_MARGIN + 5.0) / fall, peak + 24.0 * sd) if fall > 0.0 else 0.0
+    # Where Q is near 1/2 at the peak, Q's fall below it sets the start, but above it the
+    # terms follow the NB (12 NB sd above its mean).
+    end = max(peak + 12.0 * sd, slow, nb_mean + 12.0 * nb_sd) + 16.0
     return start, max(16, int(end) - start)
 
 
@@ -175,6 +185,7 @@ def _log_weighted_series(n: int, r: float, x: float, k1: int, chunk: int) -> flo
     head = -math.inf
     k0 = k1
     while True:
+        chunk = min(chunk, _MAX_CHUNK)
         ks = np.arange(k0, k0 + chunk + 1, dtype=np.float64)
         # NB(k + 1) / NB(k) = (n + k) / (k + 1) * (1 - r).
         steps = np.log((n + ks[:-1]) / (ks[:-1] + 1.0)) + log_1mr
@@ -204,7 +215,7 @@ def _log_weighted_series(n: int, r: float, x: float, k1: int, chunk: int) -> flo
             # Falling already: by log-concavity term(k0 + m) <= term(k0) rho^m, so m terms
             # more bring the first bound below the margin (1.25 m + 16 against rounding).
             m = (tail - total + _SIDE_MARGIN) / -slope
-            chunk = int(1.25 * m) + 16
+            chunk = min(int(1.25 * m) + 16, max(chunk, k0 // 4))  # (a nearly flat slope overshoots)
         else:
             chunk = max(chunk, k0 // 4)
 
