@@ -38,8 +38,9 @@ LN10 = math.log(10.0)
 _TAIL_MARGIN = 40.0  # what a truncated series leaves out stays below exp(-40) of its sum
 # Each of the weighted series' three truncations gets a third of that margin.
 _SIDE_MARGIN = _TAIL_MARGIN + math.log(3.0)
-# The slope of a log term below which a geometric bound is not trusted (float rounding in the
-# slope is ~1e-12; at 1e-6 it moves the bound by a factor 1 + 1e-6 at most).
+# The slope of a log term below which a geometric bound is not trusted: a slope's float
+# rounding is about eps times the log terms' size (1e-11 at 1e5, p ~ 1e-43,000), so at 1e-6
+# it moves a bound by a factor 1 + 1e-5 at most, nothing against the e^-41 it is checked to.
 _MIN_LOG_RATIO = 1e-6
 _BELOW_ONE = float(np.nextafter(1.0, 0.0))
 # Longest chunk of the weighted series: windows of millions of terms (alpha near 0, where the
