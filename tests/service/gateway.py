@@ -108,6 +108,13 @@ def start(tmp: Path, database_url: str | None = None, secrets: dict[str, int] | 
                "detect_rate_per_minute": 100_000, "detect_burst": 100_000, **overrides}
     settings = ServiceSettings(**options)
     app = create_app(settings, store_settings=store_settings)
+    url, server, thread = serve(app)
+    return Gateway(url, tokens, store_settings, app, server, thread)
+
+
+def serve(app) -> tuple[str, uvicorn.Server, threading.Thread]:
+    """Serve ``app`` with uvicorn in a daemon thread on a free local port, once it has started:
+    (its URL, the server, the thread). Stop it with ``server.should_exit = True`` and a join."""
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            access_log=False))
@@ -117,5 +124,5 @@ def start(tmp: Path, database_url: str | None = None, secrets: dict[str, int] | 
     while not server.started:
         if time.time() > deadline or not thread.is_alive():
             raise RuntimeError("the test gateway did not start")
-        time.sleep(0.1)
-    return Gateway(f"http://127.0.0.1:{port}", tokens, store_settings, app, server, thread)
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{port}", server, thread

@@ -12,12 +12,9 @@ or key that does not exist at all.
 
 from __future__ import annotations
 
-import threading
-import time
 
 import httpx
 import pytest
-import uvicorn
 
 from keys.db import open_store
 from keys.ledger import record_generation
@@ -57,13 +54,8 @@ def world(tmp_path_factory):
     engine = ScriptedEngine()
     app = create_app(ServiceSettings(detect_rate_per_minute=100_000, detect_burst=100_000), engine=engine,
                      store_settings=store_settings)
-    port = gw._free_port()  # noqa: SLF001
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    yield {"url": f"http://127.0.0.1:{port}", "tokens": tokens, "ids": ids, "store": store, "app": app}
+    url, server, thread = gw.serve(app)
+    yield {"url": url, "tokens": tokens, "ids": ids, "store": store, "app": app}
     store.close()
     server.should_exit = True
     thread.join(30)

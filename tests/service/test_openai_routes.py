@@ -7,12 +7,9 @@ scripted engine over a real HTTP server (fast)."""
 
 from __future__ import annotations
 
-import threading
-import time
 
 import httpx
 import pytest
-import uvicorn
 
 from service.app import create_app
 from service.routes.openai import ALIAS
@@ -32,13 +29,8 @@ COMPLETION = {"prompt": "hi", "max_tokens": 3}
 def server(tmp_path_factory):
     store_settings, tokens = gw.provision(tmp_path_factory.mktemp("openai"))
     app = create_app(ServiceSettings(max_tokens_cap=64, default_max_tokens=16), engine=ScriptedEngine(), store_settings=store_settings)
-    port = gw._free_port()  # noqa: SLF001
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    while not uv.started:
-        time.sleep(0.05)
-    yield type("S", (), {"url": f"http://127.0.0.1:{port}", "tokens": tokens})
+    url, uv, thread = gw.serve(app)
+    yield type("S", (), {"url": url, "tokens": tokens})
     uv.should_exit = True
     thread.join(30)
 

@@ -9,13 +9,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import threading
 import time
 from dataclasses import dataclass
 
 import httpx
 import pytest
-import uvicorn
 
 from keys.chain import hash_token_ids
 from keys.db import open_store
@@ -94,14 +92,9 @@ def server(tmp_path_factory):
     engine = ScriptedEngine()
     app = create_app(ServiceSettings(generation_timeout_s=2.0, max_tokens_cap=1024, detect_rate_per_minute=100_000,
                                      detect_burst=100_000), engine=engine, store_settings=store_settings)
-    port = gw._free_port()  # noqa: SLF001
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    while not uv.started:
-        time.sleep(0.05)
+    url, uv, thread = gw.serve(app)
     store = open_store(store_settings, require_kek=True)
-    yield type("S", (), {"url": f"http://127.0.0.1:{port}", "tokens": tokens, "engine": engine, "store": store})
+    yield type("S", (), {"url": url, "tokens": tokens, "engine": engine, "store": store})
     store.close()
     uv.should_exit = True
     thread.join(30)
