@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Sequence, TypeVar
 
 from detector.detect import DetectorConfig, detect
-from detector.normalize import NormalizedText, normalize
+from detector.normalize import NormalizedText, normalize_forms
 from detector.result import Candidate, DetectionResult, Span
 
 CORRECTION = "bonferroni x{m} over the text as sent and its normalised forms"
@@ -58,9 +58,9 @@ def _span_chars(span: Span, offsets: Sequence[tuple[int, int]]) -> Span:
 def text_forms(text: str) -> tuple[list[TextForm], NormalizedText]:
     """The distinct forms of ``text`` to score, the text as sent first, and the full
     normalisation (what it changed, for the result)."""
-    full = normalize(text)
+    both = normalize_forms(text)
+    full, kept = both.collapsed, both.spaces_kept
     forms = [TextForm("as_sent", text, None)]
-    kept = normalize(text, collapse_whitespace=False)
     for name, candidate in (("normalized", full), ("normalized_spaces_kept", kept)):
         if all(candidate.text != form.text for form in forms):
             forms.append(TextForm(name, candidate.text, candidate))
@@ -77,7 +77,15 @@ def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate]
         return detect(forms[0], candidates, config), 0
     m = len(forms)
     share = config.model_copy(update={"threshold": config.threshold / m})
-    results = [detect(tokens, candidates, share) for tokens in forms]
+    # Forms that tokenise alike (a normalisation that only touched what the tokeniser
+    # ignores) share one detection: detect is a pure function of the token ids.
+    scored: dict[tuple[int, ...], DetectionResult] = {}
+    results = []
+    for tokens in forms:
+        ids = tuple(tokens)
+        if ids not in scored:
+            scored[ids] = detect(tokens, candidates, share)
+        results.append(scored[ids])
     best = min(range(m), key=lambda i: results[i].log10_p_value)
     factor = math.log10(m)
     result = results[best]

@@ -37,6 +37,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from typing import Sequence
 
 # Unicode 15.1 Default_Ignorable_Code_Point (DerivedCoreProperties.txt) less the bidi
 # controls below, as inclusive ranges: drawn as nothing by every renderer.
@@ -92,11 +93,11 @@ def _latin_like(ch: str | None) -> bool:
             or unicodedata.category(ch).startswith("P") or "LATIN" in unicodedata.name(ch, ""))
 
 
-def _hidden_to_remove(text: str) -> list[bool]:
-    """Per character of ``text``: an invisible character or bidi control placed in Latin
-    text, to remove (module docstring, 1). Linear: each run of hidden characters has one
+def _hidden_to_remove(text: str) -> list[int]:
+    """Indices of ``text`` (ascending) holding an invisible character or bidi control placed in
+    Latin text, to remove (module docstring, 1). Linear: each run of hidden characters has one
     visible neighbour on each side."""
-    out = [False] * len(text)
+    out: list[int] = []
     for run in _HIDDEN_RUN.finditer(text):
         before = text[run.start() - 1] if run.start() > 0 else None
         after = text[run.end()] if run.end() < len(text) else None
@@ -104,7 +105,8 @@ def _hidden_to_remove(text: str) -> list[bool]:
         keycap = after == KEYCAP  # 1️⃣: an ASCII digit, VS16, the enclosing keycap
         for i in range(run.start(), run.end()):
             # A selector modifies the character before it; anything else sits between two.
-            out[i] = (latin_before and not keycap) if _in(text[i], SELECTOR_RANGES) else latin_either
+            if (latin_before and not keycap) if _in(text[i], SELECTOR_RANGES) else latin_either:
+                out.append(i)
     return out
 
 
@@ -113,25 +115,34 @@ def _foreign(ch: str) -> bool:
     return "\u0370" <= ch <= "\u03ff" or "\u0400" <= ch <= "\u052f" or "\u1f00" <= ch <= "\u1fff"
 
 
-def _posing_as_latin(text: str) -> list[bool]:
-    """Per character of ``text``: a homoglyph posing as a Latin letter (module docstring, 3)."""
-    latin = sum(ch.isascii() and ch.isalpha() for ch in text)
-    foreign = sum(_foreign(ch) and ch not in HOMOGLYPHS for ch in text)
+def _posing_as_latin(text: str) -> list[int]:
+    """Indices of ``text`` (ascending) holding a homoglyph posing as a Latin letter (module
+    docstring, 3)."""
+    if not _HOMOGLYPH.search(text):
+        return []
+    latin = len(_ASCII_LETTER.findall(text))
+    # Every homoglyph lies in the Cyrillic and Greek blocks that _foreign tests.
+    foreign = len(_FOREIGN_LETTER.findall(text)) - len(_HOMOGLYPH.findall(text))
     mostly_latin = latin > foreign
-    out = [False] * len(text)
+    out: list[int] = []
     for word in _WORD.finditer(text):
         chars = word.group()
-        if not any(ch in HOMOGLYPHS for ch in chars):
+        if not _HOMOGLYPH.search(chars):
             continue
         if any(_foreign(ch) and ch not in HOMOGLYPHS for ch in chars):
             continue  # a real Cyrillic/Greek word
         if mostly_latin or any(ch.isascii() for ch in chars):
-            for i in range(word.start(), word.end()):
-                out[i] = text[i] in HOMOGLYPHS
+            out.extend(word.start() + k for k, ch in enumerate(chars) if ch in HOMOGLYPHS)
     return out
+
+
 _HSPACE_RUN = re.compile(r"[ \t]{2,}")
 _HIDDEN_RUN = re.compile(_char_class(INVISIBLE_RANGES, "".join(BIDI_CONTROLS)).pattern + "+")
 """Runs of invisible characters and bidi controls (module docstring, 1)."""
+_HOMOGLYPH = _char_class((), "".join(HOMOGLYPHS))
+_ASCII_LETTER = re.compile(r"[A-Za-z]")
+_FOREIGN_LETTER = _char_class(((0x0370, 0x03FF), (0x0400, 0x052F), (0x1F00, 0x1FFF)))
+"""The code points :func:`_foreign` accepts, for counting them in one pass."""
 
 
 @dataclass(frozen=True)
@@ -166,66 +177,108 @@ class NormalizedText:
         return [(at(start), at(end)) for start, end in offsets]
 
 
+@dataclass(frozen=True)
+class NormalizedForms:
+    """Both normalisations of one text, from one pass over it: they differ only in step 4's
+    collapsing of space runs."""
+
+    collapsed: NormalizedText
+    """``normalize(text)``."""
+    spaces_kept: NormalizedText
+    """``normalize(text, collapse_whitespace=False)``."""
+
+
 def normalize(text: str, *, collapse_whitespace: bool = True) -> NormalizedText:
     """Normalise ``text`` (see the module docstring); ``collapse_whitespace=False`` keeps
     runs of spaces (genuine indentation is also one)."""
+    chars, origin, changes = _before_collapse(text)
+    if collapse_whitespace:
+        return _collapsed(chars, origin, changes, len(text))
+    return NormalizedText(text=chars, changes=changes, origin=tuple(origin), original_length=len(text))
+
+
+def normalize_forms(text: str) -> NormalizedForms:
+    """``normalize(text)`` and ``normalize(text, collapse_whitespace=False)``, sharing every
+    step but the last."""
+    chars, origin, changes = _before_collapse(text)
+    kept = NormalizedText(text=chars, changes=dict(changes), origin=tuple(origin), original_length=len(text))
+    return NormalizedForms(collapsed=_collapsed(chars, origin, changes, len(text)), spaces_kept=kept)
+
+
+def _before_collapse(text: str) -> tuple[str, Sequence[int], dict[str, int]]:
+    """Steps 1 to 3 and step 4's line breaks: the text, each character's source index [n],
+    and the change counts so far. Each step first checks, at C speed, whether the text holds
+    any character it could change (most texts hold none), and is skipped if not."""
     changes: dict[str, int] = {}
-    remove = _hidden_to_remove(text)
-    zero = sum(r and ch not in BIDI_CONTROLS for ch, r in zip(text, remove))
-    bidi = sum(r and ch in BIDI_CONTROLS for ch, r in zip(text, remove))
-    if zero:
-        changes["zero_width"] = zero
-    if bidi:
-        changes["bidi"] = bidi
-    visible = [(ch, o) for o, (ch, r) in enumerate(zip(text, remove)) if not r]
-    chars, origin, rewritten = _nfkc_with_origin("".join(ch for ch, _ in visible), [o for _, o in visible])
-    if rewritten:
-        changes["nfkc"] = rewritten
-    kept = list(zip(chars, origin))
+    chars, origin = text, range(len(text))
+    if _HIDDEN_RUN.search(text):
+        remove = _hidden_to_remove(text)
+        bidi = sum(text[i] in BIDI_CONTROLS for i in remove)
+        if len(remove) - bidi:
+            changes["zero_width"] = len(remove) - bidi
+        if bidi:
+            changes["bidi"] = bidi
+        if remove:
+            chars, origin = _deleted(text, origin, remove)
+    if not unicodedata.is_normalized("NFKC", chars):
+        chars, origin, rewritten = _nfkc_with_origin(chars, origin)
+        if rewritten:
+            changes["nfkc"] = rewritten
     posing = _posing_as_latin(chars)
-    if any(posing):
-        changes["homoglyph"] = sum(posing)
-        kept = [(HOMOGLYPHS[ch] if swap else ch, o) for (ch, o), swap in zip(kept, posing)]
-    kept, line_endings = _newlines(kept)
-    if line_endings:
-        changes["line_endings"] = line_endings
-    out: list[tuple[str, int]] = []
-    removed = 0
-    for ch, o in kept:  # a run of spaces and tabs becomes its first character, as one space
-        if collapse_whitespace and ch in " \t" and out and out[-1][0] in " \t":
-            removed += 1
-            continue
-        out.append((ch, o))
-    collapsed = "".join(ch for ch, _ in out)
-    if removed:
-        changes["whitespace"] = removed
-        # A run's first character stays as a space (a tab in a run becomes a space).
-        collapsed = _HSPACE_RUN.sub(" ", "".join(ch for ch, _ in kept))
-    return NormalizedText(text=collapsed, changes=changes, origin=tuple(o for _, o in out),
-                          original_length=len(text))
+    if posing:  # one letter for one: the origins stand
+        changes["homoglyph"] = len(posing)
+        swapped = list(chars)
+        for i in posing:
+            swapped[i] = HOMOGLYPHS[swapped[i]]
+        chars = "".join(swapped)
+    if _LINE_BREAK.search(chars):
+        crlf = [m.start() + 1 for m in _CRLF.finditer(chars)]  # the \n of each CRLF is dropped
+        changes["line_endings"] = len(_LINE_BREAK.findall(chars))  # a CRLF counts once
+        chars = _LINE_BREAK.sub("\n", chars)  # a CRLF's \r\n becomes one \n (the \r's origin)
+        if crlf:
+            origin = _deleted_origin(origin, crlf)
+    return chars, origin, changes
+
+
+def _collapsed(chars: str, origin: Sequence[int], changes: dict[str, int], length: int) -> NormalizedText:
+    """Step 4's collapsing: a run of spaces and tabs becomes one space, at its first
+    character's origin."""
+    runs = [(m.start() + 1, m.end()) for m in _HSPACE_RUN.finditer(chars)]
+    if runs:
+        changes = {**changes, "whitespace": sum(end - start for start, end in runs)}
+        chars = _HSPACE_RUN.sub(" ", chars)
+        kept: list[int] = []
+        at = 0
+        for start, end in runs:
+            kept.extend(origin[at:start])
+            at = end
+        kept.extend(origin[at:])
+        origin = kept
+    return NormalizedText(text=chars, changes=changes, origin=tuple(origin), original_length=length)
+
+
+def _deleted(text: str, origin: Sequence[int], remove: list[int]) -> tuple[str, list[int]]:
+    """``text`` and ``origin`` without the characters at ``remove`` (ascending indices)."""
+    gone = set(remove)
+    return "".join(ch for i, ch in enumerate(text) if i not in gone), _deleted_origin(origin, remove)
+
+
+def _deleted_origin(origin: Sequence[int], remove: list[int]) -> list[int]:
+    """``origin`` without the entries at ``remove`` (ascending indices)."""
+    kept: list[int] = []
+    at = 0
+    for i in remove:
+        kept.extend(origin[at:i])
+        at = i + 1
+    kept.extend(origin[at:])
+    return kept
 
 
 LINE_BREAKS = frozenset("\r\u2028\u2029\x85")
 """Line breaks other than \\n (CR, as in CRLF, and Unicode's line and paragraph separators
 and NEL), each made a \\n."""
-
-
-def _newlines(chars: list[tuple[str, int]]) -> tuple[list[tuple[str, int]], int]:
-    """``chars`` (character, source index) with every line break a single \\n (a CRLF's \\n
-    is dropped, so it joins the \\r's range), and how many line breaks were rewritten."""
-    out: list[tuple[str, int]] = []
-    rewritten = 0
-    after_cr = False
-    for ch, o in chars:
-        if ch == "\n" and after_cr:
-            after_cr = False
-            continue  # the \n of a CRLF
-        after_cr = ch == "\r"
-        if ch in LINE_BREAKS:
-            rewritten += 1
-            ch = "\n"
-        out.append((ch, o))
-    return out, rewritten
+_LINE_BREAK = re.compile("\r\n|[\r\u2028\u2029\x85]")
+_CRLF = re.compile("\r\n")
 
 
 MAX_MERGED_SEGMENTS = 8
@@ -233,7 +286,7 @@ MAX_MERGED_SEGMENTS = 8
 a few scripts' two-part vowels; beyond this the map falls back to proportional."""
 
 
-def _nfkc_with_origin(text: str, origin: list[int]) -> tuple[str, list[int], int]:
+def _nfkc_with_origin(text: str, origin: Sequence[int]) -> tuple[str, Sequence[int], int]:
     """NFKC of ``text`` [n], each of its characters' source index (through ``origin`` [n]),
     and how many characters of ``text`` NFKC rewrote.
 
@@ -245,7 +298,7 @@ def _nfkc_with_origin(text: str, origin: list[int]) -> tuple[str, list[int], int
     composition (e + U+0301 -> é) maps to the run's first character."""
     nfkc = unicodedata.normalize("NFKC", text)
     if nfkc == text:
-        return text, list(origin), 0
+        return text, origin, 0
     starts = [i for i, ch in enumerate(text) if i == 0 or not unicodedata.combining(ch)] + [len(text)]
     mapped: list[int] = []
     rewritten = 0

@@ -105,3 +105,30 @@ def test_span_p_values_carry_the_forms_correction_like_the_global_p():
     for span, plain in zip(result.spans, alone.spans):
         assert (span.start, span.end) == (plain.start, plain.end)
         assert span.log10_p_value == pytest.approx(plain.log10_p_value + math.log10(2))
+
+
+def test_forms_that_tokenise_alike_are_scored_once_with_the_same_result(monkeypatch):
+    import detector.forms as forms_module
+
+    marked, _ = generate(KEY, 150, seed=9)
+    other = human_like(150, seed=10)
+    config = DetectorConfig()
+    share = config.model_copy(update={"threshold": config.threshold / 3})
+    separately = [detect(tokens, [Candidate.inline(KEY)], share) for tokens in (other, marked, other)]
+    calls = []
+
+    def counting(tokens, candidates, cfg):
+        calls.append(list(tokens))
+        return detect(tokens, candidates, cfg)
+
+    monkeypatch.setattr(forms_module, "detect", counting)
+    result, form = detect_forms([other, list(marked), other], [Candidate.inline(KEY)], config)
+    assert calls == [list(other), list(marked)]  # the repeated form is not scored again
+    # As if each form had been scored: the m = 3 correction and the first best form.
+    best = min(range(3), key=lambda i: separately[i].log10_p_value)
+    assert form == best == 1
+    assert result.log10_p_value == min(0.0, separately[1].log10_p_value + math.log10(3))
+    assert [k.log10_p_adjusted for k in result.per_key] == [
+        min(0.0, k.log10_p_adjusted + math.log10(3)) for k in separately[1].per_key]
+    tied, form = detect_forms([other, other], [Candidate.inline(KEY)], config)
+    assert form == 0 and len(calls) == 3
