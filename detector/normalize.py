@@ -278,6 +278,8 @@ LINE_BREAKS = frozenset("\r\u2028\u2029\x85")
 """Line breaks other than \\n (CR, as in CRLF, and Unicode's line and paragraph separators
 and NEL), each made a \\n."""
 _LINE_BREAK = re.compile("\r\n|[\r\u2028\u2029\x85]")
+_ASCII_RUN = re.compile(r"[\x00-\x7f]+")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
 _CRLF = re.compile("\r\n")
 
 
@@ -299,12 +301,27 @@ def _nfkc_with_origin(text: str, origin: Sequence[int]) -> tuple[str, Sequence[i
     nfkc = unicodedata.normalize("NFKC", text)
     if nfkc == text:
         return text, origin, 0
-    starts = [i for i, ch in enumerate(text) if i == 0 or not unicodedata.combining(ch)] + [len(text)]
+    marks = {m.start() for m in _NON_ASCII.finditer(text, 1) if unicodedata.combining(m.group())}
+    starts = [i for i in range(len(text)) if i not in marks] if marks else list(range(len(text)))
+    starts.append(len(text))
     mapped: list[int] = []
     rewritten = 0
     at, s = 0, 0
+    retry_ascii = 0  # a run of ASCII that disagreed with nfkc is walked one segment at a time
     while s < len(starts) - 1:
         a = starts[s]
+        if a >= retry_ascii and text[a].isascii():
+            # Each ASCII character is a segment that NFKC leaves alone, so the walk below
+            # would take it as it is wherever nfkc agrees: take the whole run at once.
+            end = _ASCII_RUN.match(text, a).end()
+            if end < len(text) and unicodedata.combining(text[end]):
+                end -= 1  # the last one's segment holds the mark after it
+            if end > a and nfkc.startswith(text[a:end], at):
+                mapped.extend(origin[a:end])
+                at += end - a
+                s += end - a
+                continue
+            retry_ascii = end
         for t in range(s + 1, min(s + 1 + MAX_MERGED_SEGMENTS, len(starts))):
             piece = unicodedata.normalize("NFKC", text[a:starts[t]])
             if nfkc.startswith(piece, at):
