@@ -12,8 +12,8 @@ False-match bound. For a text unrelated to generation G (no shared k-gram), a sh
 digest needs a 63-bit HMAC collision: probability at most 2^-63 per (query, stored) pair,
 treating HMAC-SHA256 as a PRF. With Q query digests and M stored digests of G, the number
 X of chance matches satisfies P(X >= x) <= (Q M 2^-63)^x / x! (union bound over the
-x-subsets of pairs); multiplied by the number of generations searched (Bonferroni). This
-bounds chance collisions only: a real shared 8-token phrase is a real match, which is why
+x-subsets of pairs); multiplied by the number of generations searched, or an upper bound on
+it (Bonferroni; :func:`generations_searched`). This bounds chance collisions only: a real shared 8-token phrase is a real match, which is why
 the share of the text's k-grams that matched is reported beside it.
 """
 
@@ -28,7 +28,7 @@ from typing import Iterable, Sequence
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from keys.models import LedgerKgram
+from keys.models import LedgerEntry, LedgerKgram
 
 K = 8
 """Tokens per k-gram."""
@@ -43,19 +43,101 @@ def kgram_key(secret: int) -> bytes:
     return hashlib.sha256(b"hallmark-kgram-v1" + int(secret).to_bytes(8, "big")).digest()
 
 
-def position_digests(token_ids: Sequence[int], secret: int, k: int = K) -> list[int]:
+def position_digests(token_ids: Sequence[int], secret: int, k: int = K,
+                     memo: dict[bytes, int] | None = None) -> list[int]:
     """The 63-bit digest of the k-gram starting at each position of ``token_ids`` [n]
-    (n - k + 1 of them; empty if n < k)."""
+    (n - k + 1 of them; empty if n < k). ``memo``: digests of k-grams already hashed under
+    ``secret`` (by their 4k bytes), read and extended: the forms of one text (as sent,
+    normalised) share most of their k-grams, so each distinct one is hashed once."""
     # One keyed HMAC state, copied per k-gram: the key's two padded blocks are hashed once,
     # not once per k-gram (the digests are the same as hmac.new(key, gram) each time).
-    keyed = hmac.new(kgram_key(secret), digestmod=hashlib.sha256)
+    keyed = None
     data = b"".join((int(t) & 0xFFFFFFFF).to_bytes(4, "big") for t in token_ids)
+    memo = {} if memo is None else memo
     out = []
     for start in range(0, len(token_ids) - k + 1):
-        mac = keyed.copy()
-        mac.update(data[4 * start:4 * (start + k)])
-        out.append(int.from_bytes(mac.digest()[:8], "big") >> (64 - DIGEST_BITS))
+        gram = data[4 * start:4 * (start + k)]
+        digest = memo.get(gram)
+        if digest is None:
+            if keyed is None:
+                keyed = hmac.new(kgram_key(secret), digestmod=hashlib.sha256)
+            mac = keyed.copy()
+            mac.update(gram)
+            digest = memo[gram] = int.from_bytes(mac.digest()[:8], "big") >> (64 - DIGEST_BITS)
+        out.append(digest)
     return out
+
+
+class KgramCache:
+    """What one detection learns of a text's k-grams and of the ledger, within one read
+    transaction (it holds query results: never keep it past the transaction).
+
+    The forms of one text (as sent, normalised; detector.forms) share most of their k-grams:
+    each distinct k-gram is hashed once per key, and each distinct digest looked up in the
+    ledger once per key and scope, for every form and every look-up of the detection
+    (:func:`find_matches`, :func:`shared_positions`). A look-up fetches the matching rows
+    themselves, (generation, digest), rather than counts per generation: the counts and the
+    shared positions of every generation then come from one query per key, at the cost of
+    returning one row per shared (generation, k-gram) pair, as many as the count query read."""
+
+    def __init__(self) -> None:
+        self._memo: dict[int, dict[bytes, int]] = {}
+        self._at: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+        self._rows: dict[tuple[str, str | None], dict[int, list[str]]] = {}
+        self._scope_of: dict[tuple[str, str], str | None] = {}
+        self._searched: dict[str, int] = {}
+        self._stored: dict[str, int] = {}
+
+    def at(self, token_ids: Sequence[int], secret: int) -> list[int]:
+        """:func:`position_digests` of ``token_ids`` [n] under ``secret``."""
+        index = (int(secret), tuple(int(t) for t in token_ids))
+        found = self._at.get(index)
+        if found is None:
+            found = self._at[index] = position_digests(token_ids, secret, memo=self._memo.setdefault(int(secret), {}))
+        return found
+
+    def rows(self, session: Session, key_id: str, tenant_id: str | None, digests: Iterable[int]) -> dict[int, list[str]]:
+        """Per digest looked up so far under ``key_id`` in scope ``tenant_id`` (None: every
+        tenant), ``digests`` included: the generations that recorded it, one entry per row."""
+        known = self._rows.setdefault((key_id, tenant_id), {})
+        missing = sorted(d for d in set(digests) if d not in known)
+        for chunk in _chunks(missing):
+            stmt = select(LedgerKgram.generation_id, LedgerKgram.digest).where(
+                LedgerKgram.key_id == key_id, LedgerKgram.digest.in_(chunk))
+            if tenant_id is not None:
+                stmt = stmt.where(LedgerKgram.tenant_id == tenant_id)
+            known.update((d, []) for d in chunk)
+            for generation_id, digest in session.execute(stmt):
+                known[digest].append(generation_id)
+                self._scope_of[key_id, generation_id] = tenant_id
+        return known
+
+    def searched(self, session: Session, key_id: str) -> int:
+        if key_id not in self._searched:
+            self._searched[key_id] = generations_searched(session, key_id)
+        return self._searched[key_id]
+
+    def stored(self, session: Session, generation_ids: Iterable[str]) -> dict[str, int]:
+        """Digests recorded per generation (every key: a generation has one)."""
+        missing = [g for g in dict.fromkeys(generation_ids) if g not in self._stored]
+        if missing:
+            self._stored.update((g, 0) for g in missing)
+            self._stored.update((g, int(c)) for g, c in session.execute(
+                select(LedgerKgram.generation_id, func.count(LedgerKgram.id))
+                .where(LedgerKgram.generation_id.in_(missing)).group_by(LedgerKgram.generation_id)))
+        return self._stored
+
+    def shared(self, key_id: str, generation_id: str, at: Sequence[int]) -> set[int] | None:
+        """The digests among ``at`` that ``generation_id`` recorded under ``key_id``, when the
+        look-ups so far hold them all (None: they do not). A generation's k-grams are written
+        once, under its tenant (:func:`record`), so the rows of the scope it was found in are
+        all of its rows among the digests looked up there."""
+        if (key_id, generation_id) not in self._scope_of:
+            return None
+        known = self._rows[key_id, self._scope_of[key_id, generation_id]]
+        if any(d not in known for d in at):
+            return None
+        return {d for d in set(at) if generation_id in known[d]}
 
 
 def digests(token_ids: Sequence[int], secret: int, k: int = K) -> set[int]:
@@ -72,12 +154,30 @@ def matched_positions(session: Session, *, key_id: str, generation_id: str, secr
     caller has them already (one text is matched against several generations)."""
     if at is None:
         at = position_digests(token_ids, secret)
-    found: set[int] = set()
-    for chunk in _chunks(sorted(set(at))):
-        found.update(session.scalars(select(LedgerKgram.digest).where(
-            LedgerKgram.key_id == key_id, LedgerKgram.generation_id == generation_id,
-            LedgerKgram.digest.in_(chunk))))
-    return {i for start, d in enumerate(at) if d in found for i in range(start + min(skip, K), start + K)}
+    return shared_positions(session, key_id=key_id, generation_ids=[generation_id], at=at, skip=skip)[generation_id]
+
+
+def shared_positions(session: Session, *, key_id: str, generation_ids: Sequence[str], at: Sequence[int],
+                     skip: int = 0, cache: KgramCache | None = None) -> dict[str, set[int]]:
+    """:func:`matched_positions` for several generations under one key, in one query (per
+    :data:`_CHUNK` distinct digests), or none where ``cache`` holds the rows already: per
+    generation id, the positions of the text whose :func:`position_digests` are ``at``
+    [n - k + 1] inside a k-gram it shares."""
+    found: dict[str, set[int]] = {}
+    for generation_id in dict.fromkeys(generation_ids):
+        shared = None if cache is None else cache.shared(key_id, generation_id, at)
+        if shared is not None:
+            found[generation_id] = shared
+    ids = [g for g in dict.fromkeys(generation_ids) if g not in found]
+    if ids:
+        found.update((g, set()) for g in ids)
+        for chunk in _chunks(sorted(set(at))):
+            for generation_id, digest in session.execute(select(LedgerKgram.generation_id, LedgerKgram.digest).where(
+                    LedgerKgram.key_id == key_id, LedgerKgram.generation_id.in_(ids), LedgerKgram.digest.in_(chunk))):
+                found[generation_id].add(digest)
+    first = min(skip, K)
+    return {g: {i for start, d in enumerate(at) if d in shared for i in range(start + first, start + K)}
+            for g, shared in found.items()}
 
 
 def record(session: Session, *, tenant_id: str, generation_id: str, key_id: str, secret: int,
@@ -132,35 +232,46 @@ def _chunks(values: list[int]) -> Iterable[list[int]]:
         yield values[i:i + _CHUNK]
 
 
+def generations_searched(session: Session, key_id: str) -> int:
+    """An upper bound on the generations with k-grams recorded under ``key_id`` (every tenant),
+    the Bonferroni factor of :func:`false_match_log10`: the ``finished`` ledger entries under
+    the key with at least :data:`K` output tokens. The gateway writes a generation's k-grams
+    only in the transaction of its finished entry, under that entry's key, from the same token
+    ids (service.generation), and a generation has at most one finished entry (a unique
+    index); so the two counts are equal, except that records carried over from before the
+    k-grams (migration 0006) count here too. Counting those entries (ix_ledger_entries_key_id:
+    one row per generation and checkpoint) replaces counting distinct generations over every
+    k-gram row of the key (about one per output token) on each request with a hit."""
+    return int(session.scalar(select(func.count()).select_from(LedgerEntry).where(
+        LedgerEntry.key_id == key_id, LedgerEntry.kind == "finished", LedgerEntry.output_tokens >= K)) or 0)
+
+
 def find_matches(session: Session, *, keys: Sequence[tuple[str, int]], token_ids: Sequence[int],
-                 tenant_id: str | None) -> list[KgramMatch]:
+                 tenant_id: str | None, cache: KgramCache | None = None) -> list[KgramMatch]:
     """Generations sharing at least :data:`MIN_MATCHES` k-grams with ``token_ids``, under each
-    ``(key_id, secret)``; scoped to ``tenant_id`` (None: every tenant). Best first."""
+    ``(key_id, secret)``; scoped to ``tenant_id`` (None: every tenant). Best first.
+    ``cache``: shared with the detection's other look-ups in the same transaction."""
+    cache = KgramCache() if cache is None else cache
     out: list[KgramMatch] = []
     for key_id, secret in keys:
-        query = sorted(digests(token_ids, secret))
+        query = sorted(set(cache.at(token_ids, secret)))
         if not query:
             continue
+        rows = cache.rows(session, key_id, tenant_id, query)
         counts: dict[str, int] = {}
-        for chunk in _chunks(query):
-            stmt = (select(LedgerKgram.generation_id, func.count(LedgerKgram.id))
-                    .where(LedgerKgram.key_id == key_id, LedgerKgram.digest.in_(chunk))
-                    .group_by(LedgerKgram.generation_id))
-            if tenant_id is not None:
-                stmt = stmt.where(LedgerKgram.tenant_id == tenant_id)
-            for generation_id, count in session.execute(stmt):
-                counts[generation_id] = counts.get(generation_id, 0) + int(count)
-        hits = {g: c for g, c in counts.items() if c >= MIN_MATCHES}
+        for digest in query:
+            for generation_id in rows[digest]:
+                counts[generation_id] = counts.get(generation_id, 0) + 1
+        # Ties keep the generation ids' order (what SQLite's GROUP BY gave before, for any database).
+        hits = {g: counts[g] for g in sorted(counts) if counts[g] >= MIN_MATCHES}
         if not hits:
             continue
-        searched = session.scalar(select(func.count(func.distinct(LedgerKgram.generation_id)))
-                                  .where(LedgerKgram.key_id == key_id)) or 1
-        stored = dict(session.execute(select(LedgerKgram.generation_id, func.count(LedgerKgram.id))
-                                      .where(LedgerKgram.generation_id.in_(list(hits)))
-                                      .group_by(LedgerKgram.generation_id)).all())
+        # At least the generations seen matching, whatever the ledger holds.
+        searched = max(cache.searched(session, key_id), len(counts), 1)
+        stored = cache.stored(session, hits)
         for generation_id, matched in hits.items():
-            m = int(stored.get(generation_id, matched))
+            m = stored[generation_id] or matched
             out.append(KgramMatch(generation_id=generation_id, key_id=key_id, matched=matched, queried=len(query),
                                   stored=m, log10_false_match_bound=false_match_log10(matched, len(query), m,
-                                                                                      int(searched))))
+                                                                                      searched)))
     return sorted(out, key=lambda match: (match.log10_false_match_bound, -match.matched))

@@ -129,9 +129,12 @@ def _kgram_matches(services: Services, identity: Identity, tenant, candidates, f
         with services.store.transaction(write=False) as session:
             # Every form of the text is searched, not only the one the watermark scored best
             # (detector.forms.merge_form_matches says why and what it costs).
+            # One cache for every form and look-up: the forms share most of their k-grams.
+            cache = kgrams.KgramCache()
             return merge_form_matches([
-                with_shared_evidence(session, kgrams.find_matches(session, keys=keys, token_ids=tokens, tenant_id=scope),
-                                     candidates, tokens, config)
+                with_shared_evidence(session, kgrams.find_matches(session, keys=keys, token_ids=tokens,
+                                                                  tenant_id=scope, cache=cache),
+                                     candidates, tokens, config, cache=cache)
                 for tokens in distinct_forms(forms, kgrams.K)])
     except KeyStoreError as exc:
         raise store_error(exc) from None

@@ -27,8 +27,10 @@ import dataclasses
 import math
 from typing import Any, Sequence
 
+import numpy as np
+
+from detector import scoring
 from detector.detect import DetectorConfig, statistic_for
-from detector.evidence import token_evidence
 from detector.result import Candidate
 from detector.stats import gamma_log10_sf, weighted_gamma_log10_sf
 from keys import kgrams
@@ -41,44 +43,64 @@ MAX_TESTED = 5
 
 
 def with_shared_evidence(session, matches: Sequence[KgramMatch], candidates: Sequence[Candidate],
-                         token_ids: Sequence[int], config: DetectorConfig) -> list[KgramMatch]:
+                         token_ids: Sequence[int], config: DetectorConfig, *,
+                         cache: kgrams.KgramCache | None = None) -> list[KgramMatch]:
     """``matches`` with ``shared_tokens`` and ``log10_shared_p`` filled in for the (at most
-    :data:`MAX_TESTED`) best whose collision bound passes the threshold."""
+    :data:`MAX_TESTED`) best whose collision bound passes the threshold. ``cache``: the one
+    :func:`keys.kgrams.find_matches` filled for these matches, in the same transaction."""
     threshold = math.log10(config.threshold)
     by_key = {c.info.key_id: c for c in candidates if c.info.key_id}
-    scores: dict[str, dict[int, float]] = {}
-    digests: dict[str, list[int]] = {}  # the text's k-gram digests per key, computed once
-    out, tested = [], 0
-    for match in matches:
-        candidate = by_key.get(match.key_id)
-        if candidate is None or match.log10_false_match_bound > threshold or tested >= MAX_TESTED:
-            out.append(match)
-            continue
-        tested += 1
-        statistics = _statistics(candidate, config)
-        if match.key_id not in scores:
-            scores[match.key_id] = {
-                statistic: {t.index: t.score for t in token_evidence(token_ids, candidate, statistic).tokens if t.scored}
-                for statistic in statistics}
+    tested: list[int] = []
+    for i, match in enumerate(matches):
+        if len(tested) < MAX_TESTED and match.key_id in by_key and match.log10_false_match_bound <= threshold:
+            tested.append(i)
+    if not tested:
+        return list(matches)
+    cache = kgrams.KgramCache() if cache is None else cache
+    tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+    positions: dict[tuple[str, str], set[int]] = {}
+    scores: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+    for key_id in dict.fromkeys(matches[i].key_id for i in tested):
+        candidate = by_key[key_id]
         # Tokens whose whole context lies inside a shared k-gram: their scores are the generation's.
-        if match.key_id not in digests:
-            digests[match.key_id] = kgrams.position_digests(token_ids, candidate.key.secret)
-        positions = kgrams.matched_positions(session, key_id=match.key_id, generation_id=match.generation_id,
-                                             secret=candidate.key.secret, token_ids=token_ids,
-                                             skip=candidate.key.spec.context_width, at=digests[match.key_id])
+        shared = kgrams.shared_positions(
+            session, key_id=key_id, generation_ids=[matches[i].generation_id for i in tested
+                                                    if matches[i].key_id == key_id],
+            at=cache.at(token_ids, candidate.key.secret), skip=candidate.key.spec.context_width, cache=cache)
+        positions.update(((generation_id, key_id), found) for generation_id, found in shared.items())
+        scores[key_id] = _token_scores(tokens, candidate, _statistics(candidate, config))
+    out = list(matches)
+    for i in tested:
+        match = out[i]
+        candidate = by_key[match.key_id]
+        scored_at, per_statistic = scores[match.key_id]
+        inside = np.isin(scored_at, np.fromiter(positions[match.generation_id, match.key_id], dtype=np.int64))
         log10_p, n = 0.0, 0
-        for statistic in statistics:
-            shared = [score for index, score in scores[match.key_id][statistic].items() if index in positions]
-            n = len(shared)
-            if not shared:
+        for statistic, per_token in per_statistic.items():
+            # Summed one by one in token order, as before: the same float (np.sum pairs terms).
+            shared_scores = per_token[inside].tolist()
+            n = len(shared_scores)
+            if not shared_scores:
                 continue
             if statistic == "weighted":
-                p = weighted_gamma_log10_sf(sum(shared), n, candidate.key.spec.alpha)
+                p = weighted_gamma_log10_sf(sum(shared_scores), n, candidate.key.spec.alpha)
             else:
-                p = gamma_log10_sf(sum(shared), n)
-            log10_p = min(log10_p, min(0.0, p + math.log10(len(statistics))))  # Bonferroni over the statistics
-        out.append(dataclasses.replace(match, shared_tokens=n, log10_shared_p=round(float(log10_p), 6)))
+                p = gamma_log10_sf(sum(shared_scores), n)
+            log10_p = min(log10_p, min(0.0, p + math.log10(len(per_statistic))))  # Bonferroni over the statistics
+        out[i] = dataclasses.replace(match, shared_tokens=n, log10_shared_p=round(float(log10_p), 6))
     return out
+
+
+def _token_scores(tokens: np.ndarray, candidate: Candidate,
+                  statistics: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The scored positions [s] of ``tokens`` [n] under the candidate's spec and, per
+    statistic, their scores [s]: the detector's own per-token terms (detector.scoring)."""
+    spec = candidate.key.spec
+    scored = scoring.scored_positions(tokens, spec.context_width, spec.dedup)
+    if statistics == ["max", "weighted"]:  # both from one pass of the two keys' PRF
+        parts = scoring.dual_scores(candidate.key, scored)
+        return scored.positions, {"max": parts.max, "weighted": parts.weighted}
+    return scored.positions, {s: scoring.token_scores(candidate.key, scored, s) for s in statistics}
 
 
 def _statistics(candidate: Candidate, config: DetectorConfig) -> list[str]:

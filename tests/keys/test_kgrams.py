@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from keys import kgrams
 from keys.ledger import record_generation
@@ -83,3 +83,63 @@ def test_position_digests_are_the_hmac_of_each_kgram():
     grams = [b"".join(t.to_bytes(4, "big") for t in tokens[i:i + kgrams.K]) for i in range(len(tokens) - kgrams.K + 1)]
     want = [int.from_bytes(hmac.new(key, g, hashlib.sha256).digest()[:8], "big") >> 1 for g in grams]
     assert kgrams.position_digests(tokens, 0xDEADBEEF) == want
+
+
+def test_position_digests_memo_hashes_each_kgram_once():
+    rng = random.Random(3)
+    tokens = [rng.randrange(50_000) for _ in range(60)]
+    edited = tokens[:30] + [7] + tokens[30:]
+    memo: dict[bytes, int] = {}
+    assert kgrams.position_digests(tokens, 11, memo=memo) == kgrams.position_digests(tokens, 11)
+    assert len(memo) == len(tokens) - kgrams.K + 1
+    assert kgrams.position_digests(edited, 11, memo=memo) == kgrams.position_digests(edited, 11)
+    assert len(memo) == len(tokens) - kgrams.K + 1 + kgrams.K  # only the k-grams holding the insertion
+    cache = kgrams.KgramCache()
+    assert cache.at(edited, 11) == kgrams.position_digests(edited, 11) != cache.at(edited, 12)
+
+
+def test_cached_lookups_match_plain_ones(store, setup):
+    """find_matches and shared_positions through one KgramCache (the gateway's path, every
+    form of a text) give what they give one by one, with fewer queries."""
+    acme, acme_key, beta, beta_key = setup
+    rng = random.Random(5)
+    tokens = [rng.randrange(50_000) for _ in range(200)]
+    first, _ = _generate(store, acme, acme_key, tokens)
+    second, _ = _generate(store, acme, acme_key, tokens[:60] + [rng.randrange(50_000) for _ in range(100)])
+    _generate(store, beta, beta_key, tokens)  # another tenant and key: never in acme's matches
+    forms = [tokens[:120] + [1, 2, 3] + tokens[120:], tokens[5:]]
+    keys = [(acme_key.key_id, acme_key.material.secret), (beta_key.key_id, beta_key.material.secret)]
+    secret = acme_key.material.secret
+    for scope in (acme.id, None):
+        with store.transaction(write=False) as session:
+            cache = kgrams.KgramCache()
+            for form in forms:
+                plain = kgrams.find_matches(session, keys=keys, token_ids=form, tenant_id=scope)
+                cached = kgrams.find_matches(session, keys=keys, token_ids=form, tenant_id=scope, cache=cache)
+                assert cached == plain
+                assert {first, second} <= {m.generation_id for m in plain}
+                ids = [m.generation_id for m in plain if m.key_id == acme_key.key_id]
+                at = kgrams.position_digests(form, secret)
+                many = kgrams.shared_positions(session, key_id=acme_key.key_id, generation_ids=ids, at=at, skip=4,
+                                               cache=cache)
+                assert many == kgrams.shared_positions(session, key_id=acme_key.key_id, generation_ids=ids, at=at,
+                                                       skip=4)
+                assert many == {g: kgrams.matched_positions(session, key_id=acme_key.key_id, generation_id=g,
+                                                            secret=secret, token_ids=form, skip=4) for g in ids}
+                assert many[first] and len(many[second]) < len(many[first])
+
+
+def test_generations_searched_counts_generations_with_kgrams(store, setup):
+    """The Bonferroni factor (finished entries with k >= K tokens under the key) equals the
+    distinct generations with k-grams under it, every tenant, as the gateway records them:
+    generations too short for a k-gram, or under another key, do not count."""
+    acme, acme_key, beta, beta_key = setup
+    rng = random.Random(7)
+    for tenant, key, n in ((acme, acme_key, 50), (acme, acme_key, kgrams.K), (acme, acme_key, kgrams.K - 1),
+                           (beta, beta_key, 50), (beta, beta_key, 3)):
+        _generate(store, tenant, key, [rng.randrange(50_000) for _ in range(n)])
+    with store.transaction(write=False) as session:
+        for key in (acme_key, beta_key):
+            distinct = session.scalar(select(func.count(func.distinct(LedgerKgram.generation_id)))
+                                      .where(LedgerKgram.key_id == key.key_id))
+            assert kgrams.generations_searched(session, key.key_id) == distinct == (2 if key is acme_key else 1)
