@@ -20,12 +20,12 @@ the share of the text's k-grams that matched is reported beside it.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import math
+import struct
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from keys.models import LedgerEntry, LedgerKgram
@@ -36,6 +36,18 @@ DIGEST_BITS = 63
 MIN_MATCHES = 2
 """Matches below this many shared k-grams are not reported."""
 _CHUNK = 500
+
+# Statements built once, their lists bound at execution (expanding parameters): an IN list
+# of literals is coerced element by element each time a statement is built.
+_ROWS = select(LedgerKgram.generation_id, LedgerKgram.digest).where(
+    LedgerKgram.key_id == bindparam("key_id"), LedgerKgram.digest.in_(bindparam("digests", expanding=True)))
+_ROWS_OF_TENANT = _ROWS.where(LedgerKgram.tenant_id == bindparam("tenant_id"))
+_SHARED = _ROWS.where(LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
+_SEARCHED = select(func.count()).select_from(LedgerEntry).where(
+    LedgerEntry.key_id == bindparam("key_id"), LedgerEntry.kind == "finished", LedgerEntry.output_tokens >= K)
+_STORED = (select(LedgerKgram.generation_id, func.count(LedgerKgram.id))
+           .where(LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
+           .group_by(LedgerKgram.generation_id))
 
 
 def kgram_key(secret: int) -> bytes:
@@ -49,23 +61,33 @@ def position_digests(token_ids: Sequence[int], secret: int, k: int = K,
     (n - k + 1 of them; empty if n < k). ``memo``: digests of k-grams already hashed under
     ``secret`` (by their 4k bytes), read and extended: the forms of one text (as sent,
     normalised) share most of their k-grams, so each distinct one is hashed once."""
-    # One keyed HMAC state, copied per k-gram: the key's two padded blocks are hashed once,
-    # not once per k-gram (the digests are the same as hmac.new(key, gram) each time).
-    keyed = None
-    data = b"".join((int(t) & 0xFFFFFFFF).to_bytes(4, "big") for t in token_ids)
+    # HMAC (RFC 2104) from two SHA-256 states, the key's inner and outer padded blocks hashed
+    # once and copied per k-gram: the same digests as hmac.new(key, gram), without the hmac
+    # module's Python wrapper around each copy (most of the time at ~200 k-grams a text).
+    inner = outer = None
+    data = struct.pack(f">{len(token_ids)}I", *[int(t) & 0xFFFFFFFF for t in token_ids])
     memo = {} if memo is None else memo
     out = []
     for start in range(0, len(token_ids) - k + 1):
         gram = data[4 * start:4 * (start + k)]
         digest = memo.get(gram)
         if digest is None:
-            if keyed is None:
-                keyed = hmac.new(kgram_key(secret), digestmod=hashlib.sha256)
-            mac = keyed.copy()
+            if inner is None:
+                inner, outer = _hmac_states(kgram_key(secret))
+            mac = inner.copy()
             mac.update(gram)
-            digest = memo[gram] = int.from_bytes(mac.digest()[:8], "big") >> (64 - DIGEST_BITS)
+            final = outer.copy()
+            final.update(mac.digest())
+            digest = memo[gram] = int.from_bytes(final.digest()[:8], "big") >> (64 - DIGEST_BITS)
         out.append(digest)
     return out
+
+
+def _hmac_states(key: bytes) -> tuple["hashlib._Hash", "hashlib._Hash"]:
+    """SHA-256 states after HMAC's inner and outer padded key blocks (a key of at most one
+    64-byte block, as kgram_key's 32 bytes)."""
+    block = key.ljust(64, b"\0")
+    return (hashlib.sha256(bytes(b ^ 0x36 for b in block)), hashlib.sha256(bytes(b ^ 0x5C for b in block)))
 
 
 class KgramCache:
@@ -90,7 +112,7 @@ class KgramCache:
 
     def at(self, token_ids: Sequence[int], secret: int) -> list[int]:
         """:func:`position_digests` of ``token_ids`` [n] under ``secret``."""
-        index = (int(secret), tuple(int(t) for t in token_ids))
+        index = (int(secret), tuple(token_ids))
         found = self._at.get(index)
         if found is None:
             found = self._at[index] = position_digests(token_ids, secret, memo=self._memo.setdefault(int(secret), {}))
@@ -102,12 +124,10 @@ class KgramCache:
         known = self._rows.setdefault((key_id, tenant_id), {})
         missing = sorted(d for d in set(digests) if d not in known)
         for chunk in _chunks(missing):
-            stmt = select(LedgerKgram.generation_id, LedgerKgram.digest).where(
-                LedgerKgram.key_id == key_id, LedgerKgram.digest.in_(chunk))
-            if tenant_id is not None:
-                stmt = stmt.where(LedgerKgram.tenant_id == tenant_id)
+            stmt = _ROWS if tenant_id is None else _ROWS_OF_TENANT
             known.update((d, []) for d in chunk)
-            for generation_id, digest in session.execute(stmt):
+            for generation_id, digest in session.execute(
+                    stmt, {"key_id": key_id, "tenant_id": tenant_id, "digests": chunk}):
                 known[digest].append(generation_id)
                 self._scope_of[key_id, generation_id] = tenant_id
         return known
@@ -122,9 +142,7 @@ class KgramCache:
         missing = [g for g in dict.fromkeys(generation_ids) if g not in self._stored]
         if missing:
             self._stored.update((g, 0) for g in missing)
-            self._stored.update((g, int(c)) for g, c in session.execute(
-                select(LedgerKgram.generation_id, func.count(LedgerKgram.id))
-                .where(LedgerKgram.generation_id.in_(missing)).group_by(LedgerKgram.generation_id)))
+            self._stored.update((g, int(c)) for g, c in session.execute(_STORED, {"generation_ids": missing}))
         return self._stored
 
     def shared(self, key_id: str, generation_id: str, at: Sequence[int]) -> set[int] | None:
@@ -172,8 +190,8 @@ def shared_positions(session: Session, *, key_id: str, generation_ids: Sequence[
     if ids:
         found.update((g, set()) for g in ids)
         for chunk in _chunks(sorted(set(at))):
-            for generation_id, digest in session.execute(select(LedgerKgram.generation_id, LedgerKgram.digest).where(
-                    LedgerKgram.key_id == key_id, LedgerKgram.generation_id.in_(ids), LedgerKgram.digest.in_(chunk))):
+            for generation_id, digest in session.execute(
+                    _SHARED, {"key_id": key_id, "generation_ids": ids, "digests": chunk}):
                 found[generation_id].add(digest)
     first = min(skip, K)
     return {g: {i for start, d in enumerate(at) if d in shared for i in range(start + first, start + K)}
@@ -242,8 +260,7 @@ def generations_searched(session: Session, key_id: str) -> int:
     k-grams (migration 0006) count here too. Counting those entries (ix_ledger_entries_key_id:
     one row per generation and checkpoint) replaces counting distinct generations over every
     k-gram row of the key (about one per output token) on each request with a hit."""
-    return int(session.scalar(select(func.count()).select_from(LedgerEntry).where(
-        LedgerEntry.key_id == key_id, LedgerEntry.kind == "finished", LedgerEntry.output_tokens >= K)) or 0)
+    return int(session.scalar(_SEARCHED, {"key_id": key_id}) or 0)
 
 
 def find_matches(session: Session, *, keys: Sequence[tuple[str, int]], token_ids: Sequence[int],
