@@ -163,14 +163,15 @@ def refine(hits: list[SpanHit], positions: np.ndarray, scores: np.ndarray, total
 
     The first estimate starts from the grid window's mean, which is where this function
     used to stop. A grid window is fixed by the text length, not by the data, so it can
-    straddle unmarked text: a 256-token window half human and half (edited) generation has a
-    mean near 1.5 and a cut of 1.25, which lets in a stretch of human text whose scores
-    happen to average 1.3: an underline that started 200 characters inside the human
-    paragraph before a pasted generation. Against the stretch's own mean (1.9 there, cut
-    1.45) that human text lowers the significance and stays out. (The cut of the
-    maximum-likelihood change point, c = m ln m / (m - 1) for an Exp(1) null shifted to
-    mean m, is lower at every m: measured on the bundled model's edited text pasted into
-    human prose it ran into the human text as often as the old cut did.)
+    straddle unmarked text, whose scores dilute its mean: in the page test's case (an edited
+    generation pasted after a human paragraph, tests/service/test_ui_evidence.py; issue 21
+    measured another such case ~125 characters early) the window's mean of 1.64 gave a cut of
+    1.32, which let in the paragraph's last 53 tokens, whose scores happen to average 1.36
+    under that key: an underline starting 198 characters inside the human text. Against the
+    stretch's own mean (1.92, cut 1.46) they lower its significance and stay out. (The
+    maximum-likelihood change point cuts at m ln m / (m - 1), lower at every mean m: with it
+    in place of this cut, bench/span_boundaries.py found more boundaries within 10
+    characters but ran into the human text two to three times as often.)
 
     Offsets [start, end) become one past the last token of the stretch and, with
     ``context_width`` w, the first token of the context of its first scored token (w tokens

@@ -66,11 +66,12 @@ def _edited(text: str, edits: int, seed: int) -> str:
 
 
 def test_the_underline_of_an_edited_generation_pasted_into_human_prose_is_where_the_paste_is(server, browser):
-    """The case issue 21 measured: an edited generation between two human paragraphs. Its
-    underline started 198 characters early, inside the human paragraph before it: span
-    refinement cut at the mean of a grid window that straddled that paragraph, whose last 53
-    tokens happen to score 1.36 on average under this key, and so took them in. Now it starts
-    and ends within 10 characters of the pasted text (here exactly at it)."""
+    """The kind of case issue 21 measured (there ~125 characters early): an edited generation
+    between two human paragraphs. Its underline started 198 characters early, inside the
+    human paragraph before it: span refinement cut at the mean of a grid window that
+    straddled that paragraph, whose last 53 tokens happen to score 1.36 on average under
+    this key, and so took them in. Now it starts and ends within 10 characters of the pasted
+    text (here exactly at it)."""
     from selenium.webdriver.common.by import By
 
     out = generate(server, prompt="This module provides", seed=1, max_tokens=160)
