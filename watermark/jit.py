@@ -1,0 +1,59 @@
+"""numba on demand: compiled functions with an on-disk cache where one can be written.
+
+numba costs about 0.3 s to import, so nothing here imports it at module import: a module
+that has compiled loops keeps their plain-Python sources and asks :func:`compile_all`
+for the compiled versions the first time it needs them. numba's cache is tried in its
+own order (``NUMBA_CACHE_DIR``, the package's ``__pycache__``, the user's cache
+directory); where none is writable the functions compile once per process instead of
+failing (tested).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+
+@functools.cache
+def numba_module():
+    """numba, or None where it is not installed."""
+    try:
+        import numba
+    except ImportError:  # pragma: no cover - exercised where numba is missing
+        return None
+    return numba
+
+
+@functools.cache
+def cache_writable() -> bool:
+    """Whether numba can write its on-disk cache here (a probe function, never called)."""
+    numba = numba_module()
+    if numba is None:  # pragma: no cover
+        return False
+
+    def probe(x):  # pragma: no cover - never run
+        return x
+
+    try:
+        numba.njit(cache=True)(probe)
+    except RuntimeError:  # no cache locator found a writable directory
+        return False
+    return True
+
+
+def compile_all(functions: dict[str, Callable[..., Any]], inline: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """The compiled versions of ``functions`` (name -> plain function), or None without
+    numba. Each function's globals get the compiled versions of the others under the same
+    names, so they call each other compiled; ``inline`` names helpers inlined into their
+    callers."""
+    numba = numba_module()
+    if numba is None:  # pragma: no cover
+        return None
+    cache = cache_writable()
+    compiled: dict[str, Any] = {}
+    for name, fn in functions.items():
+        options = {"inline": "always"} if name in inline else {}
+        compiled[name] = numba.njit(cache=cache, nogil=True, **options)(fn)
+    for fn in functions.values():
+        fn.__globals__.update(compiled)
+    return compiled
