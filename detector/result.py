@@ -54,7 +54,10 @@ class KeyResult:
     tests (sum, Tr-GoF, and for ordinary-coin dual keys under auto the weighted sum) of p / weight
     (see :func:`detector.detect.weights`)."""
     log10_p_adjusted: float
-    """Holm-adjusted over every key tested."""
+    """Holm-adjusted over every key tested. In a many-key detection
+    (:func:`detector.multikey.detect_many`), Holm's adjustment of the reported p-values,
+    some of them bounds: the exact value for the best key, never below it for the others
+    (Holm's adjusted values only grow when p-values grow)."""
     log10_p_sum: float | None = None
     """The sum test alone (Gamma null), unweighted."""
     log10_p_trgof: float | None = None
