@@ -41,11 +41,12 @@ def cache_writable() -> bool:
     return True
 
 
-def compile_all(functions: dict[str, Callable[..., Any]], inline: tuple[str, ...] = ()) -> dict[str, Any] | None:
+def compile_all(functions: dict[str, Callable[..., Any]], inline: tuple[str, ...] = (),
+                helpers: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The compiled versions of ``functions`` (name -> plain function), or None without
     numba. Each function's globals get the compiled versions of the others under the same
-    names, so they call each other compiled; ``inline`` names helpers inlined into their
-    callers."""
+    names, and ``helpers`` (name -> functions compiled elsewhere), so they call each other
+    compiled; ``inline`` names helpers inlined into their callers."""
     numba = numba_module()
     if numba is None:  # pragma: no cover
         return None
@@ -55,5 +56,17 @@ def compile_all(functions: dict[str, Callable[..., Any]], inline: tuple[str, ...
         options = {"inline": "always"} if name in inline else {}
         compiled[name] = numba.njit(cache=cache, nogil=True, **options)(fn)
     for fn in functions.values():
+        fn.__globals__.update(helpers or {})
         fn.__globals__.update(compiled)
     return compiled
+
+
+def loaded() -> bool:
+    """Whether this process has loaded numba already (then compiled paths cost nothing more
+    to start; a one-off detection that has not stays on numpy rather than pay ~0.3 s)."""
+    return numba_module.cache_info().currsize > 0 and numba_module() is not None
+
+
+def load() -> bool:
+    """Load numba now (a batch or a server that will detect many times); whether it is there."""
+    return numba_module() is not None

@@ -1,10 +1,9 @@
 """Scan statistics on the CPU, compiled (numba): :func:`watermark.keyscan.scan_stats_reference`
 bit for bit, at the speed of the PRF.
 
-Per text and key two passes over the scored positions: the PRF (context states, then
-token words) into mantissa buffers, a branch-free loop over 32-bit lanes that the
-compiler vectorises; then the table look-ups, sums and level counts, and ``gof`` from the
-counts. Contexts arrive as columns (uint32 [w, P]) so that both passes read memory in
+Per text and key two passes over the scored positions: the PRF
+(:mod:`watermark.prf.philox_compiled`, a loop the compiler vectorises) into a word buffer;
+then the table look-ups, sums and level counts, and ``gof`` from the counts. Contexts arrive as columns (uint32 [w, P]) so that both passes read memory in
 order. Without numba, :func:`scan_stats` runs the reference.
 """
 
@@ -18,82 +17,13 @@ from watermark import jit
 from watermark.keyscan import (CHORD_BITS, CHORD_SHIFT, FLOAT_ONE_BITS, FRACTION_BITS, GOF, LEVEL_BITS, LEVEL_SHIFT,
                                LEVELS, MANTISSA_ONE, STATS, SUM_A, SUM_B, SUM_MAX, ScanTables, gof_margin,
                                scan_stats_reference)
-from watermark.prf import philox
+from watermark.prf import philox_compiled
+from watermark.prf.philox_compiled import _words, context_columns
 
-_M0 = np.uint64(philox.PHILOX_M0)
-_M1 = np.uint64(philox.PHILOX_M1)
-_W0 = np.uint32(philox.PHILOX_W0)
-_W1 = np.uint32(philox.PHILOX_W1)
-_CONTEXT_DOMAIN = np.uint32(philox.CONTEXT_DOMAIN)
-_TOKEN_DOMAIN = np.uint32(philox.TOKEN_DOMAIN)
-_S32 = np.uint64(32)
-_LOW32 = np.uint64(0xFFFFFFFF)
-
-
-def _philox(c0, c1, c2, c3, k0, k1):  # pragma: no cover - compiled
-    for _ in range(10):
-        p0 = np.uint64(c0) * _M0
-        p1 = np.uint64(c2) * _M1
-        n0 = np.uint32(p1 >> _S32) ^ c1 ^ k0
-        c1 = np.uint32(p1 & _LOW32)
-        c2 = np.uint32(p0 >> _S32) ^ c3 ^ k1
-        c3 = np.uint32(p0 & _LOW32)
-        c0 = n0
-        k0 = np.uint32(k0 + _W0)
-        k1 = np.uint32(k1 + _W1)
-    return c0, c1, c2, c3
-
-
-def _rs(key, ctx, tokens, start, stop, width, states, out):  # pragma: no cover - compiled
-    """out[:stop - start] = r = 2^24 - (word >> 8) of positions start .. stop under ``key``
-    (uint64); ctx uint32 [4 * blocks, P] (:func:`context_columns`: padded to whole blocks),
-    tokens uint32 [P]; states uint32 [4, >= stop - start] (scratch, for more than one block).
-    One block (context width <= 4) runs as a single loop the compiler vectorises."""
-    k0 = np.uint32(key & _LOW32)
-    k1 = np.uint32(key >> _S32)
-    kt = k1 ^ _TOKEN_DOMAIN
-    n = stop - start
-    blocks = ctx.shape[0] // 4
-    w32 = np.uint32(width)
-    if blocks == 1:
-        for j in range(n):
-            p = start + j
-            s0, s1, s2, s3 = _philox(_CONTEXT_DOMAIN ^ ctx[0, p], w32 ^ ctx[1, p], ctx[2, p], ctx[3, p], k0, k1)
-            t = tokens[p]
-            w0, w1, w2, w3 = _philox(t >> np.uint32(2), s0, s1, s2, k0 ^ s3, kt)
-            lane = t & np.uint32(3)
-            w = w0
-            w = w1 if lane == 1 else w
-            w = w2 if lane == 2 else w
-            w = w3 if lane == 3 else w
-            out[j] = np.float32(np.int32(MANTISSA_ONE) - np.int32(w >> np.uint32(8)))
-        return
+def _float_rs(words, n, out):  # pragma: no cover - compiled
+    """out[:n] = r = 2^24 - (word >> 8) as float32 (exact), whose bits give the buckets."""
     for j in range(n):
-        p = start + j
-        s0, s1, s2, s3 = _philox(_CONTEXT_DOMAIN ^ ctx[0, p], w32 ^ ctx[1, p], ctx[2, p], ctx[3, p], k0, k1)
-        states[0, j] = s0
-        states[1, j] = s1
-        states[2, j] = s2
-        states[3, j] = s3
-    for b in range(1, blocks):
-        ko = k0 ^ np.uint32(4 * b)
-        for j in range(n):
-            p = start + j
-            s0, s1, s2, s3 = _philox(states[0, j] ^ ctx[4 * b, p], states[1, j] ^ ctx[4 * b + 1, p],
-                                     states[2, j] ^ ctx[4 * b + 2, p], states[3, j] ^ ctx[4 * b + 3, p], ko, k1)
-            states[0, j] = s0
-            states[1, j] = s1
-            states[2, j] = s2
-            states[3, j] = s3
-    for j in range(n):
-        t = tokens[start + j]
-        w0, w1, w2, w3 = _philox(t >> np.uint32(2), states[0, j], states[1, j], states[2, j], k0 ^ states[3, j], kt)
-        lane = t & np.uint32(3)
-        w = w0
-        w = w1 if lane == 1 else w
-        w = w2 if lane == 2 else w
-        w = w3 if lane == 3 else w
-        out[j] = np.float32(np.int32(MANTISSA_ONE) - np.int32(w >> np.uint32(8)))
+        out[j] = np.float32(np.int32(MANTISSA_ONE) - np.int32(words[j] >> np.uint32(8)))
 
 
 def _gof(hist, n, tn, lnt, ln1t, level_count, xlnx):  # pragma: no cover - compiled
@@ -122,6 +52,7 @@ def _scan(keys_a, keys_b, dual, ctx, tokens, offsets, width, chord, levels, gof,
     for t in range(texts):
         longest = max(longest, offsets[t + 1] - offsets[t])
     states = np.empty((4, longest), dtype=np.uint32)
+    words = np.empty(longest, dtype=np.uint32)
     ra = np.empty(longest, dtype=np.float32)
     rb = np.empty(longest, dtype=np.float32)
     level = np.empty(longest, dtype=np.uint8)
@@ -141,12 +72,14 @@ def _scan(keys_a, keys_b, dual, ctx, tokens, offsets, width, chord, levels, gof,
         start, stop = offsets[t], offsets[t + 1]
         n = stop - start
         for k in range(count):
-            _rs(keys_a[k], ctx, tokens, start, stop, width, states, ra)
+            _words(keys_a[k], ctx, width, tokens, start, stop, states, words)
+            _float_rs(words, n, ra)
             sum_a = 0
             sum_b = 0
             sum_max = 0
             if dual:
-                _rs(keys_b[k], ctx, tokens, start, stop, width, states, rb)
+                _words(keys_b[k], ctx, width, tokens, start, stop, states, words)
+                _float_rs(words, n, rb)
                 for j in range(n):
                     fa = np.int64(bits_a[j])
                     fb = np.int64(bits_b[j])
@@ -189,24 +122,14 @@ def _scan(keys_a, keys_b, dual, ctx, tokens, offsets, width, chord, levels, gof,
 
 @functools.cache
 def _compiled():
-    return jit.compile_all({"_philox": _philox, "_rs": _rs, "_gof": _gof, "_scan": _scan}, inline=("_philox",))
+    prf = philox_compiled.compiled()
+    if prf is None:  # pragma: no cover - exercised where numba is missing
+        return None
+    return jit.compile_all({"_float_rs": _float_rs, "_gof": _gof, "_scan": _scan}, helpers={"_words": prf["_words"]})
 
 
 def available() -> bool:
     return _compiled() is not None
-
-
-def context_columns(contexts: np.ndarray) -> np.ndarray:
-    """Contexts [P, w] (int64, -1 padded) as the PRF's 32-bit words by column, padded to
-    whole blocks of four with the PRF's missing-entry words: uint32 [4 * ceil(w / 4), P]."""
-    contexts = np.asarray(contexts, dtype=np.int64)
-    count, width = contexts.shape
-    blocks = (width + 3) // 4
-    out = np.empty((4 * blocks, count), dtype=np.uint32)
-    out[:width] = (contexts & 0xFFFFFFFF).astype(np.uint32).T
-    for column in range(width, 4 * blocks):
-        out[column] = philox.block_padding(column % 4)
-    return out
 
 
 def scan_stats(keys_a: np.ndarray, keys_b: np.ndarray | None, contexts: np.ndarray, tokens: np.ndarray,
@@ -231,4 +154,4 @@ def scan_stats(keys_a: np.ndarray, keys_b: np.ndarray | None, contexts: np.ndarr
     return out
 
 
-__all__ = ["available", "context_columns", "scan_stats", "gof_margin"]
+__all__ = ["available", "context_columns", "scan_stats", "gof_margin", "_words"]
