@@ -340,17 +340,22 @@ def key_result(e: KeyEvidence, trgof_reported: bool) -> KeyResult:
                      log10_p_weighted=e.log10_p_weighted, screened=e.trgof_bound)
 
 
-def finish(tokens: np.ndarray, evidence: Sequence[KeyEvidence], per_key: Sequence[KeyResult],
-           shares: dict[str, float], config: DetectorConfig) -> DetectionResult:
+def finish(tokens: np.ndarray, evidence: Sequence[KeyEvidence], per_key: Sequence[KeyResult] | None,
+           shares: dict[str, float], config: DetectorConfig, keys_tested: int | None = None) -> DetectionResult:
     """The result from every key's ``per_key`` entry (in the candidates' order, Holm's
     adjustment left to this) and the evidence of at least the keys that can be the best
     (in the same relative order): the best key's p Šidák-corrected for every key tested,
-    and its spans."""
+    and its spans. ``per_key`` None: a result without per-key entries (``keys_tested``
+    keys were tested)."""
     log10_threshold = math.log10(config.threshold)
     with_spans = config.spans and len(tokens) >= 2 * config.span_min_length
-    m = len(per_key)
-    adjusted = stats.holm_adjusted([r.log10_p_value * stats.LN10 for r in per_key])
-    per_key = tuple(dataclasses.replace(r, log10_p_adjusted=adj / stats.LN10) for r, adj in zip(per_key, adjusted))
+    if per_key is None:
+        m, per_key = int(keys_tested), ()
+    else:
+        m = len(per_key)
+        adjusted = stats.holm_adjusted([r.log10_p_value * stats.LN10 for r in per_key])
+        per_key = tuple(dataclasses.replace(r, log10_p_adjusted=adj / stats.LN10)
+                        for r, adj in zip(per_key, adjusted))
     best = min(evidence, key=lambda e: e.log10_p)
     whole_log10_p = stats.log_sidak(best.log10_p * stats.LN10, m) / stats.LN10
     global_log10_p = whole_log10_p

@@ -29,6 +29,7 @@ are not screened: they always take step 3.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -36,7 +37,7 @@ from typing import Sequence
 import numpy as np
 
 from detector import screen, scoring, stats
-from detector.detect import (DetectorConfig, KeyEvidence, check_tokens, complete, finish, key_result,
+from detector.detect import (DetectorConfig, KeyEvidence, check_tokens, complete, detect, finish, key_result,
                              partial_evidence, positions_key, statistic_for, weights)
 from detector.result import Candidate, DetectionResult, KeyResult
 from watermark import keyscan, keyscan_cpu
@@ -254,11 +255,13 @@ def _shares(plans: Sequence[GroupPlan]) -> dict[str, float]:
 
 
 def detect_many(token_ids: Sequence[int] | np.ndarray, keys: KeySet | Sequence[Candidate],
-                config: DetectorConfig | None = None, *, scan: np.ndarray | None = None) -> DetectionResult:
+                config: DetectorConfig | None = None, *, scan: np.ndarray | None = None,
+                per_key: bool = True) -> DetectionResult:
     """:func:`detector.detect.detect` of ``token_ids`` against every candidate in ``keys``
     (see the module docstring). ``scan``: the scan statistics [K, 4] of every candidate
     (rows of routed keys unused), computed elsewhere (a corpus scan on the GPU); by
-    default the compiled CPU pass computes them."""
+    default the compiled CPU pass computes them. ``per_key`` False: no per-key entries
+    (a corpus scan's verdicts; every other field is the same)."""
     config = config or DetectorConfig()
     keyset = keys if isinstance(keys, KeySet) else KeySet.of(keys)
     candidates = keyset.candidates
@@ -267,6 +270,9 @@ def detect_many(token_ids: Sequence[int] | np.ndarray, keys: KeySet | Sequence[C
         raise ValueError("no keys to test")
     check_tokens(tokens)
     m = len(candidates)
+    if m == 1:  # one key is the best key: nothing to screen
+        result = detect(tokens, candidates, config)
+        return result if per_key else dataclasses.replace(result, per_key=())
     log10_threshold = math.log10(config.threshold)
     with_spans = config.spans and len(tokens) >= 2 * config.span_min_length
     plans = [plan(group, candidates, config, with_spans) for group in keyset.groups]
@@ -300,6 +306,8 @@ def detect_many(token_ids: Sequence[int] | np.ndarray, keys: KeySet | Sequence[C
         rows = _candidates(p, b, bar)
         keep = rows[_lower(p, b, rows) <= bar] if len(rows) else rows
         survivors.update(p.group.indices[keep].tolist())
+        if not per_key:
+            continue
         out = np.ones(len(p.group.indices), dtype=bool)
         out[keep] = False
         rows_out = np.flatnonzero(out)
@@ -328,5 +336,6 @@ def detect_many(token_ids: Sequence[int] | np.ndarray, keys: KeySet | Sequence[C
         e = complete(partial, log10_threshold, log10_gate=gate, log10_screen_lower=screen_lower)
         evidence.append(e)
         entries[index] = key_result(e, "trgof" in shares)
-    per_key = [entries[i] for i in range(m)]
-    return finish(tokens, evidence, per_key, shares, config)
+    if not per_key:
+        return finish(tokens, evidence, None, shares, config, keys_tested=m)
+    return finish(tokens, evidence, [entries[i] for i in range(m)], shares, config)

@@ -35,8 +35,9 @@ from typing import Literal
 
 import numpy as np
 
-from watermark import prf
+from watermark import dedup_compiled, jit, prf
 from watermark.dedup import context_matrix, first_occurrence_mask
+from watermark.prf import philox_compiled
 from watermark.key import WatermarkKey
 
 Statistic = Literal["single", "max", "weighted", "routed"]
@@ -54,7 +55,9 @@ class ScoredPositions:
 
 def scored_positions(token_ids: np.ndarray, width: int, scope: str) -> ScoredPositions:
     tokens = np.asarray(token_ids, dtype=np.int64)
-    keep = first_occurrence_mask(tokens, width, skip_padded=(scope == "all"))
+    # Compiled where this process has loaded numba already (same positions; see watermark.jit).
+    mask = dedup_compiled.first_occurrence_mask if jit.loaded() else first_occurrence_mask
+    keep = mask(tokens, width, skip_padded=(scope == "all"))
     positions = np.flatnonzero(keep)
     contexts = context_matrix(tokens, width)[positions]
     return ScoredPositions(positions=positions, contexts=np.ascontiguousarray(contexts), tokens=tokens[positions])
@@ -79,6 +82,13 @@ def uniforms_many(requests: list[tuple[int, np.ndarray | None]], scored: ScoredP
     impl = prf.lookup(prf_name)
     n = len(scored.tokens)
     m = len(requests)
+    if jit.loaded() and impl.version == prf.PHILOX_V1:  # the compiled pass: the same words
+        out = np.empty((m, n), dtype=np.float32)
+        for row, (key, override) in enumerate(requests):
+            tokens = scored.tokens if override is None else override
+            words = philox_compiled.words_many(np.array([prf.check_key(key)], dtype=np.uint64), scored.contexts, tokens)
+            out[row] = impl.uniforms_from_words(words[0])
+        return out
     if m > 1 and n > _BATCH_BELOW:
         return np.stack([uniforms_many([r], scored, prf_name)[0] for r in requests])
     if m == 1:

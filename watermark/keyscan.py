@@ -122,6 +122,29 @@ def gof_statistic(hist: np.ndarray, n: int, tables: ScanTables) -> int:
     return best + gof_margin(n) if best > 0 else 0
 
 
+def pack_positions(texts, width: int, skip_padded: bool,
+                   mask=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The scored positions of many texts (token-id sequences) as one batch: contexts [P, w]
+    (int64, -1 padded), tokens [P] and offsets [T + 1], text t's at offsets[t] ..
+    offsets[t + 1]. A position is scored iff its context is the first occurrence in its
+    text (and holds no padding, with ``skip_padded``): the detector's rule
+    (``detector.scoring.scored_positions``). ``mask``: the first-occurrence function
+    (:func:`watermark.dedup.first_occurrence_mask` or its compiled twin)."""
+    from watermark.dedup import context_matrix, first_occurrence_mask
+
+    mask = mask or first_occurrence_mask
+    contexts, tokens, counts = [], [], [0]
+    for text in texts:
+        ids = np.asarray(text, dtype=np.int64).reshape(-1)
+        keep = np.flatnonzero(mask(ids, width, skip_padded=skip_padded))
+        contexts.append(context_matrix(ids, width)[keep])
+        tokens.append(ids[keep])
+        counts.append(len(keep))
+    if not tokens:
+        return np.zeros((0, width), dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
+    return np.concatenate(contexts), np.concatenate(tokens), np.cumsum(counts).astype(np.int64)
+
+
 def scan_stats_reference(keys_a: np.ndarray, keys_b: np.ndarray | None, contexts: np.ndarray,
                          tokens: np.ndarray, offsets: np.ndarray, tables: ScanTables) -> np.ndarray:
     """Statistics [T, K, 4] (int64, ``STATS``) of K keys over T texts.

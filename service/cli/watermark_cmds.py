@@ -144,15 +144,18 @@ def _detector_config(threshold: float, statistic: str, spans: bool) -> "Detector
 
 
 def _tokenize(texts: list[str], tokenizer_path: str) -> list[tuple[list[int], list[tuple[int, int]] | None]]:
-    """Token ids and character offsets of each text (offsets None without a fast tokenizer)."""
-    from service.detection import tokenize_with_offsets  # the API's own tokenisation
-    from service.tokenization import load_tokenizer
+    """Token ids and character offsets of each text (offsets None without a fast tokenizer):
+    the API's tokenisation, through the model's tokenizer.json without transformers where it
+    has one (seconds less per command; service.tokenization.load_text_encoder)."""
+    from service.tokenization import load_text_encoder
 
     try:
-        tokenizer = load_tokenizer(tokenizer_path)
+        encoder = load_text_encoder(tokenizer_path)
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot load tokenizer {tokenizer_path!r}: {exc}") from None
-    return [tokenize_with_offsets(tokenizer, text) for text in texts]
+    except Exception as exc:  # tokenizers' own errors (a malformed tokenizer.json)
+        raise CliError(f"cannot load tokenizer {tokenizer_path!r}: {type(exc).__name__}: {exc}") from None
+    return [encoder.encode(text) for text in texts]
 
 
 def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text: Optional[str],
