@@ -200,6 +200,16 @@ class PartialEvidence:
         s, n, index, at = self.gof
         return trgof.log_sf_lower(n, index, at) / trgof.LN10
 
+    def trgof_lower_above(self, log10_share: float, log10_bar: float) -> bool:
+        """Whether :meth:`trgof_lower` - ``log10_share`` > ``log10_bar``, settled by the
+        binomial tail's first term alone where it suffices
+        (:func:`detector.trgof.log_sf_lower_first_term`, at most the bound, and subtraction
+        keeps the order): the same answer, without the sum in most cases."""
+        s, n, index, at = self.gof
+        if trgof.log_sf_lower_first_term(n, index, at) / trgof.LN10 - log10_share > log10_bar:
+            return True
+        return self.trgof_lower() - log10_share > log10_bar
+
     def trgof_union(self) -> float:
         s, n, _, _ = self.gof
         return trgof.log10_union(s, n)
@@ -276,7 +286,7 @@ def complete(partial: PartialEvidence, log10_threshold: float, log10_gate: float
         log10_share = math.log10(partial.share["trgof"])
         log10_bar = min(max(log10_threshold, math.log10(TRGOF_EXACT_BELOW)), min(combined, default=0.0))
         s, n, _, _ = partial.gof
-        if partial.needs_exact_tail() and partial.trgof_lower() - log10_share > log10_bar:
+        if partial.needs_exact_tail() and partial.trgof_lower_above(log10_share, log10_bar):
             log10_p_trgof = trgof.log10_union(s, n)
         elif partial.needs_exact_tail() and (partial.trgof_lower() if log10_screen_lower is None
                                               else log10_screen_lower) - log10_share > log10_gate:

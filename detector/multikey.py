@@ -40,7 +40,7 @@ from detector import screen, scoring, stats
 from detector.detect import (DetectorConfig, KeyEvidence, check_tokens, complete, detect, finish, key_result,
                              partial_evidence, positions_key, statistic_for, weights)
 from detector.result import Candidate, DetectionResult, KeyResult
-from watermark import keyscan, keyscan_cpu
+from watermark import jit, keyscan, keyscan_cpu
 from watermark.spec import WatermarkSpec
 
 
@@ -119,8 +119,12 @@ def scan_group(plan: GroupPlan, scored: scoring.ScoredPositions) -> np.ndarray:
     """Scan statistics [g, 4] of the group's keys over one text's scored positions."""
     n = len(scored.tokens)
     tables = group_tables(plan, n)
-    return keyscan_cpu.scan_stats(plan.group.keys_a, plan.group.keys_b, scored.contexts, scored.tokens,
-                                  np.array([0, n]), tables)[0]
+    streams = 1 if plan.group.keys_b is None else 2
+    # The compiled pass, unless this is a small one-off in a process without numba (its
+    # numpy reference then costs less than loading numba: watermark.jit.worth_loading).
+    fn = keyscan_cpu.scan_stats if jit.worth_loading(streams * n * len(plan.group.indices)) \
+        else keyscan.scan_stats_reference
+    return fn(plan.group.keys_a, plan.group.keys_b, scored.contexts, scored.tokens, np.array([0, n]), tables)[0]
 
 
 # --------------------------------------------------------------------------- the screen

@@ -53,9 +53,24 @@ def _first_occurrence(padded, width, skip_padded, table, keep):  # pragma: no co
         keep[p] = first
 
 
+def _scored(padded, width, skip_padded, table, keep, positions, contexts, tokens):  # pragma: no cover - compiled
+    """The first occurrences (``_first_occurrence``) as positions [m], contexts [m, w] and
+    tokens [m], written into the first m rows of the outputs; returns m."""
+    _first_occurrence(padded, width, skip_padded, table, keep)
+    m = 0
+    for p in range(keep.shape[0]):
+        if keep[p]:
+            positions[m] = p
+            for i in range(width):
+                contexts[m, i] = padded[p + i]
+            tokens[m] = padded[p + width]
+            m += 1
+    return m
+
+
 @functools.cache
 def compiled():
-    return jit.compile_all({"_first_occurrence": _first_occurrence})
+    return jit.compile_all({"_first_occurrence": _first_occurrence, "_scored": _scored})
 
 
 def first_occurrence_mask(token_ids: np.ndarray, width: int, skip_padded: bool = False) -> np.ndarray:
@@ -69,3 +84,27 @@ def first_occurrence_mask(token_ids: np.ndarray, width: int, skip_padded: bool =
     keep = np.empty(len(tokens), dtype=np.bool_)
     fns["_first_occurrence"](padded, width, skip_padded, table, keep)
     return keep
+
+
+def scored(token_ids: np.ndarray, width: int, skip_padded: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(positions [m], contexts [m, w], tokens [m]) of the first occurrences: what
+    ``detector.scoring.scored_positions`` builds from :func:`first_occurrence_mask`, in one
+    compiled pass."""
+    fns = compiled()
+    tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+    if fns is None:  # pragma: no cover - exercised where numba is missing
+        from watermark.dedup import context_matrix
+
+        positions = np.flatnonzero(first_occurrence_mask_numpy(tokens, width, skip_padded))
+        return positions, np.ascontiguousarray(context_matrix(tokens, width)[positions]), tokens[positions]
+    n = len(tokens)
+    padded = np.empty(n + width, dtype=np.int64)
+    padded[:width] = PAD
+    padded[width:] = tokens
+    table = np.empty(1 << max(4, (2 * n).bit_length()), dtype=np.int64)
+    keep = np.empty(n, dtype=np.bool_)
+    positions = np.empty(n, dtype=np.int64)
+    contexts = np.empty((n, width), dtype=np.int64)
+    kept = np.empty(n, dtype=np.int64)
+    m = fns["_scored"](padded, width, skip_padded, table, keep, positions, contexts, kept)
+    return positions[:m], contexts[:m], kept[:m]

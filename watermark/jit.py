@@ -11,6 +11,7 @@ failing (tested).
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Callable
 
 
@@ -64,9 +65,26 @@ def compile_all(functions: dict[str, Callable[..., Any]], inline: tuple[str, ...
 def loaded() -> bool:
     """Whether this process has loaded numba already (then compiled paths cost nothing more
     to start; a one-off detection that has not stays on numpy rather than pay ~0.3 s)."""
-    return numba_module.cache_info().currsize > 0 and numba_module() is not None
+    return (numba_module.cache_info().currsize > 0 or "numba" in sys.modules) and numba_module() is not None
 
 
 def load() -> bool:
     """Load numba now (a batch or a server that will detect many times); whether it is there."""
     return numba_module() is not None
+
+
+LOAD_AFTER_WORK = 4_000_000
+"""Work (PRF evaluations, or the like) a process does on numpy before it loads numba by
+itself: about what numpy's PRF does in the 0.3 s numba takes to load."""
+_work_done = [0]
+
+
+def worth_loading(work: int) -> bool:
+    """Whether to take the compiled path for a piece of ``work``: yes once numba is loaded;
+    otherwise once this process's work (this piece included) passes LOAD_AFTER_WORK, when
+    numba is loaded now. So a one-off detection never pays for numba, and a process that
+    keeps detecting pays for it once, early."""
+    if loaded():
+        return True
+    _work_done[0] += max(0, int(work))
+    return _work_done[0] >= LOAD_AFTER_WORK and load()

@@ -42,7 +42,7 @@ def _r_bits(cols, toks, offs, mask, count, width, k0, k1, BLOCKS: tl.constexpr):
     e1 = tl.load(cols + count + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
     e2 = tl.load(cols + 2 * count + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
     e3 = tl.load(cols + 3 * count + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
-    s0, s1, s2, s3 = philox(e0 ^ CONTEXT_DOMAIN, e1 ^ width.to(tl.uint32), e2, e3, k0, k1)
+    s0, s1, s2, s3 = philox(e0 ^ CONTEXT_DOMAIN, e1 ^ tl.full([], width, tl.int32).to(tl.uint32), e2, e3, k0, k1)
     for b in tl.static_range(1, BLOCKS):
         base = cols + 4 * b * count
         e0 = tl.load(base + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
@@ -68,7 +68,9 @@ def _chord(a_ptr, d_ptr, bits):
     return tl.load(a_ptr + index) - ((tl.load(d_ptr + index) * low) >> CHORD_SHIFT)
 
 
-@triton.jit
+# Integer arguments are not specialised: Triton would make a value of 1 (a context width of
+# one, one key) a constant, a different kernel for no gain.
+@triton.jit(do_not_specialize=["count", "key_count", "width", "level_count"])
 def _keyscan_kernel(keys_ptr, cols, toks, offsets_ptr, out_ptr, chord_ptr, levels_ptr, gof_ptr, xlnx_ptr,
                     count, key_count, width, level_count,
                     DUAL: tl.constexpr, BLOCKS: tl.constexpr, KEYS: tl.constexpr, BLOCK: tl.constexpr,
@@ -144,7 +146,7 @@ class DeviceTables:
 
 def scan_stats(keys_a: torch.Tensor, keys_b: torch.Tensor | None, columns: torch.Tensor, tokens: torch.Tensor,
                offsets: torch.Tensor, width: int, tables: DeviceTables, *, keys_per_program: int = 4,
-               block: int = 256) -> torch.Tensor:
+               block: int = 256, num_warps: int = 4) -> torch.Tensor:
     """int64 statistics [T, K, 4] (``keyscan.STATS``) of keys [K] (int64 bit patterns of the
     uint64 PRF keys of stream A; ``keys_b`` stream B or None) over the texts' scored
     positions: ``columns`` int32 [4 * blocks, P] (the PRF words of the padded contexts,
@@ -164,5 +166,5 @@ def scan_stats(keys_a: torch.Tensor, keys_b: torch.Tensor | None, columns: torch
                           tables.levels, tables.gof, tables.xlnx, int(tokens.shape[0]), key_count, width,
                           tables.level_count, DUAL=keys_b is not None, BLOCKS=int(columns.shape[0]) // 4,
                           KEYS=keys_per_program, BLOCK=block, CHORD_BUCKETS=keyscan.CHORD_BUCKETS,
-                          LEVEL_BUCKETS=keyscan.LEVEL_BUCKETS)
+                          LEVEL_BUCKETS=keyscan.LEVEL_BUCKETS, num_warps=num_warps)
     return out

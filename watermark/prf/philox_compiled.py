@@ -22,6 +22,7 @@ _W1 = np.uint32(philox.PHILOX_W1)
 _CONTEXT_DOMAIN = np.uint32(philox.CONTEXT_DOMAIN)
 _TOKEN_DOMAIN = np.uint32(philox.TOKEN_DOMAIN)
 _S32 = np.uint64(32)
+_DENOMINATOR = float(philox.UNIFORM_DENOMINATOR)
 _LOW32 = np.uint64(0xFFFFFFFF)
 
 
@@ -95,7 +96,20 @@ def _words_many(keys, ctx, width, tokens, out):  # pragma: no cover - compiled
         _words(keys[k], ctx, width, tokens, 0, n, states, out[k])
 
 
-FUNCTIONS = {"_philox": _philox, "_token_word": _token_word, "_words": _words, "_words_many": _words_many}
+def _uniforms_many(keys, ctx, width, tokens, out):  # pragma: no cover - compiled
+    """out[k, :] = the float32 uniforms of every position under keys[k]:
+    float32(((word >> 8) + 1) / (2^24 + 1)), the division in float64 as numpy does it."""
+    n = tokens.shape[0]
+    states = np.empty((4, n), dtype=np.uint32)
+    words = np.empty(n, dtype=np.uint32)
+    for k in range(keys.shape[0]):
+        _words(keys[k], ctx, width, tokens, 0, n, states, words)
+        for j in range(n):
+            out[k, j] = np.float32((np.float64(words[j] >> np.uint32(8)) + 1.0) / _DENOMINATOR)
+
+
+FUNCTIONS = {"_philox": _philox, "_token_word": _token_word, "_words": _words, "_words_many": _words_many,
+             "_uniforms_many": _uniforms_many}
 INLINE = ("_philox", "_token_word")
 
 
@@ -132,4 +146,20 @@ def words_many(keys: np.ndarray, contexts: np.ndarray, tokens: np.ndarray) -> np
     if len(tokens):
         fns["_words_many"](keys, context_columns(contexts), contexts.shape[1],
                            (tokens & 0xFFFFFFFF).astype(np.uint32), out)
+    return out
+
+
+def uniforms_many(keys: np.ndarray, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """float32 uniforms [K, P]: :func:`watermark.prf.philox.uniforms_from_words_numpy` of
+    :func:`words_many`, in the same compiled pass."""
+    keys = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+    contexts = np.asarray(contexts, dtype=np.int64)
+    tokens = np.asarray(tokens, dtype=np.int64)
+    fns = compiled()
+    if fns is None:  # pragma: no cover - exercised where numba is missing
+        return philox.uniforms_from_words_numpy(words_many(keys, contexts, tokens).astype(np.uint64))
+    out = np.empty((len(keys), len(tokens)), dtype=np.float32)
+    if len(tokens):
+        fns["_uniforms_many"](keys, context_columns(contexts), contexts.shape[1],
+                              (tokens & 0xFFFFFFFF).astype(np.uint32), out)
     return out
