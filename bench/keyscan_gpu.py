@@ -174,8 +174,10 @@ def philox_peak(device: torch.device, repeats: int) -> dict:
             "philox_per_s": block * programs * rounds / (ms / 1e3)}
 
 
-INTEGER = re.compile(r"\b(IMAD|IADD3|IADD|LOP3|LOP|SHF|SHL|SHR|ISETP|SEL|IMNMX|VIMNMX|PRMT|LEA|IABS|I2F|F2I|FLO|POPC|BREV)"
-                     r"(\.[A-Z0-9_.]+)?\b")
+INTEGER = re.compile(r"\b(IMAD|IADD3|IADD|VIADD|LOP3|LOP|SHF|SHL|SHR|ISETP|SEL|IMNMX|VIMNMX|PRMT|LEA|IABS|I2F|I2FP|F2I|"
+                     r"FLO|POPC|BREV)(\.[A-Z0-9_.]+)?\b")
+"""SASS instructions of the integer pipes (per-thread ALU and IMAD; the uniform datapath's
+U* instructions, loads, branches and warp votes apart)."""
 
 
 def sass_counts(device: torch.device, out_dir: Path) -> dict:
@@ -267,6 +269,29 @@ def main() -> int:
         result["best"] = {("dual" if k else "single"): v for k, v in best.items()}
         result["integer_peak_ops_per_s"] = peak
         result["philox_per_key_token"] = {"single": 2, "dual": 4}
+        # The fraction of the integer rate: the dual kernel's tile loop's integer instructions
+        # per key.token (SASS, per thread per iteration / tokens a thread takes per iteration,
+        # which an unrolled loop doubles: counted from its float conversions, one per token
+        # and stream) x its best measured rate / the peak. IMAD.WIDE counts once here,
+        # though it may take two issue slots.
+        loop = result.get("sass", {}).get("tile_loop")
+        if loop and best.get(True):
+            sass_text = (args.out / "keyscan-sass.txt").read_text()
+            span = [int(x, 16) for x in result["sass"]["tile_loop_span"]]
+            body = [line for line in sass_text.splitlines() if re.search(r"/\*([0-9a-f]{4,})\*/", line)
+                    and span[0] <= int(re.search(r"/\*([0-9a-f]{4,})\*/", line).group(1), 16) <= span[1]]
+            tokens_per_iteration = max(1, sum("I2F" in line for line in body) // 2)
+            per_key_token = loop["integer"] / tokens_per_iteration
+            rate = best[True]["key_tokens_per_s"]
+            result["integer_fraction_dual"] = {"integer_instructions_per_key_token": per_key_token,
+                                               "tokens_per_thread_per_iteration": tokens_per_iteration,
+                                               "achieved_integer_ops_per_s": per_key_token * rate,
+                                               "fraction_of_peak": per_key_token * rate / peak}
+        if result.get("philox_peak", {}).get("philox_per_s"):
+            ceiling = result["philox_peak"]["philox_per_s"]
+            result["fraction_of_philox_ceiling"] = {
+                name: row["key_tokens_per_s"] * result["philox_per_key_token"][name] / ceiling
+                for name, row in result["best"].items() if row}
         result["seconds"] = round(time.perf_counter() - started, 1)
         (args.out / "keyscan-gpu.json").write_text(json.dumps(result, indent=1) + "\n")
         for name, row in result["best"].items():
