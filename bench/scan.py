@@ -9,7 +9,8 @@ A JSONL corpus of ``--texts`` random-token texts of ``--tokens`` tokens (one in
 `hallmark scan` writes it (the store is not involved: keys are made here, so the run needs
 no database). A warm-up scan of a few texts first (numba's cache, the kernel's compile).
 Reported: texts/s and key.tokens/s (texts x tokens x keys / seconds), per worker for CPU
-runs, and for GPU runs the kernel's share of the time; the verdicts are checked (the
+runs, key.tokens per CPU second (this process and its workers: what other load on a shared
+machine disturbs least), and for GPU runs the kernel's share of the time; the verdicts are checked (the
 watermarked texts are found under their key, no other text is).
 """
 
@@ -99,10 +100,17 @@ def main() -> int:
                 return out
 
             gpu.GpuScanner.stats = timed
-        start = time.perf_counter()
+        import resource
+
+        def cpu_now() -> float:
+            own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+            return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+        start, cpu_start = time.perf_counter(), cpu_now()
         summary = scan_run.scan(tmp / "in.jsonl", tmp / "out.jsonl", keyset, settings, workers=args.workers,
                                 device=args.device, batch=batch)
         seconds = time.perf_counter() - start
+        cpu_seconds = cpu_now() - cpu_start  # (workers' CPU counts once they have exited)
         verdicts = [json.loads(line) for line in open(tmp / "out.jsonl")]
         same_as_cpu = None
         if args.compare_cpu and args.device != "cpu":
@@ -121,6 +129,7 @@ def main() -> int:
               "algorithm": args.algorithm, "batch": batch, "seconds": round(seconds, 3),
               "texts_per_s": args.texts / seconds, "key_tokens_per_s": key_tokens / seconds,
               "key_tokens_per_s_per_worker": key_tokens / seconds / max(1, args.workers),
+              "cpu_seconds": round(cpu_seconds, 3), "key_tokens_per_cpu_s": key_tokens / cpu_seconds,
               "verdicts_ok": found == marked and right_key and summary.failed == 0,
               "found": len(found), "marked": len(marked), "python": platform.python_version(),
               "verdicts_identical_to_cpu_scan": same_as_cpu, "compared_with_cpu": args.compare_cpu,
