@@ -69,12 +69,13 @@ def text_forms(text: str) -> tuple[list[TextForm], NormalizedText]:
 
 def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate],
                  config: DetectorConfig,
-                 run: Callable[..., DetectionResult] = detect) -> tuple[DetectionResult, int]:
+                 run: Callable[..., DetectionResult] | None = None) -> tuple[DetectionResult, int]:
     """The result for the best-scoring form (its p Bonferroni-corrected over the forms) and
     that form's index. One form is plain :func:`detector.detect.detect` (or ``run``, which
     takes the same arguments: :func:`detector.multikey.detect_many` for many keys)."""
     if not forms:
         raise ValueError("no forms to score")
+    run = run or detect
     if len(forms) == 1:
         return run(forms[0], candidates, config), 0
     m = len(forms)
