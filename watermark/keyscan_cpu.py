@@ -15,10 +15,9 @@ import numpy as np
 
 from watermark import jit
 from watermark.keyscan import (CHORD_BITS, CHORD_SHIFT, FLOAT_ONE_BITS, FRACTION_BITS, GOF, LEVEL_BITS, LEVEL_SHIFT,
-                               LEVELS, MANTISSA_ONE, STATS, SUM_A, SUM_B, SUM_MAX, ScanTables, gof_margin,
-                               scan_stats_reference)
+                               LEVELS, MANTISSA_ONE, STATS, SUM_A, SUM_B, SUM_MAX, ScanTables, scan_stats_reference)
 from watermark.prf import philox_compiled
-from watermark.prf.philox_compiled import _words, context_columns
+from watermark.prf.philox_compiled import _words, context_columns  # noqa: F401 - _scan calls _words (compiled in)
 
 def _float_rs(words, n, out):  # pragma: no cover - compiled
     """out[:n] = r = 2^24 - (word >> 8) as float32 (exact), whose bits give the buckets."""
@@ -41,7 +40,7 @@ def _gof(hist, n, tn, lnt, ln1t, level_count, xlnx):  # pragma: no cover - compi
             value = xlnx[i] + xlnx[n - i] - xlnx[n] + i * lnt[k] + (n - i) * ln1t[k]
             if value > best:
                 best = value
-    return best + 128 + 2 * n if best > 0 else 0
+    return best + 128 + 2 * n if best > 0 else 0  # + watermark.keyscan.gof_margin(n)
 
 
 def _scan(keys_a, keys_b, dual, ctx, tokens, offsets, width, chord, levels, gof, level_count, xlnx,
@@ -153,5 +152,3 @@ def scan_stats(keys_a: np.ndarray, keys_b: np.ndarray | None, contexts: np.ndarr
                       tables.gof, tables.level_count, tables.xlnx, out)
     return out
 
-
-__all__ = ["available", "context_columns", "scan_stats", "gof_margin", "_words"]

@@ -129,6 +129,9 @@ def scan(input_path: Path, out_path: Path, keyset: KeySet, settings: ScanSetting
     done = corpus.completed_lines(out_path) if resume else set()
     summary = Summary(skipped=len(done))
     started = time.perf_counter()
+    from watermark import jit
+
+    jit.load()  # a scan is the batch work numba pays for (watermark.jit); forked workers inherit it
     _STATE.clear()
     _STATE.update(keyset=keyset, settings=settings)
     scanner = None
@@ -141,7 +144,7 @@ def scan(input_path: Path, out_path: Path, keyset: KeySet, settings: ScanSetting
     pool = context.Pool(workers) if context is not None else None
     try:
         with open(out_path, "a", encoding="utf-8") as out:
-            for records in _records(corpus.items(input_path, done), batch, pool, scanner):
+            for records in _records(corpus.items(input_path, done), batch, pool, scanner, workers):
                 bytes_read = records.pop()
                 for record in records:
                     out.write(json.dumps(record) + "\n")
@@ -161,7 +164,7 @@ def scan(input_path: Path, out_path: Path, keyset: KeySet, settings: ScanSetting
     return summary
 
 
-def _records(items, batch: int, pool, scanner) -> Iterator[list]:
+def _records(items, batch: int, pool, scanner, workers: int) -> Iterator[list]:
     """Each batch's records in input order, then the bytes read so far (last element)."""
     batches = _batches(items, batch)
     if scanner is None:
@@ -183,7 +186,7 @@ def _records(items, batch: int, pool, scanner) -> Iterator[list]:
         if pool is None:
             prepared = _prepare_batch(chunk)
         else:  # tokenise across the workers, a slice each
-            step = max(1, -(-len(chunk) // pool._processes))  # noqa: SLF001 - the pool's size
+            step = max(1, -(-len(chunk) // workers))
             prepared = [p for part in pool.map(_prepare_batch, [chunk[i:i + step] for i in range(0, len(chunk), step)])
                         for p in part]
         forms = [form for p in prepared if isinstance(p, Prepared) for form in p.forms]
@@ -192,7 +195,7 @@ def _records(items, batch: int, pool, scanner) -> Iterator[list]:
         if pool is None:
             records = _finish(prepared, scans)
         else:
-            step = max(1, -(-len(prepared) // pool._processes))  # noqa: SLF001
+            step = max(1, -(-len(prepared) // workers))
             parts = [(prepared[i:i + step], scans[i:i + step]) for i in range(0, len(prepared), step)]
             records = [r for part in pool.map(_finish_batch, parts) for r in part]
         yield records + [position]

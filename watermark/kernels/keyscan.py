@@ -125,7 +125,7 @@ def _keyscan_kernel(keys_ptr, cols, toks, offsets_ptr, out_ptr, chord_ptr, level
             value = (tl.load(xlnx_ptr + safe_i) + tl.load(xlnx_ptr + n - safe_i) - xlnx_n
                      + safe_i * lnt + (n - safe_i) * ln1t)
             best = tl.max(tl.where(valid, value, 0), 0)
-            gof = tl.where(best > 0, best + 128 + 2 * n, 0)
+            gof = tl.where(best > 0, best + 128 + 2 * n, 0)  # + watermark.keyscan.gof_margin(n)
             row = out_ptr + (text.to(tl.int64) * key_count + key) * STATS
             tl.store(row, tl.sum(sum_a, 0))
             tl.store(row + 1, tl.sum(sum_b, 0))
