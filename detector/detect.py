@@ -31,6 +31,7 @@ unwatermarked texts.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal, Sequence
@@ -132,6 +133,10 @@ class KeyEvidence:
     """This key's combined whole-text p: min over its tests of p / weight share."""
     log10_sf: object  # Callable[[float, int], float], the sum statistic's null tail
     span_families: tuple["SpanFamily", ...] = ()
+    trgof_bound: bool = False
+    """Tr-GoF's exact tail, which :func:`detect` would have computed, was left out because a
+    lower bound shows this key cannot be the best (:mod:`detector.multikey`): its
+    ``log10_p_trgof`` is the union bound, larger than the exact value (still a valid p)."""
 
 
 @dataclass(frozen=True)
@@ -170,17 +175,143 @@ def _log10_sf_lower(statistic: str, alpha: float):
     return stats.gamma_log10_sf_lower
 
 
-def _trgof_log10_p(scores: np.ndarray, log10_share: float, log10_bar: float) -> float:
-    """Tr-GoF's log10 p over Exp(1)-null scores [n]: exact where it can matter, i.e. where a
-    lower bound on it, weighted by its share, is at most ``log10_bar`` (the threshold or the
-    key's best other component, whichever is lower); elsewhere its union bound, a valid p
-    that cannot change the verdict (see the module docstring)."""
-    pvalues = trgof.token_pvalues(scores)
-    s, index, at = trgof.statistic_at(pvalues)
-    n = len(pvalues)
-    if 0.0 < s and n <= trgof.EXACT_MAX_N and trgof.log_sf_lower(n, index, at) / trgof.LN10 - log10_share > log10_bar:
+@dataclass(frozen=True)
+class PartialEvidence:
+    """One key's evidence before Tr-GoF's exact tail: everything :func:`complete` needs."""
+
+    candidate: Candidate
+    scored: scoring.ScoredPositions
+    statistic: str
+    share: dict[str, float]
+    per_token: np.ndarray
+    total: float
+    log10_p_sum: float
+    log10_p_weighted: float | None
+    combined: tuple[float, ...]
+    """The key's whole-text components other than Tr-GoF, each p / share (log10)."""
+    log10_sf: object
+    span_families: tuple[SpanFamily, ...]
+    gof: tuple[float, int, int, float] | None
+    """Tr-GoF's (S, n, attaining order, its p-value) (:func:`detector.trgof.statistic_at`),
+    None when the key's tests leave it out."""
+
+    def trgof_lower(self) -> float:
+        """log10 of the lower bound on Tr-GoF's tail that :func:`complete` screens with."""
+        s, n, index, at = self.gof
+        return trgof.log_sf_lower(n, index, at) / trgof.LN10
+
+    def trgof_lower_above(self, log10_share: float, log10_bar: float) -> bool:
+        """Whether :meth:`trgof_lower` - ``log10_share`` > ``log10_bar``, settled by the
+        binomial tail's first term alone where it suffices
+        (:func:`detector.trgof.log_sf_lower_first_term`, at most the bound, and subtraction
+        keeps the order): the same answer, without the sum in most cases."""
+        s, n, index, at = self.gof
+        if trgof.log_sf_lower_first_term(n, index, at) / trgof.LN10 - log10_share > log10_bar:
+            return True
+        return self.trgof_lower() - log10_share > log10_bar
+
+    def trgof_union(self) -> float:
+        s, n, _, _ = self.gof
         return trgof.log10_union(s, n)
-    return trgof.log10_sf(s, n)
+
+    def needs_exact_tail(self) -> bool:
+        """Whether Tr-GoF's p can be anything but its union bound or 1 (see :func:`complete`)."""
+        if self.gof is None:
+            return False
+        s, n, _, _ = self.gof
+        return 0.0 < s and n <= trgof.EXACT_MAX_N
+
+
+def partial_evidence(candidate: Candidate, scored: scoring.ScoredPositions, config: DetectorConfig,
+                     with_spans: bool) -> PartialEvidence:
+    """The key's scores and every test but Tr-GoF's exact tail."""
+    spec = candidate.key.spec
+    statistic = statistic_for(candidate, config)
+    # An ordinary-coin dual key under auto also tests the weighted statistic.
+    share = weights(config, with_spans, dual_auto=(spec.algorithm == "dual_key_gumbel"
+                                                   and config.dual_statistic == "auto"
+                                                   and statistic == "max"))
+    dual = spec.algorithm == "dual_key_gumbel" and statistic in ("max", "weighted")
+    parts = scoring.dual_scores(candidate.key, scored) if dual else None
+    per_token = getattr(parts, statistic) if parts is not None else scoring.token_scores(
+        candidate.key, scored, statistic)
+    total = float(per_token.sum())
+    log10_sf = _log10_sf(statistic, spec.alpha)
+    log10_p_sum = log10_sf(total, len(per_token))
+    log10_p_weighted = None
+    combined = []
+    if "sum" in share:
+        combined.append(log10_p_sum - math.log10(share["sum"]))
+    many = None if statistic == "weighted" else stats.gamma_log10_sf_many
+    families = (SpanFamily(per_token, log10_sf, _log10_sf_lower(statistic, spec.alpha), 1.0, many),)
+    if "weighted" in share:
+        weighted = parts.weighted
+        weighted_sf = _log10_sf("weighted", spec.alpha)
+        log10_p_weighted = weighted_sf(float(weighted.sum()), len(weighted))
+        combined.append(log10_p_weighted - math.log10(share["weighted"]))
+        families = (SpanFamily(per_token, log10_sf, _log10_sf_lower(statistic, spec.alpha),
+                               DUAL_AUTO_SPAN_FRACTIONS["max"], many),
+                    SpanFamily(weighted, weighted_sf, _log10_sf_lower("weighted", spec.alpha),
+                               DUAL_AUTO_SPAN_FRACTIONS["weighted"]))
+    gof = None
+    if "trgof" in share:
+        # Tr-GoF needs Exp(1)-null scores. Where the key-B share alpha is tested (weighted,
+        # or auto on an ordinary-coin key) it runs on the weighted Šidák scores at
+        # w = 1 - alpha; otherwise on the statistic's own per-token scores.
+        gof_scores = parts.weighted_sidak if parts is not None and (
+            statistic == "weighted" or "weighted" in share) else per_token
+        pvalues = trgof.token_pvalues(gof_scores)
+        s, index, at = trgof.statistic_at(pvalues)
+        gof = (s, len(pvalues), index, at)
+    return PartialEvidence(candidate=candidate, scored=scored, statistic=statistic, share=share,
+                           per_token=per_token, total=total, log10_p_sum=log10_p_sum,
+                           log10_p_weighted=log10_p_weighted, combined=tuple(combined), log10_sf=log10_sf,
+                           span_families=families, gof=gof)
+
+
+def complete(partial: PartialEvidence, log10_threshold: float, log10_gate: float = math.inf,
+             log10_screen_lower: float | None = None) -> KeyEvidence:
+    """The key's evidence with Tr-GoF's p: its exact tail where it can matter, i.e. where a
+    lower bound on it, weighted by its share, is at most the threshold (or 0.01) and the
+    key's best other component; elsewhere its union bound, a valid p that cannot change the
+    verdict (see the module docstring). A caller testing many keys may also pass
+    ``log10_gate``, a bound below which some key's combined p is known to lie: where
+    ``log10_screen_lower`` (any lower bound on Tr-GoF's log10 p, the one above by default),
+    weighted, exceeds it, this key cannot be the best and the exact tail is left out too
+    (``trgof_bound``)."""
+    combined = list(partial.combined)
+    log10_p_trgof = 0.0
+    bound = False
+    if partial.gof is not None:
+        log10_share = math.log10(partial.share["trgof"])
+        log10_bar = min(max(log10_threshold, math.log10(TRGOF_EXACT_BELOW)), min(combined, default=0.0))
+        s, n, _, _ = partial.gof
+        if partial.needs_exact_tail() and partial.trgof_lower_above(log10_share, log10_bar):
+            log10_p_trgof = trgof.log10_union(s, n)
+        elif partial.needs_exact_tail() and (partial.trgof_lower() if log10_screen_lower is None
+                                              else log10_screen_lower) - log10_share > log10_gate:
+            log10_p_trgof, bound = trgof.log10_union(s, n), True
+        else:
+            log10_p_trgof = trgof.log10_sf(s, n)
+        combined.append(log10_p_trgof - log10_share)
+    return KeyEvidence(candidate=partial.candidate, scored=partial.scored, statistic=partial.statistic,
+                       per_token=partial.per_token, total=partial.total, log10_p_sum=partial.log10_p_sum,
+                       log10_p_trgof=log10_p_trgof, log10_p_weighted=partial.log10_p_weighted,
+                       log10_p=min(0.0, min(combined)), log10_sf=partial.log10_sf,
+                       span_families=partial.span_families, trgof_bound=bound)
+
+
+def check_tokens(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Token ids as int64 [n], or ValueError."""
+    tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+    if tokens.size and (tokens.min() < 0 or tokens.max() > 0xFFFFFFFF):
+        raise ValueError("token ids must be integers in [0, 2**32)")
+    return tokens
+
+
+def positions_key(spec) -> tuple[int, str]:
+    """Keys whose specs give the same key here score the same positions of a text."""
+    return spec.context_width, "all" if spec.dedup == "all" else "text"
 
 
 def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate],
@@ -190,8 +321,7 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
     tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     if not candidates:
         raise ValueError("no keys to test")
-    if tokens.size and (tokens.min() < 0 or tokens.max() > 0xFFFFFFFF):
-        raise ValueError("token ids must be integers in [0, 2**32)")
+    check_tokens(tokens)
     log10_threshold = math.log10(config.threshold)
     with_spans = config.spans and len(tokens) >= 2 * config.span_min_length
     shares: dict[str, float] = {}
@@ -199,65 +329,43 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
     evidence: list[KeyEvidence] = []
     for candidate in candidates:
         spec = candidate.key.spec
-        cache_key = (spec.context_width, "all" if spec.dedup == "all" else "text")
+        cache_key = positions_key(spec)
         scored = positions_cache.get(cache_key)
         if scored is None:
             scored = scoring.scored_positions(tokens, spec.context_width, spec.dedup)
             positions_cache[cache_key] = scored
-        statistic = statistic_for(candidate, config)
-        # An ordinary-coin dual key under auto also tests the weighted statistic.
-        share = weights(config, with_spans, dual_auto=(spec.algorithm == "dual_key_gumbel"
-                                                       and config.dual_statistic == "auto"
-                                                       and statistic == "max"))
-        shares.update(share)
-        dual = spec.algorithm == "dual_key_gumbel" and statistic in ("max", "weighted")
-        parts = scoring.dual_scores(candidate.key, scored) if dual else None
-        per_token = getattr(parts, statistic) if parts is not None else scoring.token_scores(
-            candidate.key, scored, statistic)
-        total = float(per_token.sum())
-        log10_sf = _log10_sf(statistic, spec.alpha)
-        log10_p_sum = log10_sf(total, len(per_token))
-        log10_p_trgof = 0.0
-        log10_p_weighted = None
-        combined = []
-        if "sum" in share:
-            combined.append(log10_p_sum - math.log10(share["sum"]))
-        many = None if statistic == "weighted" else stats.gamma_log10_sf_many
-        families = (SpanFamily(per_token, log10_sf, _log10_sf_lower(statistic, spec.alpha), 1.0, many),)
-        if "weighted" in share:
-            weighted = parts.weighted
-            weighted_sf = _log10_sf("weighted", spec.alpha)
-            log10_p_weighted = weighted_sf(float(weighted.sum()), len(weighted))
-            combined.append(log10_p_weighted - math.log10(share["weighted"]))
-            families = (SpanFamily(per_token, log10_sf, _log10_sf_lower(statistic, spec.alpha),
-                                   DUAL_AUTO_SPAN_FRACTIONS["max"], many),
-                        SpanFamily(weighted, weighted_sf, _log10_sf_lower("weighted", spec.alpha),
-                                   DUAL_AUTO_SPAN_FRACTIONS["weighted"]))
-        if "trgof" in share:
-            # Tr-GoF needs Exp(1)-null scores. Where the key-B share alpha is tested (weighted,
-            # or auto on an ordinary-coin key) it runs on the weighted Šidák scores at
-            # w = 1 - alpha; otherwise on the statistic's own per-token scores.
-            gof_scores = parts.weighted_sidak if parts is not None and (
-                statistic == "weighted" or "weighted" in share) else per_token
-            log10_p_trgof = _trgof_log10_p(gof_scores, math.log10(share["trgof"]), min(
-                max(log10_threshold, math.log10(TRGOF_EXACT_BELOW)), min(combined, default=0.0)))
-            combined.append(log10_p_trgof - math.log10(share["trgof"]))
-        evidence.append(KeyEvidence(candidate=candidate, scored=scored, statistic=statistic,
-                                    per_token=per_token, total=total, log10_p_sum=log10_p_sum,
-                                    log10_p_trgof=log10_p_trgof, log10_p_weighted=log10_p_weighted,
-                                    log10_p=min(0.0, min(combined)),
-                                    log10_sf=log10_sf, span_families=families))
+        partial = partial_evidence(candidate, scored, config, with_spans)
+        shares.update(partial.share)
+        evidence.append(complete(partial, log10_threshold))
+    per_key = tuple(key_result(e, "trgof" in shares) for e in evidence)
+    return finish(tokens, evidence, per_key, shares, config)
 
-    m = len(evidence)
-    adjusted = stats.holm_adjusted([e.log10_p * stats.LN10 for e in evidence])
-    per_key = tuple(
-        KeyResult(key=e.candidate.info, statistic=e.statistic, score=e.total,
-                  scored_tokens=len(e.scored.positions), log10_p_value=e.log10_p,
-                  log10_p_adjusted=adj / stats.LN10, log10_p_sum=e.log10_p_sum,
-                  log10_p_trgof=e.log10_p_trgof if "trgof" in shares else None,
-                  log10_p_weighted=e.log10_p_weighted)
-        for e, adj in zip(evidence, adjusted)
-    )
+
+def key_result(e: KeyEvidence, trgof_reported: bool) -> KeyResult:
+    """``per_key``'s entry of a key computed in full (Holm's adjustment comes in :func:`finish`)."""
+    return KeyResult(key=e.candidate.info, statistic=e.statistic, score=e.total,
+                     scored_tokens=len(e.scored.positions), log10_p_value=e.log10_p,
+                     log10_p_adjusted=0.0, log10_p_sum=e.log10_p_sum,
+                     log10_p_trgof=e.log10_p_trgof if trgof_reported else None,
+                     log10_p_weighted=e.log10_p_weighted, screened=e.trgof_bound)
+
+
+def finish(tokens: np.ndarray, evidence: Sequence[KeyEvidence], per_key: Sequence[KeyResult] | None,
+           shares: dict[str, float], config: DetectorConfig, keys_tested: int | None = None) -> DetectionResult:
+    """The result from every key's ``per_key`` entry (in the candidates' order, Holm's
+    adjustment left to this) and the evidence of at least the keys that can be the best
+    (in the same relative order): the best key's p Šidák-corrected for every key tested,
+    and its spans. ``per_key`` None: a result without per-key entries (``keys_tested``
+    keys were tested)."""
+    log10_threshold = math.log10(config.threshold)
+    with_spans = config.spans and len(tokens) >= 2 * config.span_min_length
+    if per_key is None:
+        m, per_key = int(keys_tested), ()
+    else:
+        m = len(per_key)
+        adjusted = stats.holm_adjusted([r.log10_p_value * stats.LN10 for r in per_key])
+        per_key = tuple(dataclasses.replace(r, log10_p_adjusted=adj / stats.LN10)
+                        for r, adj in zip(per_key, adjusted))
     best = min(evidence, key=lambda e: e.log10_p)
     whole_log10_p = stats.log_sidak(best.log10_p * stats.LN10, m) / stats.LN10
     global_log10_p = whole_log10_p

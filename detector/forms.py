@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 from detector.detect import DetectorConfig, detect
 from detector.normalize import NormalizedText, normalize_forms
@@ -68,13 +68,16 @@ def text_forms(text: str) -> tuple[list[TextForm], NormalizedText]:
 
 
 def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate],
-                 config: DetectorConfig) -> tuple[DetectionResult, int]:
+                 config: DetectorConfig,
+                 run: Callable[..., DetectionResult] | None = None) -> tuple[DetectionResult, int]:
     """The result for the best-scoring form (its p Bonferroni-corrected over the forms) and
-    that form's index. One form is plain :func:`detector.detect.detect`."""
+    that form's index. One form is plain :func:`detector.detect.detect` (or ``run``, which
+    takes the same arguments: :func:`detector.multikey.detect_many` for many keys)."""
     if not forms:
         raise ValueError("no forms to score")
+    run = run or detect
     if len(forms) == 1:
-        return detect(forms[0], candidates, config), 0
+        return run(forms[0], candidates, config), 0
     m = len(forms)
     share = config.model_copy(update={"threshold": config.threshold / m})
     # Forms that tokenise alike (a normalisation that only touched what the tokeniser
@@ -84,7 +87,7 @@ def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate]
     for tokens in forms:
         ids = tuple(tokens)
         if ids not in scored:
-            scored[ids] = detect(tokens, candidates, share)
+            scored[ids] = run(tokens, candidates, share)
         results.append(scored[ids])
     best = min(range(m), key=lambda i: results[i].log10_p_value)
     factor = math.log10(m)

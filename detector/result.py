@@ -54,7 +54,10 @@ class KeyResult:
     tests (sum, Tr-GoF, and for ordinary-coin dual keys under auto the weighted sum) of p / weight
     (see :func:`detector.detect.weights`)."""
     log10_p_adjusted: float
-    """Holm-adjusted over every key tested."""
+    """Holm-adjusted over every key tested. In a many-key detection
+    (:func:`detector.multikey.detect_many`), Holm's adjustment of the reported p-values,
+    some of them bounds: the exact value for the best key, never below it for the others
+    (Holm's adjusted values only grow when p-values grow)."""
     log10_p_sum: float | None = None
     """The sum test alone (Gamma null), unweighted."""
     log10_p_trgof: float | None = None
@@ -64,13 +67,23 @@ class KeyResult:
     log10_p_weighted: float | None = None
     """The ``weighted`` sum alone, unweighted, where it is one of the key's tests (an
     ordinary-coin dual key under ``auto``: ``log10_p_sum`` is then the ``max`` sum)."""
+    screened: bool = False
+    """True where a many-key detection (:mod:`detector.multikey`) showed, from bounds, that
+    this key cannot be the best and left some of its numbers uncomputed: each p-value here
+    is then an upper bound on the exact one (a valid, conservative p), ``score`` a lower
+    bound on the statistic, and ``log10_p_adjusted`` Holm's adjustment of these values.
+    The global p, the verdict, the winning key and the spans are exactly those of testing
+    every key in full. Absent (False) from results that computed every number."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.key.to_dict(), "statistic": self.statistic, "score": self.score,
-                "scored_tokens": self.scored_tokens, "p_value": _p(self.log10_p_value),
-                "log10_p_value": self.log10_p_value, "log10_p_adjusted": self.log10_p_adjusted,
-                "log10_p_sum": self.log10_p_sum, "log10_p_trgof": self.log10_p_trgof,
-                "log10_p_weighted": self.log10_p_weighted}
+        out = {**self.key.to_dict(), "statistic": self.statistic, "score": self.score,
+               "scored_tokens": self.scored_tokens, "p_value": _p(self.log10_p_value),
+               "log10_p_value": self.log10_p_value, "log10_p_adjusted": self.log10_p_adjusted,
+               "log10_p_sum": self.log10_p_sum, "log10_p_trgof": self.log10_p_trgof,
+               "log10_p_weighted": self.log10_p_weighted}
+        if self.screened:
+            out["screened"] = True
+        return out
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,9 @@ from typing import Literal
 
 import numpy as np
 
-from watermark import prf
+from watermark import dedup_compiled, jit, prf
 from watermark.dedup import context_matrix, first_occurrence_mask
+from watermark.prf import philox_compiled
 from watermark.key import WatermarkKey
 
 Statistic = Literal["single", "max", "weighted", "routed"]
@@ -54,6 +55,9 @@ class ScoredPositions:
 
 def scored_positions(token_ids: np.ndarray, width: int, scope: str) -> ScoredPositions:
     tokens = np.asarray(token_ids, dtype=np.int64)
+    if jit.loaded():  # compiled where this process has loaded numba (same positions; watermark.jit)
+        positions, contexts, kept = dedup_compiled.scored(tokens, width, skip_padded=(scope == "all"))
+        return ScoredPositions(positions=positions, contexts=contexts, tokens=kept)
     keep = first_occurrence_mask(tokens, width, skip_padded=(scope == "all"))
     positions = np.flatnonzero(keep)
     contexts = context_matrix(tokens, width)[positions]
@@ -79,6 +83,16 @@ def uniforms_many(requests: list[tuple[int, np.ndarray | None]], scored: ScoredP
     impl = prf.lookup(prf_name)
     n = len(scored.tokens)
     m = len(requests)
+    if jit.loaded() and impl.version == prf.PHILOX_V1:  # the compiled pass: the same uniforms
+        if all(override is None for _, override in requests):
+            keys = np.array([prf.check_key(key) for key, _ in requests], dtype=np.uint64)
+            return philox_compiled.uniforms_many(keys, scored.contexts, scored.tokens)
+        out = np.empty((m, n), dtype=np.float32)
+        for row, (key, override) in enumerate(requests):
+            tokens = scored.tokens if override is None else override
+            out[row] = philox_compiled.uniforms_many(np.array([prf.check_key(key)], dtype=np.uint64),
+                                                     scored.contexts, tokens)[0]
+        return out
     if m > 1 and n > _BATCH_BELOW:
         return np.stack([uniforms_many([r], scored, prf_name)[0] for r in requests])
     if m == 1:

@@ -15,6 +15,7 @@ verdict or p-value depends on it).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from dataclasses import dataclass
@@ -58,6 +59,20 @@ def log10_multiplicities(family: list[Window], family_size_factor: int = 1) -> n
     return np.log10(len(scales) * per_scale[index] * max(1, family_size_factor)).astype(np.float64)
 
 
+@functools.lru_cache(maxsize=512)
+def _grid(total: int, min_length: int, family_size_factor: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The window family as arrays (starts, ends, log10 multiplicities), or None if empty:
+    fixed by the text length, so built once per length (read-only arrays)."""
+    family = windows(total, min_length)
+    if not family:
+        return None
+    out = (np.array([w.start for w in family]), np.array([w.end for w in family]),
+           log10_multiplicities(family, family_size_factor))
+    for array in out:
+        array.setflags(write=False)
+    return out
+
+
 @dataclass(frozen=True)
 class SpanHit:
     start: int
@@ -80,13 +95,11 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
     that cannot pass: a lower bound, never an upper one, so no passing window is skipped.
     ``log10_sf_many``, if given, is ``log10_sf`` vectorised (sums [k], counts [k] -> [k]).
     """
-    family = windows(total, min_length)
-    if not family:
+    grid = _grid(total, min_length, family_size_factor)
+    if grid is None:
         return []
-    log10_m = log10_multiplicities(family, family_size_factor)
+    starts, ends, log10_m = grid
     prefix = np.concatenate(([0.0], np.cumsum(scores)))
-    starts = np.array([w.start for w in family])
-    ends = np.array([w.end for w in family])
     lo = np.searchsorted(positions, starts, side="left")
     hi = np.searchsorted(positions, ends, side="left")
     counts = hi - lo

@@ -30,6 +30,7 @@ stay below exp(-40) of it, as before.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -72,8 +73,9 @@ def log_gamma_sf(score: float, n: int) -> float:
         return -math.inf
     ks = np.arange(n, dtype=np.float64)
     # The terms rise until k ~ score: in the far tail only the top ones matter, but the
-    # full sum is cheap and exact, and it also serves the body (where Q ~ 1).
-    return min(0.0, _logsumexp(_poisson_log_pmf(ks, score)))
+    # full sum is cheap and exact, and it also serves the body (where Q ~ 1). (The terms of
+    # _poisson_log_pmf from k = 0, with ln k! from the cached table: the same values.)
+    return min(0.0, _logsumexp(ks * math.log(score) - score - _log_fact(n - 1)))
 
 
 def gamma_log10_sf(score: float, n: int) -> float:
@@ -254,8 +256,17 @@ def weighted_gamma_log10_sf(score: float, n: int, alpha: float) -> float:
 
 
 def _log_fact(n_max: int) -> np.ndarray:
-    """ln k! for k = 0 .. n_max."""
-    return np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, n_max + 1, dtype=np.float64)))))
+    """ln k! for k = 0 .. n_max (read-only): a prefix of one cached table, the same values as
+    computing it for n_max alone (a cumulative sum is sequential, so its prefixes do not
+    depend on its length); detection asks for it several times a text."""
+    return _log_fact_table(1 << max(10, (n_max + 1).bit_length()))[:n_max + 1]
+
+
+@functools.lru_cache(maxsize=None)
+def _log_fact_table(size: int) -> np.ndarray:
+    table = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, size, dtype=np.float64)))))
+    table.setflags(write=False)
+    return table
 
 
 def gamma_log10_sf_many(scores: np.ndarray, ns: np.ndarray) -> np.ndarray:

@@ -37,6 +37,7 @@ import math
 import numpy as np
 
 from detector import trgof_compiled
+from watermark import jit
 
 LN10 = math.log(10.0)
 GRID_SLACK = 2.0 ** -23
@@ -48,6 +49,9 @@ about 1e-13 up to n = 5000 with an x87 long double for the final cancellation (t
 up to about 5e-11 without one, hence the larger allowance on such platforms."""
 EXACT_MAX_N = 5000
 """Above this many scored tokens only the Chernoff union bound is used (O(n))."""
+EXACT_TAIL_WORK = 250_000
+"""What one exact tail weighs in :func:`watermark.jit.worth_loading` (its numpy loop costs
+about as much as 250,000 PRF evaluations): the 16th exact tail of a process loads numba."""
 
 # ln k! for k <= EXACT_MAX_N + 1, each entry rounded on its own (a running sum of logs would
 # carry its rounding error into every later entry).
@@ -112,6 +116,20 @@ def log_sf_lower(n: int, i: int, v: float) -> float:
     terms = lf[n] - lf[ks] - lf[n - ks] + ks * math.log(v) + (n - ks) * math.log1p(-v)
     top = float(terms.max())
     return min(0.0, top + math.log(float(np.exp(terms - top).sum())) - 1e-9)
+
+
+def log_sf_lower_first_term(n: int, i: int, v: float) -> float:
+    """A number at most :func:`log_sf_lower` (same arguments): the sum's first term,
+    ln P(Binomial(n, v) = i), lowered by the same 1e-9, computed with the same arithmetic.
+    (The sum's terms are all positive, so its log is at least its largest term's.)"""
+    if i <= 0 or n == 0:
+        return 0.0
+    if not 0.0 < v < 1.0:
+        return 0.0 if v >= 1.0 else -math.inf
+    lf = _LOG_FACT if n <= EXACT_MAX_N else None
+    log_fact = (lambda k: lf[k]) if lf is not None else (lambda k: math.lgamma(k + 1.0))
+    first = float(log_fact(n) - log_fact(i) - log_fact(n - i) + i * math.log(v) + (n - i) * math.log1p(-v))
+    return min(0.0, first - 1e-9) - 1e-12 * (1.0 + abs(first))
 
 
 def log10_sf_lower(pvalues: np.ndarray) -> float:
@@ -259,7 +277,9 @@ def _crossing_exact(log_a: np.ndarray, n: int, compiled: bool = True) -> float:
     the reference); the final combination is shared."""
     log_a = np.maximum.accumulate(log_a)
     a = np.exp(log_a)
-    run = trgof_compiled.crossing() if compiled else None
+    # Compiled where numba is loaded or this process keeps computing exact tails (one tail is
+    # cheaper in numpy than loading numba: watermark.jit.worth_loading).
+    run = trgof_compiled.crossing() if compiled and jit.worth_loading(EXACT_TAIL_WORK) else None
     if run is not None:
         h, low, peak, scales, alive = run(a, n, _BLOCK, _KERNEL, _NEGLIGIBLE, _LOG_FACT)
     else:
@@ -384,8 +404,10 @@ def log_sf(s: float, n: int) -> float:
 
 
 def warm_up() -> None:
-    """Compile the exact tail's loop now (about a second; loaded from numba's cache in later
-    processes), so that no request pays for it. Nothing to do without numba."""
+    """Load numba and compile the exact tail's loop now (about a second; loaded from
+    numba's cache in later processes), so that no request pays for it. Nothing to do
+    without numba."""
+    jit.load()
     log_sf(20.0, 64)
 
 

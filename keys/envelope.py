@@ -55,9 +55,8 @@ def _field(value: str) -> bytes:
 
 def associated_data(binding: KeyBinding, kek_id: str) -> bytes:
     """The bytes AES-GCM authenticates beside the secret (public, canonical)."""
-    return AD_LABEL + b"".join(
-        _field(v) for v in (binding.tenant_id, binding.key_id, str(binding.version), kek_id)
-    )
+    return b"".join((AD_LABEL, _field(binding.tenant_id), _field(binding.key_id), _field(str(binding.version)),
+                     _field(kek_id)))
 
 
 def _check_secret(secret: int) -> None:
@@ -86,13 +85,12 @@ def unwrap_secret(keyring: Keyring, *, wrapped: WrappedSecret, binding: KeyBindi
     ciphertext, nonce, tag or binding that does not authenticate.
     """
     from cryptography.exceptions import InvalidTag
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     kek: Kek = keyring.get(wrapped.kek_id)
     if len(wrapped.nonce) != NONCE_BYTES or len(wrapped.ciphertext) != SECRET_BYTES + TAG_BYTES:
         raise UnwrapError(binding.key_id)
     try:
-        plaintext = AESGCM(kek.material).decrypt(
+        plaintext = kek.aead.decrypt(
             wrapped.nonce, wrapped.ciphertext, associated_data(binding, kek.id)
         )
     except InvalidTag:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import logging
 import os
@@ -60,9 +61,17 @@ class Kek:
             raise KekError(f"the KEK from {self.source} is one repeated byte, not a random key "
                            f"({_HOW_TO_MAKE_ONE})")
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
         return kek_id(self.material)
+
+    @functools.cached_property
+    def aead(self):
+        """AES-256-GCM under this KEK (cryptography's ``AESGCM``), made once: opening many
+        secrets (a detection over every key of a store) then skips its key setup."""
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        return AESGCM(self.material)
 
     @classmethod
     def generate(cls) -> "Kek":

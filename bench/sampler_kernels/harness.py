@@ -306,6 +306,7 @@ def table(results: dict) -> str:
                          f"agreement {r['token_agreement']:.3f}")
     for name, t in results.get("targets", {}).items():
         lines.append(f"target {name}: {t['achieved_us']} us vs <= {t['target_us']} -> {t['met']}")
-    lines.append(f"bit_exact_vs_reference: {results.get('bit_exact_vs_reference')}   "
+    verdict = results.get("bit_exact_vs_reference")
+    lines.append(f"bit_exact_vs_reference: {'not decided (pytest not run)' if verdict is None else verdict}   "
                  f"errors: {len(results.get('errors', []))}   elapsed {results.get('elapsed_s')} s")
     return "\n".join(lines)

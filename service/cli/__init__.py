@@ -9,6 +9,7 @@ from __future__ import annotations
 from service.cli.app import app, main  # noqa: F401
 # Registration order is the order `hallmark --help` lists the commands in.
 from service.cli import watermark_cmds  # noqa: F401,E402  (prf, detect)
+from service.cli import scan_cmd  # noqa: F401,E402  (scan)
 from service.cli import tenant_cmds, key_cmds, token_cmds, audit_cmds, kek_cmds, db_cmds  # noqa: F401,E402
 from service.cli import serve, generate, deploy, doctor  # noqa: F401,E402
 from service.cli import provenance  # noqa: F401,E402  (ledger, receipt, signing-keys, kek status, db grant)

@@ -62,14 +62,16 @@ def _open_lines(path: str) -> Iterator[str]:
 
 
 def _token_list(value: Any) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+    # Checked in C (a set of the element types, min and max): per-token Python checks were
+    # a third of a --jsonl batch's time.
+    if not isinstance(value, list) or set(map(type, value)) - {int}:
         raise ValueError("token ids must be a JSON list of integers")
-    if any(t < 0 or t > MAX_TOKEN_ID for t in value):
+    if value and (min(value) < 0 or max(value) > MAX_TOKEN_ID):
         raise ValueError("token ids must be in [0, 2**32)")
     return value
 
 
-def _batch(path: str, handle_line, *, as_json: bool = False) -> None:
+def _batch(path: str, handle_line, *, as_json: bool = False, parse=json.loads) -> None:
     from pydantic import ValidationError
 
     from watermark.validation import describe
@@ -81,7 +83,7 @@ def _batch(path: str, handle_line, *, as_json: bool = False) -> None:
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
+            item = parse(line)
             if not isinstance(item, dict):
                 raise ValueError("each line must be a JSON object")
             out = handle_line(item)
@@ -153,20 +155,24 @@ def served_tokenizer() -> str:
 
 
 def _tokenize(texts: list[str], tokenizer_path: str, origin: str = "") -> list[tuple[list[int], list[tuple[int, int]] | None]]:
-    """Token ids and character offsets of each text (offsets None without a fast tokenizer);
-    ``origin`` says where the tokenizer's name came from (for the error)."""
-    from service.detection import tokenize_with_offsets  # the API's own tokenisation
-    from service.tokenization import load_tokenizer
+    """Token ids and character offsets of each text (offsets None without a fast tokenizer):
+    the API's tokenisation, through the model's tokenizer.json without transformers where it
+    has one (seconds less per command; service.tokenization.load_text_encoder). ``origin``
+    says where the tokenizer's name came from (for the error)."""
+    from service.tokenization import load_text_encoder
 
     try:
-        tokenizer = load_tokenizer(tokenizer_path)
+        encoder = load_text_encoder(tokenizer_path)
     except (OSError, ValueError) as exc:
         looks_like_path = tokenizer_path.startswith(("/", ".", "~")) or Path(tokenizer_path).suffix != ""
         why = "no such directory" if looks_like_path and not Path(tokenizer_path).expanduser().exists() else \
             str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
         raise CliError(f"cannot load tokenizer {tokenizer_path!r}{origin}: {why}; pass --tokenizer DIR (the "
                        f"generating model's checkpoint directory) or --tokenizer bundled") from None
-    return [tokenize_with_offsets(tokenizer, text) for text in texts]
+    except Exception as exc:  # tokenizers' own errors (a malformed tokenizer.json)
+        raise CliError(f"cannot load tokenizer {tokenizer_path!r}{origin}: {type(exc).__name__}: {exc}; "
+                       "pass --tokenizer bundled or the generating model's checkpoint directory") from None
+    return [encoder.encode(text) for text in texts]
 
 
 def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text: Optional[str],
@@ -269,13 +275,35 @@ def detect_command(
         if any(x is not None for x in (token_ids, token_ids_file, text, text_file, key, key_file, tenant)):
             raise CliError("--jsonl carries its inputs and keys per line; drop the other input and key options")
 
-        def one(item: dict) -> dict:
-            spec_fields = dict(item["key"])
-            secret = _secret(spec_fields.pop("secret"), source='the line\'s key "secret"')
-            candidate = Candidate.inline(WatermarkKey(secret, WatermarkSpec(**spec_fields)))
-            return run_detect(_token_list(item["token_ids"]), [candidate], config).to_dict()
+        from watermark import jit
 
-        _batch(jsonl, one, as_json=as_json)
+        candidates: dict[str, Candidate] = {}  # a batch usually repeats a few keys
+
+        def one(item: dict) -> dict:
+            if not isinstance(item["key"], dict):
+                raise ValueError('"key" must be a JSON object holding "secret" and the spec\'s fields')
+            memo = json.dumps(item["key"], sort_keys=True)
+            candidate = candidates.get(memo)
+            if candidate is None:
+                spec_fields = dict(item["key"])
+                secret = _secret(spec_fields.pop("secret"), source='the line\'s key "secret"')
+                candidate = Candidate.inline(WatermarkKey(secret, WatermarkSpec(**spec_fields)))
+                if len(candidates) < 4096:
+                    candidates[memo] = candidate
+            tokens = item["token_ids"]  # a checked array from parse_line, or a list to check
+            result = run_detect(tokens if not isinstance(tokens, list) else _token_list(tokens), [candidate],
+                                config).to_dict()
+            # After the first line, the compiled paths: a batch is what numba's ~0.3 s of
+            # loading pays for (the first detection itself stays on numpy; watermark.jit).
+            if not jit.loaded():
+                from detector import trgof
+
+                trgof.warm_up()
+            return result
+
+        from service.cli.token_lines import parse_line
+
+        _batch(jsonl, one, as_json=as_json, parse=parse_line)
         return
     forms, normalized, form_names, text_input, offsets = _single_input(token_ids, token_ids_file, text, text_file,
                                                                        tokenizer, normalize_text)

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import select, update
 
 from keys.envelope import KeyBinding, wrap_secret
-from keys.errors import KekError, UnwrapError
+from keys.errors import KekError, KeyStoreError, UnwrapError
 from keys.lifecycle import create_key
 from keys.material import active_key, detection_keys, export_key
 from keys.models import KeyRow
@@ -109,3 +109,50 @@ def test_one_tampered_row_fails_detection_loudly(store, two_keys):
             detection_keys(session, store.keyring, tenant="acme")
     with store.transaction(write=False) as session:
         assert session.scalars(select(KeyRow.state).order_by(KeyRow.version)).all() == ["active", "verify-only"]
+
+
+def _detection(store):
+    with store.transaction(write=False) as session:
+        return detection_keys(session, store.keyring, tenant="acme")
+
+
+@pytest.mark.parametrize("tamper", ["bit", "moved", "version", "forged", "kek", "spec"])
+def test_opening_every_key_at_once_refuses_what_opening_one_refuses(store, two_keys, tamper):
+    """detection_keys reads rows as plain columns, caches ciphers and specs: each tampering
+    that stops one key from opening stops the whole detection, with the same error."""
+    _, first, second = two_keys
+    row = _row(store, second.key_id)
+    if tamper == "bit":
+        _set(store, second.key_id, wrapped_secret=bytes([row.wrapped_secret[0] ^ 1]) + row.wrapped_secret[1:])
+    elif tamper == "moved":
+        source = _row(store, first.key_id)
+        _set(store, second.key_id, wrapped_secret=source.wrapped_secret, nonce=source.nonce)
+    elif tamper == "version":
+        _set(store, second.key_id, version=9)
+    elif tamper == "forged":
+        forged = wrap_secret(store.keyring, secret=secrets.randbits(64),
+                             binding=KeyBinding(tenant_id=row.tenant_id, key_id=row.id, version=row.version))
+        _set(store, second.key_id, wrapped_secret=forged.ciphertext, nonce=forged.nonce)
+    elif tamper == "kek":
+        _set(store, second.key_id, kek_id="0123456789abcdef")
+    else:
+        _set(store, second.key_id, spec={"algorithm": "gumbel", "context_width": 99})
+    expected = {"kek": KekError, "spec": KeyStoreError}.get(tamper, UnwrapError)
+    with pytest.raises(expected):
+        _detection(store)
+
+
+def test_opening_every_key_at_once_gives_what_opening_each_gives(store, two_keys):
+    from keys.material import _stored
+
+    with store.transaction() as session:
+        rotate = create_key(session, store.keyring, tenant="acme", actor=ACTOR)
+    opened = _detection(store)
+    assert [k.key_id for k in opened] == [two_keys[1].key_id, two_keys[2].key_id, rotate.key_id]
+    with store.transaction(write=False) as session:
+        for key in opened:
+            row = session.get(KeyRow, key.key_id)
+            one = _stored(store.keyring, row, "acme")
+            assert (one.material.secret, one.spec, one.fingerprint, one.state, one.version, one.created_at,
+                    one.revoked_at, one.tenant_id) == (key.material.secret, key.spec, key.fingerprint, key.state,
+                                                       key.version, key.created_at, key.revoked_at, key.tenant_id)
