@@ -58,7 +58,7 @@ class Verifier:
     @classmethod
     def parse(cls, text: str) -> "Verifier":
         """From the ``name+hexid+base64`` encoding; :class:`NoteError` if malformed."""
-        parts = text.strip().split("+")
+        parts = text.strip().split("+", 2)  # the base64 key may itself hold '+'; names may not
         if len(parts) != 3 or not _NAME.fullmatch(parts[0]):
             raise NoteError("not a verifier key (expected name+hex key id+base64 key)")
         try:

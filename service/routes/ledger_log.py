@@ -14,7 +14,7 @@ from service import ledger_log
 from service.routes.deps import ServicesDep
 
 router = APIRouter(tags=["transparency log"])
-_SIZE = Query(default=None, ge=0, le=2**62)
+_SIZE = Query(ge=0, le=2**62)
 
 
 @router.get("/v1/ledger/checkpoint", response_class=PlainTextResponse)
