@@ -29,7 +29,7 @@ import dataclasses
 import re
 import uuid
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select, text

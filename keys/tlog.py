@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import insert, select, text, tuple_, update
+from sqlalchemy import select, text, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -115,12 +115,21 @@ def _border(raw: bytes) -> list[bytes]:
     return [raw[i:i + 32] for i in range(0, len(raw), 32)]
 
 
+_HEAD = LogHead.__table__
+_LEAVES = LogLeaf.__table__
+_NODES = LogNode.__table__
+_READ_HEAD = select(_HEAD.c.size, _HEAD.c.border, _HEAD.c.mac).where(_HEAD.c.id == 1)
+_LOCK_HEAD = _READ_HEAD.with_for_update()
+_INSERT_LEAF = _LEAVES.insert()
+_INSERT_NODES = _NODES.insert()
+_UPDATE_HEAD = _HEAD.update().where(_HEAD.c.id == 1)
+
+
 def read_head(session: Session, auth: LogAuthority | None, *, lock: bool = False) -> tuple[int, list[bytes]]:
     """The log's size and border; with ``auth``, :class:`LogTampered` unless its MAC checks."""
-    query = select(LogHead.size, LogHead.border, LogHead.mac).where(LogHead.id == 1)
-    if lock:
-        query = query.with_for_update()
-    size, raw, mac = session.execute(query).one()
+    # Core statements on the session's connection: an append is on every generation's path,
+    # and the ORM's bulk machinery costs several times the statements themselves.
+    size, raw, mac = session.connection().execute(_LOCK_HEAD if lock else _READ_HEAD).one()
     border = _border(raw)
     if len(border) != bin(size).count("1"):
         raise LogTampered(f"the log's head is malformed (size {size}, {len(border)} border hashes)")
@@ -136,8 +145,8 @@ def read_head(session: Session, auth: LogAuthority | None, *, lock: bool = False
 def append(session: Session, auth: LogAuthority, *, leaf_data: bytes, kind: str, entry_id: int | None = None,
            tenant_id: str | None = None, kgrams_sha256: str | None = None, kid: str | None = None,
            data: bytes | None = None, now: datetime | None = None) -> Sequenced:
-    """Append one leaf in the session's transaction (its last statement, so the head lock
-    is held briefly)."""
+    """Append one leaf in the session's transaction (its last statements, so the head lock
+    is held briefly): three statements, four when the leaf completes a subtree."""
     now = clock.resolve(now)
     size, border = read_head(session, auth, lock=True)
     leaf = {"idx": size, "leaf_hash": merkle.leaf_hash(leaf_data), "kind": kind, "entry_id": entry_id,
@@ -146,11 +155,12 @@ def append(session: Session, auth: LogAuthority, *, leaf_data: bytes, kind: str,
     proof = tuple(reversed(border))
     border, completed = merkle.append(border, size, leaf["leaf_hash"])
     raw = b"".join(border)
-    session.execute(insert(LogLeaf), [leaf])
+    connection = session.connection()
+    connection.execute(_INSERT_LEAF, leaf)
     if completed:
-        session.execute(insert(LogNode), [{"level": lv, "idx": ix, "hash": h} for lv, ix, h in completed])
-    session.execute(update(LogHead).where(LogHead.id == 1).values(
-        size=size + 1, border=raw, mac=_head_mac(auth, size + 1, raw), updated_at=now))
+        connection.execute(_INSERT_NODES, [{"level": lv, "idx": ix, "hash": h} for lv, ix, h in completed])
+    connection.execute(_UPDATE_HEAD, {"size": size + 1, "border": raw, "mac": _head_mac(auth, size + 1, raw),
+                                      "updated_at": now})
     return Sequenced(leaf_index=size, size=size + 1, root=merkle.root(border), proof=proof)
 
 

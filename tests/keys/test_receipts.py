@@ -193,3 +193,9 @@ def test_signing_keys_cli(cli):
     exported = json.loads(cli.ok("signing-keys", "export-public").stdout)
     assert {k["kid"] for k in exported["keys"]} == {created["kid"], rotated["new"]["kid"]}
     assert "already active" in cli.fails("signing-keys", "create").stderr
+    revoked = cli.ok("signing-keys", "revoke", created["kid"], "--reason", "leaked", "--json").json()
+    assert revoked["revoked"]["state"] == "revoked" and revoked["new"] is None  # it was retired already
+    assert "already revoked" in cli.fails("signing-keys", "revoke", created["kid"], "--reason", "again").stderr
+    assert "reason" in cli.fails("signing-keys", "revoke", rotated["new"]["kid"], "--reason", " ").stderr
+    audit = [e["action"] for e in cli.ok("audit", "list", "--json").json()]
+    assert "signing_key.revoked" in audit and "log_key.created" in audit

@@ -17,7 +17,7 @@ from keys import merkle, tlog
 from keys.errors import LedgerImmutable
 from keys.kgrams import kgram_set
 from keys.leaves import EMPTY_KGRAMS, entry_leaf, kgram_commitment
-from keys.ledger import find_generations_by_output_hash, hash_output, record_generation, start_generation
+from keys.ledger import find_generations_by_output_hash, hash_output, record_generation
 from keys.log_key import LogKeyError
 from keys.models import LedgerEntry, LogHead, LogLeaf
 from keys.note import Checkpoint, NoteError, NoteSigner, Verifier, open_checkpoint, open_note
