@@ -1,5 +1,6 @@
 """The transparency log's public routes: ``GET /v1/ledger/checkpoint`` (a C2SP checkpoint,
-text/plain), ``GET /v1/ledger/proof/inclusion`` and ``GET /v1/ledger/proof/consistency``.
+text/plain), ``GET /v1/ledger/proof/inclusion`` (by leaf index; ``/inclusion-by-hash`` by
+leaf hash) and ``GET /v1/ledger/proof/consistency``.
 No token: anyone may witness the log. Plain functions: :mod:`service.ledger_log`."""
 
 from __future__ import annotations
@@ -24,10 +25,18 @@ async def checkpoint_route(services: ServicesDep):
 
 
 @router.get("/v1/ledger/proof/inclusion")
-async def inclusion_route(services: ServicesDep, leaf_index: Annotated[int | None, _SIZE] = None,
-                          leaf_hash: Annotated[str | None, Query(max_length=100)] = None,
+async def inclusion_route(services: ServicesDep, leaf_index: Annotated[int, Query(ge=0, le=2**62)],
                           tree_size: Annotated[int | None, _SIZE] = None):
-    return await run_in_threadpool(ledger_log.inclusion, services, leaf_index=leaf_index, leaf_hash=leaf_hash,
+    return await run_in_threadpool(ledger_log.inclusion, services, leaf_index=leaf_index, leaf_hash=None,
+                                   tree_size=tree_size)
+
+
+@router.get("/v1/ledger/proof/inclusion-by-hash")
+async def inclusion_by_hash_route(services: ServicesDep,
+                                  leaf_hash: Annotated[str, Query(pattern=r"^([0-9a-f]{64}|[A-Za-z0-9+/]{43}=)$")],
+                                  tree_size: Annotated[int | None, _SIZE] = None):
+    """A leaf's proof by its hash (hex or base64), as a receipt's holder computes it."""
+    return await run_in_threadpool(ledger_log.inclusion, services, leaf_index=None, leaf_hash=leaf_hash,
                                    tree_size=tree_size)
 
 

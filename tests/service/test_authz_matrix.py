@@ -139,6 +139,7 @@ ROUTES = [
     ("GET", "/.well-known/hallmark-keys.json", None, _public),
     ("GET", "/v1/ledger/checkpoint", None, _public),
     ("GET", "/v1/ledger/proof/inclusion?leaf_index=0", None, _public),
+    ("GET", "/v1/ledger/proof/inclusion-by-hash?leaf_hash=" + "0" * 64, None, lambda c, t: 404),
     ("GET", "/v1/ledger/proof/consistency?from=0", None, _public),
     ("GET", "/healthz", None, _public),
     ("GET", "/readyz", None, _public),
