@@ -190,3 +190,28 @@ def test_publishing_checkpoints(store, two_tenants):
     for row in (first, second):
         opened = open_checkpoint(row.note, auth.verifier)
         assert opened.root == row.root and base64.b64encode(opened.root)
+
+
+def test_kek_rotation_rewraps_the_log_key(store, two_tenants, database_url):
+    from keys.db import open_store
+    from keys.kek import Kek
+    from keys.kek_rotation import kek_status, rotate_kek
+    from keys.settings import StoreSettings
+    from pydantic import SecretStr
+
+    made = two_tenants()
+    _record(store, made.acme.id, "before")
+    with store.transaction(write=False) as session:
+        before = tlog.required_authority(session).verifier
+    new = Kek.generate()
+    with store.transaction() as session:
+        rotation = rotate_kek(session, current=store.keyring, new=new, actor="test")
+    assert rotation.rewrapped >= 2  # acme's key and the log key
+    reopened = open_store(StoreSettings(database_url=database_url, kek=SecretStr(new.to_base64())), require_kek=True)
+    try:
+        _record(reopened, made.acme.id, "after")
+        with reopened.transaction(write=False) as session:
+            assert tlog.required_authority(session).verifier == before  # the same log, another KEK
+            assert kek_status(session, reopened.keyring).to_dict()["log_key"] == {new.id: 1}
+    finally:
+        reopened.close()
