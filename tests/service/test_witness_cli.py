@@ -121,3 +121,32 @@ def test_receipts_verify_offline_with_their_log_proof(tmp_path):
     pinned_elsewhere = _fresh_cli("receipt", "verify", str(tmp_path / "plain.json"), "--keys", str(tmp_path / "keys.json"),
                                   "--trust-log-key", str(tmp_path / "other.vkey"), cwd=tmp_path)
     assert pinned_elsewhere.returncode == 1 and "key set rejected" in pinned_elsewhere.stderr
+
+
+def test_checkpoints_are_published_every_n_entries_and_t_seconds(tmp_path):
+    """At least every HALLMARK_CHECKPOINT_EVERY_ENTRIES entries (here 3) and
+    HALLMARK_CHECKPOINT_EVERY_SECONDS seconds (here 2) after an entry is logged."""
+    import time
+
+    import httpx
+
+    from keys.note import Checkpoint
+
+    def published() -> int:
+        note = httpx.get(running.url + "/v1/ledger/checkpoint").text
+        return Checkpoint.parse_text(note.split("\n\n")[0] + "\n").size
+
+    running = gateway.start(tmp_path, checkpoint_every_entries=3, checkpoint_every_seconds=2.0)
+    try:
+        start = published()  # the gateway publishes at start
+        for seed in range(3):
+            _generate(running.url, running.tokens["acme"], "The function returns", seed)
+        assert published() >= start + 3  # the entry bound, without waiting
+        _generate(running.url, running.tokens["acme"], "Return a new list", 9)
+        size = published()
+        deadline = time.monotonic() + 20
+        while published() == size and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert published() == size + 1  # the time bound
+    finally:
+        running.stop()
