@@ -189,9 +189,10 @@ def render(args, result: dict) -> str:
             lines.append(f"| {arm} | {r['generations']} | {r['generations_per_s']:.3f} | {g['p50_ms']:.0f} | "
                          f"{g['p99_ms']:.0f} | {r['errors'] or 'none'} |")
         drop = load["throughput_drop_percent"]
-        lines += ["", f"Generation throughput with the log is {drop:+.1f} % below the arm without it (goal: at most "
-                      "5 %; a negative figure means the log-on arm was faster in this run: the arms' difference is "
-                      "within the machine's noise)." if drop is not None else ""]
+        if drop is not None:
+            where = f"{drop:.1f} % below" if drop >= 0 else f"{-drop:.1f} % above"
+            lines += ["", f"Generation throughput with the log was {where} the arm without it in this run (goal: "
+                          "at most 5 % below)."]
     return "\n".join(lines) + "\n"
 
 

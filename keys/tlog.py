@@ -36,13 +36,13 @@ from sqlalchemy import select, text, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from keys import clock, merkle
+from keys import clock, log_rows, merkle
 from keys.chain import canonical_json, entry_fields, entry_hash
 from keys.errors import KeyStoreError
 from keys.kek import Keyring
 from keys.leaves import EMPTY_KGRAMS, entry_leaf, key_event, key_event_leaf, kgram_commitment
 from keys.log_key import LogAuthority, LogKeyError, create_log_key, load_log_key
-from keys.models import LedgerEntry, LedgerKgram, LogCheckpoint, LogHead, LogLeaf, LogNode, SigningKey
+from keys.models import LedgerEntry, LedgerKgram, LogCheckpoint, LogLeaf, LogNode, SigningKey
 from keys.note import Checkpoint
 
 PUBLISH_EVERY_ENTRIES = 256
@@ -115,21 +115,9 @@ def _border(raw: bytes) -> list[bytes]:
     return [raw[i:i + 32] for i in range(0, len(raw), 32)]
 
 
-_HEAD = LogHead.__table__
-_LEAVES = LogLeaf.__table__
-_NODES = LogNode.__table__
-_READ_HEAD = select(_HEAD.c.size, _HEAD.c.border, _HEAD.c.mac).where(_HEAD.c.id == 1)
-_LOCK_HEAD = _READ_HEAD.with_for_update()
-_INSERT_LEAF = _LEAVES.insert()
-_INSERT_NODES = _NODES.insert()
-_UPDATE_HEAD = _HEAD.update().where(_HEAD.c.id == 1)
-
-
 def read_head(session: Session, auth: LogAuthority | None, *, lock: bool = False) -> tuple[int, list[bytes]]:
     """The log's size and border; with ``auth``, :class:`LogTampered` unless its MAC checks."""
-    # Core statements on the session's connection: an append is on every generation's path,
-    # and the ORM's bulk machinery costs several times the statements themselves.
-    size, raw, mac = session.connection().execute(_LOCK_HEAD if lock else _READ_HEAD).one()
+    size, raw, mac = log_rows.read_head(session, lock=lock)
     border = _border(raw)
     if len(border) != bin(size).count("1"):
         raise LogTampered(f"the log's head is malformed (size {size}, {len(border)} border hashes)")
@@ -145,9 +133,10 @@ def read_head(session: Session, auth: LogAuthority | None, *, lock: bool = False
 def append(session: Session, auth: LogAuthority, *, leaf_data: bytes, kind: str, entry_id: int | None = None,
            tenant_id: str | None = None, kgrams_sha256: str | None = None, kid: str | None = None,
            data: bytes | None = None, now: datetime | None = None) -> Sequenced:
-    """Append one leaf in the session's transaction (its last statements, so the head lock
-    is held briefly): three statements, four when the leaf completes a subtree."""
+    """Append one leaf in the session's transaction, as its last statements, so that the
+    head's lock is held briefly (keys.log_rows: two round trips on PostgreSQL)."""
     now = clock.resolve(now)
+    session.flush()  # what the leaf logs is written first (the ORM's pending rows)
     size, border = read_head(session, auth, lock=True)
     leaf = {"idx": size, "leaf_hash": merkle.leaf_hash(leaf_data), "kind": kind, "entry_id": entry_id,
             "tenant_id": tenant_id, "kgrams_sha256": kgrams_sha256, "kid": kid, "data": data, "created_at": now}
@@ -155,12 +144,7 @@ def append(session: Session, auth: LogAuthority, *, leaf_data: bytes, kind: str,
     proof = tuple(reversed(border))
     border, completed = merkle.append(border, size, leaf["leaf_hash"])
     raw = b"".join(border)
-    connection = session.connection()
-    connection.execute(_INSERT_LEAF, leaf)
-    if completed:
-        connection.execute(_INSERT_NODES, [{"level": lv, "idx": ix, "hash": h} for lv, ix, h in completed])
-    connection.execute(_UPDATE_HEAD, {"size": size + 1, "border": raw, "mac": _head_mac(auth, size + 1, raw),
-                                      "updated_at": now})
+    log_rows.write_append(session, leaf, completed, size + 1, raw, _head_mac(auth, size + 1, raw))
     return Sequenced(leaf_index=size, size=size + 1, root=merkle.root(border), proof=proof)
 
 
