@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from keys import merkle, tlog
@@ -69,6 +69,12 @@ def audit_log(session: Session, auth: LogAuthority | None, *, pinned: list[tuple
             problems.append(text)
 
     verifier = log_key or (auth.verifier if auth is not None else log_verifier(session))
+    if verifier is None:  # a store from before the log (migration 0008), not opened by a writer since
+        count = session.scalar(select(func.count()).select_from(LedgerEntry)) or 0
+        if count:
+            problem(f"the ledger has {count} entries but no transparency log yet: run `hallmark ledger init` "
+                    "(as the database owner, with the KEK)")
+        return report
     try:
         size, border = tlog.read_head(session, auth)
     except tlog.LogTampered as exc:

@@ -155,6 +155,10 @@ def test_a_store_without_a_log_adopts_its_entries_on_first_write(store, two_tena
         connection.exec_driver_sql("UPDATE log_head SET size = 0, border = '', mac = NULL")
     engine.dispose()
     store.forget_log()
+    from keys.log_audit import audit_log
+
+    with store.transaction(write=False) as session:
+        assert any("ledger init" in p for p in audit_log(session, None).problems)
     later = _record(store, made.acme.id, "after")
     assert later.log.leaf_index == 1 and later.log.size == 2
     with store.transaction(write=False) as session:
