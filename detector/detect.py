@@ -274,7 +274,8 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
                                 min_length=config.span_min_length, family_size_factor=m,
                                 log10_threshold=log10_threshold + log10_share, log10_sf=family.log10_sf,
                                 log10_sf_lower=family.log10_sf_lower, log10_sf_many=family.log10_sf_many)
-            hits = spans.refine(hits, best.scored.positions, family.scores, len(tokens))
+            hits = spans.refine(hits, best.scored.positions, family.scores, len(tokens),
+                                 context_width=best.candidate.key.spec.context_width)
             ranked.extend((h.log10_p_value - log10_share, h) for h in hits)
         kept: list[tuple[float, spans.SpanHit]] = []
         for weighted_p, hit in sorted(ranked, key=lambda item: item[0]):

@@ -242,13 +242,18 @@ class KgramMatch:
     """log10 p of the watermark test over those tokens alone, under this key: whether the
     shared phrases were sampled under the watermark or are text any writer could produce
     (boilerplate the model reproduces with no choice to make; service.ledger_evidence)."""
+    key_state_at_generation: str | None = None
+    """The key's state the ledger recorded for the generation (keys.key_states)."""
+    key_state_now: str | None = None
+    """The key's state now."""
 
     def to_dict(self) -> dict[str, object]:
         return {"generation_id": self.generation_id, "key_id": self.key_id, "matched_kgrams": self.matched,
                 "text_kgrams": self.queried, "generation_kgrams": self.stored,
                 "share": round(self.matched / self.queried, 6) if self.queried else 0.0,
                 "log10_false_match_bound": self.log10_false_match_bound,
-                "shared_tokens": self.shared_tokens, "log10_shared_p": self.log10_shared_p}
+                "shared_tokens": self.shared_tokens, "log10_shared_p": self.log10_shared_p,
+                "key_state_at_generation": self.key_state_at_generation, "key_state_now": self.key_state_now}
 
 
 def false_match_log10(matched: int, queried: int, stored: int, generations: int) -> float:

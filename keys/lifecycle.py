@@ -101,6 +101,20 @@ def build_spec(base: WatermarkSpec | None = None, **changes: Any) -> WatermarkSp
         raise InvalidInput(f"invalid watermark spec: {summary(exc, default='spec')}") from None
 
 
+def spec_for_new_key(session: Session, *, tenant: str,
+                     changes: Mapping[str, Any] | None = None) -> tuple[WatermarkSpec, KeyRecord | None]:
+    """The spec a new key of ``tenant`` gets when the caller names only what to change: the
+    tenant's current spec (its active key's, else its newest key's, say after the active one
+    was revoked) with ``changes`` applied, and the key it came from; the defaults with
+    ``changes`` for a tenant without keys (source None). Takes the tenant's lock, so a
+    rotation cannot slip in before the key is created in the same transaction."""
+    tenant_row = get_tenant(session, name=tenant, lock=True)
+    source = _active_row(session, tenant_row.id) or session.scalar(
+        select(KeyRow).where(KeyRow.tenant_id == tenant_row.id).order_by(KeyRow.version.desc()).limit(1))
+    base = spec_of(source) if source is not None else None
+    return build_spec(base, **dict(changes or {})), (key_info(source, tenant_row.name) if source else None)
+
+
 def _spec_json(spec: WatermarkSpec) -> dict[str, Any]:
     return spec.public_dict()
 

@@ -1,6 +1,6 @@
 """The HTTP gateway: ``create_app(settings)`` wires the routers of :mod:`service.routes`,
 the error handlers (:mod:`service.http_errors`) and the middleware (:mod:`service.body_limit`,
-:mod:`service.middleware`)
+:mod:`service.middleware`, :mod:`service.request_log`)
 around the services a running gateway holds (:class:`service.state.Services`).
 """
 
@@ -28,6 +28,7 @@ from service.engines.base import Engine
 from service import http_errors, openapi
 from service.body_limit import BodyLimit
 from service.middleware import RequestMetrics
+from service.request_log import RequestLog
 from service.routes import admin, detect, generate, generations, ledger_log, openai, ops, provenance
 from service.settings import ServiceSettings
 from service.state import Services
@@ -120,6 +121,10 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
             await own_engine.stop()
             if store is None:
                 own_store.close()
+            # Back in the collector's reach, so the interpreter's final collection frees them:
+            # objects still frozen at exit make triton's nanobind print ~40 lines of "leaked"
+            # reports after every Ctrl-C.
+            gc.unfreeze()
 
     # /docs is served by mount_ui with local Swagger UI files (FastAPI's default loads them from a
     # CDN: a blank page offline); ReDoc's bundle loads its logo from a CDN, so /redoc is off.
@@ -131,4 +136,6 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
     mount_ui(app)
     app.add_middleware(RequestMetrics, services=state)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    # Outermost: it logs what the body limit refuses too, and every answer carries the id.
+    app.add_middleware(RequestLog, routes=app.router.routes)
     return app

@@ -18,7 +18,7 @@ from service.auth import Identity, resolve_tenant
 from service.errors import Conflict, NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
 from service.http_errors import store_error
 from service.ledger_evidence import with_ledger_basis, with_shared_evidence
-from service.provenance import report_statement
+from service.provenance import report_scope, report_settings, report_statement
 from service.schemas import DetectBody
 from service.state import Services
 from watermark.validation import describe
@@ -107,8 +107,11 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
         out["normalization"] = {**normalized.to_dict(), "scored": form_names[best]}
     if params.evidence:
         out["evidence"] = evidence.evidence_for(result, token_ids, candidates, config, offsets)
-    # What the verdict rests on, signed (verifiable offline like a receipt).
-    out["report"] = services.sign(report_statement(out, text=text, token_ids=list(token_ids)))
+    # What was checked and what the verdict rests on, signed (verifiable offline like a receipt).
+    scope = report_scope(candidates, keys_of="tenant" if tenant is not None else "all_tenants", tenant=tenant)
+    settings = report_settings(config, normalize=params.normalize if params.text is not None else None)
+    out["report"] = services.sign(report_statement(out, text=params.text, token_ids=list(token_ids),
+                                                   scope=scope, settings=settings))
     return out
 
 

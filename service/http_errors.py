@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from keys.errors import (ConcurrentChange, KekError, KeyStoreError, NoActiveKey, NotMigrated, ReadOnlyStore,
                          StoreBusy, StoreUnavailable, UnknownTenant)
 from service.errors import Conflict, NotFound, ServiceError, Unavailable
+from service.request_log import request_id_of
 from watermark.validation import summary
 
 log = logging.getLogger("hallmark.http")
@@ -123,5 +124,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
+        # Sent from outside the request log's middleware: it adds the request id itself.
+        request_id = request_id_of(request.scope)
         return JSONResponse(error_payload(500, "internal server error; the request was not completed"),
-                            status_code=500)
+                            status_code=500, headers={"x-request-id": request_id} if request_id else None)

@@ -33,7 +33,7 @@ from detector import scoring
 from detector.detect import DetectorConfig, statistic_for
 from detector.result import Candidate
 from detector.stats import gamma_log10_sf, weighted_gamma_log10_sf
-from keys import kgrams
+from keys import key_states, kgrams
 from keys.kgrams import KgramMatch
 
 SHARED_LEVEL = 1e-3
@@ -46,8 +46,21 @@ def with_shared_evidence(session, matches: Sequence[KgramMatch], candidates: Seq
                          token_ids: Sequence[int], config: DetectorConfig, *,
                          cache: kgrams.KgramCache | None = None) -> list[KgramMatch]:
     """``matches`` with ``shared_tokens`` and ``log10_shared_p`` filled in for the (at most
-    :data:`MAX_TESTED`) best whose collision bound passes the threshold. ``cache``: the one
+    :data:`MAX_TESTED`) best whose collision bound passes the threshold, and each match's
+    key state at generation and now (:mod:`keys.key_states`). ``cache``: the one
     :func:`keys.kgrams.find_matches` filled for these matches, in the same transaction."""
+    scored = _with_shared_scores(session, matches, candidates, token_ids, config, cache=cache)
+    if not scored:
+        return scored
+    at_generation = key_states.states_at_generation(session, (m.generation_id for m in scored))
+    now = key_states.current_states(session, (m.key_id for m in scored))
+    return [dataclasses.replace(m, key_state_at_generation=at_generation.get(m.generation_id),
+                                key_state_now=now.get(m.key_id)) for m in scored]
+
+
+def _with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Sequence[Candidate],
+                        token_ids: Sequence[int], config: DetectorConfig, *,
+                        cache: kgrams.KgramCache | None) -> list[KgramMatch]:
     threshold = math.log10(config.threshold)
     by_key = {c.info.key_id: c for c in candidates if c.info.key_id}
     tested: list[int] = []

@@ -1,23 +1,33 @@
 """The statements the gateway signs: generation receipts and detection reports.
 
-The encoding and the signature are :mod:`keys.receipts`'; this module decides what a
-statement says. A receipt attests one ledger entry (the generation's ``finished`` entry);
-a detection report says what a verdict rests on, as the EU AI Act Art. 50 Code of Practice
-asks: the watermark statistic and its p-value, how many keys were tested under which
-multiple-testing correction, and the ledger records whose output is exactly this text.
+The encoding and the signature are :mod:`keys.receipts`'; the report format is
+:mod:`keys.reports`'; this module decides what a statement says. A receipt attests one
+ledger entry (the generation's ``finished`` entry); a detection report says what was
+checked, as the EU AI Act Art. 50 Code of Practice asks: the text's and token ids' hashes,
+the detector (version and configuration hash), the time, whose keys and how many, the
+threshold and settings, the verdict naming its threshold, and the result as shown.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Sequence
 
-from keys.chain import timestamp
+from detector.detect import DetectorConfig
+from detector.result import Candidate
+from keys import kgrams
+from keys.chain import hash_token_ids, timestamp
 from keys.ledger import GenerationEntry
 from keys.receipts import RECEIPT_TYPE, REPORT_TYPE
+from keys.reports import LENIENT_ABOVE, REPORT_VERSION, SCOPES, detector_identity, verdict_of
+from service.ledger_evidence import MAX_TESTED, SHARED_LEVEL
 
-DETECTOR_VERSION = "hallmark-detector/1"
+DETECTOR_VERSION = "hallmark-detector/2"
+"""Named in every detection report; raised when the detector's computation changes (2:
+span boundaries refined against the span's own mean, and starting at the first scored
+token's context)."""
 
 
 def ledger_match(entry: GenerationEntry) -> dict[str, Any]:
@@ -57,42 +67,108 @@ def receipt_statement(entry: GenerationEntry, *, fingerprint: str | None) -> dic
     }
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        return None
-    return value
+def report_settings(config: DetectorConfig, *, normalize: bool | None) -> dict[str, Any]:
+    """The ``settings`` a detection report states: the threshold, every setting of the
+    detector's config, text normalisation (None for token ids) and the ledger basis's
+    fixed parameters. Their hash is the detector's configuration hash."""
+    return {"threshold": config.threshold, "statistic": config.dual_statistic, "test": config.test,
+            "spans": config.spans, "span_min_length": config.span_min_length, "normalize": normalize,
+            "ledger": {"kgram_length": kgrams.K, "shared_tokens_level": SHARED_LEVEL,
+                       "matches_tested": MAX_TESTED}}
 
 
-def report_statement(result: dict[str, Any], *, text: str | None, token_ids: list[int],
+def report_scope(candidates: Sequence[Candidate], *, keys_of: str, tenant: str | None) -> dict[str, Any]:
+    """The ``scope`` of a detection report: whose keys were tested (``tenant`` with its
+    name, ``all_tenants`` or ``public``) and how many (tenants, keys)."""
+    if keys_of not in SCOPES:
+        raise ValueError(f"keys_of must be one of {SCOPES}")
+    tenants = {c.info.tenant for c in candidates if c.info.tenant is not None}
+    return {"keys_of": keys_of, "tenant": tenant if keys_of == "tenant" else None,
+            "tenants": len(tenants), "keys": len(candidates)}
+
+
+REPORT_OMITS = ("report", "evidence", "per_key")
+"""Parts of a detection response a report does not repeat: the report itself, per-token
+evidence (up to 5,000 tokens) and the per-key table (every key of a provider, for an
+all-tenant scan); ``scope`` states how many keys were tested."""
+
+
+def report_statement(shown: dict[str, Any], *, text: str | None, token_ids: Sequence[int],
+                     scope: dict[str, Any], settings: dict[str, Any],
                      now: datetime | None = None) -> dict[str, Any]:
-    """The detection report of a ``/v1/detect`` result (format: :mod:`keys.receipts`)."""
+    """The detection report (format: :mod:`keys.reports`) of a ``/v1/detect`` result as
+    its caller is shown it.
+
+    ``shown``: the response body the caller gets (any access tier's shape; it needs
+    ``watermarked``), signed as ``result`` less :data:`REPORT_OMITS`: nothing it withholds
+    is added (no p-value digits if it has none). ``text``: the text as sent, or None for
+    token ids. ``token_ids``: the ids the verdict rests on (for a text, the tokens of the
+    form scored). ``scope``: :func:`report_scope`. ``settings``: :func:`report_settings`
+    (its ``threshold`` is the one the verdict names). ``now``: the report's time (UTC).
+    """
     now = now or datetime.now(timezone.utc)
-    key = result.get("key")
-    ids = hashlib.sha256(b"".join(int(t).to_bytes(4, "big") for t in token_ids)).hexdigest()
-    basis = result.get("basis") if isinstance(result.get("basis"), dict) else None
+    threshold = float(settings["threshold"])
+    result = _jsonable({k: v for k, v in shown.items() if k not in REPORT_OMITS})
+    verdict = verdict_of(bool(shown.get("watermarked")), threshold)
+    basis = ["watermark"] if verdict == "watermarked" else []
+    if "ledger" in (shown.get("basis") or ()):
+        basis.append("ledger")
     return {
-        "type": REPORT_TYPE, "version": 1,
-        "verdict": "watermarked" if result.get("watermarked") else "not_watermarked",
-        "rests_on": {
-            "watermark": {
-                "statistic": ((basis or {}).get("statistic") or result.get("statistic")
-                              or ((result.get("per_key") or [{}])[0] or {}).get("statistic")),
-                "p_value": _finite(result.get("p_value")),
-                "log10_p_value": _finite(result.get("log10_p_value")),
-                "threshold": _finite(result.get("threshold")),
-                "scored_tokens": result.get("scored_tokens"), "total_tokens": result.get("total_tokens"),
-                "keys_tested": result.get("keys_tested"),
-                "correction": result.get("correction") or "sidak over keys tested; holm per key",
-                "key": ({"tenant": key.get("tenant"), "key_id": key.get("key_id"), "version": key.get("version"),
-                         "state": key.get("state"), "fingerprint": key.get("fingerprint")} if key else None),
-            },
-            "ledger": [{"generation_id": m["generation_id"], "tenant": m.get("tenant"),
-                        "seq": (m.get("ledger") or {}).get("seq"),
-                        "entry_hash": (m.get("ledger") or {}).get("entry_hash")}
-                       for m in result.get("ledger_matches", [])],
-        },
-        "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest() if text is not None else None,
-        "token_ids_sha256": ids,
-        "detector_version": DETECTOR_VERSION,
+        "type": REPORT_TYPE, "version": REPORT_VERSION,
         "created_at": timestamp(now),
+        "subject": {"input": "text" if text is not None else "token_ids",
+                    "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest() if text is not None else None,
+                    "token_ids_sha256": hash_token_ids(list(token_ids)), "tokens": len(token_ids)},
+        "detector": detector_identity(DETECTOR_VERSION, settings),
+        "settings": settings,
+        "scope": scope,
+        "verdict": verdict,
+        "verdict_text": _verdict_text(verdict, threshold, scope, shown),
+        "basis": basis,
+        "result": result,
     }
+
+
+def _scope_words(scope: dict[str, Any]) -> str:
+    n = scope.get("keys", 0)
+    keys = f"{n} key{'' if n == 1 else 's'}"
+    if scope.get("keys_of") == "tenant":
+        return f"the {keys} of tenant {scope.get('tenant')}"
+    if scope.get("keys_of") == "public":
+        return f"the {keys} of the public key set"
+    tenants = scope.get("tenants", 0)
+    return f"the {keys} of every tenant ({tenants} tenant{'' if tenants == 1 else 's'})"
+
+
+def _verdict_text(verdict: str, threshold: float, scope: dict[str, Any], shown: dict[str, Any]) -> str:
+    """The verdict in words: always the threshold and whose keys were tested, never a
+    p-value (an access tier may withhold its digits)."""
+    keys = _scope_words(scope)
+    if verdict == "watermarked":
+        words = f"watermarked: passes the threshold {threshold:g} under one of {keys}"
+    elif verdict == "passes_lenient_threshold":
+        words = (f"passes the threshold {threshold:g} under one of {keys}; a threshold above "
+                 f"{LENIENT_ABOVE:g} is not evidence of a watermark")
+    else:
+        words = (f"not watermarked at threshold {threshold:g}: no evidence of the watermark of {keys} "
+                 f"(not proof that a person wrote it)")
+    exact = [m.get("generation_id") for m in shown.get("ledger_matches") or () if isinstance(m, dict)]
+    edited = [m.get("generation_id") for m in shown.get("kgram_matches") or ()
+              if isinstance(m, dict) and m.get("passes") and m.get("generation_id") not in exact]
+    if exact:
+        words += f"; the ledger records generation {exact[0]} with exactly this text"
+    elif edited:
+        words += f"; the ledger records generation {edited[0]}, of which this text is an edited copy"
+    return words
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` as JSON would carry it (tuples as lists), with non-finite numbers as null
+    (canonical JSON refuses them)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value

@@ -36,6 +36,13 @@ class ServiceSettings(BaseSettings):
     device: str = "auto"
     """`auto` (CUDA if available, else CPU), `cpu`, `cuda` or `cuda:N`."""
 
+    log_format: Literal["text", "json"] = "text"
+    """The server's log lines (`hallmark serve`/`quickstart`): text, or one JSON object a
+    line for a log shipper (service.logs); one line per request either way."""
+
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Hallmark's and uvicorn's log level (`warning` drops the per-request lines)."""
+
     max_batch: int = Field(default=16, ge=1, le=512)
     """Requests decoded together in one step; more wait in the queue."""
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from detector.result import Candidate, KeyInfo
 from keys.db import Store
 from keys.material import StoredKey, active_key, detection_keys
+from keys.key_states import with_key_states
 from keys.ledger import GenerationEntry, find_generations_by_output_hash
 from keys.receipts import Signer
 from keys import tlog
@@ -91,7 +92,7 @@ class Services:
         """Ledger records whose output hashes to ``output_sha256`` (scoped to a tenant, or all)."""
         with self.store.transaction(write=False) as session:  # database faults as KeyStoreError (503)
             found = find_generations_by_output_hash(session, output_sha256=output_sha256, tenant_id=tenant_id)
-        return [ledger_match(e) for e in found]
+            return with_key_states(session, [ledger_match(e) for e in found])
 
     def signer(self) -> Signer | None:
         """The active signing key, opened (cached like keys); None if the store has none."""

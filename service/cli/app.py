@@ -15,7 +15,10 @@ from typing import Any, Callable, TypeVar
 
 import typer
 
+# rich_markup_mode=None: click's plain help. Typer's rich help shows every flag with a
+# "<bool>" value (`--json <bool>`), which the flag refuses (`--json true` is a usage error).
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
                   help="Hallmark: watermarked generation, detection and key management.")
 tenants_app = typer.Typer(no_args_is_help=True, help="Tenants.")
 keys_app = typer.Typer(no_args_is_help=True, help="Watermark keys: create, import, rotate, revoke, export.")
@@ -134,6 +137,9 @@ def _run() -> None:
     except _click_classes("ClickException") as exc:
         # A usage error (unknown command, missing option value): click's usage line and one
         # error line, exit 2; never a traceback.
+        if isinstance(getattr(exc, "message", None), str):
+            # Typer checks choices with pydantic, whose messages start "Value error, ".
+            exc.message = exc.message.removeprefix("Value error, ")
         if getattr(exc, "ctx", True) is None:  # the option parser's errors carry no context
             usage = _usage_line(sys.argv[1:])
             if usage:

@@ -108,7 +108,7 @@ def deploy_engine_key(
 @_errors
 def deploy_keyring(
     out: Path = typer.Option(..., "--out", help="The keyring file to write (mode 0600)."),
-    tenant: Optional[list[str]] = typer.Option(None, "--tenant", help="Only these tenants (repeatable)."),
+    tenant: Optional[list[str]] = typer.Option(None, "--tenant", metavar="NAME", help="Only these tenants (repeatable)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Write the per-request plugin's keyring for a remote vllm serve (active and verify-only keys)."""

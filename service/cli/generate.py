@@ -60,14 +60,14 @@ async def _run(services, params: list, *, tenant: str, needs_key: bool) -> list[
 @app.command("generate")
 def generate(
     tenant: str = typer.Option(..., "--tenant", help="Tenant whose active key watermarks the output."),
-    prompt: list[str] = typer.Option(..., "--prompt", help="A prompt (repeat for a batch)."),
+    prompt: list[str] = typer.Option(..., "--prompt", metavar="TEXT", help="A prompt (repeat for a batch)."),
     engine: str = typer.Option("local", "--engine", help="Engine: local (embedded) or vllm (in-process, or --vllm-url)."),
     max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="Tokens to generate per prompt."),
     temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="0 is greedy and unwatermarked."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus filter (1 disables)."),
     top_k: int = typer.Option(0, "--top-k", min=0, help="Top-k filter (0 disables)."),
     seed: Optional[int] = typer.Option(None, "--seed", min=0, help="Seed of the ordinary random stream."),
-    stop: Optional[list[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
+    stop: Optional[list[str]] = typer.Option(None, "--stop", metavar="TEXT", help="Stop string (repeatable)."),
     no_watermark: bool = typer.Option(False, "--no-watermark", help="Opt out (recorded in the ledger)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model to load (local: path or bundled name; vllm: model or served name)."),
     vllm_url: Optional[str] = typer.Option(None, "--vllm-url", help="vllm: a remote `vllm serve` base URL."),

@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from service.cli.app import JSON_OPTION, CliError, emit, keys_app, one_line_errors
+from service.cli.choices import Algorithm, CoinKind, DedupScope
 from service.cli.store import cli_store
 from service.cli.tables import plain, table
 
 if TYPE_CHECKING:
     from keys.lifecycle import KeyRecord
+    from watermark.spec import WatermarkSpec
 
 
 def _spec_changes(algorithm: str | None, context_width: int | None, alpha: float | None,
@@ -42,6 +44,18 @@ def _spec_changes(algorithm: str | None, context_width: int | None, alpha: float
     return changes
 
 
+def _option_names(changes: dict[str, Any]) -> str:
+    return ", ".join("--" + name.replace("_", "-") for name in changes)
+
+
+def _spec_text(spec: "WatermarkSpec") -> str:
+    history = "all positions" if spec.dedup_max_history is None else f"{spec.dedup_max_history} positions"
+    text = f"{spec.algorithm}, context width {spec.context_width}, dedup {spec.dedup} ({history})"
+    if spec.algorithm == "dual_key_gumbel":
+        text += f", alpha {spec.alpha}, coin {spec.coin}"
+    return text
+
+
 def _key_line(info: "KeyRecord") -> str:
     return (f"key {info.key_id}: tenant {info.tenant}, version {info.version}, {info.state}, "
             f"fingerprint {info.fingerprint}, {info.spec.algorithm} w={info.spec.context_width}")
@@ -56,30 +70,45 @@ def _key_rows(keys: "list[KeyRecord]") -> str:
 
 
 # Spec options shared by create, import and rotate.
-ALGORITHM = typer.Option(None, "--algorithm", help="gumbel or dual_key_gumbel.")
+ALGORITHM = typer.Option(None, "--algorithm", help="gumbel (one key) or dual_key_gumbel (keys A and B; what a "
+                         "speculating engine needs: with a gumbel key the local engine does not speculate).")
 CONTEXT_WIDTH = typer.Option(None, "--context-width", help="Previous generated tokens seeding each token (1-16).")
-ALPHA = typer.Option(None, "--alpha", help="dual_key_gumbel: share of key-B tokens without speculation.")
-DEDUP = typer.Option(None, "--dedup", help="Context deduplication: none, single_turn or all.")
-DEDUP_MAX_HISTORY = typer.Option(None, "--dedup-max-history", help="Positions searched for a repeat, or 'all'.")
-COIN = typer.Option(None, "--coin", help="Speculative acceptance coin: ordinary or keyed (dual key only).")
+ALPHA = typer.Option(None, "--alpha", help="dual_key_gumbel: share of key-B tokens without speculation (0-1).")
+DEDUP = typer.Option(None, "--dedup", help="Which repeated contexts are sampled unwatermarked: none, single_turn "
+                     "(within one generation) or all.")
+DEDUP_MAX_HISTORY = typer.Option(None, "--dedup-max-history", metavar="N|all",
+                                 help="Positions searched for a repeated context (a positive integer), or 'all'.")
+COIN = typer.Option(None, "--coin", help="dual_key_gumbel's speculative acceptance coin: ordinary (vLLM's) or "
+                    "keyed (lets the detector weigh each token's key).")
 
 
 @keys_app.command("create")
 @one_line_errors()
 def keys_create(tenant: str = typer.Option(..., "--tenant", help="Tenant name."),
-                algorithm: Optional[str] = ALGORITHM, context_width: Optional[int] = CONTEXT_WIDTH,
-                alpha: Optional[float] = ALPHA, dedup: Optional[str] = DEDUP,
-                dedup_max_history: Optional[str] = DEDUP_MAX_HISTORY, coin: Optional[str] = COIN,
+                algorithm: Optional[Algorithm] = ALGORITHM, context_width: Optional[int] = CONTEXT_WIDTH,
+                alpha: Optional[float] = ALPHA, dedup: Optional[DedupScope] = DEDUP,
+                dedup_max_history: Optional[str] = DEDUP_MAX_HISTORY, coin: Optional[CoinKind] = COIN,
                 as_json: bool = JSON_OPTION) -> None:
-    """Create a random key: active if the tenant has none, else verify-only."""
+    """Create a random key: active if the tenant has none, else verify-only. It keeps the
+    tenant's current spec (its active key's, else its newest key's) except what the options
+    change; a tenant's first key gets the defaults (gumbel, context width 4)."""
     from keys.audit import default_actor
-    from keys.lifecycle import build_spec, create_key
+    from keys.lifecycle import create_key, spec_for_new_key
 
-    spec = build_spec(**_spec_changes(algorithm, context_width, alpha, dedup, dedup_max_history, coin))
+    changes = _spec_changes(algorithm, context_width, alpha, dedup, dedup_max_history, coin)
     with cli_store(require_kek=True) as store, store.transaction() as session:
+        spec, source = spec_for_new_key(session, tenant=tenant, changes=changes)
         info = create_key(session, store.keyring, tenant=tenant, spec=spec, actor=default_actor())
-    note = "" if info.state == "active" else " (the tenant already has an active key; use `keys rotate` to replace it)"
-    emit(info.to_dict(), as_json, f"created {_key_line(info)}{note}")
+    if source is None:
+        origin = "the defaults" + (f" with {_option_names(changes)} given" if changes else "") + \
+                 " (the tenant's first key)"
+    else:
+        origin = (f"the spec of key {source.key_id} (version {source.version}, {source.state})"
+                  + (f" with {_option_names(changes)} changed" if changes else ", unchanged"))
+    note = "" if info.state == "active" else "; the tenant already has an active key: use `keys rotate` to replace it"
+    payload = {**info.to_dict(), "spec_source": None if source is None else
+               {"key_id": source.key_id, "version": source.version, "state": source.state}}
+    emit(payload, as_json, f"created {_key_line(info)}\nspec: {_spec_text(info.spec)}; from {origin}{note}")
 
 
 @keys_app.command("import")
@@ -89,9 +118,9 @@ def keys_import(tenant: str = typer.Option(..., "--tenant", help="Tenant name.")
                     None, "--secret-file", help="File holding the 64-bit key (decimal or 0x hex)."),
                 vllm_config: Optional[Path] = typer.Option(
                     None, "--vllm-config", help="JSON/YAML file with vLLM's --watermark-config (key included)."),
-                algorithm: Optional[str] = ALGORITHM, context_width: Optional[int] = CONTEXT_WIDTH,
-                alpha: Optional[float] = ALPHA, dedup: Optional[str] = DEDUP,
-                dedup_max_history: Optional[str] = DEDUP_MAX_HISTORY, coin: Optional[str] = COIN,
+                algorithm: Optional[Algorithm] = ALGORITHM, context_width: Optional[int] = CONTEXT_WIDTH,
+                alpha: Optional[float] = ALPHA, dedup: Optional[DedupScope] = DEDUP,
+                dedup_max_history: Optional[str] = DEDUP_MAX_HISTORY, coin: Optional[CoinKind] = COIN,
                 source: Optional[str] = typer.Option(None, "--source", help="Where the key comes from (recorded)."),
                 as_json: bool = JSON_OPTION) -> None:
     """Import an existing deployment's key (for example vLLM's) so its text is detected."""
@@ -124,9 +153,9 @@ def keys_import(tenant: str = typer.Option(..., "--tenant", help="Tenant name.")
 @keys_app.command("rotate")
 @one_line_errors()
 def keys_rotate(tenant: str = typer.Option(..., "--tenant", help="Tenant name."),
-                algorithm: Optional[str] = ALGORITHM, context_width: Optional[int] = CONTEXT_WIDTH,
-                alpha: Optional[float] = ALPHA, dedup: Optional[str] = DEDUP,
-                dedup_max_history: Optional[str] = DEDUP_MAX_HISTORY, coin: Optional[str] = COIN,
+                algorithm: Optional[Algorithm] = ALGORITHM, context_width: Optional[int] = CONTEXT_WIDTH,
+                alpha: Optional[float] = ALPHA, dedup: Optional[DedupScope] = DEDUP,
+                dedup_max_history: Optional[str] = DEDUP_MAX_HISTORY, coin: Optional[CoinKind] = COIN,
                 as_json: bool = JSON_OPTION) -> None:
     """New active key (same spec unless options change it); the old one becomes verify-only."""
     from keys.audit import default_actor

@@ -34,6 +34,7 @@ def ledger_list(tenant: Optional[str] = typer.Option(None, "--tenant", help="Onl
                 offset: int = typer.Option(0, "--offset", min=0, help="Skip the newest N (the next page)."),
                 as_json: bool = JSON_OPTION) -> None:
     """Generations in the ledger, newest first (never their text: the ledger holds hashes)."""
+    from keys.key_states import with_key_states
     from keys.ledger import MAX_OFFSET, list_generations
     from keys.tenants import get_tenant
 
@@ -45,7 +46,8 @@ def ledger_list(tenant: Optional[str] = typer.Option(None, "--tenant", help="Onl
         tenant_id = get_tenant(session, name=tenant).id if tenant is not None else None
         found = list_generations(session, tenant_id=tenant_id, limit=limit, offset=offset, since=start, until=end,
                                  key_id=key_id)
+        records = with_key_states(session, [g.to_dict() for g in found])
     rows = [[g.created_at.isoformat(timespec="seconds"), g.id, g.tenant, g.key_version, g.output_tokens,
              g.watermarked_tokens, getattr(g, "status", None) or "-"] for g in found]
-    emit([g.to_dict() for g in found], as_json,
+    emit(records, as_json,
          table(rows, ["CREATED", "GENERATION", "TENANT", "KEY_VERSION", "TOKENS", "WATERMARKED", "STATUS"]))

@@ -4,22 +4,30 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from service.cli.app import CliError, app
+from service.cli.listen import display, listen
+
+if TYPE_CHECKING:
+    import socket
 
 DEMO_TENANT = "demo"
 
 
-def _serve(host: str, port: int, **overrides) -> None:
+def _serve(host: str, port: int, *, sockets: "list[socket.socket] | None" = None, **overrides) -> None:
+    """Serve the gateway on ``sockets`` (bound by the caller), else on ``host:port``, which is
+    bound here once the settings and the store check out and before the model loads."""
     import uvicorn
+    from pydantic import ValidationError
 
     from keys.errors import KeyStoreError
     from keys.settings import StoreSettings
     from service.app import create_app
     from service.settings import ServiceSettings
+    from watermark.validation import first_error
 
     try:
         settings = ServiceSettings(**{k: v for k, v in overrides.items() if v is not None})
@@ -32,22 +40,44 @@ def _serve(host: str, port: int, **overrides) -> None:
         forget_kek_environment()  # the settings hold it now; no child process inherits it
     except KeyStoreError as exc:
         raise CliError(exc.user_message) from None
+    except ValidationError as exc:  # one line naming the variable, as `hallmark doctor` does
+        where, message = first_error(exc)
+        message = message.removeprefix("Value error, ")
+        if not where or where == "settings":  # a rule across settings (a model validator)
+            raise CliError(f"invalid settings: {message}") from None
+        raise CliError(f"invalid setting HALLMARK_{where.replace('.', '_').upper()}: {message}") from None
     except ValueError as exc:
         raise CliError(f"invalid setting: {exc}") from None
+    if sockets is None:
+        sockets = listen(host, port, how_to_pick=lambda free: (
+            f"pick another port: `hallmark serve --port {free or 'N'}`"))
+    import logging
+
     from service.cli.progress import note, quiet_libraries
+    from service.logs import logging_config
     from service.model_paths import BUNDLED_MODELS
 
     quiet_libraries()
-
+    url = f"http://{display(host, port)}"
     note(f"loading the model ({BUNDLED_MODELS.get(settings.model, settings.model)}); the server answers on "
-         f"http://{host}:{port} once it is loaded (the page: /ui, the API reference: /docs)")
-    uvicorn.run(create_app(settings, store_settings=store_settings), host=host, port=port, log_level="info",
-                access_log=False)
+         f"{url} once it is loaded (the page: /ui, the API reference: /docs)")
+    config = uvicorn.Config(create_app(settings, store_settings=store_settings), host=host, port=port,
+                            log_config=logging_config(settings.log_format, settings.log_level),
+                            log_level=settings.log_level, access_log=False)  # service.request_log logs requests
+    logging.captureWarnings(True)  # Python warnings in the same format as every other line
+
+    class Gateway(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:  # uvicorn names no address for sockets it was given
+                logging.getLogger("hallmark.app").info("ready: answering on %s (the page: %s/ui)", url, url)
+
+    Gateway(config).run(sockets=sockets)
 
 
 @app.command("serve")
 def serve_command(
-    host: str = typer.Option("127.0.0.1", "--host"),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="TCP port (1-65535)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="local (default) or vllm."),
     model: Optional[str] = typer.Option(None, "--model", help="Checkpoint directory or bundled model name."),
@@ -88,15 +118,20 @@ def _bootstrap_demo() -> str | None:
 
 @app.command("quickstart")
 def quickstart_command(
-    host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port", min=1, max=65535, help="TCP port (1-65535)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535,
+                             help="TCP port (1-65535; `make run` passes $PORT)."),
 ) -> None:
     """Development quick start: a SQLite store and KEK file under ./var, a `demo` tenant with
     an active key and an API token (printed once), then the gateway with the bundled models."""
     from keys.errors import KeyStoreError
     from keys.kek import ensure_dev_kek_file
     from keys.settings import DEV_KEK_FILE  # the one default the CLI and the server share (pydantic-settings: load late)
+    from service.cli import invocation
 
+    # The port first: a busy one fails before anything is created or printed.
+    sockets = listen(host, port, how_to_pick=lambda free: (
+        f"pick another port: `PORT={free or 'N'} make run` (or `hallmark quickstart --port {free or 'N'}`)"))
     if not os.environ.get("HALLMARK_KEK") and not os.environ.get("HALLMARK_KEK_FILE"):
         try:
             ensure_dev_kek_file(DEV_KEK_FILE)
@@ -113,7 +148,10 @@ def quickstart_command(
         typer.echo("created tenant 'demo' with an active dual-key watermark key.")
         typer.echo(f"API token for 'demo' (shown once, store it now): {token}")
     else:
-        typer.echo("tenant 'demo' exists; use the token you saved (or `hallmark tokens issue --tenant demo`).")
-    typer.echo(f"serving on http://{host}:{port} (local engine, model hallmark-tiny-dsv32): the page is "
-               f"http://{host}:{port}/ui, the API reference http://{host}:{port}/docs, the CLI `hallmark --help`")
-    _serve(host, port)
+        typer.echo(f"tenant 'demo' exists; use the token you saved (or "
+                   f"`{invocation.command('tokens issue --tenant demo')}`).")
+    url = f"http://{display(host, port)}"
+    typer.echo(f"serving on {url} (local engine, model hallmark-tiny-dsv32) once the model is loaded: "
+               f"the page is {url}/ui, the API reference {url}/docs")
+    typer.echo(invocation.banner_line())
+    _serve(host, port, sockets=sockets)

@@ -33,6 +33,7 @@ def add_ledger_evidence(result: dict[str, Any], *, tenant: str | None, text: str
     candidate keys, scoped to ``tenant`` (None: every tenant)."""
     from detector.forms import distinct_forms, merge_form_matches
     from keys import kgrams
+    from keys.key_states import with_key_states
     from keys.ledger import find_generations_by_output_hash, hash_output
     from keys.tenants import get_tenant
     from service.ledger_evidence import with_ledger_basis, with_shared_evidence
@@ -44,10 +45,11 @@ def add_ledger_evidence(result: dict[str, Any], *, tenant: str | None, text: str
             tenant_id = None if tenant is None else get_tenant(session, name=tenant).id
             found = [] if not text else find_generations_by_output_hash(
                 session, output_sha256=hash_output(text), tenant_id=tenant_id)
+            exact = with_key_states(session, [ledger_match(e) for e in found])
             matches = [] if not keys else merge_form_matches([
                 with_shared_evidence(session, kgrams.find_matches(session, keys=keys, token_ids=tokens,
                                                                   tenant_id=tenant_id), candidates, tokens, config)
                 for tokens in distinct_forms(forms, kgrams.K)])
     except KeyStoreError as exc:
         raise CliError(exc.user_message) from None
-    return with_ledger_basis(result, [ledger_match(e) for e in found], matches, config.threshold)
+    return with_ledger_basis(result, exact, matches, config.threshold)

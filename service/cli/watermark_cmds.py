@@ -16,6 +16,7 @@ import typer
 
 from detector.defaults import DEFAULT_THRESHOLD
 from service.cli.app import CliError, app, emit
+from service.cli.choices import Algorithm, CoinKind, DedupScope, DualStatistic
 
 if TYPE_CHECKING:  # loaded by the commands that use them (`hallmark --help` loads none)
     from detector.detect import DetectorConfig
@@ -143,15 +144,28 @@ def _detector_config(threshold: float, statistic: str, spans: bool) -> "Detector
         raise CliError(f"invalid detector option: {describe(exc)}") from None
 
 
-def _tokenize(texts: list[str], tokenizer_path: str) -> list[tuple[list[int], list[tuple[int, int]] | None]]:
-    """Token ids and character offsets of each text (offsets None without a fast tokenizer)."""
+def served_tokenizer() -> str:
+    """The tokenizer text is read with when --tokenizer is not given: the served model's,
+    as the gateway's /v1/detect reads it (HALLMARK_MODEL, else the bundled model)."""
+    import os
+
+    return os.environ.get("HALLMARK_MODEL") or "bundled"
+
+
+def _tokenize(texts: list[str], tokenizer_path: str, origin: str = "") -> list[tuple[list[int], list[tuple[int, int]] | None]]:
+    """Token ids and character offsets of each text (offsets None without a fast tokenizer);
+    ``origin`` says where the tokenizer's name came from (for the error)."""
     from service.detection import tokenize_with_offsets  # the API's own tokenisation
     from service.tokenization import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(tokenizer_path)
     except (OSError, ValueError) as exc:
-        raise CliError(f"cannot load tokenizer {tokenizer_path!r}: {exc}") from None
+        looks_like_path = tokenizer_path.startswith(("/", ".", "~")) or Path(tokenizer_path).suffix != ""
+        why = "no such directory" if looks_like_path and not Path(tokenizer_path).expanduser().exists() else \
+            str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        raise CliError(f"cannot load tokenizer {tokenizer_path!r}{origin}: {why}; pass --tokenizer DIR (the "
+                       f"generating model's checkpoint directory) or --tokenizer bundled") from None
     return [tokenize_with_offsets(tokenizer, text) for text in texts]
 
 
@@ -167,8 +181,10 @@ def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text
     if sum(given) != 1:
         raise CliError("give exactly one input: --token-ids, --token-ids-file, --text or --text-file (or --jsonl)")
     if text is not None or text_file is not None:
-        if tokenizer is None:
-            raise CliError("--text needs --tokenizer PATH (the model's tokenizer), or pass --token-ids")
+        origin = "" if tokenizer else " (the served model's, from HALLMARK_MODEL)"
+        tokenizer = tokenizer or served_tokenizer()
+        if tokenizer == "bundled":
+            origin = ""
         if text_file is not None:
             try:
                 text = text_file.read_text(encoding="utf-8")
@@ -179,7 +195,7 @@ def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text
         from detector.forms import TextForm, original_offsets, text_forms
 
         forms, normalized = text_forms(text) if normalize_text else ([TextForm("as_sent", text, None)], None)
-        tokenized = _tokenize([form.text for form in forms], tokenizer)
+        tokenized = _tokenize([form.text for form in forms], tokenizer, origin)
         offsets = [None if chars is None else original_offsets(form, chars)
                    for form, (_, chars) in zip(forms, tokenized)]
         return [ids for ids, _ in tokenized], normalized, [form.name for form in forms], text, offsets
@@ -215,21 +231,27 @@ def _inline_key(key: Optional[str], key_file: Optional[Path], spec: "WatermarkSp
 def detect_command(
     token_ids: Optional[str] = typer.Option(None, "--token-ids", help="JSON list of token ids."),
     token_ids_file: Optional[Path] = typer.Option(None, "--token-ids-file", help="File holding a JSON list of token ids."),
-    text: Optional[str] = typer.Option(None, "--text", help="Text to score (needs --tokenizer)."),
-    text_file: Optional[Path] = typer.Option(None, "--text-file", help="File of text to score (needs --tokenizer)."),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer directory (or 'bundled')."),
+    text: Optional[str] = typer.Option(None, "--text", help="Text to score (read with --tokenizer)."),
+    text_file: Optional[Path] = typer.Option(None, "--text-file", help="File of text to score (read with --tokenizer)."),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", metavar="DIR|bundled",
+                                            help="The generating model's tokenizer: its checkpoint directory, or "
+                                                 "'bundled' (the bundled model's). Default: the served model's "
+                                                 "(HALLMARK_MODEL, else 'bundled')."),
     jsonl: Optional[str] = typer.Option(None, "--jsonl", help='Batch file ("-" for stdin): {"token_ids": [...], "key": {...}} per line.'),
     tenant: Optional[str] = typer.Option(None, "--tenant", help="Test every stored key of this tenant."),
     all_tenants: bool = typer.Option(False, "--all-tenants", help="Test every stored key of every tenant."),
     key: Optional[str] = typer.Option(None, "--key", help="Inline secret (u64). Prefer --key-file: arguments are visible to other users."),
     key_file: Optional[Path] = typer.Option(None, "--key-file", help="File holding the inline secret."),
-    algorithm: str = typer.Option("gumbel", "--algorithm"),
-    context_width: int = typer.Option(4, "--context-width"),
-    alpha: float = typer.Option(0.1, "--alpha"),
-    dedup: str = typer.Option("single_turn", "--dedup"),
-    coin: str = typer.Option("ordinary", "--coin"),
+    algorithm: Algorithm = typer.Option("gumbel", "--algorithm", help="Inline key: the deployment's watermark "
+                                        "algorithm (as at generation: a wrong spec detects nothing)."),
+    context_width: int = typer.Option(4, "--context-width", help="Inline key: previous tokens seeding each token (1-16)."),
+    alpha: float = typer.Option(0.1, "--alpha", help="Inline dual_key_gumbel key: share of key-B tokens (0-1)."),
+    dedup: DedupScope = typer.Option("single_turn", "--dedup", help="Inline key: which repeated contexts were "
+                                     "sampled unwatermarked."),
+    coin: CoinKind = typer.Option("ordinary", "--coin", help="Inline dual_key_gumbel key: the speculative "
+                                  "acceptance coin."),
     threshold: float = typer.Option(DEFAULT_THRESHOLD, "--threshold", help="p-value at or below which text is watermarked."),
-    statistic: str = typer.Option("auto", "--statistic", help="Dual-key statistic: auto, max, weighted or routed."),
+    statistic: DualStatistic = typer.Option("auto", "--statistic", help="Dual-key statistic (auto picks by key)."),
     spans: bool = typer.Option(True, "--spans/--no-spans", help="Localise watermarked spans."),
     normalize_text: bool = typer.Option(True, "--normalize/--no-normalize",
                                         help="Also score text after undoing tokenisation tricks (as the API does)."),

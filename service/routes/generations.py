@@ -1,5 +1,6 @@
 """``GET /v1/generations`` (one's generations, newest first, paged and filtered) and
-``GET /v1/generations/{id}`` (a generation's provenance record) from the ledger."""
+``GET /v1/generations/{id}`` (a generation's provenance record) from the ledger, each with
+its key's state at generation and now (:mod:`keys.key_states`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import BeforeValidator
 
+from keys.key_states import with_key_states
 from keys.ledger import MAX_OFFSET, get_generation, list_generations
 from service.auth import resolve_tenant
 from service.errors import NotFound
@@ -23,9 +25,9 @@ def generation_route(generation_id: str, services: ServicesDep, identity: Identi
     scope = None if identity.admin and identity.tenant_id is None else identity.tenant_id
     with services.store.transaction(write=False) as session:
         entry = get_generation(session, generation_id=generation_id, tenant_id=scope)
-    if entry is None:
-        raise NotFound(f"no generation {generation_id!r} for this token")
-    return entry.to_dict()
+        if entry is None:
+            raise NotFound(f"no generation {generation_id!r} for this token")
+        return with_key_states(session, [entry.to_dict()])[0]
 
 
 MAX_PAGE = 200
@@ -64,7 +66,7 @@ def generations_route(services: ServicesDep, identity: IdentityDep,
         # One more than asked: whether another page exists, without a count query.
         found = list_generations(session, tenant_id=scope, limit=limit + 1, offset=offset,
                                  since=_utc(since), until=_utc(until), key_id=key_id)
-    page = found[:limit]
+        page = with_key_states(session, [g.to_dict() for g in found[:limit]])
     has_more = len(found) > limit
-    return {"generations": [g.to_dict() for g in page], "limit": limit, "offset": offset,
+    return {"generations": page, "limit": limit, "offset": offset,
             "has_more": has_more, "next_offset": offset + len(page) if has_more else None}

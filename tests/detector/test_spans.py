@@ -116,3 +116,33 @@ def _window_sums(positions, scores, total):
     lo = np.searchsorted(positions, [w.start for w in family])
     hi = np.searchsorted(positions, [w.end for w in family])
     return prefix[hi] - prefix[lo], hi - lo
+
+
+def test_refinement_leaves_out_unmarked_text_the_grid_window_straddles():
+    """A 256-token grid window [128, 384) holds 64 human tokens, a 128-token generation and
+    64 more human tokens; the 40 human tokens just before the generation happen to score 1.3
+    on average. Cut halfway between the null mean and the window's mean (1.50: diluted by the
+    human text), as refinement used to, they joined the span (start 152). Cut against the
+    span's own mean they lower its significance and stay out."""
+    scores = np.ones(512)
+    scores[152:192] = 1.3
+    scores[192:320] = np.tile([3.0, 0.8], 64)  # mean 1.9
+    positions = np.arange(512)
+    hit = spans.SpanHit(128, 384, 256, -10.0)
+    assert float(scores[128:384].mean()) == pytest.approx(1.497, abs=1e-3)
+    [refined] = spans.refine([hit], positions, scores, 512)
+    assert (refined.start, refined.end) == (192, 319)  # the last 0.8 adds nothing
+    assert refined.log10_p_value == hit.log10_p_value and refined.scored_tokens == 127
+    # The first scored token's context (the w tokens it was sampled after) is part of it.
+    [widened] = spans.refine([hit], positions, scores, 512, context_width=4)
+    assert (widened.start, widened.end) == (188, 319)
+
+
+def test_context_widening_never_reaches_into_the_previous_span():
+    scores = np.ones(160)
+    scores[8:44] = np.tile([3.0, 2.0], 18)
+    scores[44:46] = 0.0  # two tokens between the spans: less than the context width
+    scores[46:100] = np.tile([3.0, 2.0], 27)
+    hits = [spans.SpanHit(0, 32, 32, -9.0), spans.SpanHit(56, 88, 32, -8.0)]
+    refined = spans.refine(hits, np.arange(160), scores, 160, context_width=4)
+    assert [(h.start, h.end) for h in refined] == [(4, 44), (44, 100)]

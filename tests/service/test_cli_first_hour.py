@@ -149,3 +149,92 @@ def test_every_command_that_prints_json_takes_json(monkeypatch, capsys, fresh_di
     code, out, err = run(monkeypatch, capsys, "prf", "--jsonl", str(lines), "--json")
     assert code == 0 and [set(json.loads(line)) for line in out.splitlines()] == [{"words", "uniforms"}] * 2
     assert err == ""
+
+
+def _store_with_tenant(monkeypatch, capsys, fresh_dir, tenant: str = "acme") -> None:
+    ensure_dev_kek_file(fresh_dir / "var" / "kek.key")
+    assert run(monkeypatch, capsys, "db", "upgrade")[0] == 0
+    assert run(monkeypatch, capsys, "tenants", "create", tenant)[0] == 0
+
+
+def test_keys_create_keeps_the_tenants_spec_and_says_so(monkeypatch, capsys, fresh_dir):
+    """Issue 25, item 4: after revoking a tenant's dual-key key, the hint's `hallmark keys
+    create --tenant acme` made a single-key gumbel key (which turns speculation off) without
+    a word. The new key keeps the current spec unless an option changes it, and the output
+    says which spec it got and where it came from."""
+    import json
+
+    _store_with_tenant(monkeypatch, capsys, fresh_dir)
+    code, out, err = run(monkeypatch, capsys, "keys", "create", "--tenant", "acme", "--algorithm", "dual_key_gumbel",
+                         "--coin", "keyed", "--context-width", "3")
+    assert code == 0, err
+    assert "spec: dual_key_gumbel, context width 3" in out and "coin keyed" in out
+    assert "from the defaults with --algorithm, --context-width, --coin given (the tenant's first key)" in out
+    first = json.loads(run(monkeypatch, capsys, "keys", "list", "--tenant", "acme", "--json")[1])[0]
+
+    code, out, _ = run(monkeypatch, capsys, "keys", "revoke", first["key_id"], "--reason", "leaked")
+    assert code == 0 and "create one with `hallmark keys create --tenant acme`" in out
+    code, out, err = run(monkeypatch, capsys, "keys", "create", "--tenant", "acme")  # the hint, as given
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("created key ") and ", active," in out.splitlines()[0]
+    assert (f"from the spec of key {first['key_id']} (version 1, revoked), unchanged") in out
+    second = json.loads(run(monkeypatch, capsys, "keys", "list", "--tenant", "acme", "--json")[1])[1]
+    assert second["state"] == "active" and second["spec"] == first["spec"]
+    assert second["spec"]["algorithm"] == "dual_key_gumbel" and second["spec"]["coin"] == "keyed"
+
+    # Told otherwise: only what the options name changes; with an active key present, the
+    # active key's spec is the base and the new key is verify-only.
+    code, out, err = run(monkeypatch, capsys, "keys", "create", "--tenant", "acme", "--algorithm", "gumbel",
+                         "--coin", "ordinary", "--json")
+    assert code == 0, err
+    third = json.loads(out)
+    assert third["state"] == "verify-only" and third["spec_source"]["key_id"] == second["key_id"]
+    assert third["spec"] == {**second["spec"], "algorithm": "gumbel", "coin": "ordinary"}
+    # A change the spec refuses is one line and creates nothing.
+    code, _, err = run(monkeypatch, capsys, "keys", "create", "--tenant", "acme", "--algorithm", "gumbel")
+    assert code == 1 and len(err.splitlines()) == 1 and "keyed acceptance coin needs" in err
+    assert len(json.loads(run(monkeypatch, capsys, "keys", "list", "--tenant", "acme", "--json")[1])) == 3
+
+
+def test_detect_text_reads_with_the_served_models_tokenizer_by_default(monkeypatch, capsys, fresh_dir):
+    """Issue 25, item 7: `hallmark detect --text-file F` without --tokenizer failed with
+    "--text needs --tokenizer" without naming the value to give. It now reads the text with
+    the served model's tokenizer (HALLMARK_MODEL, else the bundled model's), as /v1/detect
+    does, and a tokenizer that cannot load is named with where it came from."""
+    import json
+
+    from service.tokenization import load_tokenizer
+
+    _store_with_tenant(monkeypatch, capsys, fresh_dir)
+    assert run(monkeypatch, capsys, "keys", "create", "--tenant", "acme")[0] == 0
+    doc = fresh_dir / "doc.txt"
+    doc.write_text("The function returns the number of bytes written to the stream, or raises an error.\n")
+    code, out, err = run(monkeypatch, capsys, "detect", "--tenant", "acme", "--text-file", str(doc), "--json")
+    assert code == 0, err
+    default = json.loads(out)
+    code, out, err = run(monkeypatch, capsys, "detect", "--tenant", "acme", "--text-file", str(doc), "--tokenizer",
+                         "bundled", "--json")
+    assert code == 0, err
+    assert json.loads(out) == default
+    assert default["total_tokens"] == len(load_tokenizer("bundled")(doc.read_text())["input_ids"])
+
+    monkeypatch.setenv("HALLMARK_MODEL", str(fresh_dir / "no-such-model"))
+    code, _, err = run(monkeypatch, capsys, "detect", "--tenant", "acme", "--text-file", str(doc))
+    assert code == 1 and len(err.splitlines()) == 1
+    assert "(the served model's, from HALLMARK_MODEL): no such directory" in err and "--tokenizer bundled" in err
+
+
+def test_a_bad_log_setting_is_one_line_naming_the_variable(monkeypatch, capsys, fresh_dir):
+    """HALLMARK_LOG_FORMAT (issue 25, item 12) and every other setting: one line naming the
+    variable, before any port is bound or model loaded (before: pydantic's four-line dump)."""
+    ensure_dev_kek_file(fresh_dir / "var" / "kek.key")
+    assert run(monkeypatch, capsys, "db", "upgrade")[0] == 0
+    monkeypatch.setenv("HALLMARK_LOG_FORMAT", "xml")
+    import socket
+
+    with socket.socket() as busy:  # were the setting ignored, serving would stop here, not hang
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        code, out, err = run(monkeypatch, capsys, "serve", "--port", str(busy.getsockname()[1]))
+    assert code == 1 and out == ""
+    assert err == "error: invalid setting HALLMARK_LOG_FORMAT: Input should be 'text' or 'json'\n"

@@ -71,7 +71,6 @@ def test_detect_jsonl_batch_streams_and_reports_bad_lines(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["detect", "--token-ids", "[1,2]", "--key", "5", "--algorithm", "sbw"], "algorithm"),
     (["detect", "--token-ids", "[1,2]", "--key", "5", "--context-width", "0"], "context_width"),
     (["detect", "--token-ids", "[1,2]", "--key", str(2**64)], "2**64"),
     (["detect", "--token-ids", "[1,2]"], "give a key"),
@@ -84,6 +83,15 @@ def test_detect_bad_input_one_line(args, needle):
     assert run.returncode != 0
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
+
+
+def test_detect_unknown_algorithm_is_a_usage_error_naming_the_choices():
+    """--algorithm is a choice (listed in --help): a wrong value is a usage error, as a port
+    out of range is (before: a one-line spec error after the inputs were read)."""
+    run = hallmark("detect", "--token-ids", "[1,2]", "--key", "5", "--algorithm", "sbw")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    error = run.stderr.strip().splitlines()[-1]
+    assert error == "Error: Invalid value for '--algorithm': 'sbw' is not one of 'gumbel', 'dual_key_gumbel'."
 
 
 def test_prf_key_forms_are_those_of_key_import(tmp_path):

@@ -250,13 +250,15 @@ def test_detection_report_is_signed_and_says_what_it_rests_on(server):
     result = _client(server).post("/v1/detect", json={"token_ids": generated["token_ids"]}).json()
     keyset = httpx.get(server.url + "/.well-known/hallmark-keys.json").json()
     report = verify_signed(result["report"], public_keys(keyset), expected_type="hallmark.detection_report")
-    assert report["verdict"] in ("watermarked", "not_watermarked")
-    watermark = report["rests_on"]["watermark"]
-    assert watermark["keys_tested"] == result["keys_tested"] and watermark["log10_p_value"] == result["log10_p_value"]
-    assert "correction" in watermark and report["detector_version"]
-    assert report["token_ids_sha256"] == hash_token_ids(generated["token_ids"])
+    assert report["version"] == 2 and report["verdict"] in ("watermarked", "not_watermarked")
+    shown = report["result"]
+    assert shown["keys_tested"] == result["keys_tested"] and shown["log10_p_value"] == result["log10_p_value"]
+    assert shown["correction"] == result["correction"] and report["detector"]["id"].startswith("hallmark-detector/")
+    assert report["subject"] == {"input": "token_ids", "text_sha256": None, "tokens": len(generated["token_ids"]),
+                                 "token_ids_sha256": hash_token_ids(generated["token_ids"])}
     if result["ledger_matches"]:
-        assert report["rests_on"]["ledger"][0]["generation_id"] == result["ledger_matches"][0]["generation_id"]
+        assert shown["ledger_matches"][0]["generation_id"] == result["ledger_matches"][0]["generation_id"]
+        assert "ledger" in report["basis"]
     tampered = json.loads(json.dumps(result["report"]))
     tampered["statement"]["verdict"] = "watermarked" if report["verdict"] == "not_watermarked" else "not_watermarked"
     with pytest.raises(Exception, match="bad signature"):

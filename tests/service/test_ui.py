@@ -472,14 +472,30 @@ def test_the_api_reference_works_offline(server, browser):
     default page stayed blank."""
     from selenium.webdriver.common.by import By
 
-    html = httpx.get(f"{server.url}/docs", timeout=30).text
+    docs = httpx.get(f"{server.url}/docs", timeout=30)
+    html = docs.text
     assert "cdn." not in html and "/ui/swagger-ui-bundle.js" in html and "/openapi.json" in html
+    # The page's headers: its CSP (no inline script: Swagger UI is started by /ui/docs.js), no framing.
+    page = httpx.get(f"{server.url}/ui", timeout=30).headers
+    for header in ("content-security-policy", "x-frame-options", "x-content-type-options", "referrer-policy"):
+        assert docs.headers[header] == page[header], header
+    assert "frame-ancestors 'none'" in docs.headers["content-security-policy"] and docs.headers["x-frame-options"] == "DENY"
+    assert not re.search(r"<script(?![^>]*\bsrc=)", html)  # no inline script
     browser.get(f"{server.url}/docs")
     _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".swagger-ui .info .title"), 60)
     assert "Hallmark" in browser.find_element(By.CSS_SELECTOR, ".swagger-ui .info .title").text
     _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".opblock-summary-path"), 60)
     paths = {e.text for e in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")}
     assert "/v1/detect" in {p.replace("\u200b", "") for p in paths}
+    # Opened operations with "Try it out" and the schemas render under the CSP too (its select
+    # boxes draw their arrows with data: images).
+    for summary in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary")[:3]:
+        summary.click()
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".try-out__btn"), 30)
+    for button in browser.find_elements(By.CSS_SELECTOR, ".try-out__btn")[:2]:
+        button.click()
+    browser.execute_script("document.querySelectorAll('.model-box-control, .models-control').forEach(b => b.click())")
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".opblock-body select"), 30)
     _no_console_errors(browser)
 
 

@@ -201,8 +201,24 @@ async function check() {
   }
   const { payload: result, raw } = response;
   renderResult(text, result);
-  showSigned($("report-status"), raw, "report", { expectedType: "hallmark.detection_report" },
-    "This result is signed by the server");
+  showReport(raw, text);
+}
+
+// The signed report must be about the text on screen and sign the result shown: otherwise the
+// verdict above is marked as not verified (the server's signature covers the report, not the page).
+function showReport(raw, text) {
+  const verdict = $("verdict");
+  verdict.removeAttribute("data-signed");
+  let shown = null;
+  try { shown = window.HallmarkVerify.parseRaw(raw); } catch (_) { shown = null; }
+  const check = (document) => window.HallmarkVerify.verifyReport(document, { text, shown });
+  showSigned($("report-status"), raw, "report", check, "Signed report", (out) => {
+    verdict.dataset.signed = String(out.ok);
+    if (out.ok === false) {
+      verdict.classList.add("unverified");
+      $("verdict-title").textContent = `Not verified: ${$("verdict-title").textContent}`;
+    }
+  });
 }
 
 function verdictWords(result) {
@@ -369,18 +385,47 @@ function renderTokenTable() {
   }
 }
 
+// The key's state at generation and now, each named (a key revoked since reads "revoked now").
+function keyStates(m) {
+  const at = m.key_state_at_generation ?? m.key_state;
+  const now = m.key_state_now;
+  if (!at && !now) return "";
+  if (!now) return `${at} at generation`;
+  return at === now ? `${at} at generation and now` : `${at} at generation, ${now} now`;
+}
+
+function recordLink(id) {
+  const link = el("a", { href: "#record", "data-id": id, text: id });
+  link.addEventListener("click", () => { $("record-id").value = id; busy($("record-submit"), () => lookUp(id)); });
+  return link;
+}
+
+// Why a k-gram match does not count as a copy (the API's `passes` is false).
+function kgramShortfall(m, threshold) {
+  if (m.log10_false_match_bound > Math.log10(threshold)) {
+    return `so few shared sequences could match by chance (bound 10^${m.log10_false_match_bound.toFixed(0)}, above the threshold)`;
+  }
+  if (m.log10_shared_p === null || m.log10_shared_p === undefined) return "its shared tokens were not tested (only the strongest matches are)";
+  return `the shared tokens do not carry the watermark (p = 10^${m.log10_shared_p.toFixed(1)}): phrases written without the key's choices, such as boilerplate, are shared by any text`;
+}
+
 function renderLedger(result) {
   const box = clear($("ledger"));
   const matches = result.ledger_matches || [];
   const kgrams = (result.kgram_matches || []).filter((m) => !matches.some((x) => x.generation_id === m.generation_id));
   for (const m of kgrams) {
-    const link = el("a", { href: "#record", "data-id": m.generation_id, text: m.generation_id });
-    link.addEventListener("click", () => { $("record-id").value = m.generation_id; busy($("record-submit"), () => lookUp(m.generation_id)); });
-    box.append(el("div", { class: "match kgram-match" },
-      el("strong", { text: "Edited copy of generation " }), link,
-      el("div", { class: "hint" }, `${m.matched_kgrams} of ${m.text_kgrams} eight-token sequences shared (${Math.round(m.share * 100)} %), chance-collision bound 10^${m.log10_false_match_bound.toFixed(0)}`)));
+    const share = `${m.matched_kgrams} of ${m.text_kgrams} eight-token sequences shared (${Math.round(m.share * 100)} %)`;
+    const states = keyStates(m) ? `; key ${keyStates(m)}` : "";
+    // Only a match the API says passes is a copy; any other is its share and why it is not enough.
+    box.append(m.passes ?
+      el("div", { class: "match kgram-match" },
+        el("strong", { text: "Edited copy of generation " }), recordLink(m.generation_id),
+        el("div", { class: "hint" }, `${share}, chance-collision bound 10^${m.log10_false_match_bound.toFixed(0)}${states}`)) :
+      el("div", { class: "match kgram-weak" },
+        el("span", { text: "Shares phrases with generation " }), recordLink(m.generation_id),
+        el("div", { class: "hint" }, `${share}: not enough to call it a copy: ${kgramShortfall(m, result.threshold)}${states}`)));
   }
-  if (!matches.length && kgrams.length) return;
+  if (!matches.length && kgrams.some((m) => m.passes)) return;
   if (!matches.length) {
     box.append(el("p", {}, "No ledger record holds exactly this text. ",
       result.watermarked ? "The watermark is still evidence: the text may have been edited, trimmed or re-formatted after generation." :
@@ -388,31 +433,34 @@ function renderLedger(result) {
     return;
   }
   for (const m of matches) {
-    const link = el("a", { href: "#record", "data-id": m.generation_id, text: m.generation_id });
-    link.addEventListener("click", () => { $("record-id").value = m.generation_id; busy($("record-submit"), () => lookUp(m.generation_id)); });
     const entry = m.ledger ? el("div", { class: "hint" }, "ledger entry ", el("code", { text: `#${m.ledger.seq}` }), " hash ",
       el("code", { text: m.ledger.entry_hash.slice(0, 16) + "…", title: m.ledger.entry_hash })) : null;
+    const states = keyStates(m) ? ` (${keyStates(m)})` : "";
     box.append(el("div", { class: "match" },
-      el("strong", { text: "Exact copy of generation " }), link,
-      el("div", { class: "hint" }, `tenant ${m.tenant}, key v${m.key_version ?? "—"}${m.key_state ? ` (${m.key_state})` : ""}, ${m.engine} / ${m.model}, ${m.watermarked_tokens} watermarked tokens, ${when(m.created_at)}${m.status ? `, ${m.status.replace("_", " ")}` : ""}`),
+      el("strong", { text: "Exact copy of generation " }), recordLink(m.generation_id),
+      el("div", { class: "hint" }, `tenant ${m.tenant}, key v${m.key_version ?? "—"}${states}, ${m.engine} / ${m.model}, ${m.watermarked_tokens} watermarked tokens, ${when(m.created_at)}${m.status ? `, ${m.status.replace("_", " ")}` : ""}`),
       entry));
   }
 }
 
 // Verify the signed part `field` of a raw JSON response text in the browser and say so in `node`.
-function showSigned(node, rawText, field, options, label) {
+// `check`: the options of HallmarkVerify.verifySigned, or a function (document) -> its promise.
+function showSigned(node, rawText, field, check, label, then) {
   node.hidden = true;
   clear(node);
+  node.removeAttribute("data-verified");
   let document;
   try { document = window.HallmarkVerify.parseRaw(rawText)[field]; } catch (_) { document = null; }
   if (!document) return;
   const status = el("span", { text: "checking…" });
   node.append(`${label}: `, status);
   node.hidden = false;
-  window.HallmarkVerify.verifySigned(document, options).then((out) => {
+  const verify = typeof check === "function" ? check : (doc) => window.HallmarkVerify.verifySigned(doc, check);
+  verify(document).then((out) => {
     status.textContent = out.message;
     status.className = out.ok === true ? "ok" : out.ok === false ? "bad" : "";
     node.dataset.verified = String(out.ok);
+    if (then) then(out);
   });
 }
 
@@ -431,6 +479,7 @@ function renderResult(text, result) {
   const words = verdictWords(result);
   const verdict = $("verdict");
   verdict.className = "verdict " + words.cls;
+  verdict.removeAttribute("data-signed");
   $("verdict-title").textContent = words.title;
   const detail = clear($("verdict-detail"));
   detail.append(pValue(result.log10_p_value), `, ${words.scored} (threshold `, thresholdNode(result.threshold), ").");
@@ -493,8 +542,12 @@ async function generate() {
           if (event.type === "delta") output.append(event.text);
           else if (event.type === "done") {
             finished = true;
-            finishGeneration(event);
-            showSigned($("receipt-status"), data, "receipt", { text: event.text, expectedType: "hallmark.receipt" },
+            // The receipt is checked against the text the page shows (the streamed deltas),
+            // not the `done` event's copy of it: a stream whose deltas differ from the text
+            // recorded fails the check instead of being replaced silently.
+            const shown = output.textContent;
+            finishGeneration(event, shown);
+            showSigned($("receipt-status"), data, "receipt", { text: shown, expectedType: "hallmark.receipt" },
               "Receipt");
           }
           else if (event.type === "error" || event.error) {
@@ -512,9 +565,8 @@ async function generate() {
   }
 }
 
-function finishGeneration(event) {
-  lastGeneration = event;
-  $("gen-output").textContent = event.text; // the final text, exactly as recorded
+function finishGeneration(event, shown) {
+  lastGeneration = { ...event, text: shown };  // Send to Check sends what the page showed
   const dl = clear($("gen-summary"));
   const w = event.watermark || {};
   fact(dl, "Generation id", el("code", { id: "gen-id", text: event.generation_id }));
@@ -543,7 +595,8 @@ async function lookUp(id) {
   const record = await api("GET", "/v1/generations/" + encodeURIComponent(id));
   $("record-title").textContent = record.id;
   const dl = clear($("record-facts"));
-  const labels = [["tenant", "Tenant"], ["key_id", "Key id"], ["key_version", "Key version"], ["key_state", "Key state"],
+  const labels = [["tenant", "Tenant"], ["key_id", "Key id"], ["key_version", "Key version"],
+    ["key_state_at_generation", "Key state at generation"], ["key_state_now", "Key state now"],
     ["status", "Status"], ["finish_reason", "Finish reason"], ["engine", "Engine"], ["model", "Model"],
     ["prompt_tokens", "Prompt tokens"], ["output_tokens", "Output tokens"], ["watermarked_tokens", "Watermarked tokens"],
     ["unwatermarked_reason", "Why not (all) watermarked"], ["output_sha256", "SHA-256 of the output"],

@@ -211,13 +211,28 @@ async function receiptLogProblem(document, logKey) {
   }
 }
 
-async function sha256hex(text) {
-  const digest = await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text));
+async function sha256hexOf(bytes) {
+  const digest = await crypto.subtle.digest("SHA-256", bytes);
   return Array.from(new Uint8Array(digest), (b) => b.toString(16).padStart(2, "0")).join("");
 }
 
+async function sha256hex(text) { return sha256hexOf(new TextEncoder().encode(text)); }
+
+// A signing key's id is "sk_" + 16 hex digits of SHA-256 of its raw public key (keys/receipts.py):
+// a key set entry whose id is not its key's is no key at all (the CLI ignores it too).
+async function keyIdOf(raw) { return "sk_" + (await sha256hexOf(raw)).slice(0, 16); }
+
+// hex SHA-256 of token ids, each as 4 bytes big-endian (keys/chain.py hash_token_ids).
+async function tokenIdsSha256(ids) {
+  const bytes = new Uint8Array(ids.length * 4);
+  const view = new DataView(bytes.buffer);
+  ids.forEach((id, i) => view.setUint32(i * 4, Number(id instanceof RawNumber ? id.text : id)));
+  return sha256hexOf(bytes);
+}
+
 // { ok: true|false|null, message }: null when this browser cannot check (no WebCrypto Ed25519).
-async function verifySigned(rawDocument, { text, expectedType } = {}) {
+// `keys`: a key set's "keys" array to use instead of the server's published one.
+async function verifySigned(rawDocument, { text, expectedType, keys } = {}) {
   if (!window.crypto || !crypto.subtle) return { ok: null, message: "this browser cannot check signatures here (WebCrypto needs https or localhost)" };
   const statement = rawDocument && rawDocument.statement;
   const signature = rawDocument && rawDocument.signature;
@@ -226,30 +241,112 @@ async function verifySigned(rawDocument, { text, expectedType } = {}) {
   const version = statement.version instanceof RawNumber ? statement.version.text : String(statement.version);
   if (expectedType && type !== expectedType) return { ok: false, message: `a ${type}, not a ${expectedType}` };
   if (signature.alg !== "Ed25519") return { ok: false, message: `unsupported algorithm ${signature.alg}` };
-  let trusted;
-  try { trusted = await trustedKeys(); } catch (exc) { return { ok: false, message: exc.message }; }
-  const entry = trusted.keys.get(signature.kid);
-  if (!entry) return { ok: false, message: `unknown signing key ${signature.kid}: the log's key set does not contain it` };
+  // `keys`: a key set's "keys" array the caller vouches for (as keys.receipts.public_keys: no log,
+  // no window); otherwise the server's key set, trusted only as the pinned log holds it.
+  let entry, raw, trusted = null;
+  if (keys) {
+    entry = keys.find((k) => k.kid === signature.kid);
+    if (!entry) return { ok: false, message: `unknown signing key ${signature.kid}` };
+    try { raw = unb64url(entry.public_key); } catch (_) { raw = null; }
+    if (!raw || raw.length !== 32 || entry.alg !== "Ed25519" || (await keyIdOf(raw)) !== entry.kid) {
+      return { ok: false, message: `unknown signing key ${signature.kid}: the published entry is not that key (its id is not the hash of its public key)` };
+    }
+  } else {
+    try { trusted = await trustedKeys(); } catch (exc) { return { ok: false, message: exc.message }; }
+    entry = trusted.keys.get(signature.kid);
+    if (!entry) return { ok: false, message: `unknown signing key ${signature.kid}: the log's key set does not contain it` };
+    raw = entry.publicKey;
+  }
   let key;
   try {
-    key = await crypto.subtle.importKey("raw", entry.publicKey, { name: "Ed25519" }, false, ["verify"]);
+    key = await crypto.subtle.importKey("raw", raw, { name: "Ed25519" }, false, ["verify"]);
   } catch (_) {
     return { ok: null, message: "this browser has no Ed25519 in WebCrypto; verify with `hallmark receipt verify`" };
   }
   const data = new TextEncoder().encode(`${type}/v${version}\n` + canonical(statement));
   const good = await crypto.subtle.verify({ name: "Ed25519" }, key, unb64url(signature.sig), data);
   if (!good) return { ok: false, message: `bad signature: altered, or not signed by ${signature.kid}` };
-  const windowProblem = keyWindowProblem(statement, signature.kid, entry);
-  if (windowProblem) return { ok: false, message: windowProblem };
-  if (type === "hallmark.receipt") {
-    const logProblem = await receiptLogProblem(rawDocument, trusted.logKey);
-    if (logProblem) return { ok: false, message: logProblem };
+  if (trusted) {
+    const windowProblem = keyWindowProblem(statement, signature.kid, entry);
+    if (windowProblem) return { ok: false, message: windowProblem };
+    if (type === "hallmark.receipt") {
+      const logProblem = await receiptLogProblem(rawDocument, trusted.logKey);
+      if (logProblem) return { ok: false, message: logProblem };
+    }
   }
   if (text !== undefined && statement.output_sha256 !== undefined && (await sha256hex(text)) !== statement.output_sha256) {
     return { ok: false, message: "the signature verifies, but this text is not the one the receipt attests" };
   }
-  const logged = type === "hallmark.receipt" ? ", entry in the log" : "";
-  return { ok: true, message: `signature verifies (Ed25519, key ${signature.kid}${entry.notAfter ? ", retired" : ""}${logged})` };
+  const logged = trusted && type === "hallmark.receipt" ? ", entry in the log" : "";
+  const retired = trusted ? entry.notAfter : entry.state === "retired";
+  return { ok: true, message: `signature verifies (Ed25519, key ${signature.kid}${retired ? ", retired" : ""}${logged})` };
 }
 
-window.HallmarkVerify = { parseRaw, canonical, verifySigned };
+// ---------------------------------------------------------------- detection reports
+// The checks of keys/reports.py verify_report (and `hallmark report verify`), and one the page
+// adds: that the result shown is the result signed.
+
+const REPORT_TYPE = "hallmark.detection_report";
+const REPORT_VERDICTS = ["watermarked", "not_watermarked", "passes_lenient_threshold"];
+const REPORT_SCOPES = ["tenant", "all_tenants", "public"];
+const LENIENT_ABOVE = 1e-3;
+const REPORT_OMITS = ["report", "evidence", "per_key"];  // service/provenance.py REPORT_OMITS
+
+const num = (v) => (v instanceof RawNumber ? Number(v.text) : v);
+const isObject = (v) => v !== null && typeof v === "object" && !Array.isArray(v) && !(v instanceof RawNumber);
+
+// Why a version 2 statement breaks the format, or null.
+async function reportFormatProblem(st) {
+  for (const name of ["subject", "detector", "settings", "scope", "result"]) {
+    if (!isObject(st[name])) return `the report has no '${name}' object`;
+  }
+  const version = String(st.detector.version);
+  const digest = await sha256hex(canonical(st.settings));
+  if (st.detector.config_sha256 !== digest || st.detector.id !== `${version}+${digest.slice(0, 16)}`) {
+    return "the detector id is not the hash of the settings the report states";
+  }
+  const threshold = num(st.settings.threshold);
+  if (typeof threshold !== "number" || !(threshold > 0 && threshold < 1)) return "the report states no threshold in (0, 1)";
+  if (!REPORT_VERDICTS.includes(st.verdict)) return `unknown verdict ${st.verdict}`;
+  if (st.verdict === "watermarked" && threshold > LENIENT_ABOVE) return `a 'watermarked' verdict at threshold ${threshold}, above ${LENIENT_ABOVE}`;
+  if (!Array.isArray(st.basis) || st.basis.includes("watermark") !== (st.verdict === "watermarked")) return "the report's basis does not match its verdict";
+  if (!REPORT_SCOPES.includes(st.scope.keys_of) || !Number.isInteger(num(st.scope.keys))) return "the report does not say whose keys were tested and how many";
+  if (typeof st.verdict_text !== "string" || typeof st.created_at !== "string") return "the report has no verdict_text or created_at";
+  return null;
+}
+
+// Verify a detection report (`rawDocument` from parseRaw) and that it is about what the page
+// shows: `text` (the text as sent), `tokenIds`, and `shown` (the whole response from parseRaw:
+// its result, less REPORT_OMITS, must be the signed result). { ok, message, statement }.
+async function verifyReport(rawDocument, { text, tokenIds, shown, keys } = {}) {
+  const signed = await verifySigned(rawDocument, { expectedType: REPORT_TYPE, keys });
+  if (signed.ok !== true) return signed;
+  const st = rawDocument.statement;
+  const version = num(st.version);
+  const bad = (message) => ({ ok: false, message, statement: st });
+  let subject;
+  if (version === 1) {
+    subject = { text_sha256: st.text_sha256, token_ids_sha256: st.token_ids_sha256 };
+  } else if (version === 2) {
+    const problem = await reportFormatProblem(st);
+    if (problem) return bad(problem);
+    subject = st.subject;
+  } else {
+    return bad(`unsupported report version ${version}`);
+  }
+  if (text !== undefined && text !== null) {
+    if (subject.text_sha256 === null || subject.text_sha256 === undefined) return bad("the report is about token ids, not a text");
+    if ((await sha256hex(text)) !== subject.text_sha256) return bad("the signature verifies, but the report is not about this text (its SHA-256 differs)");
+  }
+  if (tokenIds && (await tokenIdsSha256(tokenIds)) !== subject.token_ids_sha256) {
+    return bad("the signature verifies, but the report is not about these token ids");
+  }
+  if (shown && version === 2) {
+    const result = Object.fromEntries(Object.entries(shown).filter(([k]) => !REPORT_OMITS.includes(k)));
+    if (canonical(result) !== canonical(st.result)) return bad("the result shown is not the result the server signed");
+  }
+  const what = version === 1 ? "a version 1 report (it does not say which keys were tested)" : st.verdict_text;
+  return { ok: true, message: `${what}; ${signed.message}`, statement: st };
+}
+
+window.HallmarkVerify = { parseRaw, canonical, verifySigned, verifyReport, tokenIdsSha256 };
