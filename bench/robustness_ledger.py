@@ -82,9 +82,8 @@ def _record(store, keys: list[WatermarkKey], texts: list[list[int]]) -> list[tup
             entry = record_generation(session, tenant_id=tenant.id, key_id=info.key_id, key_version=info.version,
                                       engine="bench", model="random-lm", spec=key.spec, prompt_tokens=0,
                                       watermarked_tokens=len(text), unwatermarked_reason=None,
-                                      output_text=" ".join(map(str, text)), token_ids=text)
-            kgrams.record(session, tenant_id=tenant.id, generation_id=entry.id, key_id=info.key_id,
-                          secret=key.secret, token_ids=text)
+                                      output_text=" ".join(map(str, text)), token_ids=text,
+                                      kgram_set=kgrams.kgram_set(info.key_id, key.secret, text))
             out.append((tenant.id, info.key_id, entry.id))
     return out
 
@@ -241,9 +240,8 @@ def _record_one_key(store, key: WatermarkKey, generations: list[dict]) -> tuple[
             entry = record_generation(session, tenant_id=tenant.id, key_id=info.key_id, key_version=info.version,
                                       engine="local", model="bundled", spec=key.spec, prompt_tokens=0,
                                       watermarked_tokens=len(g["tokens"]), unwatermarked_reason=None,
-                                      output_text=g["text"], token_ids=g["tokens"])
-            kgrams.record(session, tenant_id=tenant.id, generation_id=entry.id, key_id=info.key_id,
-                          secret=key.secret, token_ids=g["tokens"])
+                                      output_text=g["text"], token_ids=g["tokens"],
+                                      kgram_set=kgrams.kgram_set(info.key_id, key.secret, g["tokens"]))
         return tenant.id, info.key_id
 
 

@@ -141,17 +141,43 @@ class Store:
         self.settings = settings
         self.engine = engine
         self.url = engine.url
-        self.sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False)
+        # Sessions know their store: the ledger's look-ups reach the log key through it
+        # (keys.tlog.authority) to cite only entries the log holds as written.
+        info = {"hallmark.store": self}
+        self.sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False, info=info)
         # SQLite: take the write lock at BEGIN, so concurrent writers queue on the busy
         # timeout instead of failing when a stale read transaction tries to write.
         self._write_sessions: sessionmaker[Session] = sessionmaker(
-            engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"}), expire_on_commit=False
+            engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"}), expire_on_commit=False, info=info
         )
+        self._log: Any = None
+        self.sequencing = True
+        """False only in a benchmark's control arm: ledger entries are written without
+        transparency-log leaves (never cited by detection, and no receipt carries a proof)."""
 
     @cached_property
     def keyring(self) -> Keyring:
         """The KEK keyring from the settings; :class:`~keys.errors.KekError` if unusable."""
         return load_keyring(self.settings)
+
+    def log_authority(self, session: Session | None) -> Any:
+        """The store's transparency-log key, opened with the keyring once it exists
+        (:class:`keys.log_key.LogAuthority`); None while the store has none or this process
+        holds no KEK. ``session``: where to read it when it is not opened yet (None: only
+        what is opened already)."""
+        if self._log is None and session is not None:
+            from keys.errors import KekError
+            from keys.log_key import load_log_key
+
+            try:
+                self._log = load_log_key(session, self.keyring)
+            except KekError:
+                return None
+        return self._log
+
+    def forget_log(self) -> None:
+        """Drop the cached log key (it was just created: the next use reads it committed)."""
+        self._log = None
 
     @contextmanager
     def transaction(self, *, write: bool = True) -> Iterator[Session]:
@@ -189,8 +215,13 @@ def _check_sqlite_file(path: Path, *, create: bool) -> None:
         try:
             # The directory will hold wrapped keys and token hashes: keep it to this user.
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # So is the file, whatever the umask: SQLite gives its -wal and -shm files the
+            # database file's mode, so they are created 0600 too.
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            pass
         except OSError as exc:
-            raise StoreUnavailable(f"cannot create the directory {path.parent}: {exc.strerror}") from None
+            raise StoreUnavailable(f"cannot create the database file {path}: {exc.strerror}") from None
     elif not _writable(path):
         raise ReadOnlyStore(f"the database file {path} is read-only; make it writable for this "
                             "user or point HALLMARK_DATABASE_URL at a writable database")

@@ -27,8 +27,9 @@ from keys.envelope import wrap_secret
 from keys.errors import ConcurrentChange, KekError
 from keys.kek import Kek, Keyring
 from keys.material import binding_of, lock_store_kek, open_secret
-from keys.models import SigningKey, StoreKek
+from keys.models import LogKey, SigningKey, StoreKek
 from keys.models import KeyRow
+from keys.log_key import rewrap_log_key
 from keys.signing import rewrap_signing_key
 
 log = logging.getLogger("hallmark.keys")
@@ -65,6 +66,7 @@ def rotate_kek(session: Session, *, current: Keyring, new: Kek, actor: str,
         row.kek_id = wrapped.kek_id
     for row in signing:
         rewrap_signing_key(row, current, new)
+    logs = rewrap_log_key(session, current, new)
     if marker is not None:
         marker.kek_id, marker.changed_at = new.id, now
     session.flush()
@@ -77,10 +79,11 @@ def rotate_kek(session: Session, *, current: Keyring, new: Kek, actor: str,
                                "nothing was changed, run `hallmark kek rotate` again")
     record_audit(session, actor=actor, action="kek.rotated",
                  details={"previous_kek_ids": list(previous), "new_kek_id": new.id,
-                          "rewrapped_keys": len(rows), "rewrapped_signing_keys": len(signing)}, now=now)
+                          "rewrapped_keys": len(rows), "rewrapped_signing_keys": len(signing),
+                          "rewrapped_log_keys": logs}, now=now)
     log.info("re-wrapped %d key(s) from KEK %s to KEK %s, by %s", len(rows), ", ".join(previous) or "-",
              new.id, actor)
-    return KekRotation(previous_kek_ids=previous, new_kek_id=new.id, rewrapped=len(rows) + len(signing))
+    return KekRotation(previous_kek_ids=previous, new_kek_id=new.id, rewrapped=len(rows) + len(signing) + logs)
 
 
 @dataclass(frozen=True)
@@ -91,11 +94,14 @@ class KekStatus:
     """The KEK the last rotation moved the store to (None before any rotation)."""
     watermark_keys: dict[str, int]
     signing_keys: dict[str, int]
+    log_key: dict[str, int] = None  # type: ignore[assignment]
+    """The transparency log's key, by the KEK id it is sealed under (at most one)."""
 
     def to_dict(self) -> dict:
+        log_key = self.log_key or {}
         return {"configured": list(self.configured), "store_kek_id": self.store_kek_id,
-                "watermark_keys": self.watermark_keys, "signing_keys": self.signing_keys,
-                "unopenable": sorted(k for k in {*self.watermark_keys, *self.signing_keys}
+                "watermark_keys": self.watermark_keys, "signing_keys": self.signing_keys, "log_key": log_key,
+                "unopenable": sorted(k for k in {*self.watermark_keys, *self.signing_keys, *log_key}
                                      if k not in self.configured)}
 
 
@@ -106,4 +112,4 @@ def kek_status(session: Session, keyring: Keyring) -> KekStatus:
 
     marker = session.get(StoreKek, 1)
     return KekStatus(configured=keyring.ids, store_kek_id=marker.kek_id if marker else None,
-                     watermark_keys=count(KeyRow), signing_keys=count(SigningKey))
+                     watermark_keys=count(KeyRow), signing_keys=count(SigningKey), log_key=count(LogKey))

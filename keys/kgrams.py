@@ -28,6 +28,7 @@ from typing import Iterable, Sequence
 from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
+from keys import tlog
 from keys.models import LedgerEntry, LedgerKgram
 
 K = 8
@@ -45,9 +46,9 @@ _ROWS_OF_TENANT = _ROWS.where(LedgerKgram.tenant_id == bindparam("tenant_id"))
 _SHARED = _ROWS.where(LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
 _SEARCHED = select(func.count()).select_from(LedgerEntry).where(
     LedgerEntry.key_id == bindparam("key_id"), LedgerEntry.kind == "finished", LedgerEntry.output_tokens >= K)
-_STORED = (select(LedgerKgram.generation_id, func.count(LedgerKgram.id))
-           .where(LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
-           .group_by(LedgerKgram.generation_id))
+_INSERT = LedgerKgram.__table__.insert()
+_STORED = select(LedgerKgram.generation_id, LedgerKgram.digest).where(
+    LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
 
 
 def kgram_key(secret: int) -> bytes:
@@ -108,7 +109,7 @@ class KgramCache:
         self._rows: dict[tuple[str, str | None], dict[int, list[str]]] = {}
         self._scope_of: dict[tuple[str, str], str | None] = {}
         self._searched: dict[str, int] = {}
-        self._stored: dict[str, int] = {}
+        self._stored: dict[str, int | None] = {}
 
     def at(self, token_ids: Sequence[int], secret: int) -> list[int]:
         """:func:`position_digests` of ``token_ids`` [n] under ``secret``."""
@@ -138,12 +139,19 @@ class KgramCache:
         return self._searched[key_id]
 
     def stored(self, session: Session, generation_ids: Iterable[str]) -> dict[str, int]:
-        """Digests recorded per generation (every key: a generation has one)."""
+        """Digests recorded per generation (every key: a generation has one), for the
+        generations whose recorded digests are exactly the set their logged ``finished``
+        entry committed to (keys.tlog.logged_kgrams); the others are absent: rows inserted,
+        deleted or moved by anyone without the log key never make a match."""
         missing = [g for g in dict.fromkeys(generation_ids) if g not in self._stored]
         if missing:
-            self._stored.update((g, 0) for g in missing)
-            self._stored.update((g, int(c)) for g, c in session.execute(_STORED, {"generation_ids": missing}))
-        return self._stored
+            found: dict[str, list[int]] = {g: [] for g in missing}
+            for chunk in _chunks_of(missing):
+                for generation_id, digest in session.execute(_STORED, {"generation_ids": chunk}):
+                    found[generation_id].append(int(digest))
+            authentic = tlog.logged_kgrams(session, found)
+            self._stored.update((g, len(set(found[g])) if g in authentic else None) for g in missing)
+        return {g: c for g, c in self._stored.items() if c is not None}
 
     def shared(self, key_id: str, generation_id: str, at: Sequence[int]) -> set[int] | None:
         """The digests among ``at`` that ``generation_id`` recorded under ``key_id``, when the
@@ -198,13 +206,20 @@ def shared_positions(session: Session, *, key_id: str, generation_ids: Sequence[
             for g, shared in found.items()}
 
 
-def record(session: Session, *, tenant_id: str, generation_id: str, key_id: str, secret: int,
-           token_ids: Sequence[int]) -> int:
-    """Store the k-gram digests of one generation, in the caller's transaction; returns how many."""
-    found = digests(token_ids, secret)
-    session.add_all(LedgerKgram(tenant_id=tenant_id, generation_id=generation_id, key_id=key_id, digest=d)
-                    for d in found)
-    return len(found)
+def kgram_set(key_id: str, secret: int, token_ids: Sequence[int]) -> tuple[str, set[int]]:
+    """What a finished generation's ledger entry records and commits to (keys.ledger's
+    ``kgram_set``): its key id and the distinct digests of its k-grams under that key."""
+    return key_id, digests(token_ids, secret)
+
+
+def store(session: Session, *, tenant_id: str, generation_id: str, key_id: str, digests: Iterable[int]) -> int:
+    """Insert one generation's digests in the caller's transaction (keys.ledger does, with
+    the entry that commits to them); returns how many."""
+    rows = [{"tenant_id": tenant_id, "generation_id": generation_id, "key_id": key_id, "digest": int(d)}
+            for d in sorted(set(digests))]
+    if rows:
+        session.connection().execute(_INSERT, rows)  # Core: the ORM's bulk insert costs more than the rows
+    return len(rows)
 
 
 @dataclass(frozen=True)
@@ -255,6 +270,11 @@ def _chunks(values: list[int]) -> Iterable[list[int]]:
         yield values[i:i + _CHUNK]
 
 
+def _chunks_of(values: list[str]) -> Iterable[list[str]]:
+    for i in range(0, len(values), _CHUNK):
+        yield values[i:i + _CHUNK]
+
+
 def generations_searched(session: Session, key_id: str) -> int:
     """An upper bound on the generations with k-grams recorded under ``key_id`` (every tenant),
     the Bonferroni factor of :func:`false_match_log10`: the ``finished`` ledger entries under
@@ -292,6 +312,8 @@ def find_matches(session: Session, *, keys: Sequence[tuple[str, int]], token_ids
         searched = max(cache.searched(session, key_id), len(counts), 1)
         stored = cache.stored(session, hits)
         for generation_id, matched in hits.items():
+            if generation_id not in stored:  # not as the log holds it: never cited
+                continue
             m = stored[generation_id] or matched
             out.append(KgramMatch(generation_id=generation_id, key_id=key_id, matched=matched, queried=len(query),
                                   stored=m, log10_false_match_bound=false_match_log10(matched, len(query), m,

@@ -25,25 +25,26 @@ Records are not audit events: the ledger is itself the record of generation.
 
 from __future__ import annotations
 
-import hashlib
-import os
+import dataclasses
 import re
-import socket
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from keys import clock
+from keys import clock, kgrams, tlog
 from keys.chain import GENESIS_HASH, entry_fields, entry_hash, hash_token_ids
 from keys.errors import InvalidInput, KeyRevoked, UnknownKey
+from keys.leaves import EMPTY_KGRAMS, kgram_commitment
+from keys.ledger_read import (MAX_OFFSET, MAX_RESULTS, STALE_AFTER, ChainEntry, GenerationEntry, _check_hash,  # noqa: F401
+                              _entries_of, _generation, find_generations_by_output_hash, generation_entries,
+                              get_generation, hash_output, list_generations, writer_gone, writer_id)
+from keys.ledger_verify import ChainHead, ChainProblem, ChainReport, verify_chain  # noqa: F401
 from keys.models import REVOKED
 from keys.models import LedgerEntry as Row
-from keys.models import Tenant
 from keys.models import KeyRow
 from keys.tenants import get_tenant_by_id
 from watermark.spec import WatermarkSpec
@@ -59,153 +60,6 @@ FINISH_REASONS = ("stop", "length", "engine_failure", "remote_error", "client_di
 ``unknown``: a record carried over from before the chain."""
 CHECKPOINT_TOKENS = 32
 """A stream is checkpointed before it sends more than this many tokens past the last entry."""
-STALE_AFTER = timedelta(minutes=15)
-"""An unfinished generation silent this long is interrupted (longer than any stream may run)."""
-MAX_RESULTS = 1000
-
-
-def hash_output(text: str) -> str:
-    """The ledger's hash of an output: hex SHA-256 of its UTF-8 bytes."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _process_start(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read().decode("ascii", "replace")
-    except OSError:
-        return None
-    # Field 22 (start time in clock ticks) counts from after the parenthesised command name.
-    return stat.rsplit(")", 1)[-1].split()[19]
-
-
-def writer_id() -> str:
-    """This process, as a ledger entry names its writer: ``host/pid/start-ticks``."""
-    pid = os.getpid()
-    return f"{socket.gethostname()[:120]}/{pid}/{_process_start(pid) or '?'}"
-
-
-def writer_gone(writer: str) -> bool:
-    """True when ``writer`` was a process on this host that no longer runs (a reused pid is
-    told apart by its start time). Writers on other hosts are never declared gone here."""
-    host, _, rest = writer.partition("/")
-    pid_text, _, start = rest.partition("/")
-    if host != socket.gethostname()[:120] or not pid_text.isdigit():
-        return False
-    current = _process_start(int(pid_text))
-    if current is None:
-        return os.path.exists("/proc/self/stat")  # without /proc nothing can be told
-    return start != "?" and current != start
-
-
-@dataclass(frozen=True)
-class ChainEntry:
-    """One ledger entry as stored (every hashed field, plus the entry's own hash)."""
-
-    seq: int
-    tenant_id: str
-    generation_id: str
-    kind: str
-    created_at: datetime
-    writer: str
-    key_id: str | None
-    key_version: int | None
-    key_state: str | None
-    engine: str
-    model: str
-    spec: dict[str, Any] | None
-    prompt_tokens: int
-    output_tokens: int
-    watermarked_tokens: int
-    unwatermarked_reason: str | None
-    output_sha256: str
-    token_ids_sha256: str | None
-    finish_reason: str | None
-    details: dict[str, Any] | None
-    prev_hash: str
-    entry_hash: str
-
-    def to_dict(self) -> dict[str, Any]:
-        out = entry_fields(self)
-        out["entry_hash"] = self.entry_hash
-        return out
-
-
-def _chain_entry(row: Row) -> ChainEntry:
-    return ChainEntry(**{name: getattr(row, name) for name in ChainEntry.__dataclass_fields__})
-
-
-@dataclass(frozen=True)
-class GenerationEntry:
-    """One generation as the ledger shows it: its first entry's identity and its latest
-    entry's counts, hashes and state."""
-
-    id: str
-    tenant_id: str
-    tenant: str
-    key_id: str | None
-    key_version: int | None
-    engine: str
-    model: str
-    spec: WatermarkSpec | None
-    prompt_tokens: int
-    output_tokens: int
-    watermarked_tokens: int
-    unwatermarked_reason: str | None
-    output_sha256: str
-    created_at: datetime
-    status: str = "finished"
-    """``in_progress``, ``finished`` or ``interrupted`` (the writer died mid-stream)."""
-    finish_reason: str | None = None
-    token_ids_sha256: str | None = None
-    key_state: str | None = None
-    seq: int = 0
-    """The latest entry's position in the tenant's chain."""
-    entry_hash: str = ""
-    updated_at: datetime | None = None
-    details: dict[str, Any] | None = None
-    entries: int = 1
-
-    @property
-    def watermarked(self) -> bool:
-        return self.watermarked_tokens > 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "tenant": self.tenant, "tenant_id": self.tenant_id,
-                "key_id": self.key_id, "key_version": self.key_version, "key_state": self.key_state,
-                "engine": self.engine, "model": self.model,
-                "spec": self.spec.public_dict() if self.spec else None,
-                "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
-                "watermarked_tokens": self.watermarked_tokens, "watermarked": self.watermarked,
-                "unwatermarked_reason": self.unwatermarked_reason,
-                "output_sha256": self.output_sha256, "token_ids_sha256": self.token_ids_sha256,
-                "status": self.status, "finish_reason": self.finish_reason,
-                "created_at": self.created_at.isoformat(),
-                "updated_at": self.updated_at.isoformat() if self.updated_at else None,
-                "ledger": {"seq": self.seq, "entry_hash": self.entry_hash, "entries": self.entries},
-                "details": self.details}
-
-
-def _status(last: Row, now: datetime) -> str:
-    if last.kind == "finished":
-        return "interrupted" if last.finish_reason == "interrupted" else "finished"
-    if writer_gone(last.writer) or now - last.created_at > STALE_AFTER:
-        return "interrupted"
-    return "in_progress"
-
-
-def _generation(rows: Sequence[Row], tenant_name: str, now: datetime | None = None) -> GenerationEntry:
-    first, last = rows[0], rows[-1]
-    return GenerationEntry(
-        id=first.generation_id, tenant_id=first.tenant_id, tenant=tenant_name, key_id=first.key_id,
-        key_version=first.key_version, engine=first.engine, model=first.model,
-        spec=WatermarkSpec.model_validate(first.spec) if first.spec is not None else None,
-        prompt_tokens=first.prompt_tokens, output_tokens=last.output_tokens,
-        watermarked_tokens=last.watermarked_tokens, unwatermarked_reason=last.unwatermarked_reason,
-        output_sha256=last.output_sha256, created_at=first.created_at,
-        status=_status(last, now or clock.utcnow()), finish_reason=last.finish_reason,
-        token_ids_sha256=last.token_ids_sha256, key_state=last.key_state, seq=last.seq,
-        entry_hash=last.entry_hash, updated_at=last.created_at, details=last.details, entries=len(rows))
 
 
 # --- validation --------------------------------------------------------------------------
@@ -289,7 +143,21 @@ def _lock_chain(session: Session, tenant_id: str) -> None:
                         {"k": f"hallmark-ledger:{tenant_id}"})
 
 
-def _append(session: Session, *, tenant_id: str, values: dict[str, Any], now: datetime) -> Row:
+Kgrams = tuple[str, set[int]]
+"""A finished generation's k-grams: the key they are keyed under and their digests (keys.kgrams)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Appended:
+    row: Row
+    kgrams_sha256: str
+    log: tlog.Sequenced | None
+
+
+def _append(session: Session, *, tenant_id: str, values: dict[str, Any], now: datetime,
+            kgram_set: Kgrams | None = None) -> _Appended:
+    """Chain the entry, store its k-grams, and log it, in the caller's transaction."""
+    auth = tlog.writer_authority(session)
     _lock_chain(session, tenant_id)
     head = session.execute(select(Row.seq, Row.entry_hash).where(Row.tenant_id == tenant_id)
                            .order_by(Row.seq.desc()).limit(1)).first()
@@ -298,14 +166,17 @@ def _append(session: Session, *, tenant_id: str, values: dict[str, Any], now: da
     row.entry_hash = entry_hash(entry_fields(row))
     session.add(row)
     session.flush()
-    return row
+    commitment = EMPTY_KGRAMS
+    if kgram_set is not None:
+        key_id, digests = kgram_set
+        kgrams.store(session, tenant_id=tenant_id, generation_id=row.generation_id, key_id=key_id, digests=digests)
+        commitment = kgram_commitment(digests)
+    sequenced = None if auth is None else tlog.append_entry(session, auth, row, commitment, now=now)
+    return _Appended(row, commitment, sequenced)
 
 
-def _entries_of(session: Session, generation_id: str, tenant_id: str | None = None) -> list[Row]:
-    query = select(Row).where(Row.generation_id == generation_id)
-    if tenant_id is not None:
-        query = query.where(Row.tenant_id == tenant_id)
-    return list(session.scalars(query.order_by(Row.seq)))
+def _logged(entry: GenerationEntry, appended: _Appended) -> GenerationEntry:
+    return dataclasses.replace(entry, kgrams_sha256=appended.kgrams_sha256, log=appended.log)
 
 
 def record_generation(
@@ -315,13 +186,16 @@ def record_generation(
     output_sha256: str | None = None, token_ids: Sequence[int] | None = None,
     finish_reason: str = "stop", details: dict[str, Any] | None = None,
     generation_id: str | None = None, now: datetime | None = None, refuse_revoked_key: bool = False,
+    kgram_set: Kgrams | None = None,
 ) -> GenerationEntry:
     """Record a whole generation as one ``finished`` entry, in the session's transaction.
 
     Give the output as ``output_text`` (hashed here) or as its ``output_sha256``, not both;
     ``token_ids`` (hashed here) fixes ``output_tokens``. ``key_id``/``key_version`` are both
     None for unwatermarked output (then ``watermarked_tokens`` must be 0); otherwise they
-    must name a key of the tenant, whose current state is recorded. ``refuse_revoked_key``
+    must name a key of the tenant, whose current state is recorded. ``kgram_set``: the
+    generation's k-gram digests under its key, stored and committed to in the log with the
+    entry (keys.kgrams, keys.leaves). ``refuse_revoked_key``
     raises :class:`~keys.errors.KeyRevoked` instead of recording output under a key revoked
     meanwhile (for output that has not been sent yet).
     """
@@ -333,10 +207,10 @@ def record_generation(
                          watermarked_tokens=watermarked_tokens, unwatermarked_reason=unwatermarked_reason)
     if refuse_revoked_key and progress["key_state"] == REVOKED:
         raise KeyRevoked(key_id or "")
-    row = _append(session, tenant_id=tenant_id, now=clock.resolve(now), values={
+    appended = _append(session, tenant_id=tenant_id, now=clock.resolve(now), kgram_set=kgram_set, values={
         **header, "generation_id": generation_id, "kind": "finished", "writer": writer_id(),
         **progress, "finish_reason": _check_finish(finish_reason), "details": _check_details(details)})
-    return _generation([row], tenant_name)
+    return _logged(_generation([appended.row], tenant_name), appended)
 
 
 def _new_generation(session: Session, *, generation_id: str | None, tenant_id: str, key_id: str | None,
@@ -393,20 +267,20 @@ def start_generation(
     generation_id, tenant_name, header = _new_generation(
         session, generation_id=generation_id, tenant_id=tenant_id, key_id=key_id, key_version=key_version,
         engine=engine, model=model, spec=spec, prompt_tokens=prompt_tokens)
-    row = _append(session, tenant_id=tenant_id, now=clock.resolve(now), values={
+    appended = _append(session, tenant_id=tenant_id, now=clock.resolve(now), values={
         **header, "generation_id": generation_id, "kind": "started", "writer": writer_id(),
         **_progress(session, tenant_id, key_id, key_version, output_text="", output_sha256=None,
                     token_ids=(), output_tokens=None, watermarked_tokens=0,
                     unwatermarked_reason=unwatermarked_reason),
         "finish_reason": None, "details": None})
-    return _generation([row], tenant_name)
+    return _logged(_generation([appended.row], tenant_name), appended)
 
 
 def _continue(session: Session, *, generation_id: str, tenant_id: str, kind: str, output_text: str | None,
               token_ids: Sequence[int] | None, watermarked_tokens: int, unwatermarked_reason: str | None,
               finish_reason: str | None, details: dict[str, Any] | None, now: datetime | None,
               output_sha256: str | None = None, output_tokens: int | None = None,
-              token_ids_sha256: str | None = None) -> GenerationEntry:
+              token_ids_sha256: str | None = None, kgram_set: Kgrams | None = None) -> GenerationEntry:
     rows = _entries_of(session, generation_id, tenant_id)
     if not rows or rows[0].kind != "started":
         raise InvalidInput(f"generation {generation_id} has no started entry for this tenant")
@@ -420,10 +294,10 @@ def _continue(session: Session, *, generation_id: str, tenant_id: str, kind: str
                          watermarked_tokens=watermarked_tokens, unwatermarked_reason=unwatermarked_reason)
     if token_ids is None and token_ids_sha256 is not None:
         progress["token_ids_sha256"] = _check_hash(token_ids_sha256, "token_ids_sha256")
-    row = _append(session, tenant_id=tenant_id, now=clock.resolve(now), values={
+    appended = _append(session, tenant_id=tenant_id, now=clock.resolve(now), kgram_set=kgram_set, values={
         **header, "generation_id": generation_id, "kind": kind, "writer": writer_id(), **progress,
         "finish_reason": finish_reason, "details": _check_details(details)})
-    return _generation([*rows, row], get_tenant_by_id(session, tenant_id=tenant_id).name)
+    return _logged(_generation([*rows, appended.row], get_tenant_by_id(session, tenant_id=tenant_id).name), appended)
 
 
 def checkpoint_generation(
@@ -439,13 +313,14 @@ def checkpoint_generation(
 def finish_generation(
     session: Session, *, generation_id: str, tenant_id: str, finish_reason: str, output_text: str,
     token_ids: Sequence[int], watermarked_tokens: int, unwatermarked_reason: str | None = None,
-    details: dict[str, Any] | None = None, now: datetime | None = None,
+    details: dict[str, Any] | None = None, now: datetime | None = None, kgram_set: Kgrams | None = None,
 ) -> GenerationEntry:
-    """The ``finished`` entry of a stream, whatever ended it (:data:`FINISH_REASONS`)."""
+    """The ``finished`` entry of a stream, whatever ended it (:data:`FINISH_REASONS`), with
+    the generation's k-grams (``kgram_set``) when it is watermarked."""
     return _continue(session, generation_id=generation_id, tenant_id=tenant_id, kind="finished",
                      output_text=output_text, token_ids=token_ids, watermarked_tokens=watermarked_tokens,
                      unwatermarked_reason=unwatermarked_reason, finish_reason=_check_finish(finish_reason),
-                     details=details, now=now)
+                     details=details, now=now, kgram_set=kgram_set)
 
 
 def recover_interrupted(session: Session, *, now: datetime | None = None) -> list[str]:
@@ -472,177 +347,3 @@ def recover_interrupted(session: Session, *, now: datetime | None = None) -> lis
     return closed
 
 
-# --- reading -----------------------------------------------------------------------------
-
-
-def _tenant_names(session: Session, tenant_ids: set[str]) -> dict[str, str]:
-    if not tenant_ids:
-        return {}
-    return dict(session.execute(select(Tenant.id, Tenant.name).where(Tenant.id.in_(tenant_ids))).all())
-
-
-def _generations(session: Session, generation_ids: Sequence[str], tenant_id: str | None) -> list[GenerationEntry]:
-    if not generation_ids:
-        return []
-    query = select(Row).where(Row.generation_id.in_(list(generation_ids)))
-    if tenant_id is not None:
-        query = query.where(Row.tenant_id == tenant_id)
-    grouped: dict[str, list[Row]] = {}
-    for row in session.scalars(query.order_by(Row.tenant_id, Row.seq)):
-        grouped.setdefault(row.generation_id, []).append(row)
-    names = _tenant_names(session, {rows[0].tenant_id for rows in grouped.values()})
-    now = clock.utcnow()
-    return [_generation(grouped[g], names[grouped[g][0].tenant_id], now) for g in generation_ids if g in grouped]
-
-
-def get_generation(session: Session, *, generation_id: str, tenant_id: str | None) -> GenerationEntry | None:
-    """The generation, or None. With ``tenant_id`` only that tenant's records are visible
-    (another tenant's id reads as absent); ``tenant_id=None`` is the admin view. Required
-    on purpose."""
-    found = _generations(session, [generation_id], tenant_id)
-    return found[0] if found else None
-
-
-def generation_entries(session: Session, *, generation_id: str, tenant_id: str | None) -> list[ChainEntry]:
-    """The generation's chain entries, oldest first, scoped as :func:`get_generation`."""
-    return [_chain_entry(row) for row in _entries_of(session, generation_id, tenant_id)]
-
-
-def find_generations_by_output_hash(session: Session, *, output_sha256: str, tenant_id: str | None,
-                                    limit: int = 100) -> list[GenerationEntry]:
-    """Generations whose output (final, or as far as a checkpoint covered it) hashes to
-    ``output_sha256``, newest first, scoped as :func:`get_generation`."""
-    _check_hash(output_sha256)
-    limit = max(1, min(int(limit), MAX_RESULTS))
-    query = select(Row.generation_id, func.max(Row.id).label("last")).where(Row.output_sha256 == output_sha256)
-    if tenant_id is not None:
-        query = query.where(Row.tenant_id == tenant_id)
-    ids = [g for g, _ in session.execute(query.group_by(Row.generation_id)
-                                         .order_by(func.max(Row.id).desc()).limit(limit)).all()]
-    if not ids:  # most texts: one query
-        return []
-    # The entries with their tenant's name in one round trip (what _generations reads in two):
-    # the look-up is on every /v1/detect.
-    rows = select(Row, Tenant.name).join(Tenant, Tenant.id == Row.tenant_id).where(Row.generation_id.in_(ids))
-    if tenant_id is not None:
-        rows = rows.where(Row.tenant_id == tenant_id)
-    grouped: dict[str, list[Row]] = {}
-    names: dict[str, str] = {}
-    for row, name in session.execute(rows.order_by(Row.tenant_id, Row.seq)):
-        grouped.setdefault(row.generation_id, []).append(row)
-        names[row.tenant_id] = name
-    now = clock.utcnow()
-    return [_generation(grouped[g], names[grouped[g][0].tenant_id], now) for g in ids if g in grouped]
-
-
-MAX_OFFSET = 2 ** 62
-"""The largest page offset: SQL engines take OFFSET as a signed 64-bit integer, and the offset
-plus a page (plus the look-ahead row) must still fit."""
-
-
-def list_generations(session: Session, *, tenant_id: str | None, limit: int = 50, offset: int = 0,
-                     since: datetime | None = None, until: datetime | None = None,
-                     key_id: str | None = None) -> list[GenerationEntry]:
-    """Generations newest first (by their first entry), scoped as :func:`get_generation`;
-    optionally only those started in [``since``, ``until``) (timezone-aware) or under ``key_id``."""
-    limit = max(1, min(int(limit), MAX_RESULTS))
-    offset = max(0, int(offset))
-    first = func.min(Row.id)
-    query = select(Row.generation_id, first)
-    if tenant_id is not None:
-        query = query.where(Row.tenant_id == tenant_id)
-    if key_id is not None:
-        query = query.where(Row.key_id == key_id)
-    query = query.group_by(Row.generation_id)
-    if since is not None:
-        query = query.having(func.min(Row.created_at) >= clock.resolve(since))
-    if until is not None:
-        query = query.having(func.min(Row.created_at) < clock.resolve(until))
-    ids = [g for g, _ in session.execute(query.order_by(first.desc()).limit(limit).offset(offset)).all()]
-    return _generations(session, ids, tenant_id)
-
-
-# --- verification ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ChainProblem:
-    tenant_id: str
-    tenant: str
-    seq: int
-    generation_id: str | None
-    reason: str
-
-    def __str__(self) -> str:
-        where = f"tenant {self.tenant!r} entry seq {self.seq}"
-        if self.generation_id:
-            where += f" (generation {self.generation_id})"
-        return f"{where}: {self.reason}"
-
-
-@dataclass(frozen=True)
-class ChainHead:
-    tenant_id: str
-    tenant: str
-    entries: int
-    head_seq: int
-    head_hash: str
-
-
-@dataclass(frozen=True)
-class ChainReport:
-    heads: tuple[ChainHead, ...]
-    problems: tuple[ChainProblem, ...] = field(default=())
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok,
-                "chains": [{"tenant": h.tenant, "tenant_id": h.tenant_id, "entries": h.entries,
-                            "head_seq": h.head_seq, "head_hash": h.head_hash} for h in self.heads],
-                "problems": [{"tenant": p.tenant, "tenant_id": p.tenant_id, "seq": p.seq,
-                              "generation_id": p.generation_id, "reason": p.reason, "message": str(p)}
-                             for p in self.problems]}
-
-
-def _verify_one(rows: Sequence[Row], tenant_id: str, name: str) -> ChainProblem | None:
-    """The first break of one tenant's chain, in ``seq`` order, or None."""
-    previous_hash, expected = GENESIS_HASH, 1
-    for row in rows:
-        if row.seq != expected:
-            if row.seq > expected:
-                reason = (f"entries seq {expected}..{row.seq - 1} are missing (deleted)" if row.seq > expected + 1
-                          else f"entry seq {expected} is missing (deleted)")
-                return ChainProblem(tenant_id, name, expected, None, reason)
-            return ChainProblem(tenant_id, name, row.seq, row.generation_id, "duplicate sequence number (inserted)")
-        if entry_hash(entry_fields(row)) != row.entry_hash:
-            return ChainProblem(tenant_id, name, row.seq, row.generation_id,
-                                "modified: its content does not match its entry_hash")
-        if row.prev_hash != previous_hash:
-            return ChainProblem(tenant_id, name, row.seq, row.generation_id,
-                                "does not follow the previous entry (inserted, reordered, or its "
-                                "predecessor was replaced)")
-        previous_hash, expected = row.entry_hash, expected + 1
-    return None
-
-
-def verify_chain(session: Session, *, tenant_id: str | None = None) -> ChainReport:
-    """Walk each tenant's chain (or one tenant's) and report the first break of each: a
-    modified entry (its hash does not match), a deleted one (a gap in ``seq``), an inserted
-    or reordered one (``prev_hash`` does not match its predecessor)."""
-    names = dict(session.execute(select(Tenant.id, Tenant.name)).all())
-    tenant_ids = [tenant_id] if tenant_id is not None else sorted(
-        session.scalars(select(Row.tenant_id).distinct()))
-    heads, problems = [], []
-    for tid in tenant_ids:
-        rows = list(session.scalars(select(Row).where(Row.tenant_id == tid).order_by(Row.seq, Row.id)))
-        name = names.get(tid, tid)
-        problem = _verify_one(rows, tid, name)
-        if problem is not None:
-            problems.append(problem)
-        last = rows[-1] if rows else None
-        heads.append(ChainHead(tid, name, len(rows), last.seq if last else 0,
-                               last.entry_hash if last else GENESIS_HASH))
-    return ChainReport(heads=tuple(heads), problems=tuple(problems))

@@ -22,7 +22,7 @@ from keys.audit import record_audit
 from keys.envelope import KeyBinding, WrappedSecret, unwrap_secret
 from keys.errors import KekError, KeyStoreError, StaleKek, NoActiveKey, UnknownKey, UnknownTenant, UnwrapError
 from keys.kek import Keyring
-from keys.models import ACTIVE, SigningKey, StoreKek, Tenant
+from keys.models import ACTIVE, LogKey, SigningKey, StoreKek, Tenant
 from keys.models import KeyRow
 from keys.tenants import get_tenant
 from watermark.key import WatermarkKey, check_value, fingerprint_of_check_value
@@ -112,6 +112,7 @@ def check_wrapping_kek(session: Session, keyring: Keyring) -> None:
     marker = lock_store_kek(session)
     in_use = set(session.scalars(select(KeyRow.kek_id).distinct()))
     in_use |= set(session.scalars(select(SigningKey.kek_id).distinct()))
+    in_use |= set(session.scalars(select(LogKey.kek_id)))
     if marker is not None and marker.kek_id is not None:
         in_use.add(marker.kek_id)
     other = sorted(in_use - {keyring.primary.id})

@@ -262,6 +262,9 @@ class SigningKey(Base):
     state: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime]
     retired_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+    """Set when the key was revoked (compromised): no statement it signed is trusted."""
+    revocation_reason: Mapped[str | None] = mapped_column(Text)
 
 
 class StoreKek(Base):
@@ -275,6 +278,79 @@ class StoreKek(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     kek_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
     changed_at: Mapped[datetime | None]
+
+
+class LogKey(Base):
+    """The transparency log's long-lived Ed25519 key (one row): signs checkpoints and keys
+    the MACs of the log's head and leaves. Sealed under the KEK like a signing key."""
+
+    __tablename__ = "log_keys"
+    __table_args__ = (CheckConstraint("id = 1", name="single_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    origin: Mapped[str] = mapped_column(String(200))
+    public_key: Mapped[bytes] = mapped_column(LargeBinary)
+    wrapped_private: Mapped[bytes] = mapped_column(LargeBinary)
+    nonce: Mapped[bytes] = mapped_column(LargeBinary)
+    kek_id: Mapped[str] = mapped_column(String(ID_LENGTH), index=True)
+    created_at: Mapped[datetime]
+
+
+class LogHead(Base):
+    """One row: the log's size and the right border of its tree (the roots of its complete
+    subtrees, 32 bytes each, largest first), MACed under the log key. Appends lock it."""
+
+    __tablename__ = "log_head"
+    __table_args__ = (CheckConstraint("id = 1", name="single_row"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    size: Mapped[int] = mapped_column(BigInteger().with_variant(Integer(), "sqlite"))
+    border: Mapped[bytes] = mapped_column(LargeBinary)
+    mac: Mapped[bytes | None] = mapped_column(LargeBinary)
+    updated_at: Mapped[datetime | None]
+
+
+class LogLeaf(Base):
+    """One leaf of the log: a ledger entry or a signing-key event (keys.tlog)."""
+
+    __tablename__ = "log_leaves"
+    __table_args__ = (CheckConstraint("kind IN ('entry', 'signing_key')", name="kind_known"),)
+
+    idx: Mapped[int] = mapped_column(BigInteger().with_variant(Integer(), "sqlite"), primary_key=True,
+                                     autoincrement=False)
+    leaf_hash: Mapped[bytes] = mapped_column(LargeBinary)
+    kind: Mapped[str] = mapped_column(String(16))
+    entry_id: Mapped[int | None] = mapped_column(BigInteger().with_variant(Integer(), "sqlite"), unique=True)
+    tenant_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    kgrams_sha256: Mapped[str | None] = mapped_column(String(64))
+    kid: Mapped[str | None] = mapped_column(String(ID_LENGTH), index=True)
+    data: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """A signing-key event's canonical JSON (public); None for entries (the leaf is their hash)."""
+    mac: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime]
+
+
+class LogNode(Base):
+    """A complete subtree of level >= 1 (leaves [idx * 2**level, (idx + 1) * 2**level))."""
+
+    __tablename__ = "log_nodes"
+
+    level: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    idx: Mapped[int] = mapped_column(BigInteger().with_variant(Integer(), "sqlite"), primary_key=True,
+                                     autoincrement=False)
+    hash: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class LogCheckpoint(Base):
+    """A published checkpoint (C2SP signed note), what witnesses are handed."""
+
+    __tablename__ = "log_checkpoints"
+
+    size: Mapped[int] = mapped_column(BigInteger().with_variant(Integer(), "sqlite"), primary_key=True,
+                                      autoincrement=False)
+    root: Mapped[bytes] = mapped_column(LargeBinary)
+    note: Mapped[str] = mapped_column(Text)
+    published_at: Mapped[datetime]
 
 
 class AuditEvent(Base):
@@ -302,7 +378,13 @@ def _refuse_audit_change(mapper: Any, connection: Any, target: AuditEvent) -> No
 
 @event.listens_for(LedgerEntry, "before_update")
 @event.listens_for(LedgerEntry, "before_delete")
-def _refuse_ledger_change(mapper: Any, connection: Any, target: LedgerEntry) -> None:
+@event.listens_for(LogLeaf, "before_update")
+@event.listens_for(LogLeaf, "before_delete")
+@event.listens_for(LogNode, "before_update")
+@event.listens_for(LogNode, "before_delete")
+@event.listens_for(LogCheckpoint, "before_update")
+@event.listens_for(LogCheckpoint, "before_delete")
+def _refuse_ledger_change(mapper: Any, connection: Any, target: Any) -> None:
     raise LedgerImmutable()
 
 
@@ -313,7 +395,7 @@ def _refuse_bulk_audit_change(state: ORMExecuteState) -> None:
         classes = {m.class_ for m in state.all_mappers}
         if AuditEvent in classes:
             raise AuditLogImmutable()
-        if LedgerEntry in classes:
+        if classes & {LedgerEntry, LogLeaf, LogNode, LogCheckpoint}:
             raise LedgerImmutable()
 
 

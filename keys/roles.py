@@ -5,12 +5,14 @@ not the tables' owner, who can disable or drop them. So in production the migrat
 as the owner and the gateway connects as a separate role (``hallmark db
 grant-service-role NAME``) that may only:
 
-- SELECT and INSERT on ``ledger_entries`` and ``audit_events`` (append, never rewrite);
-- SELECT on ``tenants``, ``watermark_keys``, ``api_tokens`` and ``alembic_version`` (key
-  and token changes are the admin CLI's, run as the owner);
-- SELECT, INSERT, UPDATE on ``signing_keys`` and SELECT, UPDATE on ``store_kek`` (the
-  gateway creates the first signing key; UPDATE is what PostgreSQL requires for the row
-  locks those writes take);
+- SELECT and INSERT on ``ledger_entries``, ``ledger_kgrams``, ``audit_events`` and the
+  transparency log's ``log_leaves``, ``log_nodes`` and ``log_checkpoints`` (append, never
+  rewrite); SELECT, UPDATE on ``log_head`` (each append moves it, under its row lock);
+- SELECT on ``tenants``, ``watermark_keys``, ``api_tokens``, ``signing_keys``,
+  ``log_keys`` and ``alembic_version``: key, signing-key and token changes are the admin
+  CLI's, run as the owner (the gateway can neither add a signing key nor retire one);
+- SELECT, UPDATE on ``store_kek`` (UPDATE is what PostgreSQL requires for the row lock
+  that writers of wrapped secrets take);
 - SELECT, INSERT, UPDATE, DELETE on any other table (later migrations' working tables,
   such as shared rate limits), and the sequences behind them.
 
@@ -27,9 +29,9 @@ from sqlalchemy.engine import Connection
 
 from keys.errors import InvalidInput
 
-APPEND_ONLY = ("ledger_entries", "audit_events")
-READ_ONLY = ("tenants", "watermark_keys", "api_tokens", "alembic_version")
-SPECIAL = {"signing_keys": "SELECT, INSERT, UPDATE", "store_kek": "SELECT, UPDATE"}
+APPEND_ONLY = ("ledger_entries", "ledger_kgrams", "audit_events", "log_leaves", "log_nodes", "log_checkpoints")
+READ_ONLY = ("tenants", "watermark_keys", "api_tokens", "signing_keys", "log_keys", "alembic_version")
+SPECIAL = {"store_kek": "SELECT, UPDATE", "log_head": "SELECT, UPDATE"}
 _ROLE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 

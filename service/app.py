@@ -22,13 +22,14 @@ from keys.db import Store, open_store
 from keys.errors import ConcurrentChange
 from keys.ledger import recover_interrupted
 from keys.signing import ensure_signing_key
+from keys.tlog import ensure_log
 from keys.settings import StoreSettings
 from service.engines.base import Engine
 from service import http_errors, openapi
 from service.body_limit import BodyLimit
 from service.middleware import RequestMetrics
 from service.request_log import RequestLog
-from service.routes import admin, detect, generate, generations, openai, ops, provenance
+from service.routes import admin, detect, generate, generations, ledger_log, openai, ops, provenance
 from service.settings import ServiceSettings
 from service.state import Services
 from service.ui import mount_ui
@@ -38,13 +39,32 @@ T = TypeVar("T")
 
 
 def _prepare_provenance(store: Store) -> None:
-    """At start: close the streams a dead predecessor left open (as interrupted), and make
-    sure a signing key exists for receipts."""
+    """At start: make sure the transparency log has its key (created, with what the store
+    already holds adopted as its first leaves, where this role may: SQLite, or the owner),
+    close the streams a dead predecessor left open (as interrupted), and make sure a signing
+    key the log holds exists for receipts. On PostgreSQL under the gateway's restricted role
+    a missing log key or signing key stops the start with what to run as the owner."""
+    _, adopted = _retrying(store, lambda session: ensure_log(session, store.keyring, actor="service:start"))
+    if adopted:
+        log.warning("transparency log created: %d existing ledger entries and signing keys adopted as its "
+                    "first leaves", adopted)
     closed = _retrying(store, recover_interrupted)
     if closed:
         log.warning("closed %d generation(s) left open by a stopped process as interrupted: %s",
                     len(closed), ", ".join(closed[:20]))
     _retrying(store, lambda session: ensure_signing_key(session, store.keyring, actor="service:start"))
+
+
+async def _publish_checkpoints(services: Services) -> None:
+    """Publish a checkpoint at least every ``checkpoint_every_seconds`` after this process
+    logged an entry (the entry-count bound is kept where entries are logged)."""
+    period = services.settings.checkpoint_every_seconds
+    while True:
+        await asyncio.sleep(min(period, 5.0) / 2)
+        try:
+            await asyncio.to_thread(services.publish_checkpoint, if_older_than=period)
+        except Exception:  # noqa: BLE001 - a database outage: the next round retries
+            log.warning("could not publish a transparency-log checkpoint; retrying", exc_info=True)
 
 
 def _retrying(store: Store, step: Callable[[Session], T], attempts: int = 5) -> T:
@@ -78,6 +98,8 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
             own_engine = create_engine(settings)
         services = Services(settings=settings, store=own_store, engine=own_engine)
         await asyncio.to_thread(_prepare_provenance, own_store)
+        await asyncio.to_thread(services.publish_checkpoint)
+        publisher = asyncio.create_task(_publish_checkpoints(services))
         await asyncio.to_thread(trgof.warm_up)  # Tr-GoF's compiled tail: no request compiles it
         state["services"] = services
         app.state.services = services
@@ -91,6 +113,11 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
         try:
             yield
         finally:
+            publisher.cancel()
+            try:  # what this process logged is handed to witnesses before it goes
+                await asyncio.to_thread(services.publish_checkpoint, if_older_than=0.0)
+            except Exception:  # noqa: BLE001 - the store may be down at shutdown
+                log.warning("could not publish a last transparency-log checkpoint at shutdown")
             await own_engine.stop()
             if store is None:
                 own_store.close()
@@ -104,7 +131,7 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
     app = FastAPI(title="Hallmark", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     http_errors.install(app)
     openapi.install(app, settings, state)
-    for routes in (generate, openai, detect, generations, provenance, ops, admin):
+    for routes in (generate, openai, detect, generations, provenance, ledger_log, ops, admin):
         app.include_router(routes.router)
     mount_ui(app)
     app.add_middleware(RequestMetrics, services=state)

@@ -214,8 +214,8 @@ def _record(services: Services, prepared: _Prepared, done: Finished) -> Outcome:
                 unwatermarked_reason=_unwatermarked_reason(prepared, done.routes.plain),
                 output_text=done.text, token_ids=done.token_ids, finish_reason=_engine_reason(done.finish_reason),
                 generation_id=prepared.request.request_id, refuse_revoked_key=True,
-                details=_verification(services, prepared, done.token_ids, done.routes.watermarked if plan else 0))
-            _record_kgrams(session, prepared, done.token_ids)
+                details=_verification(services, prepared, done.token_ids, done.routes.watermarked if plan else 0),
+                kgram_set=_kgram_set(prepared, done.token_ids))
     except KeyRevoked:
         log.warning("generation %s withheld: its key was revoked while it generated", prepared.request.request_id)
         raise Unavailable("the watermark key was revoked while this generation ran, so the output is "
@@ -224,16 +224,24 @@ def _record(services: Services, prepared: _Prepared, done: Finished) -> Outcome:
         log.error("provenance record failed for generation %s: %s", prepared.request.request_id, exc.user_message)
         raise Unavailable("the provenance record could not be written, so the output is withheld; "
                           "retry later") from None
+    _logged(services, entry)
     return _outcome(services, prepared, done, entry)
 
 
-def _record_kgrams(session, prepared: _Prepared, token_ids) -> None:
-    """Keyed k-gram digests of watermarked output, in the ledger entry's transaction
-    (:mod:`keys.kgrams`): lets detection match an edited copy to this generation."""
+def _kgram_set(prepared: _Prepared, token_ids) -> tuple[str, set[int]] | None:
+    """Keyed k-gram digests of watermarked output, recorded and committed to with its
+    finished entry (:mod:`keys.kgrams`, :mod:`keys.leaves`): lets detection match an edited
+    copy to this generation, and only as the log holds it."""
     plan = prepared.plan
-    if plan is not None and plan.key_id is not None:
-        kgrams.record(session, tenant_id=prepared.tenant_id, generation_id=prepared.request.request_id,
-                      key_id=plan.key_id, secret=plan.key.secret, token_ids=token_ids)
+    if plan is None or plan.key_id is None:
+        return None
+    return kgrams.kgram_set(plan.key_id, plan.key.secret, token_ids)
+
+
+def _logged(services: Services, entry: GenerationEntry) -> None:
+    """Count a committed append toward the next published checkpoint."""
+    if entry.log is not None:
+        services.logged(entry.log.size)
 
 
 def _engine_reason(reason: str) -> str:
@@ -340,9 +348,10 @@ class _Progress:
             if finish_reason is None:
                 entry = checkpoint_generation(session, **values)
             else:
-                entry = finish_generation(session, finish_reason=finish_reason, details=details, **values)
-                _record_kgrams(session, prepared, values["token_ids"])
+                entry = finish_generation(session, finish_reason=finish_reason, details=details,
+                                          kgram_set=_kgram_set(prepared, values["token_ids"]), **values)
         self.covered = len(self.token_ids)
+        _logged(services, entry)
         return entry
 
     def close_quietly(self, services: Services, prepared: _Prepared, finish_reason: str) -> None:
@@ -357,11 +366,12 @@ def _start(services: Services, prepared: _Prepared) -> None:
     plan = prepared.plan
     try:
         with services.store.transaction() as session:
-            start_generation(session, tenant_id=prepared.tenant_id, key_id=plan.key_id if plan else None,
+            entry = start_generation(session, tenant_id=prepared.tenant_id, key_id=plan.key_id if plan else None,
                              key_version=plan.version if plan else None, engine=services.engine.name,
                              model=services.engine.model_name, spec=prepared.spec,
                              prompt_tokens=len(prepared.request.prompt_ids), unwatermarked_reason=prepared.reason,
                              generation_id=prepared.request.request_id)
+        _logged(services, entry)
     except KeyStoreError as exc:
         log.error("provenance record failed for generation %s: %s", prepared.request.request_id, exc.user_message)
         raise Unavailable("the provenance record could not be written, so nothing is generated; "

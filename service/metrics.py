@@ -35,6 +35,11 @@ class Metrics:
         self.watermark_unverified = Counter(
             "hallmark_watermark_unverified", "Remote outputs whose watermark did not verify before recording.",
             ["engine"], registry=r)
+        self.receipts_unsigned = Counter("hallmark_receipts_unsigned",
+                                         "Generations returned without a receipt (no signing key in the log).",
+                                         registry=r)
+        self.checkpoints_published = Counter("hallmark_log_checkpoints_published",
+                                             "Transparency-log checkpoints this process published.", registry=r)
         self.detections = Counter("hallmark_detections", "Detections by verdict.", ["verdict"], registry=r)
         self.rate_limited = Counter("hallmark_rate_limited", "Requests refused by the rate limit.", ["route"],
                                     registry=r)

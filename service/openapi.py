@@ -63,6 +63,10 @@ _EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/detect"): (404, 409, 413, 429, 503),
     ("get", "/v1/generations/{generation_id}"): (404, 503),
     ("get", "/readyz"): (503,),
+    ("get", "/v1/ledger/checkpoint"): (404, 503),
+    ("get", "/v1/ledger/proof/inclusion"): (404, 503),
+    ("get", "/v1/ledger/proof/inclusion-by-hash"): (404, 503),
+    ("get", "/v1/ledger/proof/consistency"): (404, 503),
 }
 _ADMIN = (400, 404, 409, 503)
 _STREAMING = {("post", "/v1/generate"), ("post", "/v1/completions"), ("post", "/v1/chat/completions")}

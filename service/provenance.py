@@ -39,15 +39,20 @@ def ledger_match(entry: GenerationEntry) -> dict[str, Any]:
             "ledger": {"seq": entry.seq, "entry_hash": entry.entry_hash}, "created_at": entry.created_at.isoformat()}
 
 
+RECEIPT_VERSION = 2
+
+
 def receipt_statement(entry: GenerationEntry, *, fingerprint: str | None) -> dict[str, Any]:
-    """The receipt of ``entry`` (format: :mod:`keys.receipts`)."""
+    """The receipt of ``entry`` (format: :mod:`keys.receipts`): version 2 names the entry's
+    k-gram commitment and its leaf in the transparency log, when the write that returned
+    ``entry`` logged it."""
     share = round(entry.watermarked_tokens / entry.output_tokens, 6) if entry.output_tokens else 0.0
     key = None
     if entry.key_id is not None:
         key = {"key_id": entry.key_id, "version": entry.key_version, "fingerprint": fingerprint,
                "state": entry.key_state}
     return {
-        "type": RECEIPT_TYPE, "version": 1,
+        "type": RECEIPT_TYPE, "version": RECEIPT_VERSION,
         "generation_id": entry.id, "tenant_id": entry.tenant_id, "tenant": entry.tenant,
         "key": key, "spec": entry.spec.public_dict() if entry.spec else None,
         "model": entry.model, "engine": entry.engine,
@@ -57,7 +62,8 @@ def receipt_statement(entry: GenerationEntry, *, fingerprint: str | None) -> dic
         "output_sha256": entry.output_sha256, "token_ids_sha256": entry.token_ids_sha256,
         "output_tokens": entry.output_tokens, "watermarked_tokens": entry.watermarked_tokens,
         "watermarked_share": share, "unwatermarked_reason": entry.unwatermarked_reason,
-        "ledger": {"seq": entry.seq, "entry_hash": entry.entry_hash},
+        "ledger": {"seq": entry.seq, "entry_hash": entry.entry_hash, "kgrams_sha256": entry.kgrams_sha256,
+                   "leaf_index": entry.log.leaf_index if entry.log is not None else None},
     }
 
 

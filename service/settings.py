@@ -107,6 +107,16 @@ class ServiceSettings(BaseSettings):
     """How long opened keys and token lookups are reused: rotation and revocation take
     effect within this time."""
 
+    checkpoint_every_entries: int = Field(default=256, ge=1)
+    """A transparency-log checkpoint is published for witnesses once this many entries are
+    unpublished (HALLMARK_CHECKPOINT_EVERY_ENTRIES)."""
+    checkpoint_every_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """... and at most this many seconds after an entry was logged
+    (HALLMARK_CHECKPOINT_EVERY_SECONDS)."""
+    transparency_log: bool = True
+    """Off only as a benchmark's control arm (bench/log_cost.py): entries are then written
+    without log leaves, so detection never cites them and receipts carry no proof."""
+
     @property
     def token_burst(self) -> float:
         return float(self.tenant_token_burst or self.tenant_tokens_per_minute)

@@ -6,6 +6,10 @@ take this object, so they are callable without HTTP.
 
 from __future__ import annotations
 
+import base64
+import logging
+import threading
+import time
 from dataclasses import dataclass, field
 
 from detector.result import Candidate, KeyInfo
@@ -14,6 +18,7 @@ from keys.material import StoredKey, active_key, detection_keys
 from keys.key_states import with_key_states
 from keys.ledger import GenerationEntry, find_generations_by_output_hash
 from keys.receipts import Signer
+from keys import tlog
 from keys.signing import NoSigningKey, active_signer, public_keyset
 from service.provenance import ledger_match, receipt_statement
 from keys.tenants import get_tenant
@@ -23,6 +28,8 @@ from service.errors import Unavailable
 from service.metrics import Metrics
 from service.limits import TenantLimits, create_buckets
 from service.settings import ServiceSettings
+
+log = logging.getLogger("hallmark.log")
 
 
 def candidate_of(stored: StoredKey) -> Candidate:
@@ -48,6 +55,10 @@ class Services:
         self.tenant_limits = TenantLimits(self.buckets, max_concurrent=settings.tenant_max_concurrent_generations,
                                           tokens_per_minute=settings.tenant_tokens_per_minute,
                                           token_burst=settings.token_burst)
+        self.store.sequencing = settings.transparency_log
+        self._published = -1  # the largest log size this process knows is published
+        self._unpublished_since: float | None = None
+        self._publish_lock = threading.Lock()
 
     def detect_wait(self, token_id: str) -> float:
         """Take one detection from the token's shared budget: 0, or seconds to wait (blocking)."""
@@ -101,12 +112,62 @@ class Services:
 
         return self.key_cache.get_or_load(("keyset",), load)
 
+    def log_authority(self):
+        """The store's log key (opened once; the gateway's start made sure there is one)."""
+        cached = self.store.log_authority(None)
+        if cached is not None:
+            return cached
+        with self.store.transaction(write=False) as session:
+            return tlog.required_authority(session)
+
     def receipt_for(self, entry: GenerationEntry, *, fingerprint: str | None) -> dict | None:
-        """The signed receipt of a recorded generation (None when no signing key exists)."""
+        """The signed receipt of a recorded generation (None when no signing key exists),
+        with its transparency-log proof: a checkpoint of the tree its append committed,
+        signed now (after the commit, never before), and the entry's inclusion proof."""
         signer = self.signer()
         if signer is None:
+            log.error("generation %s: no signing key in the transparency log, so its receipt is null", entry.id)
+            self.metrics.receipts_unsigned.inc()
             return None
-        return signer.sign(receipt_statement(entry, fingerprint=fingerprint))
+        receipt = signer.sign(receipt_statement(entry, fingerprint=fingerprint))
+        if entry.log is not None:
+            position = entry.log
+            receipt["log"] = {"leaf_index": position.leaf_index, "tree_size": position.size,
+                              "checkpoint": tlog.signed_checkpoint(self.log_authority(), position.size, position.root),
+                              "inclusion_proof": [base64.b64encode(h).decode() for h in position.proof]}
+        return receipt
+
+    # --- checkpoints for witnesses ---------------------------------------------------------
+
+    def logged(self, size: int) -> None:
+        """An append of this process committed at log ``size``: publish a checkpoint once
+        :attr:`~service.settings.ServiceSettings.checkpoint_every_entries` entries are
+        unpublished (the background task covers the time bound)."""
+        if self._unpublished_since is None:
+            self._unpublished_since = time.monotonic()
+        if size - self._published >= self.settings.checkpoint_every_entries:
+            self.publish_checkpoint()
+
+    def publish_checkpoint(self, *, if_older_than: float | None = None) -> int | None:
+        """Store a checkpoint of the log as committed now (unless that size is published).
+        ``if_older_than``: only when this process has appended since it last published, at
+        least that many seconds ago. Returns the published size, or None."""
+        if if_older_than is not None and (self._unpublished_since is None
+                                          or time.monotonic() - self._unpublished_since < if_older_than):
+            return None
+        if not self._publish_lock.acquire(blocking=False):
+            return None  # another thread is publishing now
+        try:
+            with self.store.transaction() as session:
+                auth = tlog.required_authority(session)
+                tlog.publish(session, auth)
+                size = tlog.published_size(session)
+            self._published = max(self._published, size)
+            self._unpublished_since = None
+            self.metrics.checkpoints_published.inc()
+            return size
+        finally:
+            self._publish_lock.release()
 
     def sign(self, statement: dict) -> dict | None:
         signer = self.signer()

@@ -1,8 +1,9 @@
-"""Provenance commands: ``ledger verify``, ``receipt verify``, ``signing-keys``, ``kek status``,
-``db grant-service-role``.
+"""Provenance commands: ``receipt verify``, ``signing-keys``, ``kek status``, ``db
+grant-service-role`` (the ``ledger`` commands are in :mod:`service.cli.ledger_cmds`).
 
 ``receipt verify`` needs no database and no KEK: only the receipt, the public keys (a
-``hallmark-keys.json`` file or a gateway's URL) and, optionally, the text.
+``hallmark-keys.json`` file or a gateway's https URL), the log key the verifier pinned and,
+optionally, the text.
 """
 
 from __future__ import annotations
@@ -35,33 +36,6 @@ def _actor() -> str:
 # --- ledger ------------------------------------------------------------------------------
 
 
-@ledger_app.command("verify")
-@_domain_errors
-def ledger_verify(tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this tenant's chain."),
-                  as_json: bool = JSON_OPTION) -> None:
-    """Walk the hash chain(s); exit 1 naming the first modified, deleted, inserted or
-    reordered entry of each broken chain."""
-    from keys.ledger import verify_chain
-    from keys.tenants import get_tenant
-
-    with cli_store() as store, store.transaction(write=False) as session:
-        tenant_id = get_tenant(session, name=tenant).id if tenant is not None else None
-        report = verify_chain(session, tenant_id=tenant_id)
-    if as_json:
-        emit(report.to_dict(), True)
-    else:
-        for head in report.heads:
-            typer.echo(f"tenant {head.tenant}: {head.entries} entries, head seq {head.head_seq} "
-                       f"hash {head.head_hash}")
-    if not report.ok:
-        if not as_json:
-            for problem in report.problems:
-                typer.echo(f"error: ledger chain broken at {problem}", err=True)
-        raise typer.Exit(1)
-    if not as_json:
-        typer.echo(f"ok: {len(report.heads)} chain(s) intact")
-
-
 # --- receipts ----------------------------------------------------------------------------
 
 
@@ -79,25 +53,42 @@ def _keyset(keys: Optional[Path], url: Optional[str]) -> dict[str, Any]:
         raise CliError("give the public keys: --keys hallmark-keys.json or --url https://gateway")
     if keys is not None:
         return _load_json(keys, "key set")
-    import httpx
+    from service.cli.remote import fetch
 
-    target = url.rstrip("/") + "/.well-known/hallmark-keys.json"
+    return fetch(url, "/.well-known/hallmark-keys.json")
+
+
+def trusted_keyset(keys: Optional[Path], url: Optional[str], trust_log_key: Optional[Path]):
+    """The key set's keys that the pinned log holds (keys.keyset.trusted_keys); what every
+    verifying command (receipts, reports) checks signatures with."""
+    from keys.keyset import trusted_keys
+    from keys.receipts import ReceiptInvalid
+    from service.cli.trust import trusted_log_key
+
+    if url is not None:  # checked before the log key, so a bad URL fails first whatever else is given
+        from service.cli.remote import base_url
+
+        base_url(url)
+    log_key = trusted_log_key(trust_log_key)
+    if log_key is None:
+        raise CliError("give the log key you trust: --trust-log-key FILE (its verifier key, or your witness "
+                       "state); `hallmark ledger checkpoint --json` prints it as log_key")
     try:
-        response = httpx.get(target, timeout=10.0)
-        response.raise_for_status()
-        return response.json()
-    except (httpx.HTTPError, ValueError) as exc:
-        raise CliError(f"cannot fetch the public keys from {target}: {type(exc).__name__}") from None
+        return trusted_keys(_keyset(keys, url), log_key)
+    except ReceiptInvalid as exc:
+        raise CliError(f"key set rejected: {exc}") from None
 
 
 @receipt_app.command("verify")
 def receipt_verify(receipt: Path = typer.Argument(..., help="The receipt (JSON; a whole generation response works too)."),
                    text_file: Optional[Path] = typer.Option(None, "--text", help="Check that this file's text is the one attested."),
                    keys: Optional[Path] = typer.Option(None, "--keys", help="Public keys (hallmark-keys.json)."),
-                   url: Optional[str] = typer.Option(None, "--url", help="Gateway base URL to fetch the public keys from."),
+                   url: Optional[str] = typer.Option(None, "--url", help="Gateway base URL (https://) to fetch the public keys from."),
+                   trust_log_key: Optional[Path] = typer.Option(None, "--trust-log-key", help="The log key you pinned (verifier key file or witness state)."),
                    as_json: bool = JSON_OPTION) -> None:
-    """Verify a receipt offline: signature, signing key id and (with --text) the text."""
-    from keys.receipts import ReceiptInvalid, public_keys, verify_receipt
+    """Verify a receipt offline: the signature by a key the pinned log holds, within its
+    window; the entry's inclusion in the log; and (with --text) the text."""
+    from keys.receipts import ReceiptInvalid, verify_receipt
 
     document = _load_json(receipt, "receipt")
     if isinstance(document, dict) and "statement" not in document:
@@ -109,21 +100,28 @@ def receipt_verify(receipt: Path = typer.Argument(..., help="The receipt (JSON; 
             text = text_file.read_bytes().decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise CliError(f"cannot read {text_file} as UTF-8 text: {type(exc).__name__}") from None
+    trusted = trusted_keyset(keys, url, trust_log_key)
     try:
-        statement = verify_receipt(document, public_keys(_keyset(keys, url)), text=text)
+        statement = verify_receipt(document, trusted, text=text)
     except ReceiptInvalid as exc:
         raise CliError(f"receipt rejected: {exc}") from None
     summary = (f"ok: receipt of generation {statement['generation_id']} (tenant {statement['tenant']}, "
-               f"ledger seq {statement['ledger']['seq']}) signed by {document['signature']['kid']}"
+               f"ledger seq {statement['ledger']['seq']}, log leaf {statement['ledger'].get('leaf_index')}) "
+               f"signed by {document['signature']['kid']}; in the log {trusted.log_key.name}"
                + ("; the text matches" if text is not None else ""))
-    emit({"valid": True, "text_matches": True if text is not None else None, "statement": statement}, as_json, summary)
+    emit({"valid": True, "text_matches": True if text is not None else None, "statement": statement,
+          "log": {"origin": trusted.log_key.name, "leaf_index": statement["ledger"].get("leaf_index")}},
+         as_json, summary)
 
 
 # --- signing keys ------------------------------------------------------------------------
 
 
 def _signing_line(info: Any) -> str:
-    return f"{info.kid}  {info.state:<8} kek {info.kek_id}  created {info.created_at.isoformat()}"
+    window = f"{info.created_at.isoformat()} .. {info.retired_at.isoformat() if info.retired_at else ''}"
+    flags = ("" if info.logged else "  NOT IN THE LOG") + ("" if info.consistent or not info.logged else
+                                                            "  ROW DIFFERS FROM THE LOG")
+    return f"{info.kid}  {info.state:<8} kek {info.kek_id}  valid {window}{flags}"
 
 
 @signing_app.command("create")
@@ -149,6 +147,21 @@ def signing_rotate(as_json: bool = JSON_OPTION) -> None:
          f"signing key {new.kid} active" + (f"; {retired.kid} retired (still published)" if retired else ""))
 
 
+@signing_app.command("revoke")
+@_domain_errors
+def signing_revoke(kid: str = typer.Argument(..., help="The signing key's id (sk_...)."),
+                   reason: str = typer.Option(..., "--reason", help="Why (e.g. 'leaked'); logged and published."),
+                   as_json: bool = JSON_OPTION) -> None:
+    """Revoke a signing key (its private key is compromised): verifiers refuse everything it
+    signed. Revoking the active key makes a new one active."""
+    from keys.signing import revoke_signing_key
+
+    with cli_store(require_kek=True) as store, store.transaction() as session:
+        revoked, new = revoke_signing_key(session, store.keyring, kid=kid, reason=reason, actor=_actor())
+    emit({"revoked": revoked.to_dict(), "new": new.to_dict() if new else None}, as_json,
+         f"signing key {revoked.kid} revoked" + (f"; {new.kid} active" if new else ""))
+
+
 @signing_app.command("list")
 @_domain_errors
 def signing_list(as_json: bool = JSON_OPTION) -> None:
@@ -168,7 +181,7 @@ def signing_export_public(
     """Print the public key set (what /.well-known/hallmark-keys.json serves)."""
     from keys.signing import public_keyset
 
-    with cli_store() as store, store.transaction(write=False) as session:
+    with cli_store(require_kek=True) as store, store.transaction(write=False) as session:
         typer.echo(json.dumps(public_keyset(session), indent=2))
 
 

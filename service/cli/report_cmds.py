@@ -2,7 +2,8 @@
 checks a receipt (the format: :mod:`keys.reports`).
 
 No database and no KEK: only the report, the public keys (a ``hallmark-keys.json`` file or
-a gateway's URL) and, optionally, the text or token ids it should be about.
+a gateway's https URL), the log key the verifier pinned and, optionally, the text or token
+ids it should be about.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Optional
 import typer
 
 from service.cli.app import JSON_OPTION, CliError, app, emit
-from service.cli.provenance import _keyset, _load_json
+from service.cli.provenance import _load_json, trusted_keyset
 
 report_app = typer.Typer(no_args_is_help=True, help="Signed detection reports.")
 app.add_typer(report_app, name="report")
@@ -49,20 +50,24 @@ def report_verify(
     token_ids_file: Optional[Path] = typer.Option(None, "--token-ids-file",
                                                   help="Check that the report is about these token ids (a JSON array)."),
     keys: Optional[Path] = typer.Option(None, "--keys", help="Public keys (hallmark-keys.json)."),
-    url: Optional[str] = typer.Option(None, "--url", help="Gateway base URL to fetch the public keys from."),
+    url: Optional[str] = typer.Option(None, "--url", help="Gateway base URL (https://) to fetch the public keys from."),
+    trust_log_key: Optional[Path] = typer.Option(None, "--trust-log-key",
+                                                 help="The log key you pinned (verifier key file or witness state)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Verify a detection report offline: signature and signing key, the format's own
     consistency (detector id, verdict against threshold), and with --text-file or
     --token-ids-file that it is about that input. Prints what the report says was checked."""
     from keys.reports import verify_report
-    from keys.receipts import ReceiptInvalid, public_keys
+    from keys.receipts import ReceiptInvalid
 
     document = _report_of(_load_json(report, "report"))
     text = _read_text(text_file) if text_file is not None else None
     token_ids = _read_token_ids(token_ids_file) if token_ids_file is not None else None
     try:
-        check = verify_report(document, public_keys(_keyset(keys, url)), text=text, token_ids=token_ids)
+        # Keys as the pinned log holds them: a key it does not hold, a revoked one, or a report
+        # dated outside its key's window is refused (keys.keyset, keys.receipts.check_window).
+        check = verify_report(document, trusted_keyset(keys, url, trust_log_key), text=text, token_ids=token_ids)
     except ReceiptInvalid as exc:
         raise CliError(f"report rejected: {exc}") from None
     statement = check.statement

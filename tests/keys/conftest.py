@@ -39,7 +39,8 @@ PG_ADMIN_URL = os.environ.get("HALLMARK_TEST_POSTGRES_URL",
                               "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REQUIRE_POSTGRES = os.environ.get("HALLMARK_REQUIRE_POSTGRES") == "1"
 RUN_ID = secrets.token_hex(4)
-APP_TABLES = ("tenants", "watermark_keys", "api_tokens", "ledger_entries", "audit_events", "signing_keys")
+APP_TABLES = ("tenants", "watermark_keys", "api_tokens", "ledger_entries", "audit_events", "signing_keys",
+              "ledger_kgrams", "log_keys", "log_leaves", "log_nodes", "log_checkpoints")
 _ENV_VARS = ("HALLMARK_DATABASE_URL", "HALLMARK_KEK", "HALLMARK_KEK_FILE", "HALLMARK_ACTOR",
              "HALLMARK_KEK_PREVIOUS", "HALLMARK_KEK_PREVIOUS_FILE",
              "HALLMARK_BUSY_TIMEOUT_MS")
@@ -153,6 +154,7 @@ class PgDatabase:
             connection.exec_driver_sql(f"TRUNCATE {', '.join(APP_TABLES)} RESTART IDENTITY CASCADE")
             connection.exec_driver_sql("SET session_replication_role = DEFAULT")
             connection.exec_driver_sql("UPDATE store_kek SET kek_id = NULL, changed_at = NULL")
+            connection.exec_driver_sql("UPDATE log_head SET size = 0, border = '', mac = NULL, updated_at = NULL")
             connection.execute(text("UPDATE alembic_version SET version_num = :head"),
                                {"head": migrate.head_revision()})
         return self.url

@@ -26,6 +26,32 @@ def test_sqlite_runs_wal_with_foreign_keys_and_a_busy_timeout(tmp_path):
         engine.dispose()
 
 
+def test_a_new_sqlite_database_and_its_wal_and_shm_are_readable_by_this_user_only(tmp_path, monkeypatch, capsys):
+    """Issue 21: `hallmark db upgrade` created the database and its WAL 0644 (every local
+    user could read wrapped keys, token hashes and the ledger). Now 0600, whatever the umask."""
+    from keys.kek import Kek
+    from tests.keys.conftest import Cli
+
+    path = tmp_path / "var" / "hallmark.db"
+    old = os.umask(0o022)
+    try:
+        Cli(monkeypatch, capsys).ok("db", "upgrade", HALLMARK_DATABASE_URL=f"sqlite:///{path}",
+                                    HALLMARK_KEK=Kek.generate().to_base64())
+        store = open_store(StoreSettings(database_url=f"sqlite:///{path}"))
+        try:
+            with store.transaction() as session:  # a write: the -wal and -shm files exist now
+                create_tenant(session, name="acme", actor="test")
+            found = {p.name: oct(p.stat().st_mode & 0o777) for p in path.parent.iterdir()}
+        finally:
+            store.close()
+    finally:
+        os.umask(old)
+    assert found["hallmark.db"] == "0o600"
+    assert {found.get("hallmark.db-wal", "0o600"), found.get("hallmark.db-shm", "0o600")} == {"0o600"}
+    assert "hallmark.db-wal" in found and "hallmark.db-shm" in found
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+
+
 def test_sqlite_foreign_keys_are_enforced(sqlite_url):
     store = open_store(StoreSettings(database_url=sqlite_url))
     try:

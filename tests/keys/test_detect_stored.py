@@ -49,9 +49,8 @@ def _record(store, cli, tenant: str, key_id: str, key: WatermarkKey, tokens: lis
     with store.transaction() as session:
         entry = record_generation(session, tenant_id=tenant_id, key_id=key_id, key_version=1, engine="local",
                                   model="m", spec=key.spec, prompt_tokens=1, watermarked_tokens=len(tokens),
-                                  unwatermarked_reason=None, output_text=text, token_ids=tokens)
-        kgrams.record(session, tenant_id=tenant_id, generation_id=entry.id, key_id=key_id, secret=key.secret,
-                      token_ids=tokens)
+                                  unwatermarked_reason=None, output_text=text, token_ids=tokens,
+                                  kgram_set=kgrams.kgram_set(key_id, key.secret, tokens))
     return entry.id
 
 

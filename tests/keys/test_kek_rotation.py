@@ -54,7 +54,7 @@ def test_rotation_rewraps_everything_and_retires_the_old_kek(store, populated):
         (event,) = list_audit(session, action="kek.rotated")
     assert event.actor == ACTOR and event.tenant_id is None
     assert event.details == {"previous_kek_ids": [old.primary.id], "new_kek_id": new.id, "rewrapped_keys": 3,
-                             "rewrapped_signing_keys": 0}
+                             "rewrapped_signing_keys": 0, "rewrapped_log_keys": 0}
     # Even told which row to use, the old KEK does not authenticate the new ciphertexts.
     forged_ring = Keyring([Kek(old.primary.material)])
     with store.transaction() as session:

@@ -24,10 +24,9 @@ def _generate(store, tenant, key, tokens):
         entry = record_generation(session, tenant_id=tenant.id, key_id=key.key_id, key_version=key.version,
                                   engine="local", model="tiny", spec=key.spec, prompt_tokens=3,
                                   watermarked_tokens=len(tokens), unwatermarked_reason=None,
-                                  output_text="x", token_ids=tokens)
-        stored = kgrams.record(session, tenant_id=tenant.id, generation_id=entry.id, key_id=key.key_id,
-                               secret=key.material.secret, token_ids=tokens)
-    return entry.id, stored
+                                  output_text="x", token_ids=tokens,
+                                  kgram_set=kgrams.kgram_set(key.key_id, key.material.secret, tokens))
+    return entry.id, len(kgrams.digests(tokens, key.material.secret))
 
 
 def test_edited_copy_matches_its_generation_only(store, setup):

@@ -20,6 +20,8 @@ from keys.errors import InvalidTransition, UnwrapError
 from keys.kek import Kek, Keyring
 from keys.kek_rotation import rotate_kek
 from keys.receipts import ReceiptInvalid, Signer, b64url, key_id_of, public_keys, signed_bytes, verify_receipt
+from keys.keyset import trusted_keys
+from keys.note import NoteSigner
 from keys.signing import (active_signer, create_signing_key, list_signing_keys, public_keyset,
                           rotate_signing_key)
 
@@ -123,23 +125,18 @@ def _fresh_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-def test_receipt_verify_offline_in_a_fresh_process(tmp_path):
-    keys, receipt, text_file = DATA / "receipt-v1-keys.json", DATA / "receipt-v1.json", DATA / "receipt-v1.txt"
-    ok = _fresh_cli("receipt", "verify", str(receipt), "--text", str(text_file), "--keys", str(keys), cwd=tmp_path)
-    assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.startswith("ok: receipt of generation 0123456789abcdef0123456789abcdef") and "text matches" in ok.stdout
-    altered_text = tmp_path / "altered.txt"
-    altered_text.write_text(GOLDEN_TEXT.replace("golden", "gilded"))
-    tampered = tmp_path / "tampered.json"
-    tampered.write_text(json.dumps(_tampered(("statement", "tenant"), "globex")))
-    for args, reason in [
-        ((str(receipt), "--text", str(altered_text), "--keys", str(keys)), "the text does not match"),
-        ((str(tampered), "--keys", str(keys)), "bad signature"),
-    ]:
-        refused = _fresh_cli("receipt", "verify", *args, cwd=tmp_path)
-        lines = refused.stderr.strip().splitlines()
-        assert refused.returncode == 1 and refused.stdout == "" and len(lines) == 1, refused.stderr
-        assert lines[0].startswith("error: receipt rejected: ") and reason in lines[0]
+def test_a_key_set_from_before_the_log_is_not_trusted_by_the_cli(tmp_path):
+    """The v1 golden key set names its key but no log holds it: `receipt verify` refuses it
+    (one line), in a fresh process with no database, and asks for a pinned log key first."""
+    keys, receipt = DATA / "receipt-v1-keys.json", DATA / "receipt-v1.json"
+    unpinned = _fresh_cli("receipt", "verify", str(receipt), "--keys", str(keys), cwd=tmp_path)
+    assert unpinned.returncode == 1 and "--trust-log-key" in unpinned.stderr and unpinned.stdout == ""
+    vkey = tmp_path / "log.vkey"
+    vkey.write_text(NoteSigner("example.com/log", Ed25519PrivateKey.generate()).verifier.vkey + "\n")
+    refused = _fresh_cli("receipt", "verify", str(receipt), "--keys", str(keys), "--trust-log-key", str(vkey),
+                         cwd=tmp_path)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 1 and len(lines) == 1 and "no transparency-log checkpoint" in lines[0]
 
 
 def test_signing_keys_in_the_store(store, kek):
@@ -158,10 +155,16 @@ def test_signing_keys_in_the_store(store, kek):
     assert signer.kid == new.kid and "private" not in repr(signer).lower()
     assert {k["kid"]: k["state"] for k in published["keys"]} == {first.kid: "retired", new.kid: "active"}
     assert all("kek_id" not in k for k in published["keys"])
-    assert actions == ["signing_key.created", "signing_key.rotated"]
-    assert {i.kek_id for i in infos} == {kek.id}
-    statement = {"type": "hallmark.receipt", "version": 1, "output_sha256": "0" * 64}
-    assert verify_receipt(signer.sign(statement), public_keys(published)) == statement
+    assert actions == ["log_key.created", "signing_key.created", "signing_key.rotated"]
+    assert {i.kek_id for i in infos} == {kek.id} and all(i.logged and i.consistent for i in infos)
+    statement = {"type": "hallmark.report", "version": 1, "created_at": published["keys"][1]["not_before"]}
+    from keys.note import Verifier
+
+    trusted = trusted_keys(published, Verifier.parse(published["log"]["vkey"]))
+    assert set(trusted) == {first.kid, new.kid}
+    from keys.receipts import verify_signed
+
+    assert verify_signed(signer.sign(statement), trusted) == statement
     # KEK rotation re-wraps signing keys too; the old KEK opens nothing.
     new_kek = Kek.generate()
     with store.transaction() as session:
@@ -186,6 +189,13 @@ def test_signing_keys_cli(cli):
     assert rotated["retired"]["kid"] == created["kid"]
     listed = cli.ok("signing-keys", "list", "--json").json()
     assert [k["state"] for k in listed] == ["retired", "active"]
+    assert all(k["logged"] and k["consistent"] for k in listed) and listed[0]["not_after"] is not None
     exported = json.loads(cli.ok("signing-keys", "export-public").stdout)
     assert {k["kid"] for k in exported["keys"]} == {created["kid"], rotated["new"]["kid"]}
     assert "already active" in cli.fails("signing-keys", "create").stderr
+    revoked = cli.ok("signing-keys", "revoke", created["kid"], "--reason", "leaked", "--json").json()
+    assert revoked["revoked"]["state"] == "revoked" and revoked["new"] is None  # it was retired already
+    assert "already revoked" in cli.fails("signing-keys", "revoke", created["kid"], "--reason", "again").stderr
+    assert "reason" in cli.fails("signing-keys", "revoke", rotated["new"]["kid"], "--reason", " ").stderr
+    audit = [e["action"] for e in cli.ok("audit", "list", "--json").json()]
+    assert "signing_key.revoked" in audit and "log_key.created" in audit

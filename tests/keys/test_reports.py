@@ -159,9 +159,22 @@ def test_a_version_1_report_verifies_and_says_so():
 
 
 def test_report_verify_offline_in_a_fresh_process(tmp_path):
+    from datetime import datetime, timezone
+
+    from tests.keys.logged_keyset import logged_keyset
+
     report, text = DATA / "report-v2.json", DATA / "report-v2.txt"
+    # The golden signer, as a log holds it (trust comes from the pinned log, keys.keyset).
+    keyset, vkey = logged_keyset(_golden_signer(), not_before=datetime(2026, 12, 1, tzinfo=timezone.utc))
+    KEYS = tmp_path / "logged-keys.json"  # noqa: N806 - shadows the module's unlogged key set on purpose
+    KEYS.write_text(json.dumps(keyset))
+    (tmp_path / "log.vkey").write_text(vkey + "\n")
+    pin = ("--trust-log-key", str(tmp_path / "log.vkey"))
+    unlogged = _fresh_cli("report", "verify", str(report), "--keys", str(DATA / "receipt-v1-keys.json"), *pin,
+                          cwd=tmp_path)
+    assert unlogged.returncode == 1 and "no transparency-log checkpoint" in unlogged.stderr
     ok = _fresh_cli("report", "verify", str(report), "--text-file", str(text), "--token-ids-file",
-                    str(DATA / "report-v2.token-ids.json"), "--keys", str(KEYS), cwd=tmp_path)
+                    str(DATA / "report-v2.token-ids.json"), "--keys", str(KEYS), *pin, cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith("ok: detection report of 2026-12-02T18:45:03.250000Z: watermarked: passes the "
                                 "threshold 1e-06 under one of the 2 keys of tenant acme; basis watermark; "
@@ -172,7 +185,7 @@ def test_report_verify_offline_in_a_fresh_process(tmp_path):
     response = tmp_path / "response.json"
     response.write_text(json.dumps({"watermarked": True, "report": json.loads(report.read_text())}))
     as_json = _fresh_cli("report", "verify", str(response), "--text", str(text), "--keys", str(KEYS), "--json",
-                         cwd=tmp_path)
+                         *pin, cwd=tmp_path)
     assert as_json.returncode == 0, as_json.stderr
     out = json.loads(as_json.stdout)
     assert out["valid"] and out["text_matches"] and out["token_ids_match"] is None and out["version"] == 2
@@ -188,13 +201,15 @@ def test_report_verify_offline_in_a_fresh_process(tmp_path):
     other_keys = tmp_path / "other-keys.json"
     other_keys.write_text(json.dumps({"keys": [{"kid": key_id_of(other), "alg": "Ed25519",
                                                 "public_key": b64url(other), "state": "active"}]}))
+    other_keys.write_text(json.dumps({**keyset, "keys": json.loads(other_keys.read_text())["keys"]}))
     for args, reason in [
-        ((str(report), "--text-file", str(other_text), "--keys", str(KEYS)), "the text does not match the report"),
-        ((str(tampered), "--keys", str(KEYS)), "bad signature"),
-        ((str(report), "--keys", str(other_keys)), "unknown signing key"),
-        ((str(DATA / "receipt-v1.json"), "--keys", str(KEYS)), "not a 'hallmark.detection_report'"),
-        ((str(tmp_path / "missing.json"), "--keys", str(KEYS)), "does not exist"),
-        ((str(report),), "give the public keys"),
+        ((str(report), "--text-file", str(other_text), "--keys", str(KEYS), *pin), "the text does not match the report"),
+        ((str(tampered), "--keys", str(KEYS), *pin), "bad signature"),
+        ((str(report), "--keys", str(other_keys), *pin), "unknown signing key"),
+        ((str(DATA / "receipt-v1.json"), "--keys", str(KEYS), *pin), "not a 'hallmark.detection_report'"),
+        ((str(tmp_path / "missing.json"), "--keys", str(KEYS), *pin), "does not exist"),
+        ((str(report), *pin), "give the public keys"),
+        ((str(report), "--keys", str(KEYS)), "--trust-log-key"),
     ]:
         refused = _fresh_cli("report", "verify", *args, cwd=tmp_path)
         lines = refused.stderr.strip().splitlines()

@@ -16,7 +16,11 @@ from keys.errors import InvalidInput
 from keys.kek import Kek
 from keys.ledger import get_generation, record_generation, verify_chain
 from keys.lifecycle import create_key
+from keys.errors import InvalidTransition
+from keys.log_key import LogKeyError
 from keys.roles import grant_service_role
+from keys.signing import active_signer, create_signing_key, rotate_signing_key
+from keys.tlog import ensure_log, publish, required_authority
 from keys.settings import StoreSettings
 from keys.tenants import create_tenant
 from tests.keys.conftest import Cli, assert_refused
@@ -49,16 +53,27 @@ def test_the_service_role_can_append_but_never_rewrite(owned_database, monkeypat
     granted = cli.ok("db", "grant-service-role", role, "--json",
                      HALLMARK_DATABASE_URL=url, HALLMARK_KEK=kek.to_base64()).json()
     assert granted["ledger_entries"] == "SELECT, INSERT" and granted["audit_events"] == "SELECT, INSERT"
-    assert granted["watermark_keys"] == "SELECT"
+    assert granted["watermark_keys"] == "SELECT" and granted["signing_keys"] == "SELECT"
+    assert granted["ledger_kgrams"] == granted["log_leaves"] == granted["log_nodes"] == "SELECT, INSERT"
+    assert granted["log_keys"] == "SELECT" and granted["log_head"] == "SELECT, UPDATE"
+    service_url = make_url(url).set(username=role).render_as_string(hide_password=False)
+    # Before the owner sets the log up, the service can neither create its key nor write unlogged.
+    service = open_store(StoreSettings(database_url=service_url, kek=SecretStr(kek.to_base64())), require_kek=True)
+    try:
+        with pytest.raises(LogKeyError, match="ledger init"):
+            with service.transaction() as session:
+                ensure_log(session, service.keyring, actor="test")
+    finally:
+        service.close()
     owner = open_store(StoreSettings(database_url=url, kek=SecretStr(kek.to_base64())), require_kek=True)
     try:
         with owner.transaction() as session:
             tenant = create_tenant(session, name="acme", actor="test")
             create_key(session, owner.keyring, tenant="acme", actor="test")
+            create_signing_key(session, owner.keyring, actor="test")  # logs the log key's creation too
     finally:
         owner.close()
 
-    service_url = make_url(url).set(username=role).render_as_string(hide_password=False)
     service = open_store(StoreSettings(database_url=service_url, kek=SecretStr(kek.to_base64())), require_kek=True)
     try:
         with service.transaction() as session:  # the service's own work: append and read
@@ -68,6 +83,14 @@ def test_the_service_role_can_append_but_never_rewrite(owned_database, monkeypat
         with service.transaction(write=False) as session:
             assert get_generation(session, generation_id=entry.id, tenant_id=tenant.id) is not None
             assert verify_chain(session).ok
+            assert active_signer(session, service.keyring) is not None
+        with service.transaction() as session:  # and publish checkpoints
+            publish(session, required_authority(session))
+        # Signing keys are the owner's: the service role can neither create nor rotate one.
+        for change in (create_signing_key, rotate_signing_key):
+            with pytest.raises(InvalidTransition, match="may not write signing keys"):
+                with service.transaction() as session:
+                    change(session, service.keyring, actor="test")
     finally:
         service.close()
 
@@ -86,6 +109,22 @@ def test_the_service_role_can_append_but_never_rewrite(owned_database, monkeypat
         "ALTER TABLE audit_events DISABLE TRIGGER ALL",
         "UPDATE watermark_keys SET state = 'revoked'",
         "DELETE FROM api_tokens",
+        # The attacks through this role: a backdated "retired" signing key, retiring
+        # the active one, erasing k-gram rows; and the log's own tables.
+        "INSERT INTO signing_keys (id, public_key, wrapped_private, nonce, kek_id, state, created_at, retired_at) "
+        "VALUES ('sk_forged', 'x', 'x', 'x', 'x', 'retired', now() - interval '300 days', now() - interval '200 days')",
+        "UPDATE signing_keys SET state = 'retired', retired_at = now()",
+        "DELETE FROM signing_keys",
+        "DELETE FROM ledger_kgrams",
+        "UPDATE ledger_kgrams SET digest = 1",
+        "INSERT INTO log_keys (id, origin, public_key, wrapped_private, nonce, kek_id, created_at) "
+        "VALUES (2, 'x', 'x', 'x', 'x', 'x', now())",
+        "UPDATE log_keys SET origin = 'evil.example/log'",
+        "UPDATE log_leaves SET kind = 'entry'",
+        "DELETE FROM log_leaves",
+        "TRUNCATE log_nodes",
+        "DELETE FROM log_checkpoints",
+        "DELETE FROM log_head",
     ]
     assert_refused(service_url, attacks, "permission denied|must be owner|append-only")
     with create_engine(url).connect() as connection:

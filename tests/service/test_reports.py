@@ -150,11 +150,13 @@ def test_report_verify_against_the_running_gateway(server, generated, tmp_path):
         return subprocess.run([sys.executable, "-m", "service.cli", "report", "verify", *args], env=env,
                               capture_output=True, text=True, timeout=120, cwd=tmp_path)
 
-    ok = cli(str(saved), "--url", server.url, "--text-file", str(text))
+    vkey = tmp_path / "log.vkey"  # the log key, pinned (here from the gateway itself: first use)
+    vkey.write_text(httpx.get(server.url + "/.well-known/hallmark-keys.json").json()["log"]["vkey"] + "\n")
+    ok = cli(str(saved), "--url", server.url, "--text-file", str(text), "--trust-log-key", str(vkey))
     assert ok.returncode == 0, ok.stderr
     assert "watermarked: passes the threshold 1e-06 under one of the 1 key of tenant acme" in ok.stdout
     assert ok.stdout.rstrip().endswith("; the text matches")
-    wrong = cli(str(saved), "--url", server.url, "--text-file", str(other))
+    wrong = cli(str(saved), "--url", server.url, "--text-file", str(other), "--trust-log-key", str(vkey))
     assert wrong.returncode == 1 and wrong.stderr.count("\n") == 1
     assert wrong.stderr.startswith("error: report rejected: the text does not match the report")
 

@@ -156,10 +156,16 @@ def test_record_before_first_token_checkpoints_and_generation_id_everywhere(serv
     sent_ids = [t for e in events if e["type"] == "delta" for t in e["token_ids"]]
     for entry in entries[1:-1]:
         assert entry.token_ids_sha256 == hash_token_ids(sent_ids[:entry.output_tokens])
-    # The receipt in the done event verifies against the published keys, with the text.
+    # The receipt in the done event verifies against the published keys, with the text, and
+    # its final entry is in the transparency log (the proof it carries).
+    from keys.keyset import trusted_keys
+    from keys.note import Verifier
+
     keyset = httpx.get(server.url + "/.well-known/hallmark-keys.json").json()
     done = events[-1]
-    statement = verify_receipt(done["receipt"], public_keys(keyset), text=done["text"])
+    statement = verify_receipt(done["receipt"], trusted_keys(keyset, Verifier.parse(keyset["log"]["vkey"])),
+                               text=done["text"])
+    assert done["receipt"]["log"]["leaf_index"] == statement["ledger"]["leaf_index"]
     assert statement["ledger"]["seq"] == entries[-1].seq and statement["ledger"]["entry_hash"] == entries[-1].entry_hash
     assert statement["token_ids_sha256"] == hash_token_ids(done["token_ids"]) and statement["finish_reason"] == "length"
 

@@ -1,5 +1,6 @@
 // Verifying Hallmark's signed documents (generation receipts, detection reports) in the
-// browser, with WebCrypto's Ed25519 and the public keys at /.well-known/hallmark-keys.json.
+// browser, with WebCrypto's Ed25519 and SHA-256: the signing keys at
+// /.well-known/hallmark-keys.json are trusted only as the transparency log holds them.
 //
 // A signature covers `${type}/v${version}\n` + the canonical JSON of the statement (keys
 // sorted, no whitespace, UTF-8, numbers exactly as Python writes them). JSON.parse would
@@ -71,15 +72,143 @@ function unb64url(text) {
   return Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
 }
 
+// --- the transparency log: which signing keys to trust, and whether an entry is logged ---
+//
+// A signing key is trusted only if the key set's checkpoint is signed by the pinned log key
+// and the key's latest logged event is included in it (the same checks as keys/keyset.py);
+// its window and revocation are the event's. The log key is pinned in this browser on first
+// use (localStorage) and a key set signed by another log key is refused from then on.
+
+const LOG_KEY_PIN = "hallmark.logKey";
 let keySet = null;
 
-async function publicKeys() {
+function b64(text) { return Uint8Array.from(atob(text), (c) => c.charCodeAt(0)); }
+function concat(...parts) {
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  let i = 0;
+  for (const p of parts) { out.set(p, i); i += p.length; }
+  return out;
+}
+async function sha256(bytes) { return new Uint8Array(await crypto.subtle.digest("SHA-256", bytes)); }
+function same(a, b) { return a.length === b.length && a.every((x, i) => x === b[i]); }
+const leafHash = (data) => sha256(concat(new Uint8Array([0]), data));
+const nodeHash = (l, r) => sha256(concat(new Uint8Array([1]), l, r));
+
+// RFC 9162 2.1.3.2: the root an inclusion proof makes of a leaf hash.
+async function rootFromInclusion(index, size, leaf, proof) {
+  if (!(index >= 0 && index < size)) throw new Error(`leaf ${index} is not in a tree of size ${size}`);
+  let fn = index, sn = size - 1, r = leaf;
+  for (const p of proof) {
+    if (sn === 0) throw new Error("the inclusion proof is too long");
+    if (fn % 2 === 1 || fn === sn) {
+      r = await nodeHash(p, r);
+      if (fn % 2 === 0) while (fn !== 0 && fn % 2 === 0) { fn = Math.floor(fn / 2); sn = Math.floor(sn / 2); }
+    } else {
+      r = await nodeHash(r, p);
+    }
+    fn = Math.floor(fn / 2); sn = Math.floor(sn / 2);
+  }
+  if (sn !== 0) throw new Error("the inclusion proof is too short");
+  return r;
+}
+
+function parseVkey(vkey) {
+  const first = vkey.indexOf("+"), second = vkey.indexOf("+", first + 1);
+  if (first < 1 || second < 0) throw new Error("not a log key");
+  const raw = b64(vkey.slice(second + 1));
+  if (raw.length !== 33 || raw[0] !== 1) throw new Error("not an Ed25519 log key");
+  return { name: vkey.slice(0, first), id: vkey.slice(first + 1, second), publicKey: raw.slice(1), vkey };
+}
+
+// A C2SP checkpoint signed by `logKey`: {size, root}; throws with the reason otherwise.
+async function openCheckpoint(note, logKey) {
+  const split = note.lastIndexOf("\n\n");
+  if (split < 0) throw new Error("the checkpoint is not a signed note");
+  const text = note.slice(0, split + 1);
+  const id = Array.from((await sha256(concat(new TextEncoder().encode(logKey.name + "\n"), new Uint8Array([1]), logKey.publicKey))).slice(0, 4), (b) => b.toString(16).padStart(2, "0")).join("");
+  const key = await crypto.subtle.importKey("raw", logKey.publicKey, { name: "Ed25519" }, false, ["verify"]);
+  let good = false;
+  for (const line of note.slice(split + 2).split("\n").filter(Boolean)) {
+    const m = /^\u2014 (\S+) (\S+)$/.exec(line);
+    if (!m) throw new Error("a checkpoint signature line is malformed");
+    const raw = b64(m[2]);
+    const lineId = Array.from(raw.slice(0, 4), (b) => b.toString(16).padStart(2, "0")).join("");
+    if (m[1] !== logKey.name || lineId !== id) continue;
+    if (!(await crypto.subtle.verify({ name: "Ed25519" }, key, raw.slice(4), new TextEncoder().encode(text)))) {
+      throw new Error("bad checkpoint signature: altered, or not signed by the log key");
+    }
+    good = true;
+  }
+  if (!good) throw new Error("the checkpoint is not signed by the pinned log key");
+  const lines = text.split("\n");
+  if (lines[0] !== logKey.name) throw new Error("the checkpoint is from another log");
+  return { size: Number(lines[1]), root: b64(lines[2]) };
+}
+
+function pinnedLogKey(offered) {
+  let pinned = null;
+  try { pinned = window.localStorage.getItem(LOG_KEY_PIN); } catch (_) { /* storage off: trust per page */ }
+  if (pinned && pinned !== offered) {
+    throw new Error(`the key set is signed by log key ${offered}, not the one this browser pinned (${pinned}): refused`);
+  }
+  if (!pinned) { try { window.localStorage.setItem(LOG_KEY_PIN, offered); } catch (_) { /* ignore */ } }
+  return parseVkey(offered);
+}
+
+// The key set's keys that the pinned log holds: kid -> {publicKey, notBefore, notAfter, revokedAt, reason}.
+async function trustedKeys() {
   if (!keySet) {
     const response = await fetch("/.well-known/hallmark-keys.json");
     if (!response.ok) throw new Error(`the public keys could not be fetched (${response.status})`);
-    keySet = (await response.json()).keys || [];
+    const doc = parseRaw(await response.text());
+    if (!doc.log || typeof doc.log.checkpoint !== "string") throw new Error("the key set carries no log checkpoint");
+    const logKey = pinnedLogKey(doc.log.vkey);
+    const checkpoint = await openCheckpoint(doc.log.checkpoint, logKey);
+    const keys = new Map();
+    for (const entry of doc.keys || []) {
+      try {
+        const event = entry.log.event;
+        const index = Number(entry.log.leaf_index.text ?? entry.log.leaf_index);
+        const leaf = await leafHash(concat(new Uint8Array([2]), new TextEncoder().encode(canonical(event))));
+        const root = await rootFromInclusion(index, checkpoint.size, leaf, entry.log.inclusion_proof.map(b64));
+        if (!same(root, checkpoint.root) || event.kid !== entry.kid) continue;
+        keys.set(event.kid, { publicKey: unb64url(event.public_key), notBefore: event.not_before,
+                              notAfter: event.not_after, revokedAt: event.revoked_at, reason: entry.revocation_reason });
+      } catch (_) { /* a key the log does not hold is left out */ }
+    }
+    keySet = { logKey, keys };
   }
   return keySet;
+}
+
+const WINDOW_GRACE_MS = 60_000; // as keys/receipts.py: gateways keep a key a few seconds after rotation
+const STATEMENT_TIME = { "hallmark.receipt": "finished_at", "hallmark.detection_report": "created_at" };
+
+// null when `key` may have signed `statement`; otherwise the reason it may not.
+function keyWindowProblem(statement, kid, key) {
+  if (key.revokedAt) return `signed by revoked key ${kid} (revoked at ${key.revokedAt}${key.reason ? ": " + key.reason : ""}); nothing it signed is trusted`;
+  const field = STATEMENT_TIME[statement.type] || "created_at";
+  const when = Date.parse(statement[field]);
+  if (Number.isNaN(when)) return `the statement has no valid ${field}`;
+  if (key.notBefore && when < Date.parse(key.notBefore) - WINDOW_GRACE_MS) return `signed by ${kid} before its window opened (${key.notBefore})`;
+  if (key.notAfter && when >= Date.parse(key.notAfter) + WINDOW_GRACE_MS) return `signed by ${kid} after it was retired (${key.notAfter})`;
+  return null;
+}
+
+// null when the receipt's entry is in the log (its leaf included in the receipt's checkpoint).
+async function receiptLogProblem(document, logKey) {
+  const log = document.log, ledger = document.statement.ledger || {};
+  if (!log || typeof log.checkpoint !== "string") return "the receipt carries no transparency-log proof";
+  try {
+    const checkpoint = await openCheckpoint(log.checkpoint, logKey);
+    const hex = (h) => Uint8Array.from(h.match(/../g).map((x) => parseInt(x, 16)));
+    const leaf = await leafHash(concat(new Uint8Array([1]), hex(ledger.entry_hash), hex(ledger.kgrams_sha256)));
+    const index = Number(ledger.leaf_index instanceof RawNumber ? ledger.leaf_index.text : ledger.leaf_index);
+    const root = await rootFromInclusion(index, checkpoint.size, leaf, log.inclusion_proof.map(b64));
+    return same(root, checkpoint.root) ? null : "the receipt's entry is not in the log (its inclusion proof fails)";
+  } catch (exc) {
+    return `the receipt's log proof: ${exc.message}`;
+  }
 }
 
 async function sha256hexOf(bytes) {
@@ -112,13 +241,21 @@ async function verifySigned(rawDocument, { text, expectedType, keys } = {}) {
   const version = statement.version instanceof RawNumber ? statement.version.text : String(statement.version);
   if (expectedType && type !== expectedType) return { ok: false, message: `a ${type}, not a ${expectedType}` };
   if (signature.alg !== "Ed25519") return { ok: false, message: `unsupported algorithm ${signature.alg}` };
-  let entry;
-  try { entry = (keys || await publicKeys()).find((k) => k.kid === signature.kid); } catch (exc) { return { ok: null, message: exc.message }; }
-  if (!entry) return { ok: false, message: `unknown signing key ${signature.kid}` };
-  let raw;
-  try { raw = unb64url(entry.public_key); } catch (_) { raw = null; }
-  if (!raw || raw.length !== 32 || entry.alg !== "Ed25519" || (await keyIdOf(raw)) !== entry.kid) {
-    return { ok: false, message: `unknown signing key ${signature.kid}: the published entry is not that key (its id is not the hash of its public key)` };
+  // `keys`: a key set's "keys" array the caller vouches for (as keys.receipts.public_keys: no log,
+  // no window); otherwise the server's key set, trusted only as the pinned log holds it.
+  let entry, raw, trusted = null;
+  if (keys) {
+    entry = keys.find((k) => k.kid === signature.kid);
+    if (!entry) return { ok: false, message: `unknown signing key ${signature.kid}` };
+    try { raw = unb64url(entry.public_key); } catch (_) { raw = null; }
+    if (!raw || raw.length !== 32 || entry.alg !== "Ed25519" || (await keyIdOf(raw)) !== entry.kid) {
+      return { ok: false, message: `unknown signing key ${signature.kid}: the published entry is not that key (its id is not the hash of its public key)` };
+    }
+  } else {
+    try { trusted = await trustedKeys(); } catch (exc) { return { ok: false, message: exc.message }; }
+    entry = trusted.keys.get(signature.kid);
+    if (!entry) return { ok: false, message: `unknown signing key ${signature.kid}: the log's key set does not contain it` };
+    raw = entry.publicKey;
   }
   let key;
   try {
@@ -129,10 +266,20 @@ async function verifySigned(rawDocument, { text, expectedType, keys } = {}) {
   const data = new TextEncoder().encode(`${type}/v${version}\n` + canonical(statement));
   const good = await crypto.subtle.verify({ name: "Ed25519" }, key, unb64url(signature.sig), data);
   if (!good) return { ok: false, message: `bad signature: altered, or not signed by ${signature.kid}` };
+  if (trusted) {
+    const windowProblem = keyWindowProblem(statement, signature.kid, entry);
+    if (windowProblem) return { ok: false, message: windowProblem };
+    if (type === "hallmark.receipt") {
+      const logProblem = await receiptLogProblem(rawDocument, trusted.logKey);
+      if (logProblem) return { ok: false, message: logProblem };
+    }
+  }
   if (text !== undefined && statement.output_sha256 !== undefined && (await sha256hex(text)) !== statement.output_sha256) {
     return { ok: false, message: "the signature verifies, but this text is not the one the receipt attests" };
   }
-  return { ok: true, message: `signature verifies (Ed25519, key ${signature.kid}${entry.state === "retired" ? ", retired" : ""})` };
+  const logged = trusted && type === "hallmark.receipt" ? ", entry in the log" : "";
+  const retired = trusted ? entry.notAfter : entry.state === "retired";
+  return { ok: true, message: `signature verifies (Ed25519, key ${signature.kid}${retired ? ", retired" : ""}${logged})` };
 }
 
 // ---------------------------------------------------------------- detection reports

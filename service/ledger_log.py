@@ -1,0 +1,89 @@
+"""The transparency log's public answers (no token): the latest published checkpoint and
+proofs. Hashes only: a proof names leaf indexes and hashes, never a text, a tenant or a
+generation id (a leaf's hash is that of an entry's canonical hash and k-gram commitment,
+keys.leaves, which only the entry's owner, holding its receipt, can name)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from typing import Any
+
+from keys import tlog
+from keys.errors import KeyStoreError
+from service.errors import NotFound, Unprocessable
+from service.http_errors import store_error
+from service.state import Services
+
+_HEX32 = re.compile(r"[0-9a-f]{64}")
+
+
+def _b64(values: list[bytes]) -> list[str]:
+    return [base64.b64encode(v).decode("ascii") for v in values]
+
+
+def _size(session, tree_size: int | None) -> int:
+    if tree_size is not None:
+        return tree_size
+    published = tlog.published_size(session)
+    if published < 0:
+        raise NotFound("the log has published no checkpoint yet")
+    return published
+
+
+def checkpoint(services: Services) -> str:
+    """The latest published checkpoint (C2SP signed note)."""
+    try:
+        with services.store.transaction(write=False) as session:
+            found = tlog.latest_checkpoint(session)
+    except KeyStoreError as exc:
+        raise store_error(exc) from None
+    if found is None:
+        raise NotFound("the log has published no checkpoint yet")
+    return found.note
+
+
+def inclusion(services: Services, *, leaf_index: int | None, leaf_hash: str | None,
+              tree_size: int | None) -> dict[str, Any]:
+    """The inclusion proof of a leaf (by index, or by its hash: hex or base64 of 32 bytes)
+    in the tree of ``tree_size`` (default: the latest published checkpoint's)."""
+    if (leaf_index is None) == (leaf_hash is None):
+        raise Unprocessable("give exactly one of 'leaf_index' and 'leaf_hash'")
+    wanted = None
+    if leaf_hash is not None:
+        try:
+            wanted = bytes.fromhex(leaf_hash) if _HEX32.fullmatch(leaf_hash) else base64.b64decode(leaf_hash,
+                                                                                                 validate=True)
+        except (binascii.Error, ValueError):
+            wanted = None
+        if wanted is None or len(wanted) != 32:
+            raise Unprocessable("leaf_hash must be 32 bytes, as 64 lowercase hex digits or base64")
+    try:
+        with services.store.transaction(write=False) as session:
+            size = _size(session, tree_size)
+            if wanted is not None:
+                leaf_index = tlog.leaf_index_of(session, wanted)
+                if leaf_index is None or leaf_index >= size:
+                    raise NotFound(f"no leaf with that hash in the tree of size {size}")
+            proof = tlog.inclusion_proof(session, leaf_index, size)
+            found_hash = tlog.inclusion_leaf(session, leaf_index)
+    except tlog.ProofUnavailable as exc:
+        raise NotFound(exc.user_message) from None
+    except KeyStoreError as exc:
+        raise store_error(exc) from None
+    return {"leaf_index": leaf_index, "tree_size": size, "leaf_hash": base64.b64encode(found_hash).decode(),
+            "inclusion_proof": _b64(proof)}
+
+
+def consistency(services: Services, *, first: int, second: int | None) -> dict[str, Any]:
+    """The consistency proof from size ``first`` to ``second`` (default: the latest published)."""
+    try:
+        with services.store.transaction(write=False) as session:
+            size = _size(session, second)
+            proof = tlog.consistency_proof(session, first, size)
+    except tlog.ProofUnavailable as exc:
+        raise NotFound(exc.user_message) from None
+    except KeyStoreError as exc:
+        raise store_error(exc) from None
+    return {"from": first, "to": size, "consistency_proof": _b64(proof)}

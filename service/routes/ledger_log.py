@@ -1,0 +1,46 @@
+"""The transparency log's public routes: ``GET /v1/ledger/checkpoint`` (a C2SP checkpoint,
+text/plain), ``GET /v1/ledger/proof/inclusion`` (by leaf index; ``/inclusion-by-hash`` by
+leaf hash) and ``GET /v1/ledger/proof/consistency``.
+No token: anyone may witness the log. Plain functions: :mod:`service.ledger_log`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import PlainTextResponse
+
+from service import ledger_log
+from service.routes.deps import ServicesDep
+
+router = APIRouter(tags=["transparency log"])
+_SIZE = Query(ge=0, le=2**62)
+
+
+@router.get("/v1/ledger/checkpoint", response_class=PlainTextResponse)
+async def checkpoint_route(services: ServicesDep):
+    note = await run_in_threadpool(ledger_log.checkpoint, services)
+    return PlainTextResponse(note, headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/v1/ledger/proof/inclusion")
+async def inclusion_route(services: ServicesDep, leaf_index: Annotated[int, Query(ge=0, le=2**62)],
+                          tree_size: Annotated[int | None, _SIZE] = None):
+    return await run_in_threadpool(ledger_log.inclusion, services, leaf_index=leaf_index, leaf_hash=None,
+                                   tree_size=tree_size)
+
+
+@router.get("/v1/ledger/proof/inclusion-by-hash")
+async def inclusion_by_hash_route(services: ServicesDep,
+                                  leaf_hash: Annotated[str, Query(pattern=r"^([0-9a-f]{64}|[A-Za-z0-9+/]{43}=)$")],
+                                  tree_size: Annotated[int | None, _SIZE] = None):
+    """A leaf's proof by its hash (hex or base64), as a receipt's holder computes it."""
+    return await run_in_threadpool(ledger_log.inclusion, services, leaf_index=None, leaf_hash=leaf_hash,
+                                   tree_size=tree_size)
+
+
+@router.get("/v1/ledger/proof/consistency")
+async def consistency_route(services: ServicesDep, first: Annotated[int, Query(alias="from", ge=0, le=2**62)],
+                            second: Annotated[int | None, Query(alias="to", ge=0, le=2**62)] = None):
+    return await run_in_threadpool(ledger_log.consistency, services, first=first, second=second)
