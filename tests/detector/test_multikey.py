@@ -49,10 +49,15 @@ def _same_global(mine: dict, main: dict) -> list[str]:
             wrong.append(f"{name}: {mine[name]!r} != {main[name]!r}")
     if not _close(mine["log10_p_value"], main["log10_p_value"]):
         wrong.append(f"log10_p_value: {mine['log10_p_value']} != {main['log10_p_value']}")
-    spans = lambda r: [(s["start"], s["end"], s["scored_tokens"], s["fingerprint"]) for s in r["spans"]]  # noqa: E731
-    if spans(mine) != spans(main) or not all(_close(a["log10_p_value"], b["log10_p_value"])
-                                             for a, b in zip(mine["spans"], main["spans"])):
-        wrong.append(f"spans: {mine['spans']} != {main['spans']}")
+    # The record predates ea0fd20, which refines span boundaries differently (a span starts at
+    # its first scored token's context, its cut re-estimated from its own mean): against the
+    # record, every recorded span keeps its key and p-value (a tighter span can leave room for
+    # one more disjoint span, as in one case of the corpus); boundaries are compared with a
+    # fresh per-key run instead (test_detect_many_gives_main_results).
+    for old in main["spans"]:
+        if not any(s["fingerprint"] == old["fingerprint"] and _close(s["log10_p_value"], old["log10_p_value"])
+                   for s in mine["spans"]):
+            wrong.append(f"spans: {mine['spans']} lack {old}")
     return wrong
 
 
@@ -96,6 +101,8 @@ def test_detect_many_gives_main_results(cases, recorded):
         mine = multikey_corpus.summary(result, best)
         main = recorded[case.name]
         wrong += [f"{case.name}: {w}" for w in _same_global(mine, main)]
+        if result.spans != detect_forms(case.forms, case.keys, case.config)[0].spans:
+            wrong.append(f"{case.name}: spans differ from the per-key path's")
         top = min(range(len(main["per_key"])), key=lambda i: main["per_key"][i][FIELDS.index("log10_p_value")])
         if not _close(mine["per_key"][top][adjusted], main["per_key"][top][adjusted]):
             wrong.append(f"{case.name}: the best key's Holm adjustment differs")
