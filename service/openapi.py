@@ -62,6 +62,7 @@ _EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/chat/completions"): _GENERATION,
     ("post", "/v1/detect"): (404, 409, 413, 429, 503),
     ("get", "/v1/generations/{generation_id}"): (404, 503),
+    ("get", "/v1/generations/{generation_id}/receipt"): (404, 409, 503),
     ("get", "/readyz"): (503,),
     ("get", "/v1/ledger/checkpoint"): (404, 503),
     ("get", "/v1/ledger/proof/inclusion"): (404, 503),
@@ -123,6 +124,8 @@ def build(app: FastAPI, *, max_tokens_cap: int, vocab_size: int | None) -> dict[
         for model in ("GenerateBody", "CompletionBody", "ChatBody"):
             _bound(schemas.get(model, {}).get("properties", {}).get("top_k"), "maximum", MAX_TOP_K, vocab_size)
         _bound(schemas.get("CompletionBody", {}).get("properties", {}).get("prompt"), "maximum", MAX_TOKEN_ID,
+               vocab_size - 1)
+        _bound(schemas.get("DetectBody", {}).get("properties", {}).get("token_ids"), "maximum", MAX_TOKEN_ID,
                vocab_size - 1)
 
     for path, item in doc.get("paths", {}).items():

@@ -13,6 +13,7 @@ from pydantic import BeforeValidator
 
 from keys.key_states import with_key_states
 from keys.ledger import MAX_OFFSET, get_generation, list_generations
+from service import receipts
 from service.auth import resolve_tenant
 from service.errors import NotFound
 from service.routes.deps import IdentityDep, ServicesDep
@@ -28,6 +29,12 @@ def generation_route(generation_id: str, services: ServicesDep, identity: Identi
         if entry is None:
             raise NotFound(f"no generation {generation_id!r} for this token")
         return with_key_states(session, [entry.to_dict()])[0]
+
+
+@router.get("/v1/generations/{generation_id}/receipt")
+def generation_receipt_route(generation_id: str, services: ServicesDep, identity: IdentityDep):
+    scope = None if identity.admin and identity.tenant_id is None else identity.tenant_id
+    return receipts.receipt_again(services, generation_id=generation_id, tenant_id=scope)
 
 
 MAX_PAGE = 200

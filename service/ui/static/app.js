@@ -646,6 +646,9 @@ async function lookUp(id) {
     let value = record[name];
     if (name === "created_at" || name === "updated_at") value = when(value);
     if (name === "output_sha256" || name === "entry_hash") value = el("code", { text: value });
+    if (name === "unwatermarked_reason" && value && "unwatermarked_tokens" in record) {
+      value = `${value} (${record.unwatermarked_tokens} of ${record.output_tokens} tokens)`;
+    }
     fact(dl, label, value);
   }
   if (record.spec) fact(dl, "Watermark spec", el("code", { text: JSON.stringify(record.spec) }));
