@@ -45,11 +45,12 @@ _DESCRIPTIONS = {
     403: "The token may not do this (another tenant, an admin-only route, a refused opt-out).",
     404: "Unknown route, record, tenant or key.",
     409: "The server's state does not allow it (the tenant has no active key; the keys in scope "
-         "have no keyed coin for the `routed` statistic); "
+         "have no keyed coin for the `routed` statistic; a generation still running has no receipt yet); "
          "not retryable (`x-should-retry: false`) until an operator acts.",
     413: "The body exceeds the server's byte limit, or the text or token count its detection limit.",
     415: "The body is not JSON (send `Content-Type: application/json`).",
-    422: "Invalid request: a field's type or bounds, or a prompt longer than the model's context.",
+    422: "Invalid request: a field's type or bounds, a prompt longer than the model's context, nothing to "
+         "score (`empty_input`) or a token id outside the model's vocabulary (`token_out_of_vocabulary`).",
     429: "A rate limit (detection per token; generation concurrency or tokens per tenant); see Retry-After.",
     500: "An unexpected server error (a bug); the request was not completed.",
     503: "Temporarily unavailable: the database or the engine is down or restarting; retry (Retry-After).",
