@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from detector import trgof
 from detector.detect import DetectorConfig, detect
 from detector.forms import detect_forms
 from detector.multikey import KeySet, detect_many
@@ -20,7 +21,13 @@ from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
 
 RECORD = Path(__file__).resolve().parents[1] / "data" / "multikey-main.json.gz"
-TOLERANCE = 1e-9  # log10 p
+TOLERANCE = 1e-9  # log10 p, two paths in one process
+# Against the record, made on another machine: Tr-GoF's exact tail is accurate to about
+# 1e-13 absolute and floored at its 1e-11 float allowance (detector.trgof.FLOAT_ALLOWANCE),
+# so log10 p may move by up to log10(1 + 1e-13 / 1e-11) = 4.3e-3 between CPUs (numpy's SIMD
+# exp/log differ between AVX-512 and AVX2) or between the numba loop and its numpy
+# reference. Seen: up to 1.7e-4; verdicts, keys, spans and forms are compared exactly.
+RECORD_TOLERANCE = 5e-3
 FIELDS = multikey_corpus.PER_KEY
 
 
@@ -37,7 +44,7 @@ def recorded():
 def _close(a, b) -> bool:
     if a is None or b is None:
         return a is None and b is None
-    return abs(a - b) <= TOLERANCE * max(1.0, abs(b) * 1e-3)
+    return abs(a - b) <= RECORD_TOLERANCE * max(1.0, abs(b) * 1e-3)
 
 
 def _same_global(mine: dict, main: dict) -> list[str]:
@@ -108,7 +115,7 @@ def test_detect_many_gives_main_results(cases, recorded):
             wrong.append(f"{case.name}: the best key's Holm adjustment differs")
         for i, (entry, a, b) in enumerate(zip(result.per_key, mine["per_key"], main["per_key"])):
             row_a, row_b = dict(zip(FIELDS, a)), dict(zip(FIELDS, b))
-            if not row_a["log10_p_adjusted"] >= row_b["log10_p_adjusted"] - TOLERANCE:
+            if not row_a["log10_p_adjusted"] >= row_b["log10_p_adjusted"] - RECORD_TOLERANCE:
                 wrong.append(f"{case.name}: key {i} Holm adjustment below main's")
             if not entry.screened:
                 if not _same_key(a, b, skip=("log10_p_adjusted",)):
@@ -116,7 +123,7 @@ def test_detect_many_gives_main_results(cases, recorded):
                 continue
             screened += 1
             for name in ("log10_p_value", "log10_p_sum", "log10_p_trgof", "log10_p_weighted", "log10_p_adjusted"):
-                if row_b[name] is not None and not row_a[name] >= row_b[name] - TOLERANCE:
+                if row_b[name] is not None and not row_a[name] >= row_b[name] - RECORD_TOLERANCE:
                     wrong.append(f"{case.name}: key {i} {name} {row_a[name]} below the exact {row_b[name]}")
             if (row_b["log10_p_trgof"] is None) != (row_a["log10_p_trgof"] is None):
                 wrong.append(f"{case.name}: key {i} log10_p_trgof presence differs")
@@ -149,6 +156,10 @@ def _fresh_cases(seed: int, count: int):
 
 @pytest.mark.parametrize("_", range(2))
 def test_detect_many_equals_detect_on_fresh_random_cases(_):
+    # Both paths in one process on the same tail loop: numba's loop and its numpy reference
+    # differ within the float allowance (RECORD_TOLERANCE), and a process switches to numba
+    # after enough exact tails, which could fall between the two calls below.
+    trgof.warm_up()
     seed = secrets.randbits(32)
     for keys, tokens, config in _fresh_cases(seed, 24):
         main = detect(tokens, keys, config)
