@@ -29,7 +29,10 @@ from service.errors import BadRequest, Forbidden, Unavailable, Unprocessable
 from service.http_errors import store_error
 from service.limits import GenerationLease
 from service.state import Services
+from keys.ledger_read import SALT_DETAIL
+from watermark.key import WatermarkKey
 from watermark.processing import validate_sampling
+from watermark.salt import salt_for
 
 log = logging.getLogger("hallmark.generation")
 
@@ -46,6 +49,9 @@ class GenerateParams:
     stop: tuple[str, ...] = ()
     watermark: bool = True
     tenant: str | None = None
+    salt: int | None = None
+    """A `diverse` key's salt for this generation (the OpenAI routes' ``n`` choices give
+    each its own); None: from ``seed`` when given, else random (watermark.salt.salt_for)."""
 
 
 @dataclass(frozen=True)
@@ -124,8 +130,8 @@ def _prepare(services: Services, identity: Identity, params: GenerateParams) -> 
             stored = services.active_key(tenant_id)
         except KeyStoreError as exc:  # no active key: 409, not retryable; a database fault: 503
             raise store_error(exc) from None
-        plan = WatermarkPlan(key=stored.material, key_id=stored.key_id, version=stored.version,
-                             fingerprint=stored.fingerprint)
+        plan = WatermarkPlan(key=_generation_key(stored.material, params), key_id=stored.key_id,
+                             version=stored.version, fingerprint=stored.fingerprint)
         spec = stored.spec
     request = GenerationRequest(
         request_id=uuid.uuid4().hex, prompt_ids=prompt_ids, max_tokens=max_tokens,
@@ -138,14 +144,32 @@ def _prepare(services: Services, identity: Identity, params: GenerateParams) -> 
     return _Prepared(request=request, tenant_id=tenant_id, plan=plan, spec=spec, reason=reason)
 
 
+def _generation_key(key: WatermarkKey, params: GenerateParams) -> WatermarkKey:
+    """The key this generation runs under: a `diverse` key with the generation's salt."""
+    if key.spec.mode != "diverse":
+        return key
+    return key.with_salt(params.salt if params.salt is not None else salt_for(params.seed))
+
+
+def _salt_details(prepared: _Prepared, details: dict | None) -> dict | None:
+    """The ledger entry's ``details`` with the generation's salt (keys.ledger_read.SALT_DETAIL)."""
+    salt = prepared.plan.key.salt if prepared.plan is not None else None
+    if salt is None:
+        return details
+    return {**(details or {}), SALT_DETAIL: salt}
+
+
 def _watermark_dict(prepared: _Prepared, done_tokens: int, watermarked: int, key_state: str | None) -> dict | None:
     plan = prepared.plan
     if plan is None:
         return None
     share = watermarked / done_tokens if done_tokens else 0.0
-    return {"key_id": plan.key_id, "version": plan.version, "fingerprint": plan.fingerprint,
-            "key_state": key_state, "algorithm": prepared.spec.algorithm, "spec": prepared.spec.public_dict(),
-            "watermarked_tokens": watermarked, "watermarked_share": share}
+    out = {"key_id": plan.key_id, "version": plan.version, "fingerprint": plan.fingerprint,
+           "key_state": key_state, "algorithm": prepared.spec.algorithm, "spec": prepared.spec.public_dict(),
+           "watermarked_tokens": watermarked, "watermarked_share": share}
+    if plan.key.salt is not None:
+        out["salt"] = plan.key.salt
+    return out
 
 
 def _with_verification(watermark: dict | None, details: dict | None) -> dict | None:
@@ -214,7 +238,8 @@ def _record(services: Services, prepared: _Prepared, done: Finished) -> Outcome:
                 unwatermarked_reason=_unwatermarked_reason(prepared, done.routes.plain),
                 output_text=done.text, token_ids=done.token_ids, finish_reason=_engine_reason(done.finish_reason),
                 generation_id=prepared.request.request_id, refuse_revoked_key=True,
-                details=_verification(services, prepared, done.token_ids, done.routes.watermarked if plan else 0),
+                details=_salt_details(prepared, _verification(services, prepared, done.token_ids,
+                                                              done.routes.watermarked if plan else 0)),
                 kgram_set=_kgram_set(prepared, done.token_ids))
     except KeyRevoked:
         log.warning("generation %s withheld: its key was revoked while it generated", prepared.request.request_id)
@@ -348,7 +373,8 @@ class _Progress:
             if finish_reason is None:
                 entry = checkpoint_generation(session, **values)
             else:
-                entry = finish_generation(session, finish_reason=finish_reason, details=details,
+                entry = finish_generation(session, finish_reason=finish_reason,
+                                          details=_salt_details(prepared, details),
                                           kgram_set=_kgram_set(prepared, values["token_ids"]), **values)
         self.covered = len(self.token_ids)
         _logged(services, entry)
@@ -370,7 +396,7 @@ def _start(services: Services, prepared: _Prepared) -> None:
                              key_version=plan.version if plan else None, engine=services.engine.name,
                              model=services.engine.model_name, spec=prepared.spec,
                              prompt_tokens=len(prepared.request.prompt_ids), unwatermarked_reason=prepared.reason,
-                             generation_id=prepared.request.request_id)
+                             generation_id=prepared.request.request_id, details=_salt_details(prepared, None))
         _logged(services, entry)
     except KeyStoreError as exc:
         log.error("provenance record failed for generation %s: %s", prepared.request.request_id, exc.user_message)

@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from detector.result import Candidate, KeyInfo
+from detector.result import Candidate, KeyInfo, salted_candidates
 from keys.db import Store
 from keys.material import StoredKey, active_key, detection_keys
 from keys.key_states import with_key_states
@@ -77,7 +77,9 @@ class Services:
     def detection_candidates(self, tenant: str | None) -> list[Candidate]:
         def load() -> list[Candidate]:
             with self.store.transaction(write=False) as session:
-                return [candidate_of(k) for k in detection_keys(session, self.store.keyring, tenant=tenant)]
+                # A `diverse` key is tested under each of its salts (detector.result.salted_candidates).
+                return salted_candidates([candidate_of(k) for k in
+                                          detection_keys(session, self.store.keyring, tenant=tenant)])
 
         return self.key_cache.get_or_load(("detect", tenant), load)
 
