@@ -11,6 +11,7 @@ thread, off the event loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import uuid
@@ -25,14 +26,15 @@ from keys.ledger import (CHECKPOINT_TOKENS, GenerationEntry, checkpoint_generati
 from service.auth import Identity, resolve_tenant
 from service.engines.base import (Delta, EngineBusy, EngineFailure, Finished, GenerationRequest, RouteCounts,
                                   WatermarkPlan)
-from service.errors import BadRequest, Forbidden, Unavailable, Unprocessable
+from service.errors import BadRequest, Conflict, Forbidden, Unavailable, Unprocessable
 from service.http_errors import store_error
 from service.limits import GenerationLease
 from service.state import Services
 from keys.ledger_read import SALT_DETAIL
 from watermark.key import WatermarkKey
 from watermark.processing import validate_sampling
-from watermark.salt import salt_for
+from watermark import prf
+from watermark.salt import distinct_salts, salt_for
 
 log = logging.getLogger("hallmark.generation")
 
@@ -303,6 +305,47 @@ async def generate(services: Services, identity: Identity, params: GenerateParam
         raise
     lease.release(len(outcome.token_ids))
     return outcome
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of the ``index``-th of a request's choices: the request's own for the first
+    (so n=1 and the first of n agree), a derived one for the others, so that every random
+    draw (salt aside, which :func:`watermark.salt.distinct_salts` picks) differs per choice."""
+    if seed is None or index == 0:
+        return seed
+    return prf.derive_key(seed, f"hallmark_choice/{index}")
+
+
+def _check_choices(services: Services, identity: Identity, params: GenerateParams, n: int) -> None:
+    """Refuse ``n`` > 1 where every choice would repeat one text: a watermarked request
+    under a `deterministic` key (409: the tenant's key decides, not the request)."""
+    if n == 1 or not params.watermark or params.temperature == 0:
+        return
+    tenant_id, _ = resolve_tenant(services, identity, params.tenant)
+    if tenant_id is None:
+        return  # _prepare refuses it
+    try:
+        stored = services.active_key(tenant_id)
+    except KeyStoreError:
+        return  # _prepare maps it
+    if stored.spec.mode != "diverse":
+        raise Conflict(f"n={n} needs a key in mode 'diverse': the tenant's active key is "
+                       f"'{stored.spec.mode}' (vLLM's scheme), under which every choice of one prompt "
+                       "repeats the same text; send one request, or rotate to a diverse key "
+                       "(`hallmark keys rotate --mode diverse`)", code="n_needs_diverse_key")
+
+
+async def generate_choices(services: Services, identity: Identity, params: GenerateParams, n: int) -> list[Outcome]:
+    """``n`` generations of one request (OpenAI's ``n``), run together: each its own
+    generation (ledger entry, receipt) under its own salt (distinct across the choices) and
+    its own seed (:func:`choice_seed`), so a seeded request reproduces all of them."""
+    if n == 1:
+        return [await generate(services, identity, params)]
+    await asyncio.to_thread(_check_choices, services, identity, params, n)
+    salts = distinct_salts(params.seed, n)
+    return list(await asyncio.gather(*(
+        generate(services, identity, dataclasses.replace(params, seed=choice_seed(params.seed, i), salt=salts[i]))
+        for i in range(n))))
 
 
 async def _generate(services: Services, prepared: _Prepared) -> Outcome:
