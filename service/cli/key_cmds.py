@@ -244,6 +244,6 @@ def keys_export(key_id: str = typer.Argument(..., help="Key id."),
         f"key {exported.key_id} (tenant {exported.tenant}, version {exported.version}, {exported.state})",
         f"fingerprint: {exported.fingerprint}",
         f"secret: {exported.secret} (0x{exported.secret:016x})",
-        f"vllm --watermark-config: {json.dumps(vllm) if vllm else '(not expressible: keyed coin)'}",
+        f"vllm --watermark-config: {json.dumps(vllm) if vllm else '(not expressible: keyed coin or diverse mode)'}",
     ])
     emit(payload, as_json, text)
