@@ -1,6 +1,7 @@
 """Diversity under the watermark (issue 24); writes bench/results/diversity-<part>.json and diversity.md.
 
     nice -n 10 .venv/bin/python -m bench.diversity diversity [--prompts 20 --generations 10 --tokens 48]
+    nice -n 10 .venv/bin/python -m bench.diversity diversity --rotating
     nice -n 10 .venv/bin/python -m bench.diversity tpr [--bundled 80 --synthetic 200]
     nice -n 10 .venv/bin/python -m bench.diversity null [--null 100000]
     nice -n 10 .venv/bin/python -m bench.diversity timing
@@ -14,8 +15,10 @@ command, commit, date and the box's load average at its start.
   each generation with its own seed (as independent requests would be): watermark off (an
   unwatermarked engine run, since the gateway refuses unwatermarked requests), and on under a
   `gumbel` and a `dual_key_gumbel` key (keyed coin: the engine speculates, k = 4) in each mode
-  (`deterministic`: today's scheme; `diverse`: a salt per generation from its seed,
-  watermark.salt.salt_for). Metrics per prompt, averaged over prompts: the share of distinct
+  (`deterministic`: today's scheme; `diverse` with an independent salt per generation from
+  its seed, watermark.salt.salt_for, as seeded requests get; and, with ``--rotating``, `diverse`
+  as unseeded requests get, each prompt's generations taking the salts in turn,
+  watermark.salt.SaltRotation). Metrics per prompt, averaged over prompts: the share of distinct
   outputs among the generations, distinct token 3-grams / all 3-grams across the
   generations, and self-BLEU (BLEU-4 of each generation against the others, token level,
   add-one smoothing of the 2-4-gram precisions, brevity penalty), lower = more diverse.
@@ -151,8 +154,8 @@ def engine_generate(jobs: list[dict], max_tokens: int) -> list[dict]:
                     plan = None
                     key = job["key"]
                     if key is not None:
-                        if key.spec.mode == "diverse" and key.salt is None:  # as service.generation does
-                            key = key.with_salt(salt_for(job["seed"]))
+                        if key.spec.mode == "diverse" and key.salt is None:  # a seeded request's salt
+                            key = key.with_salt(job["salt"] if job.get("salt") is not None else salt_for(job["seed"]))
                         plan = WatermarkPlan(key=key, key_id="bench", version=1, fingerprint=key.fingerprint)
                     requests.append(GenerationRequest(f"r{start + i}", tuple(tokenizer.encode(job["prompt"])),
                                                       max_tokens, temperature=1.0, seed=job["seed"], watermark=plan))
@@ -178,18 +181,30 @@ MODES = [("off", None, None), ("gumbel", "gumbel", "deterministic"), ("gumbel", 
          ("dual_key_gumbel", "dual_key_gumbel", "deterministic"), ("dual_key_gumbel", "dual_key_gumbel", "diverse")]
 
 
-def run_diversity(prompts: int, generations: int, tokens: int) -> dict:
+ROTATING_MODES = [("gumbel", "gumbel", "diverse"), ("dual_key_gumbel", "dual_key_gumbel", "diverse")]
+
+
+def run_diversity(prompts: int, generations: int, tokens: int, rotating: bool = False) -> dict:
+    """``rotating``: unseeded `diverse` generations as the service runs them, each prompt's
+    generations taking the salts in turn (watermark.salt.SaltRotation); otherwise each
+    generation's salt comes from its own seed (independent uniform salts)."""
+    from watermark.salt import SaltRotation
+
     rows = []
     started = time.perf_counter()
-    for label, algorithm, mode in MODES:
+    for label, algorithm, mode in (ROTATING_MODES if rotating else MODES):
         # One key per configuration (a tenant's key), fixed; every generation its own seed.
         key = None if algorithm is None else _key(_seed("diversity-key", algorithm) | (1 << 40), algorithm, mode)
-        jobs = [{"prompt": PROMPTS[p], "seed": _seed("diversity", label, mode, p, g), "key": key, "p": p}
+        rotation = SaltRotation()
+        jobs = [{"prompt": PROMPTS[p], "seed": _seed("diversity", label, mode, p, g), "key": key, "p": p,
+                 "salt": rotation.take("bench", (p,)) if rotating else None}
                 for p in range(prompts) for g in range(generations)]
         t0 = time.perf_counter()
         done = engine_generate(jobs, tokens)
         per_prompt = [diversity_metrics([d["tokens"] for d in done if d["p"] == p]) for p in range(prompts)]
-        row = {"watermark": "off" if algorithm is None else f"{algorithm} {mode}",
+        salts = ("salts in turn per prompt" if rotating else "independent salt per generation") \
+            if mode == "diverse" else ""
+        row = {"watermark": "off" if algorithm is None else f"{algorithm} {mode}" + (f" ({salts})" if salts else ""),
                **{name: float(np.mean([m[name] for m in per_prompt])) for name in per_prompt[0]},
                "generation_s": round(time.perf_counter() - t0, 1),
                "mean_tokens": float(np.mean([len(d["tokens"]) for d in done]))}
@@ -323,6 +338,10 @@ def report() -> str:
              "Written by `.venv/bin/python -m bench.diversity report` from the parts below (bench/diversity.py "
              "says how each is measured); each part names its command, commit and the box's load average.", ""]
     div = _load("diversity")
+    rotating = _load("diversity-rotating")
+    if div and rotating:
+        div = {**div, "rows": div["rows"] + rotating["rows"]}
+        div["meta"] = {**div["meta"], "command": div["meta"]["command"] + "` and `" + rotating["meta"]["command"]}
     if div:
         m = div["meta"]
         lines += ["## Diversity of repeated generations", "",
@@ -386,6 +405,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--generations", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--rotating", action="store_true", help="diversity: the diverse modes with the "
+                        "service's salt rotation (written as part diversity-rotating)")
     parser.add_argument("--bundled", type=int, default=80)
     parser.add_argument("--synthetic", type=int, default=200)
     parser.add_argument("--null", type=int, default=100_000)
@@ -396,7 +417,9 @@ def main() -> None:
         return
     meta = _meta(args.part)
     if args.part == "diversity":
-        payload = run_diversity(args.prompts, args.generations, args.tokens)
+        payload = run_diversity(args.prompts, args.generations, args.tokens, args.rotating)
+        if args.rotating:
+            args.part = "diversity-rotating"
     elif args.part == "tpr":
         payload = run_tpr(args.bundled, args.synthetic)
     elif args.part == "null":

@@ -132,7 +132,8 @@ def _prepare(services: Services, identity: Identity, params: GenerateParams) -> 
             stored = services.active_key(tenant_id)
         except KeyStoreError as exc:  # no active key: 409, not retryable; a database fault: 503
             raise store_error(exc) from None
-        plan = WatermarkPlan(key=_generation_key(stored.material, params), key_id=stored.key_id,
+        plan = WatermarkPlan(key=_generation_key(services, stored.material, stored.key_id, params, prompt_ids),
+                             key_id=stored.key_id,
                              version=stored.version, fingerprint=stored.fingerprint)
         spec = stored.spec
     request = GenerationRequest(
@@ -146,11 +147,19 @@ def _prepare(services: Services, identity: Identity, params: GenerateParams) -> 
     return _Prepared(request=request, tenant_id=tenant_id, plan=plan, spec=spec, reason=reason)
 
 
-def _generation_key(key: WatermarkKey, params: GenerateParams) -> WatermarkKey:
-    """The key this generation runs under: a `diverse` key with the generation's salt."""
+def _generation_key(services: Services, key: WatermarkKey, key_id: str, params: GenerateParams,
+                    prompt_ids: tuple[int, ...]) -> WatermarkKey:
+    """The key this generation runs under: a `diverse` key with the generation's salt (given,
+    else from the seed, else the prompt's next salt in turn: watermark.salt)."""
     if key.spec.mode != "diverse":
         return key
-    return key.with_salt(params.salt if params.salt is not None else salt_for(params.seed))
+    if params.salt is not None:
+        salt = params.salt
+    elif params.seed is not None:
+        salt = salt_for(params.seed)
+    else:
+        salt = services.salts.take(key_id, prompt_ids)
+    return key.with_salt(salt)
 
 
 def _salt_details(prepared: _Prepared, details: dict | None) -> dict | None:
@@ -338,11 +347,12 @@ def _check_choices(services: Services, identity: Identity, params: GenerateParam
 async def generate_choices(services: Services, identity: Identity, params: GenerateParams, n: int) -> list[Outcome]:
     """``n`` generations of one request (OpenAI's ``n``), run together: each its own
     generation (ledger entry, receipt) under its own salt (distinct across the choices) and
-    its own seed (:func:`choice_seed`), so a seeded request reproduces all of them."""
+    its own seed (:func:`choice_seed`), so a seeded request reproduces all of them. Unseeded,
+    the choices take the prompt's next n salts in turn (distinct for n <= 16)."""
     if n == 1:
         return [await generate(services, identity, params)]
     await asyncio.to_thread(_check_choices, services, identity, params, n)
-    salts = distinct_salts(params.seed, n)
+    salts = distinct_salts(params.seed, n) if params.seed is not None else [None] * n
     return list(await asyncio.gather(*(
         generate(services, identity, dataclasses.replace(params, seed=choice_seed(params.seed, i), salt=salts[i]))
         for i in range(n))))

@@ -28,6 +28,7 @@ from service.errors import Unavailable
 from service.metrics import Metrics
 from service.limits import TenantLimits, create_buckets
 from service.settings import ServiceSettings
+from watermark.salt import SaltRotation
 
 log = logging.getLogger("hallmark.log")
 
@@ -59,6 +60,8 @@ class Services:
         self._published = -1  # the largest log size this process knows is published
         self._unpublished_since: float | None = None
         self._publish_lock = threading.Lock()
+        # Unseeded generations of one prompt under a diverse key take the salts in turn.
+        self.salts = SaltRotation()
 
     def detect_wait(self, token_id: str) -> float:
         """Take one detection from the token's shared budget: 0, or seconds to wait (blocking)."""

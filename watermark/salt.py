@@ -14,12 +14,18 @@ know the salt tests the :data:`SALTS` salted secrets as :data:`SALTS` keys with 
 correction over them: at most log2(SALTS) = 4 bits of p-value and SALTS x the PRF work;
 the ledger records each generation's salt, so a detector that identifies the generation
 knows it. A salt comes from the request's seed when it has one (so a seed reproduces the
-text) and from the OS's randomness otherwise (:func:`salt_for`).
+text, :func:`salt_for`); otherwise the regenerations of one prompt take the salts in turn
+from a random start (:class:`SaltRotation`), since independent uniform salts from 16 values
+repeat too often to make regenerations as diverse as unwatermarked sampling (measured:
+bench/results/diversity.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import secrets
+import threading
+from collections import OrderedDict
 
 from watermark import prf
 
@@ -60,3 +66,31 @@ def distinct_salts(seed: int | None, n: int) -> list[int]:
         raise ValueError(f"n must be between 1 and {SALTS}")
     start = salt_for(seed)
     return [(start + i) % SALTS for i in range(n)]
+
+
+class SaltRotation:
+    """The salts of unseeded generations: the regenerations of one prompt under one key take
+    the salts in turn, from a random start, so up to :data:`SALTS` of them in a row are all
+    distinct draws (independent uniform salts would repeat one within 10 regenerations with
+    probability 0.98, and a repeated salt repeats a single key's text).
+
+    In memory, per process (a replica): past SALTS regenerations, after eviction, or across
+    replicas salts can repeat. Entries are SHA-256 digests of (key id, prompt token ids): the
+    prompt itself is not kept. Thread-safe."""
+
+    def __init__(self, capacity: int = 65536) -> None:
+        self._next: OrderedDict[bytes, int] = OrderedDict()
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    def take(self, key_id: str, prompt_ids: tuple[int, ...] | list[int]) -> int:
+        """The next salt for this key and prompt."""
+        digest = hashlib.sha256(repr((key_id, tuple(int(t) for t in prompt_ids))).encode()).digest()
+        with self._lock:
+            salt = self._next.pop(digest, None)
+            if salt is None:
+                salt = secrets.randbelow(SALTS)
+            self._next[digest] = (salt + 1) % SALTS
+            while len(self._next) > self._capacity:
+                self._next.popitem(last=False)
+        return salt

@@ -7,7 +7,7 @@ import pytest
 
 from watermark import prf
 from watermark.key import WatermarkKey, row_keys
-from watermark.salt import SALTS, check_salt, distinct_salts, salt_for, salted_secret
+from watermark.salt import SALTS, SaltRotation, check_salt, distinct_salts, salt_for, salted_secret
 from watermark.spec import WatermarkSpec
 
 # SHA-256("hallmark_salt/<s>" || secret as 8 bytes big-endian), first 8 bytes big-endian.
@@ -70,3 +70,17 @@ def test_only_a_diverse_key_takes_a_salt():
     shown = repr(WatermarkKey(0x0123456789ABCDEF, DIVERSE, salt=2))
     assert "salt=2" in shown and str(0x0123456789ABCDEF) not in shown
     assert str(salted_secret(0x0123456789ABCDEF, 2)) not in shown
+
+
+def test_regenerations_of_one_prompt_take_the_salts_in_turn():
+    rotation = SaltRotation(capacity=2)
+    taken = [rotation.take("k1", (1, 2, 3)) for _ in range(SALTS + 2)]
+    assert taken == [(taken[0] + i) % SALTS for i in range(SALTS + 2)]
+    assert len(set(taken[:SALTS])) == SALTS
+    # Another key or prompt has its own turn; the oldest entry goes beyond the capacity.
+    other = rotation.take("k2", (1, 2, 3))
+    assert 0 <= other < SALTS and len(rotation._next) == 2
+    rotation.take("k1", (9,))
+    assert len(rotation._next) == 2
+    starts = {SaltRotation().take("k", (1,)) for _ in range(300)}
+    assert starts == set(range(SALTS))  # a random start (all 16 in 300 draws: miss chance ~1e-7)
