@@ -51,10 +51,10 @@ def _option_names(changes: dict[str, Any]) -> str:
 
 def _spec_text(spec: "WatermarkSpec") -> str:
     history = "all positions" if spec.dedup_max_history is None else f"{spec.dedup_max_history} positions"
-    text = f"{spec.algorithm}, {spec.mode}, context width {spec.context_width}, dedup {spec.dedup} ({history})"
+    text = f"{spec.algorithm}, context width {spec.context_width}, dedup {spec.dedup} ({history})"
     if spec.algorithm == "dual_key_gumbel":
         text += f", alpha {spec.alpha}, coin {spec.coin}"
-    return text
+    return text + f", mode {spec.mode}"
 
 
 def _key_line(info: "KeyRecord") -> str:
