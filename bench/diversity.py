@@ -184,7 +184,7 @@ MODES = [("off", None, None), ("gumbel", "gumbel", "deterministic"), ("gumbel", 
 ROTATING_MODES = [("gumbel", "gumbel", "diverse"), ("dual_key_gumbel", "dual_key_gumbel", "diverse")]
 
 
-def run_diversity(prompts: int, generations: int, tokens: int, rotating: bool = False) -> dict:
+def run_diversity(prompts: int, generations: int, tokens: int, rotating: bool = False, replicate: int = 0) -> dict:
     """``rotating``: unseeded `diverse` generations as the service runs them, each prompt's
     generations taking the salts in turn (watermark.salt.SaltRotation); otherwise each
     generation's salt comes from its own seed (independent uniform salts)."""
@@ -192,11 +192,15 @@ def run_diversity(prompts: int, generations: int, tokens: int, rotating: bool = 
 
     rows = []
     started = time.perf_counter()
-    for label, algorithm, mode in (ROTATING_MODES if rotating else MODES):
+    modes = ROTATING_MODES if rotating else MODES
+    if replicate:  # the unwatermarked run again with other seeds: the metrics' sampling noise
+        modes = [m for m in MODES if m[1] is None]
+    for label, algorithm, mode in modes:
         # One key per configuration (a tenant's key), fixed; every generation its own seed.
         key = None if algorithm is None else _key(_seed("diversity-key", algorithm) | (1 << 40), algorithm, mode)
         rotation = SaltRotation()
-        jobs = [{"prompt": PROMPTS[p], "seed": _seed("diversity", label, mode, p, g), "key": key, "p": p,
+        jobs = [{"prompt": PROMPTS[p], "seed": _seed("diversity", label, mode, p, g, *([replicate] if replicate else [])),
+                 "key": key, "p": p,
                  "salt": rotation.take("bench", (p,)) if rotating else None}
                 for p in range(prompts) for g in range(generations)]
         t0 = time.perf_counter()
@@ -204,7 +208,8 @@ def run_diversity(prompts: int, generations: int, tokens: int, rotating: bool = 
         per_prompt = [diversity_metrics([d["tokens"] for d in done if d["p"] == p]) for p in range(prompts)]
         salts = ("salts in turn per prompt" if rotating else "independent salt per generation") \
             if mode == "diverse" else ""
-        row = {"watermark": "off" if algorithm is None else f"{algorithm} {mode}" + (f" ({salts})" if salts else ""),
+        row = {"watermark": ("off" + (f" (replicate {replicate}: other seeds)" if replicate else "")) if algorithm is None
+               else f"{algorithm} {mode}" + (f" ({salts})" if salts else ""),
                **{name: float(np.mean([m[name] for m in per_prompt])) for name in per_prompt[0]},
                "generation_s": round(time.perf_counter() - t0, 1),
                "mean_tokens": float(np.mean([len(d["tokens"]) for d in done]))}
@@ -338,10 +343,10 @@ def report() -> str:
              "Written by `.venv/bin/python -m bench.diversity report` from the parts below (bench/diversity.py "
              "says how each is measured); each part names its command, commit and the box's load average.", ""]
     div = _load("diversity")
-    rotating = _load("diversity-rotating")
-    if div and rotating:
-        div = {**div, "rows": div["rows"] + rotating["rows"]}
-        div["meta"] = {**div["meta"], "command": div["meta"]["command"] + "` and `" + rotating["meta"]["command"]}
+    for extra in (_load("diversity-replicate"), _load("diversity-rotating")):
+        if div and extra:
+            div = {**div, "rows": div["rows"] + extra["rows"]}
+            div["meta"] = {**div["meta"], "command": div["meta"]["command"] + "` and `" + extra["meta"]["command"]}
     if div:
         m = div["meta"]
         lines += ["## Diversity of repeated generations", "",
@@ -405,6 +410,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--generations", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--replicate", type=int, default=0, help="diversity: the unwatermarked run only, with "
+                        "other seeds (part diversity-replicate)")
     parser.add_argument("--rotating", action="store_true", help="diversity: the diverse modes with the "
                         "service's salt rotation (written as part diversity-rotating)")
     parser.add_argument("--bundled", type=int, default=80)
@@ -417,9 +424,11 @@ def main() -> None:
         return
     meta = _meta(args.part)
     if args.part == "diversity":
-        payload = run_diversity(args.prompts, args.generations, args.tokens, args.rotating)
+        payload = run_diversity(args.prompts, args.generations, args.tokens, args.rotating, args.replicate)
         if args.rotating:
             args.part = "diversity-rotating"
+        elif args.replicate:
+            args.part = "diversity-replicate"
     elif args.part == "tpr":
         payload = run_tpr(args.bundled, args.synthetic)
     elif args.part == "null":
