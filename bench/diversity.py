@@ -184,7 +184,8 @@ MODES = [("off", None, None), ("gumbel", "gumbel", "deterministic"), ("gumbel", 
 ROTATING_MODES = [("gumbel", "gumbel", "diverse"), ("dual_key_gumbel", "dual_key_gumbel", "diverse")]
 
 
-def run_diversity(prompts: int, generations: int, tokens: int, rotating: bool = False, replicate: int = 0) -> dict:
+def run_diversity(prompts: int, generations: int, tokens: int, rotating: bool = False, replicate: int = 0,
+                  fresh_keys: bool = False) -> dict:
     """``rotating``: unseeded `diverse` generations as the service runs them, each prompt's
     generations taking the salts in turn (watermark.salt.SaltRotation); otherwise each
     generation's salt comes from its own seed (independent uniform salts)."""
@@ -195,12 +196,14 @@ def run_diversity(prompts: int, generations: int, tokens: int, rotating: bool = 
     modes = ROTATING_MODES if rotating else MODES
     if replicate:  # the unwatermarked run again with other seeds: the metrics' sampling noise
         modes = [m for m in MODES if m[1] is None]
+    if fresh_keys:  # control: a new random key for every generation (as if S were infinite)
+        modes = [("gumbel", "gumbel", "deterministic")]
     for label, algorithm, mode in modes:
         # One key per configuration (a tenant's key), fixed; every generation its own seed.
         key = None if algorithm is None else _key(_seed("diversity-key", algorithm) | (1 << 40), algorithm, mode)
         rotation = SaltRotation()
         jobs = [{"prompt": PROMPTS[p], "seed": _seed("diversity", label, mode, p, g, *([replicate] if replicate else [])),
-                 "key": key, "p": p,
+                 "key": _key(_seed("fresh", p, g) | (1 << 41), algorithm, mode) if fresh_keys else key, "p": p,
                  "salt": rotation.take("bench", (p,)) if rotating else None}
                 for p in range(prompts) for g in range(generations)]
         t0 = time.perf_counter()
@@ -208,6 +211,8 @@ def run_diversity(prompts: int, generations: int, tokens: int, rotating: bool = 
         per_prompt = [diversity_metrics([d["tokens"] for d in done if d["p"] == p]) for p in range(prompts)]
         salts = ("salts in turn per prompt" if rotating else "independent salt per generation") \
             if mode == "diverse" else ""
+        if fresh_keys:
+            salts = "a fresh random key per generation: the ideal salt space"
         row = {"watermark": ("off" + (f" (replicate {replicate}: other seeds)" if replicate else "")) if algorithm is None
                else f"{algorithm} {mode}" + (f" ({salts})" if salts else ""),
                **{name: float(np.mean([m[name] for m in per_prompt])) for name in per_prompt[0]},
@@ -343,7 +348,7 @@ def report() -> str:
              "Written by `.venv/bin/python -m bench.diversity report` from the parts below (bench/diversity.py "
              "says how each is measured); each part names its command, commit and the box's load average.", ""]
     div = _load("diversity")
-    for extra in (_load("diversity-replicate"), _load("diversity-rotating")):
+    for extra in (_load("diversity-replicate"), _load("diversity-rotating"), _load("diversity-fresh-keys")):
         if div and extra:
             div = {**div, "rows": div["rows"] + extra["rows"]}
             div["meta"] = {**div["meta"], "command": div["meta"]["command"] + "` and `" + extra["meta"]["command"]}
@@ -412,6 +417,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--replicate", type=int, default=0, help="diversity: the unwatermarked run only, with "
                         "other seeds (part diversity-replicate)")
+    parser.add_argument("--fresh-keys", action="store_true", help="diversity: control, gumbel with a new key per "
+                        "generation (part diversity-fresh-keys)")
     parser.add_argument("--rotating", action="store_true", help="diversity: the diverse modes with the "
                         "service's salt rotation (written as part diversity-rotating)")
     parser.add_argument("--bundled", type=int, default=80)
@@ -424,8 +431,11 @@ def main() -> None:
         return
     meta = _meta(args.part)
     if args.part == "diversity":
-        payload = run_diversity(args.prompts, args.generations, args.tokens, args.rotating, args.replicate)
-        if args.rotating:
+        payload = run_diversity(args.prompts, args.generations, args.tokens, args.rotating, args.replicate,
+                                args.fresh_keys)
+        if args.fresh_keys:
+            args.part = "diversity-fresh-keys"
+        elif args.rotating:
             args.part = "diversity-rotating"
         elif args.replicate:
             args.part = "diversity-replicate"
