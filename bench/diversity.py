@@ -348,16 +348,24 @@ def report() -> str:
              "Written by `.venv/bin/python -m bench.diversity report` from the parts below (bench/diversity.py "
              "says how each is measured); each part names its command, commit and the box's load average.", ""]
     div = _load("diversity")
+    runs = []
+    if div:
+        for row in div["rows"]:
+            if row["watermark"].endswith(" diverse"):
+                row["watermark"] += " (independent salt per generation, as seeded requests get)"
+        runs.append(div["meta"])
     for extra in (_load("diversity-replicate"), _load("diversity-rotating"), _load("diversity-fresh-keys")):
         if div and extra:
             div = {**div, "rows": div["rows"] + extra["rows"]}
-            div["meta"] = {**div["meta"], "command": div["meta"]["command"] + "` and `" + extra["meta"]["command"]}
+            runs.append(extra["meta"])
     if div:
-        m = div["meta"]
         lines += ["## Diversity of repeated generations", "",
-                  f"`{m['command']}` (commit {m['commit'][:10]}, {m['date']}, load average {m['load_average_at_start']} "
-                  f"on {m['cpus']} shared CPUs). {div['prompts']} prompts x {div['generations']} generations x "
-                  f"{div['tokens']} tokens, T = {div['temperature']}, bundled target + draft on CPU.", "",
+                  f"{div['prompts']} prompts x {div['generations']} generations x {div['tokens']} tokens, "
+                  f"T = {div['temperature']}, bundled target + draft on CPU, every generation its own seed. Runs "
+                  "(commands, commits, load average at start on the 2 shared CPUs):", ""]
+        lines += [f"* `{m['command']}` (commit {m['commit'][:10]}, {m['date']}, load {m['load_average_at_start']})"
+                  for m in runs]
+        lines += ["", "Percentages: change against the first `off` row.", "",
                   "| watermark | distinct outputs | distinct 3-grams | self-BLEU (lower = more diverse) | mean tokens |",
                   "|---|---|---|---|---|"]
         off = div["rows"][0]
