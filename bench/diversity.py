@@ -194,14 +194,17 @@ def run_diversity(prompts: int, generations: int, tokens: int, rotating: bool = 
     rows = []
     started = time.perf_counter()
     modes = ROTATING_MODES if rotating else MODES
-    if replicate:  # the unwatermarked run again with other seeds: the metrics' sampling noise
-        modes = [m for m in MODES if m[1] is None]
+    if replicate:  # again with other seeds: the metrics' sampling noise (off, or gumbel rotating)
+        modes = ROTATING_MODES[:1] if rotating else [m for m in MODES if m[1] is None]
     if fresh_keys:  # control: a new random key for every generation (as if S were infinite)
         modes = [("gumbel", "gumbel", "deterministic")]
     for label, algorithm, mode in modes:
         # One key per configuration (a tenant's key), fixed; every generation its own seed.
         key = None if algorithm is None else _key(_seed("diversity-key", algorithm) | (1 << 40), algorithm, mode)
         rotation = SaltRotation()
+        if replicate:
+            key = None if algorithm is None else _key(_seed("diversity-key", algorithm, replicate) | (1 << 40),
+                                                      algorithm, mode)
         jobs = [{"prompt": PROMPTS[p], "seed": _seed("diversity", label, mode, p, g, *([replicate] if replicate else [])),
                  "key": _key(_seed("fresh", p, g) | (1 << 41), algorithm, mode) if fresh_keys else key, "p": p,
                  "salt": rotation.take("bench", (p,)) if rotating else None}
@@ -209,8 +212,8 @@ def run_diversity(prompts: int, generations: int, tokens: int, rotating: bool = 
         t0 = time.perf_counter()
         done = engine_generate(jobs, tokens)
         per_prompt = [diversity_metrics([d["tokens"] for d in done if d["p"] == p]) for p in range(prompts)]
-        salts = ("salts in turn per prompt" if rotating else "independent salt per generation") \
-            if mode == "diverse" else ""
+        salts = ("salts in turn per prompt" + (f", replicate {replicate}: other seeds and key" if replicate else "")
+                 if rotating else "independent salt per generation") if mode == "diverse" else ""
         if fresh_keys:
             salts = "a fresh random key per generation: the ideal salt space"
         row = {"watermark": ("off" + (f" (replicate {replicate}: other seeds)" if replicate else "")) if algorithm is None
@@ -354,7 +357,8 @@ def report() -> str:
             if row["watermark"].endswith(" diverse"):
                 row["watermark"] += " (independent salt per generation, as seeded requests get)"
         runs.append(div["meta"])
-    for extra in (_load("diversity-replicate"), _load("diversity-rotating"), _load("diversity-fresh-keys")):
+    for extra in (_load("diversity-replicate"), _load("diversity-fresh-keys"), _load("diversity-rotating"),
+                  _load("diversity-rotating-replicate")):
         if div and extra:
             div = {**div, "rows": div["rows"] + extra["rows"]}
             runs.append(extra["meta"])
@@ -443,6 +447,8 @@ def main() -> None:
                                 args.fresh_keys)
         if args.fresh_keys:
             args.part = "diversity-fresh-keys"
+        elif args.rotating and args.replicate:
+            args.part = "diversity-rotating-replicate"
         elif args.rotating:
             args.part = "diversity-rotating"
         elif args.replicate:
