@@ -8,14 +8,18 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from service import detection
+from service.responses import DetectResponse, ok
 from service.routes.deps import IdentityDep, ServicesDep
 from service.schemas import DetectBody
 
-router = APIRouter()
+router = APIRouter(tags=["Detection"])
 
 
-@router.post("/v1/detect")
+@router.post("/v1/detect", summary="Check a text for a watermark", responses=ok(DetectResponse))
 async def detect_route(body: DetectBody, services: ServicesDep, identity: IdentityDep):
+    """Score a text (or token ids) against every key of the caller's tenant (an admin token: of
+    one tenant, or of all): an exact p-value corrected for the keys and tests, the winning key,
+    watermarked spans, the ledger's exact and edited copies, and a signed detection report."""
     # In a worker thread: the shared rate limit and the ledger look-up may query the database,
     # which must never stall the event loop (a restarting database would stall every request).
     return JSONResponse(await asyncio.to_thread(detection.detect, services, identity, body))
