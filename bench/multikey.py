@@ -66,7 +66,7 @@ def watermarked(key: WatermarkKey, n: int, rng: np.random.Generator, candidates:
         if dedup.next_repeated():
             token = int(ids[int(np.argmax(logits + rng.gumbel(size=candidates)))])
         else:
-            prf_key = key.secret if spec.algorithm == "gumbel" else (key.key_b if rng.random() < spec.alpha else key.key_a)
+            prf_key = key.prf_secret if spec.algorithm == "gumbel" else (key.key_b if rng.random() < spec.alpha else key.key_a)
             contexts = np.array([dedup.context] * candidates, dtype=np.int64)
             u = philox.uniforms_from_words_numpy(philox.words_numpy(prf_key, contexts, ids)).astype(np.float64)
             token = int(ids[int(np.argmax(logits - np.log(-np.log(u))))])

@@ -80,8 +80,8 @@ def generate(keys: list[WatermarkKey], n: int, sigma: float, seed: int, alpha: f
     rng = np.random.default_rng(seed)
     m = len(keys)
     dual = keys[0].spec.algorithm == "dual_key_gumbel"
-    key_a = np.array([k.key_a if dual else k.secret for k in keys], dtype=np.uint64)
-    key_b = np.array([k.key_b if dual else k.secret for k in keys], dtype=np.uint64)
+    key_a = np.array([k.key_a if dual else k.prf_secret for k in keys], dtype=np.uint64)
+    key_b = np.array([k.key_b if dual else k.prf_secret for k in keys], dtype=np.uint64)
     texts: list[list[int]] = [[] for _ in range(m)]
     seen: list[set] = [set() for _ in range(m)]
     vocab = np.arange(VOCAB, dtype=np.int64)

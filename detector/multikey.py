@@ -74,7 +74,7 @@ class KeySet:
         for spec, indices in members.items():
             keys = [candidates[i].key for i in indices]
             dual = spec.algorithm == "dual_key_gumbel"
-            keys_a = np.array([k.key_a if dual else k.secret for k in keys], dtype=np.uint64)
+            keys_a = np.array([k.key_a if dual else k.prf_secret for k in keys], dtype=np.uint64)
             keys_b = np.array([k.key_b for k in keys], dtype=np.uint64) if dual else None
             groups.append(KeyGroup(spec=spec, indices=np.array(indices, dtype=np.int64), keys_a=keys_a, keys_b=keys_b))
         return cls(candidates=tuple(candidates), groups=tuple(groups))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from watermark.key import WatermarkKey
+from watermark.salt import SALTS
 
 
 def _p(log10_p: float) -> float:
@@ -23,10 +25,16 @@ class KeyInfo:
     state: str
     fingerprint: str
     algorithm: str
+    salt: int | None = None
+    """The salt tested (a `diverse` key, expanded into its salted candidates by
+    :func:`salted_candidates`); None for a `deterministic` key. Only then in ``to_dict``."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tenant": self.tenant, "key_id": self.key_id, "version": self.version,
-                "state": self.state, "fingerprint": self.fingerprint, "algorithm": self.algorithm}
+        out = {"tenant": self.tenant, "key_id": self.key_id, "version": self.version,
+               "state": self.state, "fingerprint": self.fingerprint, "algorithm": self.algorithm}
+        if self.salt is not None:
+            out["salt"] = self.salt
+        return out
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,25 @@ class Candidate:
     def inline(cls, key: WatermarkKey, label: str = "inline") -> "Candidate":
         """A key given directly (CLI, tests): no tenant, no stored id."""
         return cls(key=key, info=KeyInfo(tenant=None, key_id=label, version=None, state="active",
-                                         fingerprint=key.fingerprint, algorithm=key.spec.algorithm))
+                                         fingerprint=key.fingerprint, algorithm=key.spec.algorithm, salt=key.salt))
+
+
+def salted_candidates(candidates: Sequence[Candidate], known_salt: dict[str, int] | None = None) -> list[Candidate]:
+    """Every candidate as the detector tests it: a `diverse` key without a salt becomes
+    its :data:`watermark.salt.SALTS` salted keys (one candidate per salt, ``info.salt`` set),
+    so the many-key detection's Šidák correction counts each salt as a key (at most
+    log2(SALTS) bits of p-value); a `deterministic` or already-salted key stays as it is.
+    ``known_salt``: key id -> the salt the ledger recorded, which tests that salt alone."""
+    out: list[Candidate] = []
+    for candidate in candidates:
+        key = candidate.key
+        if key.spec.mode != "diverse" or key.salt is not None:
+            out.append(candidate)
+            continue
+        known = (known_salt or {}).get(candidate.info.key_id) if candidate.info.key_id else None
+        for salt in ([known] if known is not None else range(SALTS)):
+            out.append(Candidate(key=key.with_salt(salt), info=dataclasses.replace(candidate.info, salt=salt)))
+    return out
 
 
 @dataclass(frozen=True)

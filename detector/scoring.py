@@ -191,7 +191,7 @@ def token_scores(key: WatermarkKey, scored: ScoredPositions, statistic: Statisti
     if statistic == "single":
         if key.spec.algorithm != "gumbel":
             raise ValueError("statistic 'single' is for gumbel keys; use max, weighted or routed")
-        return exp_scores(uniforms(key.secret, scored, prf_name=key.spec.prf))
+        return exp_scores(uniforms(key.prf_secret, scored, prf_name=key.spec.prf))
     if key.spec.algorithm != "dual_key_gumbel":
         raise ValueError(f"statistic {statistic!r} is for dual_key_gumbel keys; use single")
     if statistic == "routed":

@@ -295,7 +295,9 @@ def find_matches(session: Session, *, keys: Sequence[tuple[str, int]], token_ids
     ``cache``: shared with the detection's other look-ups in the same transaction."""
     cache = KgramCache() if cache is None else cache
     out: list[KgramMatch] = []
-    for key_id, secret in keys:
+    # dict.fromkeys: a `diverse` key comes as one candidate per salt, all with its key id
+    # and secret (k-grams are keyed by the key's own secret, not the salt's).
+    for key_id, secret in dict.fromkeys(keys):
         query = sorted(set(cache.at(token_ids, secret)))
         if not query:
             continue

@@ -267,9 +267,10 @@ def _check_details(details: dict[str, Any] | None) -> dict[str, Any] | None:
 def start_generation(
     session: Session, *, tenant_id: str, key_id: str | None, key_version: int | None, engine: str,
     model: str, spec: WatermarkSpec | None, prompt_tokens: int, unwatermarked_reason: str | None,
-    generation_id: str | None = None, now: datetime | None = None,
+    generation_id: str | None = None, now: datetime | None = None, details: dict[str, Any] | None = None,
 ) -> GenerationEntry:
-    """The ``started`` entry of a stream: commit it before the stream's first token leaves."""
+    """The ``started`` entry of a stream: commit it before the stream's first token leaves
+    (``details``: what is known before the first token, such as a `diverse` key's salt)."""
     generation_id, tenant_name, header = _new_generation(
         session, generation_id=generation_id, tenant_id=tenant_id, key_id=key_id, key_version=key_version,
         engine=engine, model=model, spec=spec, prompt_tokens=prompt_tokens)
@@ -278,7 +279,7 @@ def start_generation(
         **_progress(session, tenant_id, key_id, key_version, output_text="", output_sha256=None,
                     token_ids=(), output_tokens=None, watermarked_tokens=0,
                     unwatermarked_reason=unwatermarked_reason),
-        "finish_reason": None, "details": None})
+        "finish_reason": None, "details": _check_details(details)})
     return _logged(_generation([appended.row], tenant_name), appended)
 
 

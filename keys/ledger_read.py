@@ -322,3 +322,22 @@ def list_generations(session: Session, *, tenant_id: str | None, limit: int = 50
     ids = [g for g, _ in session.execute(query.order_by(first.desc()).limit(limit).offset(offset)).all()]
     return _generations(session, ids, tenant_id)
 
+
+
+SALT_DETAIL = "salt"
+"""The ``details`` entry that records a `diverse` key's generation salt (watermark.salt).
+``details`` is a hashed field (keys.chain), so the salt is covered by the entry's hash and
+hence by its transparency-log leaf; entries without it hash exactly as before."""
+
+
+def generation_salts(session: Session, generation_ids: Sequence[str]) -> dict[str, int]:
+    """generation id -> the salt its entries record (only generations that record one)."""
+    if not generation_ids:
+        return {}
+    out: dict[str, int] = {}
+    query = select(Row.generation_id, Row.details).where(Row.generation_id.in_(list(dict.fromkeys(generation_ids))))
+    for generation_id, details in session.execute(query):
+        salt = details.get(SALT_DETAIL) if isinstance(details, dict) else None
+        if isinstance(salt, int) and not isinstance(salt, bool):
+            out[generation_id] = salt
+    return out

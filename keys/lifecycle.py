@@ -32,7 +32,7 @@ from keys.models import KeyRow
 from keys.tenants import get_tenant, get_tenant_by_id, new_id
 from watermark import prf
 from watermark.key import check_value, fingerprint
-from watermark.spec import WatermarkSpec
+from watermark.spec import NEW_KEY_MODE, WatermarkSpec
 from watermark.validation import summary
 
 log = logging.getLogger("hallmark.keys")
@@ -90,10 +90,12 @@ def key_info(row: KeyRow, tenant_name: str) -> KeyRecord:
 
 
 def build_spec(base: WatermarkSpec | None = None, **changes: Any) -> WatermarkSpec:
-    """A validated spec: ``base`` (default: the defaults) with ``changes`` applied (field
-    names; a given None is a value, e.g. ``dedup_max_history=None`` searches everything).
+    """A validated spec: ``base`` (default: the defaults, in mode
+    :data:`~watermark.spec.NEW_KEY_MODE`) with ``changes`` applied (field names; a given None
+    is a value, e.g. ``dedup_max_history=None`` searches everything). A ``base`` keeps its
+    mode (a rotation does not change how a tenant's text is generated unless asked).
     Invalid values raise :class:`InvalidInput` in one line."""
-    fields = base.public_dict() if base is not None else {}
+    fields = base.public_dict() if base is not None else {"mode": NEW_KEY_MODE}
     fields.update(changes)
     try:
         return WatermarkSpec.model_validate(fields)
@@ -166,7 +168,7 @@ def create_key(session: Session, keyring: Keyring, *, tenant: str, actor: str,
     check_wrapping_kek(session, keyring)
     state = VERIFY_ONLY if _active_row(session, tenant_row.id) is not None else ACTIVE
     row = _insert_key(session, keyring, tenant=tenant_row, secret=secrets.randbits(64),
-                      spec=spec or WatermarkSpec(), state=state, imported=False,
+                      spec=spec or build_spec(), state=state, imported=False,
                       import_source=None, now=now)
     record_audit(session, actor=actor, action="key.created", tenant_id=tenant_row.id, key_id=row.id,
                  details=_new_key_details(row), now=now)

@@ -19,6 +19,7 @@ from service.detect_input import DegenerateInput, check_detect_input
 from service.errors import Conflict, NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
 from service.http_errors import store_error
 from service.ledger_evidence import with_ledger_basis, with_shared_evidence
+from service.ledger_salts import narrowed_by_ledger
 from service.provenance import report_scope, report_settings, report_statement
 from service.schemas import DetectBody
 from service.state import Services
@@ -91,6 +92,8 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
                            code="statistic_unavailable", headers={"x-should-retry": "false"}) from None
     if params.evidence:
         evidence.check_size(max(len(t) for t, _ in forms), settings.max_evidence_tokens)
+    # A diverse key whose generation the ledger identifies is tested under its recorded salt.
+    candidates = narrowed_by_ledger(services, identity, tenant, candidates, [t for t, _ in forms], text, config)
     result, best = detect_forms([token_ids for token_ids, _ in forms], candidates, config)
     token_ids, offsets = forms[best]
     if offsets is not None:

@@ -11,6 +11,7 @@ thread, off the event loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import uuid
@@ -25,11 +26,15 @@ from keys.ledger import (CHECKPOINT_TOKENS, GenerationEntry, checkpoint_generati
 from service.auth import Identity, resolve_tenant
 from service.engines.base import (Delta, EngineBusy, EngineFailure, Finished, GenerationRequest, RouteCounts,
                                   WatermarkPlan)
-from service.errors import BadRequest, Forbidden, Unavailable, Unprocessable
+from service.errors import BadRequest, Conflict, Forbidden, Unavailable, Unprocessable
 from service.http_errors import store_error
 from service.limits import GenerationLease
 from service.state import Services
+from keys.ledger_read import SALT_DETAIL
+from watermark.key import WatermarkKey
 from watermark.processing import validate_sampling
+from watermark import prf
+from watermark.salt import distinct_salts, salt_for
 
 log = logging.getLogger("hallmark.generation")
 
@@ -46,6 +51,9 @@ class GenerateParams:
     stop: tuple[str, ...] = ()
     watermark: bool = True
     tenant: str | None = None
+    salt: int | None = None
+    """A `diverse` key's salt for this generation (the OpenAI routes' ``n`` choices give
+    each its own); None: from ``seed`` when given, else random (watermark.salt.salt_for)."""
 
 
 @dataclass(frozen=True)
@@ -124,8 +132,9 @@ def _prepare(services: Services, identity: Identity, params: GenerateParams) -> 
             stored = services.active_key(tenant_id)
         except KeyStoreError as exc:  # no active key: 409, not retryable; a database fault: 503
             raise store_error(exc) from None
-        plan = WatermarkPlan(key=stored.material, key_id=stored.key_id, version=stored.version,
-                             fingerprint=stored.fingerprint)
+        plan = WatermarkPlan(key=_generation_key(services, stored.material, stored.key_id, params, prompt_ids),
+                             key_id=stored.key_id,
+                             version=stored.version, fingerprint=stored.fingerprint)
         spec = stored.spec
     request = GenerationRequest(
         request_id=uuid.uuid4().hex, prompt_ids=prompt_ids, max_tokens=max_tokens,
@@ -138,14 +147,40 @@ def _prepare(services: Services, identity: Identity, params: GenerateParams) -> 
     return _Prepared(request=request, tenant_id=tenant_id, plan=plan, spec=spec, reason=reason)
 
 
+def _generation_key(services: Services, key: WatermarkKey, key_id: str, params: GenerateParams,
+                    prompt_ids: tuple[int, ...]) -> WatermarkKey:
+    """The key this generation runs under: a `diverse` key with the generation's salt (given,
+    else from the seed, else the prompt's next salt in turn: watermark.salt)."""
+    if key.spec.mode != "diverse":
+        return key
+    if params.salt is not None:
+        salt = params.salt
+    elif params.seed is not None:
+        salt = salt_for(params.seed)
+    else:
+        salt = services.salts.take(key_id, prompt_ids)
+    return key.with_salt(salt)
+
+
+def _salt_details(prepared: _Prepared, details: dict | None) -> dict | None:
+    """The ledger entry's ``details`` with the generation's salt (keys.ledger_read.SALT_DETAIL)."""
+    salt = prepared.plan.key.salt if prepared.plan is not None else None
+    if salt is None:
+        return details
+    return {**(details or {}), SALT_DETAIL: salt}
+
+
 def _watermark_dict(prepared: _Prepared, done_tokens: int, watermarked: int, key_state: str | None) -> dict | None:
     plan = prepared.plan
     if plan is None:
         return None
     share = watermarked / done_tokens if done_tokens else 0.0
-    return {"key_id": plan.key_id, "version": plan.version, "fingerprint": plan.fingerprint,
-            "key_state": key_state, "algorithm": prepared.spec.algorithm, "spec": prepared.spec.public_dict(),
-            "watermarked_tokens": watermarked, "watermarked_share": share}
+    out = {"key_id": plan.key_id, "version": plan.version, "fingerprint": plan.fingerprint,
+           "key_state": key_state, "algorithm": prepared.spec.algorithm, "spec": prepared.spec.public_dict(),
+           "watermarked_tokens": watermarked, "watermarked_share": share}
+    if plan.key.salt is not None:
+        out["salt"] = plan.key.salt
+    return out
 
 
 def _with_verification(watermark: dict | None, details: dict | None) -> dict | None:
@@ -215,7 +250,8 @@ def _record(services: Services, prepared: _Prepared, done: Finished, started_at=
                 unwatermarked_reason=_unwatermarked_reason(prepared, done.routes.plain),
                 output_text=done.text, token_ids=done.token_ids, finish_reason=_engine_reason(done.finish_reason),
                 generation_id=prepared.request.request_id, refuse_revoked_key=True,
-                details=_verification(services, prepared, done.token_ids, done.routes.watermarked if plan else 0),
+                details=_salt_details(prepared, _verification(services, prepared, done.token_ids,
+                                                              done.routes.watermarked if plan else 0)),
                 kgram_set=_kgram_set(prepared, done.token_ids), started_at=started_at)
     except KeyRevoked:
         log.warning("generation %s withheld: its key was revoked while it generated", prepared.request.request_id)
@@ -279,6 +315,48 @@ async def generate(services: Services, identity: Identity, params: GenerateParam
         raise
     lease.release(len(outcome.token_ids))
     return outcome
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of the ``index``-th of a request's choices: the request's own for the first
+    (so n=1 and the first of n agree), a derived one for the others, so that every random
+    draw (salt aside, which :func:`watermark.salt.distinct_salts` picks) differs per choice."""
+    if seed is None or index == 0:
+        return seed
+    return prf.derive_key(seed, f"hallmark_choice/{index}")
+
+
+def _check_choices(services: Services, identity: Identity, params: GenerateParams, n: int) -> None:
+    """Refuse ``n`` > 1 where every choice would repeat one text: a watermarked request
+    under a `deterministic` key (409: the tenant's key decides, not the request)."""
+    if n == 1 or not params.watermark or params.temperature == 0:
+        return
+    tenant_id, _ = resolve_tenant(services, identity, params.tenant)
+    if tenant_id is None:
+        return  # _prepare refuses it
+    try:
+        stored = services.active_key(tenant_id)
+    except KeyStoreError:
+        return  # _prepare maps it
+    if stored.spec.mode != "diverse":
+        raise Conflict(f"n={n} needs a key in mode 'diverse': the tenant's active key is "
+                       f"'{stored.spec.mode}' (vLLM's scheme), under which every choice of one prompt "
+                       "repeats the same text; send one request, or rotate to a diverse key "
+                       "(`hallmark keys rotate --mode diverse`)", code="n_needs_diverse_key")
+
+
+async def generate_choices(services: Services, identity: Identity, params: GenerateParams, n: int) -> list[Outcome]:
+    """``n`` generations of one request (OpenAI's ``n``), run together: each its own
+    generation (ledger entry, receipt) under its own salt (distinct across the choices) and
+    its own seed (:func:`choice_seed`), so a seeded request reproduces all of them. Unseeded,
+    the choices take the prompt's next n salts in turn (distinct for n <= 16)."""
+    if n == 1:
+        return [await generate(services, identity, params)]
+    await asyncio.to_thread(_check_choices, services, identity, params, n)
+    salts = distinct_salts(params.seed, n) if params.seed is not None else [None] * n
+    return list(await asyncio.gather(*(
+        generate(services, identity, dataclasses.replace(params, seed=choice_seed(params.seed, i), salt=salts[i]))
+        for i in range(n))))
 
 
 async def _generate(services: Services, prepared: _Prepared) -> Outcome:
@@ -350,7 +428,8 @@ class _Progress:
             if finish_reason is None:
                 entry = checkpoint_generation(session, **values)
             else:
-                entry = finish_generation(session, finish_reason=finish_reason, details=details,
+                entry = finish_generation(session, finish_reason=finish_reason,
+                                          details=_salt_details(prepared, details),
                                           kgram_set=_kgram_set(prepared, values["token_ids"]), **values)
         self.covered = len(self.token_ids)
         _logged(services, entry)
@@ -372,7 +451,7 @@ def _start(services: Services, prepared: _Prepared) -> None:
                              key_version=plan.version if plan else None, engine=services.engine.name,
                              model=services.engine.model_name, spec=prepared.spec,
                              prompt_tokens=len(prepared.request.prompt_ids), unwatermarked_reason=prepared.reason,
-                             generation_id=prepared.request.request_id)
+                             generation_id=prepared.request.request_id, details=_salt_details(prepared, None))
         _logged(services, entry)
     except KeyStoreError as exc:
         log.error("provenance record failed for generation %s: %s", prepared.request.request_id, exc.user_message)

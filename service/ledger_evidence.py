@@ -35,6 +35,7 @@ from detector.result import Candidate
 from detector.stats import gamma_log10_sf, weighted_gamma_log10_sf
 from keys import key_states, kgrams
 from keys.kgrams import KgramMatch
+from keys.ledger_read import generation_salts
 
 SHARED_LEVEL = 1e-3
 """Level of the watermark test over a match's shared tokens (before the Bonferroni split)."""
@@ -62,31 +63,46 @@ def _with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Sequ
                         token_ids: Sequence[int], config: DetectorConfig, *,
                         cache: kgrams.KgramCache | None) -> list[KgramMatch]:
     threshold = math.log10(config.threshold)
-    by_key = {c.info.key_id: c for c in candidates if c.info.key_id}
+    # A `diverse` key is S salted candidates with one key id: the match's generation names
+    # its salt in the ledger (keys.ledger_read.generation_salts), and that salt is scored.
+    by_key: dict[str, dict[int | None, Candidate]] = {}
+    for c in candidates:
+        if c.info.key_id:
+            by_key.setdefault(c.info.key_id, {})[c.info.salt] = c
     tested: list[int] = []
     for i, match in enumerate(matches):
         if len(tested) < MAX_TESTED and match.key_id in by_key and match.log10_false_match_bound <= threshold:
             tested.append(i)
     if not tested:
         return list(matches)
+    salts = generation_salts(session, [matches[i].generation_id for i in tested])
+    chosen: dict[int, Candidate] = {}
+    for i in tested:
+        options = by_key[matches[i].key_id]
+        salt = salts.get(matches[i].generation_id)
+        chosen[i] = options.get(salt) or options.get(None) or next(iter(options.values()))
     cache = kgrams.KgramCache() if cache is None else cache
     tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     positions: dict[tuple[str, str], set[int]] = {}
-    scores: dict[str, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+    scores: dict[tuple[str, int | None], tuple[np.ndarray, dict[str, np.ndarray]]] = {}
     for key_id in dict.fromkeys(matches[i].key_id for i in tested):
-        candidate = by_key[key_id]
+        candidate = chosen[next(i for i in tested if matches[i].key_id == key_id)]
         # Tokens whose whole context lies inside a shared k-gram: their scores are the generation's.
         shared = kgrams.shared_positions(
             session, key_id=key_id, generation_ids=[matches[i].generation_id for i in tested
                                                     if matches[i].key_id == key_id],
             at=cache.at(token_ids, candidate.key.secret), skip=candidate.key.spec.context_width, cache=cache)
         positions.update(((generation_id, key_id), found) for generation_id, found in shared.items())
-        scores[key_id] = _token_scores(tokens, candidate, _statistics(candidate, config))
+    for i in tested:
+        candidate = chosen[i]
+        if (candidate.info.key_id, candidate.info.salt) not in scores:
+            scores[candidate.info.key_id, candidate.info.salt] = _token_scores(tokens, candidate,
+                                                                              _statistics(candidate, config))
     out = list(matches)
     for i in tested:
         match = out[i]
-        candidate = by_key[match.key_id]
-        scored_at, per_statistic = scores[match.key_id]
+        candidate = chosen[i]
+        scored_at, per_statistic = scores[candidate.info.key_id, candidate.info.salt]
         inside = np.isin(scored_at, np.fromiter(positions[match.generation_id, match.key_id], dtype=np.int64))
         log10_p, n = 0.0, 0
         for statistic, per_token in per_statistic.items():

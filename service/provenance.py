@@ -33,10 +33,14 @@ token's context)."""
 def ledger_match(entry: GenerationEntry) -> dict[str, Any]:
     """A detection result's ``ledger_matches`` item: a recorded generation whose output is
     exactly the text (the same shape from the API and ``hallmark detect``)."""
-    return {"generation_id": entry.id, "tenant": entry.tenant, "key_id": entry.key_id,
-            "key_version": entry.key_version, "key_state": entry.key_state, "engine": entry.engine,
-            "model": entry.model, "watermarked_tokens": entry.watermarked_tokens, "status": entry.status,
-            "ledger": {"seq": entry.seq, "entry_hash": entry.entry_hash}, "created_at": entry.created_at.isoformat()}
+    out = {"generation_id": entry.id, "tenant": entry.tenant, "key_id": entry.key_id,
+           "key_version": entry.key_version, "key_state": entry.key_state, "engine": entry.engine,
+           "model": entry.model, "watermarked_tokens": entry.watermarked_tokens, "status": entry.status,
+           "ledger": {"seq": entry.seq, "entry_hash": entry.entry_hash}, "created_at": entry.created_at.isoformat()}
+    salt = (entry.details or {}).get("salt")
+    if salt is not None:  # a `diverse` key's generation: the salt it ran under (keys.ledger_read.SALT_DETAIL)
+        out["salt"] = salt
+    return out
 
 
 RECEIPT_VERSION = 2

@@ -23,6 +23,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from keys.tenants import NAME_PATTERN
 from watermark.processing import MAX_TEMPERATURE, MIN_TEMPERATURE
+from watermark.salt import SALTS
 
 MAX_STOPS = 8
 MAX_STOP_CHARS = 200
@@ -65,6 +66,7 @@ def _int(**bounds: int) -> Any:
 Count = _int(ge=1)
 TopK = _int(ge=0, le=MAX_TOP_K)
 Seed = _int(ge=0, le=MAX_SEED)
+Choices = _int(ge=1, le=SALTS)
 TokenId = _int(ge=0, le=MAX_TOKEN_ID)
 
 TenantName = Annotated[str, Field(pattern=f"^{NAME_PATTERN.pattern}$", max_length=64)]
@@ -124,7 +126,7 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     # penalties and biases, and prompt echo/suffix (legacy completions).
     "tools": (None, []), "tool_choice": (None, "none", "auto"), "functions": (None, []),
     "function_call": (None, "none", "auto"), "logprobs": (None, False), "top_logprobs": (None, 0),
-    "n": (None, 1), "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
+    "best_of": (None, 1), "echo": (None, False), "suffix": (None, ""),
     "response_format": (None, {"type": "text"}), "logit_bias": (None, {}),
     "frequency_penalty": (None, 0), "presence_penalty": (None, 0), "audio": (None,),
     "modalities": (None, ["text"]), "prediction": (None,), "web_search_options": (None,),
@@ -172,7 +174,10 @@ class _OpenAIBase(BaseModel):
     stop: Stop | None = None
     stream: bool = False
     watermark: bool = True
-    n: Any = _unsupported("n")
+    n: Choices | None = None
+    """Choices to generate (1-16): each is its own generation (ledger entry, receipt) under
+    its own salt, so they differ; needs the tenant's key in mode `diverse` (409 otherwise) and
+    no streaming (400)."""
     logprobs: Any = _unsupported("logprobs")
     logit_bias: Any = _unsupported("logit_bias")
     frequency_penalty: Any = _unsupported("frequency_penalty")

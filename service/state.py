@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from detector.result import Candidate, KeyInfo
+from detector.result import Candidate, KeyInfo, salted_candidates
 from keys.db import Store
 from keys.material import StoredKey, active_key, detection_keys
 from keys.key_states import with_key_states
@@ -28,6 +28,7 @@ from service.errors import Unavailable
 from service.metrics import Metrics
 from service.limits import TenantLimits, create_buckets
 from service.settings import ServiceSettings
+from watermark.salt import SaltRotation
 
 log = logging.getLogger("hallmark.log")
 
@@ -59,6 +60,8 @@ class Services:
         self._published = -1  # the largest log size this process knows is published
         self._unpublished_since: float | None = None
         self._publish_lock = threading.Lock()
+        # Unseeded generations of one prompt under a diverse key take the salts in turn.
+        self.salts = SaltRotation()
 
     def detect_wait(self, token_id: str) -> float:
         """Take one detection from the token's shared budget: 0, or seconds to wait (blocking)."""
@@ -77,7 +80,9 @@ class Services:
     def detection_candidates(self, tenant: str | None) -> list[Candidate]:
         def load() -> list[Candidate]:
             with self.store.transaction(write=False) as session:
-                return [candidate_of(k) for k in detection_keys(session, self.store.keyring, tenant=tenant)]
+                # A `diverse` key is tested under each of its salts (detector.result.salted_candidates).
+                return salted_candidates([candidate_of(k) for k in
+                                          detection_keys(session, self.store.keyring, tenant=tenant)])
 
         return self.key_cache.get_or_load(("detect", tenant), load)
 

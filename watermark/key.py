@@ -26,11 +26,12 @@ HMAC would close the first gap and is the upgrade path if low-entropy imports ma
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hmac
 from dataclasses import dataclass, field
 
-from watermark import prf
+from watermark import prf, salt as salts
 from watermark.spec import WatermarkSpec
 
 FINGERPRINT_LABEL = b"hallmark/key-fingerprint/v1"
@@ -66,31 +67,51 @@ def fingerprint_of_check_value(value: str) -> str:
 
 @dataclass(frozen=True)
 class WatermarkKey:
-    """The secret and spec one generation or detection runs under."""
+    """The secret and spec one generation or detection runs under.
+
+    ``salt`` (a `diverse` key's generation, :mod:`watermark.salt`): every PRF key below
+    derives from :attr:`prf_secret`, the salted secret, while :attr:`secret` and the
+    fingerprint stay the key's own (k-gram records, the ledger, the key store name the key,
+    not the salt). None: the secret itself (a `deterministic` key, or a `diverse` key not
+    yet given a generation's salt)."""
 
     secret: int = field(repr=False)
     spec: WatermarkSpec = field(default_factory=WatermarkSpec)
+    salt: int | None = None
 
     def __post_init__(self) -> None:
         prf.check_key(self.secret)
+        if self.salt is not None:
+            salts.check_salt(self.salt)
+            if self.spec.mode != "diverse":
+                raise ValueError("only a key in mode 'diverse' takes a salt")
 
     @property
     def fingerprint(self) -> str:
         return fingerprint(self.secret)
 
+    def with_salt(self, salt: int | None) -> "WatermarkKey":
+        """This key under a generation's ``salt`` (None: unsalted)."""
+        return dataclasses.replace(self, salt=salt)
+
     # Sub-keys are derived once per key object (a SHA-256 each): detection reads them for
     # every text, and a service keeps its keys' objects in its key cache.
     @functools.cached_property
+    def prf_secret(self) -> int:
+        """The 64-bit secret the PRFs run under: the secret, or its salted secret."""
+        return self.secret if self.salt is None else salts.salted_secret(self.secret, self.salt)
+
+    @functools.cached_property
     def key_a(self) -> int:
-        return prf.derive_key(self.secret, KEY_A_DOMAIN)
+        return prf.derive_key(self.prf_secret, KEY_A_DOMAIN)
 
     @functools.cached_property
     def key_b(self) -> int:
-        return prf.derive_key(self.secret, KEY_B_DOMAIN)
+        return prf.derive_key(self.prf_secret, KEY_B_DOMAIN)
 
     @functools.cached_property
     def key_coin(self) -> int:
-        return prf.derive_key(self.secret, KEY_COIN_DOMAIN)
+        return prf.derive_key(self.prf_secret, KEY_COIN_DOMAIN)
 
     def row_keys(self) -> "RowKeys":
         """The keys and routing share of this key's sampler rows (:class:`RowKeys`)."""
@@ -99,7 +120,7 @@ class WatermarkKey:
     def scoring_keys(self) -> tuple[int, ...]:
         """The PRF keys a token of this key's text may carry: (key,) or (key_a, key_b)."""
         if self.spec.algorithm == "gumbel":
-            return (self.secret,)
+            return (self.prf_secret,)
         return (self.key_a, self.key_b)
 
 
@@ -135,5 +156,5 @@ def row_keys(key: WatermarkKey | None) -> RowKeys:
     if key is None:
         return UNKEYED
     if key.spec.algorithm == "gumbel":
-        return RowKeys(key_a=key.secret, key_b=key.secret, key_coin=0, alpha=0.0)
+        return RowKeys(key_a=key.prf_secret, key_b=key.prf_secret, key_coin=0, alpha=0.0)
     return RowKeys(key_a=key.key_a, key_b=key.key_b, key_coin=key.key_coin, alpha=key.spec.alpha)

@@ -15,9 +15,13 @@ from watermark import prf
 Algorithm = Literal["gumbel", "dual_key_gumbel"]
 DedupScope = Literal["none", "single_turn", "all"]
 CoinKind = Literal["ordinary", "keyed"]
+Mode = Literal["diverse", "deterministic"]
 
 ALGORITHMS: tuple[str, ...] = ("gumbel", "dual_key_gumbel")
 DEDUP_SCOPES: tuple[str, ...] = ("none", "single_turn", "all")
+MODES: tuple[str, ...] = ("diverse", "deterministic")
+NEW_KEY_MODE = "diverse"
+"""The mode a new key gets when its creator names none (:func:`keys.lifecycle.build_spec`)."""
 MAX_CONTEXT_WIDTH = 16
 # vLLM options that change nothing a detector must know.
 _VLLM_GENERATION_ONLY = {"allow_target_only_watermarking"}
@@ -49,6 +53,13 @@ class WatermarkSpec(BaseModel):
     coin: CoinKind = "ordinary"
     """Speculative acceptance coin: `ordinary` (vLLM's) or `keyed` (a third derived key
     decides acceptance, which lets the detector weigh each token's key)."""
+
+    mode: Mode = "deterministic"
+    """`diverse`: each generation draws a salt (watermark.salt) so that repeated generations
+    of one prompt differ; detection tests the salts unless the ledger names one.
+    `deterministic`: vLLM's scheme bit for bit (one prompt, one text per key). A spec that
+    names no mode is `deterministic`: every spec written before modes existed, and vLLM's
+    configs. New keys are `diverse` (:data:`NEW_KEY_MODE`)."""
 
     @field_validator("prf", mode="before")
     @classmethod
@@ -93,6 +104,8 @@ class WatermarkSpec(BaseModel):
         """The vLLM ``WatermarkConfig`` fields for this spec (without the key)."""
         if self.coin != "ordinary":
             raise ValueError("vLLM has no keyed acceptance coin; use coin='ordinary'")
+        if self.mode != "deterministic":
+            raise ValueError("vLLM has no per-generation salt; use mode='deterministic'")
         return {
             "algorithm": self.algorithm,
             "alpha": self.alpha,
@@ -103,4 +116,10 @@ class WatermarkSpec(BaseModel):
         }
 
     def public_dict(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=False)
+        """The spec as stored and shown. ``mode`` is left out when `deterministic`, so every
+        spec written before modes existed (key rows, ledger entries, receipts, keyrings)
+        reads, and re-serialises, exactly as before."""
+        out = self.model_dump(by_alias=False)
+        if out["mode"] == "deterministic":
+            del out["mode"]
+        return out

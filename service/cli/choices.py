@@ -12,4 +12,5 @@ from typing import Literal
 Algorithm = Literal["gumbel", "dual_key_gumbel"]  # watermark.spec.Algorithm
 DedupScope = Literal["none", "single_turn", "all"]  # watermark.spec.DedupScope
 CoinKind = Literal["ordinary", "keyed"]  # watermark.spec.CoinKind
+Mode = Literal["diverse", "deterministic"]  # watermark.spec.Mode
 DualStatistic = Literal["auto", "max", "weighted", "routed"]  # detector.detect.DualStatistic

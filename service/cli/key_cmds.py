@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from service.cli.app import JSON_OPTION, CliError, emit, keys_app, one_line_errors
-from service.cli.choices import Algorithm, CoinKind, DedupScope
+from service.cli.choices import Algorithm, CoinKind, DedupScope, Mode
 from service.cli.store import cli_store
 from service.cli.tables import plain, table
 
@@ -26,11 +26,12 @@ if TYPE_CHECKING:
 
 
 def _spec_changes(algorithm: str | None, context_width: int | None, alpha: float | None,
-                  dedup: str | None, dedup_max_history: str | None, coin: str | None) -> dict[str, Any]:
+                  dedup: str | None, dedup_max_history: str | None, coin: str | None,
+                  mode: str | None = None) -> dict[str, Any]:
     """The spec fields given on the command line (absent options are left out)."""
     changes: dict[str, Any] = {}
     for name, value in (("algorithm", algorithm), ("context_width", context_width), ("alpha", alpha),
-                        ("dedup", dedup), ("coin", coin)):
+                        ("dedup", dedup), ("coin", coin), ("mode", mode)):
         if value is not None:
             changes[name] = value
     if dedup_max_history is not None:
@@ -53,7 +54,7 @@ def _spec_text(spec: "WatermarkSpec") -> str:
     text = f"{spec.algorithm}, context width {spec.context_width}, dedup {spec.dedup} ({history})"
     if spec.algorithm == "dual_key_gumbel":
         text += f", alpha {spec.alpha}, coin {spec.coin}"
-    return text
+    return text + f", mode {spec.mode}"
 
 
 def _key_line(info: "KeyRecord") -> str:
@@ -80,6 +81,9 @@ DEDUP_MAX_HISTORY = typer.Option(None, "--dedup-max-history", metavar="N|all",
                                  help="Positions searched for a repeated context (a positive integer), or 'all'.")
 COIN = typer.Option(None, "--coin", help="dual_key_gumbel's speculative acceptance coin: ordinary (vLLM's) or "
                     "keyed (lets the detector weigh each token's key).")
+MODE = typer.Option(None, "--mode", help="diverse (a new key's default: each generation draws a salt, so "
+                    "regenerating gives a new text) or deterministic (vLLM's scheme bit for bit: one prompt, "
+                    "one text; imported keys' default).")
 
 
 @keys_app.command("create")
@@ -88,6 +92,7 @@ def keys_create(tenant: str = typer.Option(..., "--tenant", help="Tenant name.")
                 algorithm: Optional[Algorithm] = ALGORITHM, context_width: Optional[int] = CONTEXT_WIDTH,
                 alpha: Optional[float] = ALPHA, dedup: Optional[DedupScope] = DEDUP,
                 dedup_max_history: Optional[str] = DEDUP_MAX_HISTORY, coin: Optional[CoinKind] = COIN,
+                mode: Optional[Mode] = MODE,
                 as_json: bool = JSON_OPTION) -> None:
     """Create a random key: active if the tenant has none, else verify-only. It keeps the
     tenant's current spec (its active key's, else its newest key's) except what the options
@@ -95,7 +100,7 @@ def keys_create(tenant: str = typer.Option(..., "--tenant", help="Tenant name.")
     from keys.audit import default_actor
     from keys.lifecycle import create_key, spec_for_new_key
 
-    changes = _spec_changes(algorithm, context_width, alpha, dedup, dedup_max_history, coin)
+    changes = _spec_changes(algorithm, context_width, alpha, dedup, dedup_max_history, coin, mode)
     with cli_store(require_kek=True) as store, store.transaction() as session:
         spec, source = spec_for_new_key(session, tenant=tenant, changes=changes)
         info = create_key(session, store.keyring, tenant=tenant, spec=spec, actor=default_actor())
@@ -121,6 +126,7 @@ def keys_import(tenant: str = typer.Option(..., "--tenant", help="Tenant name.")
                 algorithm: Optional[Algorithm] = ALGORITHM, context_width: Optional[int] = CONTEXT_WIDTH,
                 alpha: Optional[float] = ALPHA, dedup: Optional[DedupScope] = DEDUP,
                 dedup_max_history: Optional[str] = DEDUP_MAX_HISTORY, coin: Optional[CoinKind] = COIN,
+                mode: Optional[Mode] = MODE,
                 source: Optional[str] = typer.Option(None, "--source", help="Where the key comes from (recorded)."),
                 as_json: bool = JSON_OPTION) -> None:
     """Import an existing deployment's key (for example vLLM's) so its text is detected."""
@@ -128,7 +134,7 @@ def keys_import(tenant: str = typer.Option(..., "--tenant", help="Tenant name.")
     from keys.importing import read_secret_file, read_vllm_config
     from keys.lifecycle import build_spec, import_key
 
-    changes = _spec_changes(algorithm, context_width, alpha, dedup, dedup_max_history, coin)
+    changes = _spec_changes(algorithm, context_width, alpha, dedup, dedup_max_history, coin, mode)
     if (secret_file is None) == (vllm_config is None):
         raise CliError("give exactly one of --secret-file F (with --algorithm and --context-width) "
                        "or --vllm-config F")
@@ -142,7 +148,8 @@ def keys_import(tenant: str = typer.Option(..., "--tenant", help="Tenant name.")
         if algorithm is None or context_width is None:
             raise CliError("--secret-file needs --algorithm and --context-width, exactly as the "
                            "deployment used them (a wrong spec detects nothing)")
-        spec = build_spec(**changes)
+        # Another deployment's key: deterministic (its scheme) unless --mode says otherwise.
+        spec = build_spec(**{"mode": "deterministic", **changes})
         secret = read_secret_file(secret_file)
     with cli_store(require_kek=True) as store, store.transaction() as session:
         info = import_key(session, store.keyring, tenant=tenant, secret=secret, spec=spec,
@@ -156,12 +163,13 @@ def keys_rotate(tenant: str = typer.Option(..., "--tenant", help="Tenant name.")
                 algorithm: Optional[Algorithm] = ALGORITHM, context_width: Optional[int] = CONTEXT_WIDTH,
                 alpha: Optional[float] = ALPHA, dedup: Optional[DedupScope] = DEDUP,
                 dedup_max_history: Optional[str] = DEDUP_MAX_HISTORY, coin: Optional[CoinKind] = COIN,
+                mode: Optional[Mode] = MODE,
                 as_json: bool = JSON_OPTION) -> None:
     """New active key (same spec unless options change it); the old one becomes verify-only."""
     from keys.audit import default_actor
     from keys.lifecycle import rotate_key
 
-    changes = _spec_changes(algorithm, context_width, alpha, dedup, dedup_max_history, coin)
+    changes = _spec_changes(algorithm, context_width, alpha, dedup, dedup_max_history, coin, mode)
     with cli_store(require_kek=True) as store, store.transaction() as session:
         rotation = rotate_key(session, store.keyring, tenant=tenant, spec_changes=changes,
                               actor=default_actor())
@@ -236,6 +244,6 @@ def keys_export(key_id: str = typer.Argument(..., help="Key id."),
         f"key {exported.key_id} (tenant {exported.tenant}, version {exported.version}, {exported.state})",
         f"fingerprint: {exported.fingerprint}",
         f"secret: {exported.secret} (0x{exported.secret:016x})",
-        f"vllm --watermark-config: {json.dumps(vllm) if vllm else '(not expressible: keyed coin)'}",
+        f"vllm --watermark-config: {json.dumps(vllm) if vllm else '(not expressible: keyed coin or diverse mode)'}",
     ])
     emit(payload, as_json, text)

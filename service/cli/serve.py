@@ -98,7 +98,7 @@ def _bootstrap_demo() -> str | None:
     from keys.tenants import create_tenant, get_tenant
     from keys.tokens import issue_token
     from service.cli.store import cli_store
-    from watermark.spec import WatermarkSpec
+    from watermark.spec import NEW_KEY_MODE, WatermarkSpec
 
     with cli_store(require_kek=True, check_schema=False, create=True) as store:
         migrate.upgrade(store.engine)
@@ -112,7 +112,7 @@ def _bootstrap_demo() -> str | None:
             create_tenant(session, name=DEMO_TENANT, actor=actor)
             # The bundled engine speculates, which needs a dual-key key.
             create_key(session, store.keyring, tenant=DEMO_TENANT, actor=actor,
-                       spec=WatermarkSpec(algorithm="dual_key_gumbel"))
+                       spec=WatermarkSpec(algorithm="dual_key_gumbel", mode=NEW_KEY_MODE))
             return issue_token(session, tenant=DEMO_TENANT, actor=actor).raw_token
 
 

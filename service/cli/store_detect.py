@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from detector.result import Candidate
+from detector.result import Candidate, salted_candidates
 from keys.errors import KeyStoreError
 from keys.material import detection_keys
 from service.cli.app import CliError
@@ -22,7 +22,7 @@ def stored_candidates(*, tenant: str | None) -> list[Candidate]:
     if not keys:
         where = f"tenant {tenant!r}" if tenant else "the store"
         raise CliError(f"{where} has no keys to test; create one with `hallmark keys create`")
-    return [candidate_of(k) for k in keys]
+    return salted_candidates([candidate_of(k) for k in keys])
 
 
 def add_ledger_evidence(result: dict[str, Any], *, tenant: str | None, text: str | None,

@@ -285,7 +285,7 @@ def detect_command(
     """Score text against an inline key, a tenant's stored keys, or a JSONL batch."""
     from detector.detect import detect as run_detect
     from detector.forms import detect_forms
-    from detector.result import Candidate
+    from detector.result import Candidate, salted_candidates
     from watermark.key import WatermarkKey
     from watermark.spec import WatermarkSpec
 
@@ -312,8 +312,8 @@ def detect_command(
                     candidates[memo] = candidate
             tokens = item["token_ids"]  # a checked array from parse_line, or a list to check
             check_detect_input(None, tokens, None)
-            result = run_detect(tokens if not isinstance(tokens, list) else _token_list(tokens), [candidate],
-                                config).to_dict()
+            result = run_detect(tokens if not isinstance(tokens, list) else _token_list(tokens),
+                                salted_candidates([candidate]), config).to_dict()
             # After the first line, the compiled paths: a batch is what numba's ~0.3 s of
             # loading pays for (the first detection itself stays on numpy; watermark.jit).
             if not jit.loaded():
@@ -339,7 +339,7 @@ def detect_command(
         if key is None and key_file is None:
             raise CliError("give a key: --key-file F (or --key), or --tenant T to use stored keys")
         spec = spec_from_options(algorithm=algorithm, context_width=context_width, alpha=alpha, dedup=dedup, coin=coin)
-        candidates = [Candidate.inline(_inline_key(key, key_file, spec))]
+        candidates = salted_candidates([Candidate.inline(_inline_key(key, key_file, spec))])
         store_scope = False
     try:
         result, scored_form = detect_forms(forms, candidates, config)

@@ -52,9 +52,14 @@ def _refusal(body: CompletionBody | ChatBody, services: Services) -> JSONRespons
         return error_response(NotFound(f"the model {body.model!r} does not exist on this server; it serves "
                                        f"{served[0]!r}{also}; see /v1/models", code="model_not_found"))
     name = body.unsupported_parameter()
+    if name is None and body.stream and (body.n or 1) > 1:
+        name = "n"
     if name is None:
         return None
-    if name in UNSUPPORTED:
+    if name == "n":
+        message = ("n > 1 is supported without streaming only; send 'stream': false, or n separate "
+                   "streaming requests")
+    elif name in UNSUPPORTED:
         message = (f"the parameter {name!r} is not supported by this server with the value sent; omit it "
                    f"(accepted without effect: {' or '.join(json.dumps(v) for v in UNSUPPORTED[name])})")
     else:  # messages holding tool or function calls
@@ -96,20 +101,33 @@ def _finish(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
-async def _openai(services: Services, identity: Identity, params: GenerateParams, stream: bool, *, chat: bool):
+def _choice(outcome: Outcome, index: int, chat: bool) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": index, "finish_reason": _finish(outcome.finish_reason), "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": outcome.text}
+    else:
+        choice["text"] = outcome.text
+    return choice
+
+
+async def _openai(services: Services, identity: Identity, params: GenerateParams, stream: bool, *, chat: bool,
+                  n: int = 1):
     created = int(time.time())
     kind = "chat.completion" if chat else "text_completion"
     if not stream:
-        outcome = await generation.generate(services, identity, params)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": _finish(outcome.finish_reason), "logprobs": None}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": outcome.text}
-        else:
-            choice["text"] = outcome.text
+        outcomes = await generation.generate_choices(services, identity, params, n)
+        first = outcomes[0]
         prefix = "chatcmpl-" if chat else "cmpl-"
-        return {"id": prefix + outcome.generation_id, "object": kind, "created": created,
-                "model": outcome.model, "choices": [choice], "usage": _usage(outcome),
-                "hallmark": _hallmark(outcome)}
+        hallmark = _hallmark(first)
+        usage = _usage(first)
+        if n > 1:  # each choice is its own generation; the prompt is counted once, as OpenAI does
+            hallmark["choices"] = [_hallmark(o) for o in outcomes]
+            completion = sum(len(o.token_ids) for o in outcomes)
+            usage = {"prompt_tokens": first.prompt_tokens, "completion_tokens": completion,
+                     "total_tokens": first.prompt_tokens + completion}
+        return {"id": prefix + first.generation_id, "object": kind, "created": created,
+                "model": first.model, "choices": [_choice(o, i, chat) for i, o in enumerate(outcomes)],
+                "usage": usage, "hallmark": hallmark}
     events = await generation.stream(services, identity, params)
     chunk_kind = "chat.completion.chunk" if chat else "text_completion"
     # The generation id is known (and recorded) before the first chunk: every chunk carries it.
@@ -163,7 +181,8 @@ async def completions_route(body: CompletionBody, services: ServicesDep, identit
     prompt_ids = body.prompt_ids
     if prompt_ids is None:
         prompt_ids = tuple(services.engine.tokenizer().encode(body.prompt_text))
-    return await _openai(services, identity, _openai_params(body, services, prompt_ids), body.stream, chat=False)
+    return await _openai(services, identity, _openai_params(body, services, prompt_ids), body.stream, chat=False,
+                         n=body.n or 1)
 
 
 @router.post("/v1/chat/completions", summary="Create a chat completion (OpenAI-compatible)",
@@ -174,7 +193,8 @@ async def chat_route(body: ChatBody, services: ServicesDep, identity: IdentityDe
     if (refused := _refusal(body, services)) is not None:
         return refused
     prompt_ids = tuple(chat_prompt_ids(services.engine.tokenizer(), [(m.role, m.text) for m in body.messages]))
-    return await _openai(services, identity, _openai_params(body, services, prompt_ids), body.stream, chat=True)
+    return await _openai(services, identity, _openai_params(body, services, prompt_ids), body.stream, chat=True,
+                         n=body.n or 1)
 
 
 _STARTED = int(time.time())

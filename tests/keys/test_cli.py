@@ -81,14 +81,21 @@ def test_keys_lifecycle_commands(cli, tmp_path):
     exported = cli.ok("keys", "export", first["key_id"], "--yes", "--json").json()
     assert exported["fingerprint"] == first["fingerprint"] and exported["state"] == "revoked"
     assert exported["secret_hex"] == f"0x{exported['secret']:016x}"
-    assert exported["vllm_watermark_config"]["key"] == exported["secret"]
+    # A tenant's first key is diverse (issue 24): vLLM has no per-generation salt, so no config.
+    assert exported["spec"]["mode"] == "diverse" and exported["vllm_watermark_config"] is None
     text = cli.ok("keys", "export", first["key_id"], "--yes").stdout
-    assert f"secret: {exported['secret']}" in text
+    assert f"secret: {exported['secret']}" in text and "not expressible" in text
+    # A deterministic key (--mode) exports vLLM's config with the key.
+    det = cli.ok("keys", "create", "--tenant", "acme", "--mode", "deterministic", "--json").json()
+    assert "mode" not in det["spec"]  # a spec without mode is deterministic (specs before issue 24)
+    exported = cli.ok("keys", "export", det["key_id"], "--yes", "--json").json()
+    assert exported["vllm_watermark_config"]["key"] == exported["secret"]
 
     actions = [e["action"] for e in cli.ok("audit", "list", "--tenant", "acme", "--json").json()]
     assert actions == ["tenant.created", "key.created", "key.created", "key.verify_only", "key.rotated",
-                       "key.verify_only", "key.rotated", "key.revoked", "key.exported", "key.exported"]
-    assert len(cli.ok("audit", "list", "--action", "key.exported", "--json").json()) == 2
+                       "key.verify_only", "key.rotated", "key.revoked", "key.exported", "key.exported",
+                       "key.created", "key.exported"]
+    assert len(cli.ok("audit", "list", "--action", "key.exported", "--json").json()) == 3
     assert len(cli.ok("audit", "list", "--key", first["key_id"], "--json").json()) == 5
     assert len(cli.ok("audit", "list", "--limit", "3", "--json").json()) == 3
     assert "key.revoked" in cli.ok("audit", "list").stdout

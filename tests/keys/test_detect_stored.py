@@ -10,9 +10,11 @@ from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
 
 
-def _material(cli, key_id: str) -> WatermarkKey:
+def _material(cli, key_id: str, salt: int | None = None) -> WatermarkKey:
+    """The key as a generation runs under it: new keys are `diverse`, so with a salt."""
     exported = cli.ok("keys", "export", key_id, "--yes", "--json").json()
-    return WatermarkKey(int(exported["secret"]), WatermarkSpec.model_validate(exported["spec"]))
+    key = WatermarkKey(int(exported["secret"]), WatermarkSpec.model_validate(exported["spec"]))
+    return key.with_salt(salt) if key.spec.mode == "diverse" else key
 
 
 def test_detect_against_a_tenants_history(cli):
@@ -22,13 +24,14 @@ def test_detect_against_a_tenants_history(cli):
     keys = {k["key_id"]: k for k in cli.ok("keys", "list", "--tenant", "acme", "--json").json()}
     second = next(k for k in keys if k != first)
     cli.ok("keys", "revoke", first, "--reason", "leaked")
-    old, new = _material(cli, first), _material(cli, second)
+    old, new = _material(cli, first, salt=3), _material(cli, second, salt=12)
 
     for key, key_id, state in ((old, first, "revoked"), (new, second, "active")):
         tokens, _ = generate(key, 120, seed=key.secret % 1000)
         result = cli.ok("detect", "--tenant", "acme", "--token-ids", json.dumps(tokens), "--json").json()
-        assert result["watermarked"] and result["keys_tested"] == 2
+        assert result["watermarked"] and result["keys_tested"] == 2 * 16  # two diverse keys, 16 salts each
         assert result["key"]["key_id"] == key_id and result["key"]["state"] == state
+        assert result["key"]["salt"] == key.salt
         assert result["key"]["tenant"] == "acme" and result["key"]["version"] == keys[key_id]["version"]
         assert str(key.secret) not in json.dumps(result)
 
@@ -50,7 +53,8 @@ def _record(store, cli, tenant: str, key_id: str, key: WatermarkKey, tokens: lis
         entry = record_generation(session, tenant_id=tenant_id, key_id=key_id, key_version=1, engine="local",
                                   model="m", spec=key.spec, prompt_tokens=1, watermarked_tokens=len(tokens),
                                   unwatermarked_reason=None, output_text=text, token_ids=tokens,
-                                  kgram_set=kgrams.kgram_set(key_id, key.secret, tokens))
+                                  kgram_set=kgrams.kgram_set(key_id, key.secret, tokens),
+                                  details=None if key.salt is None else {"salt": key.salt})
     return entry.id
 
 
@@ -64,7 +68,7 @@ def test_detect_reports_the_ledgers_evidence_as_the_api_does(cli, store):
     key_id = cli.ok("keys", "create", "--tenant", "acme", "--json").json()["key_id"]
     cli.ok("tenants", "create", "beta")
     cli.ok("keys", "create", "--tenant", "beta")
-    key = _material(cli, key_id)
+    key = _material(cli, key_id, salt=9)
     text = ("Return the number of items in the container, counting each distinct element once and "
             "ignoring the order in which they were added to it.")
     exact_id = _record(store, cli, "acme", key_id, key, load_tokenizer("bundled").encode(text, add_special_tokens=False),

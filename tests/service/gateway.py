@@ -53,14 +53,17 @@ def _free_port() -> int:
 
 
 def provision(tmp: Path, database_url: str | None = None,
-              secrets: dict[str, int] | None = None) -> tuple[StoreSettings, dict[str, str]]:
+              secrets: dict[str, int] | None = None,
+              modes: dict[str, str] | None = None) -> tuple[StoreSettings, dict[str, str]]:
     """Tenants acme (dual key) and globex (gumbel), their tokens and an admin token, in a new
     SQLite file under ``tmp`` or in the (empty) database at ``database_url``.
 
     Keys are random unless ``secrets`` fixes a tenant's secret: a watermarked sample is a
     function of the key as well as the seed, so a test that needs the same text on every
-    run (an output with a given property) must fix the key too."""
+    run (an output with a given property) must fix the key too. ``modes``: a tenant's key
+    mode (watermark.spec.Mode; default `deterministic`, the mode these tests were written for)."""
     secrets = secrets or {}
+    modes = modes or {}
 
     def key(session, store, tenant: str, spec: WatermarkSpec) -> None:
         if tenant in secrets:
@@ -78,9 +81,10 @@ def provision(tmp: Path, database_url: str | None = None,
         migrate.upgrade(store.engine)
         with store.transaction() as session:
             create_tenant(session, name="acme", actor="test")
-            key(session, store, "acme", WatermarkSpec(algorithm="dual_key_gumbel"))
+            key(session, store, "acme", WatermarkSpec(algorithm="dual_key_gumbel",
+                                                      mode=modes.get("acme", "deterministic")))
             create_tenant(session, name="globex", actor="test")
-            key(session, store, "globex", WatermarkSpec())
+            key(session, store, "globex", WatermarkSpec(mode=modes.get("globex", "deterministic")))
             tokens["acme"] = issue_token(session, tenant="acme", actor="test").raw_token
             tokens["globex"] = issue_token(session, tenant="globex", actor="test").raw_token
             tokens["admin"] = issue_token(session, tenant=None, admin=True, actor="test").raw_token
@@ -102,8 +106,8 @@ def stored_secrets(gateway: "Gateway") -> dict[str, int]:
 
 
 def start(tmp: Path, database_url: str | None = None, secrets: dict[str, int] | None = None,
-          **overrides) -> Gateway:
-    store_settings, tokens = provision(tmp, database_url, secrets)
+          modes: dict[str, str] | None = None, **overrides) -> Gateway:
+    store_settings, tokens = provision(tmp, database_url, secrets, modes)
     options = {"model": TEST_MODEL, "draft_model": TEST_DRAFT, "device": "cpu", "max_batch": 8,
                "detect_rate_per_minute": 100_000, "detect_burst": 100_000, **overrides}
     settings = ServiceSettings(**options)

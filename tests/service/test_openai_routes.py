@@ -78,7 +78,6 @@ REFUSED = [
     ("/v1/chat/completions", "functions", [{"name": "f"}]),
     ("/v1/chat/completions", "logprobs", True),
     ("/v1/chat/completions", "top_logprobs", 5),
-    ("/v1/chat/completions", "n", 2),
     ("/v1/chat/completions", "response_format", {"type": "json_object"}),
     ("/v1/chat/completions", "logit_bias", {"5": 10}),
     ("/v1/chat/completions", "frequency_penalty", 0.5),
@@ -86,7 +85,6 @@ REFUSED = [
     ("/v1/chat/completions", "modalities", ["text", "audio"]),
     ("/v1/chat/completions", "reasoning_effort", "low"),
     ("/v1/completions", "logprobs", 0),  # legacy completions: 0 still returns the sampled token's logprob
-    ("/v1/completions", "n", 3),
     ("/v1/completions", "best_of", 2),
     ("/v1/completions", "echo", True),
     ("/v1/completions", "suffix", "end"),
@@ -119,9 +117,22 @@ def test_the_openai_client_gets_bad_request_with_param(api):
     with pytest.raises(openai.BadRequestError) as caught:
         api.completions.create(model=SERVED, prompt="hi", max_tokens=3, logprobs=2)
     assert caught.value.param == "logprobs"
-    with pytest.raises(openai.BadRequestError) as caught:
+    # n > 1 (supported since issue 24) under acme's deterministic key: every choice would be
+    # one text, so the tenant's state refuses it (tests/service/test_diversity.py: diverse keys).
+    with pytest.raises(openai.ConflictError) as caught:
         api.chat.completions.create(model=SERVED, messages=CHAT["messages"], max_tokens=3, n=2)
-    assert caught.value.param == "n"
+    assert caught.value.code == "n_needs_diverse_key" and "diverse" in caught.value.message
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_n_above_one_with_streaming_is_a_400_naming_n(server, path):
+    base = CHAT if path.endswith("chat/completions") else COMPLETION
+    response = _post(server, path, {**base, "n": 2, "stream": True})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unsupported_parameter" and error["param"] == "n" and "stream" in error["message"]
+    for bad in (0, 17, True, "2"):
+        assert _post(server, path, {**base, "n": bad}).status_code == 422
 
 
 def test_neutral_values_and_supported_parameters_are_accepted(api):
@@ -144,13 +155,13 @@ def test_neutral_values_and_supported_parameters_are_accepted(api):
 def test_every_unsupported_parameter_is_a_field_with_a_neutral_value(body):
     # Declared (so /openapi.json documents it) and accepted at its neutral values.
     fields = set(body.model_fields) & set(UNSUPPORTED)
-    assert {"n", "logprobs"} <= fields
+    assert {"logprobs"} <= fields and "n" not in fields  # n is supported (issue 24)
     base = {"prompt": "hi"} if body is CompletionBody else {"messages": [{"role": "user", "content": "hi"}]}
     for name in fields:
         for neutral in UNSUPPORTED[name]:
             assert body.model_validate({**base, name: neutral}).unsupported_parameter() is None, (name, neutral)
     # A JSON true is not the integer 1, false not 0.
-    assert body.model_validate({**base, "n": True}).unsupported_parameter() == "n"
+    assert body.model_validate({**base, "min_tokens": True}).unsupported_parameter() == "min_tokens"
     assert body.model_validate({**base, "frequency_penalty": False}).unsupported_parameter() == "frequency_penalty"
 
 

@@ -52,3 +52,24 @@ def test_key_repr_and_fingerprint_do_not_reveal_secret():
         assert form not in text
     assert len(key.fingerprint) == 6 and key.fingerprint == fingerprint(secret)
     assert fingerprint(secret) != fingerprint(secret + 1)
+
+
+def test_mode_absent_is_deterministic_and_stored_specs_read_as_before():
+    # Every spec written before modes existed (key rows, ledger entries, keyrings) has no
+    # "mode": it reads as deterministic and serialises exactly as before.
+    old = {"algorithm": "gumbel", "context_width": 4, "alpha": 0.1, "dedup": "single_turn",
+           "dedup_max_history": 8192, "prf": "philox4x32-10-v1", "coin": "ordinary"}
+    spec = WatermarkSpec.model_validate(old)
+    assert spec.mode == "deterministic" and spec.public_dict() == old
+    diverse = WatermarkSpec.model_validate({**old, "mode": "diverse"})
+    assert diverse.public_dict() == {**old, "mode": "diverse"}
+    assert WatermarkSpec.model_validate(diverse.public_dict()) == diverse
+    with pytest.raises(ValidationError):
+        WatermarkSpec(mode="random")
+
+
+def test_vllm_keys_are_deterministic_and_a_diverse_spec_has_no_vllm_form():
+    _, spec = WatermarkSpec.from_vllm({"key": 42, "algorithm": "dual_key_gumbel"})
+    assert spec.mode == "deterministic" and spec.to_vllm()["algorithm"] == "dual_key_gumbel"
+    with pytest.raises(ValueError, match="salt"):
+        WatermarkSpec(mode="diverse").to_vllm()

@@ -76,7 +76,7 @@ class VLLMEngine:
             return {}
         if self._backend.sends_key_material:
             return watermark_args.sealed_args(plan.key_id, plan.key, seed, self._transport_key)
-        return watermark_args.reference_args(plan.key_id, seed)
+        return watermark_args.reference_args(plan.key_id, seed, plan.key.salt)
 
     def check(self, request: GenerationRequest) -> None:
         """Raise ValueError for a request vLLM would refuse (before anything starts)."""

@@ -64,8 +64,8 @@ def derive_engine_secret(tenant_secret: int, deployment: str) -> int:
 
 def engine_spec(source: WatermarkSpec) -> WatermarkSpec:
     """The tenant key's spec as vLLM's ``dual_key_gumbel`` can run it (vLLM has only the
-    ordinary acceptance coin)."""
-    return source.model_copy(update={"algorithm": "dual_key_gumbel", "coin": "ordinary"})
+    ordinary acceptance coin, and no per-generation salt: the engine key is `deterministic`)."""
+    return source.model_copy(update={"algorithm": "dual_key_gumbel", "coin": "ordinary", "mode": "deterministic"})
 
 
 def provision_engine_key(session: Session, keyring: Keyring, *, tenant: str, deployment: str,

@@ -6,6 +6,8 @@ accepts only flat ``vllm_xargs`` (string, number or list values):
 * ``hallmark_key_id`` (str): the key's id; always present on a watermarked request.
 * ``hallmark_sealed`` (str): in-process only, the key material sealed under the gateway
   process's transport key (:mod:`.sealing`).
+* ``hallmark_salt`` (int): a `diverse` key's generation salt (:mod:`watermark.salt`); the
+  key's secret is salted inside the plugin, so the salt travels, never a salted secret.
 * ``hallmark_seed`` (int): seeds the request's ordinary random stream (dual-key routing
   and the draws of deduplicated positions), so that the gateway can replay which tokens
   carry the watermark (:mod:`.routes`).
@@ -32,7 +34,8 @@ PREFIX = "hallmark_"
 KEY_ID = "hallmark_key_id"
 SEALED = "hallmark_sealed"
 SEED = "hallmark_seed"
-KNOWN = frozenset({KEY_ID, SEALED, SEED})
+SALT = "hallmark_salt"
+KNOWN = frozenset({KEY_ID, SEALED, SEED, SALT})
 REQUIRE_ENV = "HALLMARK_VLLM_REQUIRE_WATERMARK"
 MAX_SEED = prf.MAX_KEY  # the stream accepts any 64-bit seed; vLLM's extra_args take uint64
 
@@ -57,12 +60,14 @@ def new_seed() -> int:
 
 def sealed_args(key_id: str, key: WatermarkKey, seed: int, transport_key: bytes) -> dict[str, Any]:
     """Arguments for the in-process engine: the key travels sealed."""
-    return {KEY_ID: key_id, SEALED: sealing.seal(key_id, key, transport_key), SEED: _check_seed(seed)}
+    return {KEY_ID: key_id, SEALED: sealing.seal(key_id, key, transport_key), SEED: _check_seed(seed),
+            **_salt_arg(key)}
 
 
-def reference_args(key_id: str, seed: int) -> dict[str, Any]:
-    """Arguments for a remote server: only the key id (the server holds the secret)."""
-    return {KEY_ID: key_id, SEED: _check_seed(seed)}
+def reference_args(key_id: str, seed: int, salt: int | None = None) -> dict[str, Any]:
+    """Arguments for a remote server: only the key id (the server holds the secret), and a
+    `diverse` key's salt."""
+    return {KEY_ID: key_id, SEED: _check_seed(seed), **({} if salt is None else {SALT: salt})}
 
 
 def _check_seed(seed: Any) -> int:
@@ -114,7 +119,7 @@ def resolve(extra_args: Mapping[str, Any] | None, fallback_seed: int | None = No
         if not isinstance(ours[SEALED], str):
             raise WatermarkArgsError(f"{SEALED} must be a string")
         opened = sealing.open_sealed(ours[SEALED], key_id, transport_key)
-        return RequestWatermark(key_id=key_id, seed=seed, key=opened.key)
+        return RequestWatermark(key_id=key_id, seed=seed, key=_salted(opened.key, ours.get(SALT)))
     keyring = keyring_file.keyring_from_env()
     if keyring is None:
         raise WatermarkArgsError(
@@ -122,4 +127,23 @@ def resolve(extra_args: Mapping[str, Any] | None, fallback_seed: int | None = No
             f"{keyring_file.KEYRING_ENV}=FILE (written by `hallmark deploy keyring`)"
         )
     entry = keyring.lookup(key_id)
-    return RequestWatermark(key_id=key_id, seed=seed, key=entry.key)
+    return RequestWatermark(key_id=key_id, seed=seed, key=_salted(entry.key, ours.get(SALT)))
+
+
+def _salt_arg(key: WatermarkKey) -> dict[str, Any]:
+    return {} if key.salt is None else {SALT: key.salt}
+
+
+
+def _salted(key: WatermarkKey, salt: Any) -> WatermarkKey:
+    """The request's key under its salt: required for a `diverse` key, refused otherwise."""
+    if key.spec.mode != "diverse":
+        if salt is not None:
+            raise WatermarkArgsError(f"{SALT} is only for a key in mode 'diverse'")
+        return key
+    if salt is None:
+        raise WatermarkArgsError(f"a key in mode 'diverse' needs {SALT!r} (the generation's salt)")
+    try:
+        return key.with_salt(salt)
+    except ValueError as exc:
+        raise WatermarkArgsError(f"{SALT}: {exc}") from None

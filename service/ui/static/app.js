@@ -353,18 +353,28 @@ function explain(result) {
 
 // "1 key tested (active)", "3 keys tested (2 verify-only, 1 revoked)": the states of the keys
 // the result lists, not every state there could be.
+// A diverse key is tested under each of its 16 salts (one row per salt): counted once, with
+// "under their salts" saying why the detector's count is larger.
 function keysTested(result) {
   const n = result.keys_tested;
   const rows = result.per_key || [];
   let states = "";
+  let keys = n;
+  let salted = "";
   if (n && rows.length === n) {
+    const seen = new Map();
+    for (const r of rows) seen.set(`${r.tenant}/${r.key_id}/${r.version}`, r.state);
+    if (seen.size < n && rows.some((r) => r.salt !== undefined && r.salt !== null)) {
+      keys = seen.size;
+      salted = `, ${n} with their salts`;
+    }
     const counts = {};
-    for (const r of rows) counts[r.state] = (counts[r.state] || 0) + 1;
+    for (const state of seen.values()) counts[state] = (counts[state] || 0) + 1;
     const names = Object.keys(counts);
-    states = names.length === 1 ? ` (${n === 1 ? "" : "all "}${names[0]})` :
+    states = names.length === 1 ? ` (${keys === 1 ? "" : "all "}${names[0]})` :
       ` (${names.map((name) => `${counts[name]} ${name}`).join(", ")})`;
   }
-  return `${n} key${n === 1 ? "" : "s"} tested${states}`;
+  return `${keys} key${keys === 1 ? "" : "s"} tested${salted}${states}`;
 }
 
 function heatClass(t) {
