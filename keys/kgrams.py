@@ -46,6 +46,9 @@ _ROWS_OF_TENANT = _ROWS.where(LedgerKgram.tenant_id == bindparam("tenant_id"))
 _SHARED = _ROWS.where(LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
 _SEARCHED = select(func.count()).select_from(LedgerEntry).where(
     LedgerEntry.key_id == bindparam("key_id"), LedgerEntry.kind == "finished", LedgerEntry.output_tokens >= K)
+_SEARCHED_BY_KEY = select(LedgerEntry.key_id, func.count()).where(
+    LedgerEntry.key_id.in_(bindparam("key_ids", expanding=True)), LedgerEntry.kind == "finished",
+    LedgerEntry.output_tokens >= K).group_by(LedgerEntry.key_id)
 _INSERT = LedgerKgram.__table__.insert()
 _STORED = select(LedgerKgram.generation_id, LedgerKgram.digest).where(
     LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
@@ -127,7 +130,7 @@ class KgramCache:
         for chunk in _chunks(missing):
             stmt = _ROWS if tenant_id is None else _ROWS_OF_TENANT
             known.update((d, []) for d in chunk)
-            for generation_id, digest in session.execute(
+            for generation_id, digest in session.connection().execute(
                     stmt, {"key_id": key_id, "tenant_id": tenant_id, "digests": chunk}):
                 known[digest].append(generation_id)
                 self._scope_of[key_id, generation_id] = tenant_id
@@ -138,6 +141,30 @@ class KgramCache:
             self._searched[key_id] = generations_searched(session, key_id)
         return self._searched[key_id]
 
+    def searched_many(self, session: Session, key_ids: Sequence[str]) -> dict[str, int]:
+        """:meth:`searched` of every key in ``key_ids``, in one query per :data:`_CHUNK` keys."""
+        missing = [k for k in dict.fromkeys(key_ids) if k not in self._searched]
+        for chunk in _chunks_of(missing):
+            self._searched.update((k, 0) for k in chunk)
+            self._searched.update((k, int(n)) for k, n in session.connection().execute(
+                _SEARCHED_BY_KEY, {"key_ids": chunk}))
+        return {k: self._searched[k] for k in key_ids}
+
+    def prefetch(self, session: Session, keys: Sequence[tuple[str, int]], tenant_id: str | None,
+                 forms: Sequence[Sequence[int]]) -> list[tuple[str, int]]:
+        """Look up, under each key, the digests of every form of one text at once (one query
+        per key and :data:`_CHUNK` digests, where each form alone would take one); returns
+        the keys that can match at all. A key with no finished generation of at least
+        :data:`K` tokens (one count query for every key) has no k-gram recorded under it:
+        the gateway writes a generation's k-grams with its finished entry, and rows written
+        without one never make a match (:meth:`stored`). Such keys are neither hashed nor
+        queried: :func:`find_matches` on them finds nothing, with or without this."""
+        searched = self.searched_many(session, [key_id for key_id, _ in keys])
+        live = [(key_id, secret) for key_id, secret in keys if searched[key_id] > 0]
+        for key_id, secret in live:
+            self.rows(session, key_id, tenant_id, {d for tokens in forms for d in self.at(tokens, secret)})
+        return live
+
     def stored(self, session: Session, generation_ids: Iterable[str]) -> dict[str, int]:
         """Digests recorded per generation (every key: a generation has one), for the
         generations whose recorded digests are exactly the set their logged ``finished``
@@ -147,7 +174,7 @@ class KgramCache:
         if missing:
             found: dict[str, list[int]] = {g: [] for g in missing}
             for chunk in _chunks_of(missing):
-                for generation_id, digest in session.execute(_STORED, {"generation_ids": chunk}):
+                for generation_id, digest in session.connection().execute(_STORED, {"generation_ids": chunk}):
                     found[generation_id].append(int(digest))
             authentic = tlog.logged_kgrams(session, found)
             self._stored.update((g, len(set(found[g])) if g in authentic else None) for g in missing)
@@ -198,7 +225,7 @@ def shared_positions(session: Session, *, key_id: str, generation_ids: Sequence[
     if ids:
         found.update((g, set()) for g in ids)
         for chunk in _chunks(sorted(set(at))):
-            for generation_id, digest in session.execute(
+            for generation_id, digest in session.connection().execute(
                     _SHARED, {"key_id": key_id, "generation_ids": ids, "digests": chunk}):
                 found[generation_id].add(digest)
     first = min(skip, K)
@@ -285,7 +312,7 @@ def generations_searched(session: Session, key_id: str) -> int:
     k-grams (migration 0006) count here too. Counting those entries (ix_ledger_entries_key_id:
     one row per generation and checkpoint) replaces counting distinct generations over every
     k-gram row of the key (about one per output token) on each request with a hit."""
-    return int(session.scalar(_SEARCHED, {"key_id": key_id}) or 0)
+    return int(session.connection().execute(_SEARCHED, {"key_id": key_id}).scalar() or 0)
 
 
 def find_matches(session: Session, *, keys: Sequence[tuple[str, int]], token_ids: Sequence[int],
@@ -295,7 +322,10 @@ def find_matches(session: Session, *, keys: Sequence[tuple[str, int]], token_ids
     ``cache``: shared with the detection's other look-ups in the same transaction."""
     cache = KgramCache() if cache is None else cache
     out: list[KgramMatch] = []
+    recorded = cache.searched_many(session, [key_id for key_id, _ in keys])
     for key_id, secret in keys:
+        if recorded[key_id] == 0:  # nothing recorded under the key (KgramCache.prefetch)
+            continue
         query = sorted(set(cache.at(token_ids, secret)))
         if not query:
             continue

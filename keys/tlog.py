@@ -37,7 +37,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from keys import clock, log_rows, merkle
-from keys.chain import canonical_json, entry_fields, entry_hash
+from keys.chain import HASHED_FIELDS, canonical_json, entry_fields, entry_hash
 from keys.errors import KeyStoreError
 from keys.kek import Keyring
 from keys.leaves import EMPTY_KGRAMS, entry_leaf, key_event, key_event_leaf, kgram_commitment
@@ -327,11 +327,27 @@ def published_size(session: Session) -> int:
 # --- what detection may cite ------------------------------------------------------------------
 
 
+_LEAF_FIELDS = ("idx", "leaf_hash", "kind", "entry_id", "tenant_id", "kgrams_sha256", "kid", "data", "mac")
+_VERIFIED: dict[tuple, bool] = {}
+"""Outcomes of :func:`_entry_leaf_ok` by everything it reads (the log key, every field of the
+row and of its leaf): a pure function of them, so a row or leaf changed in any field is a new
+key and is checked afresh. Detection cites the same few entries many times a second."""
+_VERIFIED_MAX = 50_000
+
+
 def _entry_leaf_ok(auth: LogAuthority, row: LedgerEntry, leaf: LogLeaf) -> bool:
-    return (leaf.kind == "entry" and leaf.kgrams_sha256 is not None and leaf.tenant_id == row.tenant_id
-            and leaf_authentic(auth, leaf)
-            and entry_hash(entry_fields(row)) == row.entry_hash
-            and leaf.leaf_hash == merkle.leaf_hash(entry_leaf(row.entry_hash, leaf.kgrams_sha256)))
+    memo = (id(auth), auth.mac_key, repr([getattr(row, name) for name in HASHED_FIELDS]), row.entry_hash,
+            *(getattr(leaf, name) for name in _LEAF_FIELDS))
+    found = _VERIFIED.get(memo)
+    if found is None:
+        found = (leaf.kind == "entry" and leaf.kgrams_sha256 is not None and leaf.tenant_id == row.tenant_id
+                 and leaf_authentic(auth, leaf)
+                 and entry_hash(entry_fields(row)) == row.entry_hash
+                 and leaf.leaf_hash == merkle.leaf_hash(entry_leaf(row.entry_hash, leaf.kgrams_sha256)))
+        if len(_VERIFIED) >= _VERIFIED_MAX:
+            _VERIFIED.clear()
+        _VERIFIED[memo] = found
+    return found
 
 
 def _leaf_mac_parts(leaf: dict[str, Any]) -> tuple[bytes, ...]:

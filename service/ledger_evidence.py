@@ -49,18 +49,24 @@ def with_shared_evidence(session, matches: Sequence[KgramMatch], candidates: Seq
     :data:`MAX_TESTED`) best whose collision bound passes the threshold, and each match's
     key state at generation and now (:mod:`keys.key_states`). ``cache``: the one
     :func:`keys.kgrams.find_matches` filled for these matches, in the same transaction."""
-    scored = _with_shared_scores(session, matches, candidates, token_ids, config, cache=cache)
-    if not scored:
-        return scored
-    at_generation = key_states.states_at_generation(session, (m.generation_id for m in scored))
-    now = key_states.current_states(session, (m.key_id for m in scored))
+    return with_key_states(session, with_shared_scores(session, matches, candidates, token_ids, config, cache=cache))
+
+
+def with_key_states(session, matches: Sequence[KgramMatch]) -> list[KgramMatch]:
+    """``matches`` with each one's key state at generation and now (two queries in all)."""
+    if not matches:
+        return list(matches)
+    at_generation = key_states.states_at_generation(session, (m.generation_id for m in matches))
+    now = key_states.current_states(session, (m.key_id for m in matches))
     return [dataclasses.replace(m, key_state_at_generation=at_generation.get(m.generation_id),
-                                key_state_now=now.get(m.key_id)) for m in scored]
+                                key_state_now=now.get(m.key_id)) for m in matches]
 
 
-def _with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Sequence[Candidate],
-                        token_ids: Sequence[int], config: DetectorConfig, *,
-                        cache: kgrams.KgramCache | None) -> list[KgramMatch]:
+def with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Sequence[Candidate],
+                       token_ids: Sequence[int], config: DetectorConfig, *,
+                       cache: kgrams.KgramCache | None) -> list[KgramMatch]:
+    """``matches`` with ``shared_tokens`` and ``log10_shared_p`` (:func:`with_shared_evidence`
+    without the key states: a caller merging the matches of several forms adds those once)."""
     threshold = math.log10(config.threshold)
     by_key = {c.info.key_id: c for c in candidates if c.info.key_id}
     tested: list[int] = []
