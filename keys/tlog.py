@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import select, text, tuple_
+from sqlalchemy import bindparam, select, text, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -363,6 +363,15 @@ def leaf_authentic(auth: LogAuthority, leaf: LogLeaf) -> bool:
     return auth.check(leaf.mac, *_leaf_mac_parts(fields))
 
 
+# The Core path (rows, not ORM objects; statements built once): detection reads these for
+# every ledger match it cites. Rows carry the same attributes as the mapped objects.
+_LEAVES_OF = select(LogLeaf.__table__).where(LogLeaf.__table__.c.entry_id.in_(bindparam("entry_ids",
+                                                                                       expanding=True)))
+_FINISHED_OF = select(LedgerEntry.__table__).where(
+    LedgerEntry.__table__.c.generation_id.in_(bindparam("generation_ids", expanding=True)),
+    LedgerEntry.__table__.c.kind == "finished")
+
+
 def logged_entries(session: Session, rows: Sequence[LedgerEntry]) -> dict[int, LogLeaf]:
     """Of ``rows``, those the log holds as written: by entry id, its leaf. An entry inserted
     or changed by anyone without the log key (and so every entry when the store has no log
@@ -370,8 +379,8 @@ def logged_entries(session: Session, rows: Sequence[LedgerEntry]) -> dict[int, L
     auth = authority(session)
     if auth is None or not rows:
         return {}
-    leaves = {leaf.entry_id: leaf for leaf in session.scalars(
-        select(LogLeaf).where(LogLeaf.entry_id.in_([r.id for r in rows])))}
+    leaves = {leaf.entry_id: leaf for leaf in session.connection().execute(
+        _LEAVES_OF, {"entry_ids": [r.id for r in rows]})}
     return {r.id: leaves[r.id] for r in rows if r.id in leaves and _entry_leaf_ok(auth, r, leaves[r.id])}
 
 
@@ -382,8 +391,7 @@ def logged_kgrams(session: Session, digests: dict[str, list[int]]) -> set[str]:
     the generation."""
     if not digests:
         return set()
-    rows = list(session.scalars(select(LedgerEntry).where(LedgerEntry.generation_id.in_(list(digests)),
-                                                          LedgerEntry.kind == "finished")))
+    rows = session.connection().execute(_FINISHED_OF, {"generation_ids": list(digests)}).all()
     leaves = logged_entries(session, rows)
     return {r.generation_id for r in rows
             if r.id in leaves and leaves[r.id].kgrams_sha256 == kgram_commitment(digests[r.generation_id])}
