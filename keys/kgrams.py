@@ -20,12 +20,13 @@ the share of the text's k-grams that matched is reported beside it.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import struct
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from keys import tlog
@@ -43,6 +44,12 @@ _CHUNK = 500
 _ROWS = select(LedgerKgram.generation_id, LedgerKgram.digest).where(
     LedgerKgram.key_id == bindparam("key_id"), LedgerKgram.digest.in_(bindparam("digests", expanding=True)))
 _ROWS_OF_TENANT = _ROWS.where(LedgerKgram.tenant_id == bindparam("tenant_id"))
+# SQLite: the digests bound as one JSON array (json_each), the index on (key_id, digest) still
+# used: a look-up of ~250 digests renders no bind parameter per value.
+_ROWS_JSON = text("SELECT generation_id, digest FROM ledger_kgrams WHERE key_id = :key_id "
+                  "AND digest IN (SELECT value FROM json_each(:digests))")
+_ROWS_JSON_OF_TENANT = text("SELECT generation_id, digest FROM ledger_kgrams WHERE key_id = :key_id "
+                            "AND digest IN (SELECT value FROM json_each(:digests)) AND tenant_id = :tenant_id")
 _SHARED = _ROWS.where(LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
 _SEARCHED = select(func.count()).select_from(LedgerEntry).where(
     LedgerEntry.key_id == bindparam("key_id"), LedgerEntry.kind == "finished", LedgerEntry.output_tokens >= K)
@@ -127,11 +134,18 @@ class KgramCache:
         tenant), ``digests`` included: the generations that recorded it, one entry per row."""
         known = self._rows.setdefault((key_id, tenant_id), {})
         missing = sorted(d for d in set(digests) if d not in known)
+        connection = session.connection()
+        sqlite = connection.dialect.name == "sqlite"
         for chunk in _chunks(missing):
-            stmt = _ROWS if tenant_id is None else _ROWS_OF_TENANT
+            if sqlite:  # the digests as one JSON parameter: no per-value bind rendering
+                stmt = _ROWS_JSON if tenant_id is None else _ROWS_JSON_OF_TENANT
+                values = json.dumps(chunk)
+            else:
+                stmt = _ROWS if tenant_id is None else _ROWS_OF_TENANT
+                values = chunk
             known.update((d, []) for d in chunk)
-            for generation_id, digest in session.connection().execute(
-                    stmt, {"key_id": key_id, "tenant_id": tenant_id, "digests": chunk}):
+            for generation_id, digest in connection.execute(
+                    stmt, {"key_id": key_id, "tenant_id": tenant_id, "digests": values}).all():
                 known[digest].append(generation_id)
                 self._scope_of[key_id, generation_id] = tenant_id
         return known
