@@ -46,7 +46,10 @@ def fork_workers(count: int) -> int | None:
             return number
         children[pid] = number
 
+    asked: set[int] = set()  # signals the supervisor passed on: workers may end by them (uvicorn re-raises)
+
     def forward(signum, _frame) -> None:
+        asked.add(signum)
         for pid in list(children):
             try:
                 os.kill(pid, signum)
@@ -66,6 +69,8 @@ def fork_workers(count: int) -> int | None:
             continue
         children.pop(pid, None)
         code = os.waitstatus_to_exitcode(code)
+        if code < 0 and -code in asked:  # stopped as asked
+            code = 0
         if code != 0 and status == 0:
             status = code if code > 0 else 1
         if not stopping and children:  # one worker gone: stop the others
