@@ -98,7 +98,7 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
     if params.evidence:
         evidence.check_size(max(len(t) for t, _ in forms), settings.max_evidence_tokens)
     if batched:  # every key in one compiled pass, screened (detector.multikey)
-        result, best = detect_forms([token_ids for token_ids, _ in forms], keyset_of(candidates), config,
+        result, best = detect_forms([token_ids for token_ids, _ in forms], keyset_of(candidates, tenant), config,
                                     run=detect_many)
     else:
         result, best = detect_forms([token_ids for token_ids, _ in forms], candidates, config)
@@ -137,24 +137,25 @@ def _tokenized(services: Services, form: TextForm) -> tuple[list[int], list[tupl
     return token_ids, None if offsets is None else original_offsets(form, offsets)
 
 
-_KEYSETS: dict[int, tuple[list[Candidate], KeySet]] = {}
-_KEYSETS_MAX = 256
+_KEYSETS: dict[str | None, tuple[list[Candidate], KeySet]] = {}
+_KEYSETS_MAX = 10_000
 _keysets_lock = threading.Lock()
 
 
-def keyset_of(candidates: list[Candidate]) -> KeySet:
-    """The :class:`~detector.multikey.KeySet` of a candidate list the key cache holds (its PRF
-    keys as arrays, grouped by spec), built once per list: the key cache builds a new list when
-    its entry expires or is cleared (a key created, rotated or revoked through this gateway),
-    and a new list is a new KeySet."""
-    found = _KEYSETS.get(id(candidates))
+def keyset_of(candidates: list[Candidate], scope: str | None = None) -> KeySet:
+    """The :class:`~detector.multikey.KeySet` of the candidate list the key cache holds for
+    ``scope`` (a tenant name, None: every tenant): its PRF keys as arrays, grouped by spec,
+    built once per list. The key cache builds a new list when its entry expires or is cleared
+    (a key created, rotated or revoked through this gateway), and a new list replaces the
+    scope's KeySet (one kept per scope)."""
+    found = _KEYSETS.get(scope)
     if found is not None and found[0] is candidates:
         return found[1]
     keyset = KeySet.of(candidates)
     with _keysets_lock:
-        if len(_KEYSETS) >= _KEYSETS_MAX:
+        if len(_KEYSETS) >= _KEYSETS_MAX and scope not in _KEYSETS:
             _KEYSETS.clear()
-        _KEYSETS[id(candidates)] = (candidates, keyset)  # the list is kept alive: its id stays its own
+        _KEYSETS[scope] = (candidates, keyset)
     return keyset
 
 
