@@ -24,13 +24,18 @@ def free_port() -> int:
 class Gateway:
     """One gateway process on a free loopback port, its stderr in ``log``."""
 
-    def __init__(self, env: dict[str, str], log: Path, *, port: int | None = None) -> None:
+    def __init__(self, env: dict[str, str], log: Path, *, port: int | None = None, repo: Path = REPO,
+                 args: tuple[str, ...] = ()) -> None:
+        """``repo``: the tree whose code serves (another worktree: an older commit, compared);
+        ``args``: more `hallmark serve` options (``--workers 2``)."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
+        if repo != REPO:  # its own code, not this tree's (nor the venv's editable install)
+            env = {**env, "PYTHONPATH": str(repo)}
         with open(log, "a") as stderr:
-            self.process = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(self.port)],
-                                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+            self.process = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(self.port),
+                                             *args], cwd=repo, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
 
     def wait_ready(self, timeout: float = 300) -> None:
         """Poll /readyz; SystemExit with the log's tail if the process dies or never gets ready."""

@@ -12,10 +12,20 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from keys.models import KeyRow, LedgerEntry
+
+
+# Built once, their id lists bound at execution (the Core path: these run on every detection
+# that cites the ledger).
+_CURRENT = select(KeyRow.id, KeyRow.state).where(KeyRow.id.in_(bindparam("ids", expanding=True)))
+_LATEST = (select(LedgerEntry.generation_id, func.max(LedgerEntry.id).label("last"))
+           .where(LedgerEntry.generation_id.in_(bindparam("ids", expanding=True)))
+           .group_by(LedgerEntry.generation_id).subquery())
+_AT_GENERATION = select(LedgerEntry.generation_id, LedgerEntry.key_state).join(
+    _LATEST, LedgerEntry.id == _LATEST.c.last)
 
 
 def current_states(session: Session, key_ids: Iterable[str | None]) -> dict[str, str]:
@@ -23,7 +33,7 @@ def current_states(session: Session, key_ids: Iterable[str | None]) -> dict[str,
     ids = sorted({k for k in key_ids if k})
     if not ids:
         return {}
-    return dict(session.execute(select(KeyRow.id, KeyRow.state).where(KeyRow.id.in_(ids))).all())
+    return dict(session.connection().execute(_CURRENT, {"ids": ids}).all())
 
 
 def states_at_generation(session: Session, generation_ids: Iterable[str]) -> dict[str, str | None]:
@@ -32,11 +42,7 @@ def states_at_generation(session: Session, generation_ids: Iterable[str]) -> dic
     ids = sorted(set(generation_ids))
     if not ids:
         return {}
-    latest = (select(LedgerEntry.generation_id, func.max(LedgerEntry.id).label("last"))
-              .where(LedgerEntry.generation_id.in_(ids)).group_by(LedgerEntry.generation_id).subquery())
-    rows = session.execute(select(LedgerEntry.generation_id, LedgerEntry.key_state)
-                           .join(latest, LedgerEntry.id == latest.c.last)).all()
-    return dict(rows)
+    return dict(session.connection().execute(_AT_GENERATION, {"ids": ids}).all())
 
 
 def with_key_states(session: Session, items: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -20,12 +20,13 @@ the share of the text's k-grams that matched is reported beside it.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import struct
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from keys import tlog
@@ -43,9 +44,18 @@ _CHUNK = 500
 _ROWS = select(LedgerKgram.generation_id, LedgerKgram.digest).where(
     LedgerKgram.key_id == bindparam("key_id"), LedgerKgram.digest.in_(bindparam("digests", expanding=True)))
 _ROWS_OF_TENANT = _ROWS.where(LedgerKgram.tenant_id == bindparam("tenant_id"))
+# SQLite: the digests bound as one JSON array (json_each), the index on (key_id, digest) still
+# used: a look-up of ~250 digests renders no bind parameter per value.
+_ROWS_JSON = text("SELECT generation_id, digest FROM ledger_kgrams WHERE key_id = :key_id "
+                  "AND digest IN (SELECT value FROM json_each(:digests))")
+_ROWS_JSON_OF_TENANT = text("SELECT generation_id, digest FROM ledger_kgrams WHERE key_id = :key_id "
+                            "AND digest IN (SELECT value FROM json_each(:digests)) AND tenant_id = :tenant_id")
 _SHARED = _ROWS.where(LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
 _SEARCHED = select(func.count()).select_from(LedgerEntry).where(
     LedgerEntry.key_id == bindparam("key_id"), LedgerEntry.kind == "finished", LedgerEntry.output_tokens >= K)
+_SEARCHED_BY_KEY = select(LedgerEntry.key_id, func.count()).where(
+    LedgerEntry.key_id.in_(bindparam("key_ids", expanding=True)), LedgerEntry.kind == "finished",
+    LedgerEntry.output_tokens >= K).group_by(LedgerEntry.key_id)
 _INSERT = LedgerKgram.__table__.insert()
 _STORED = select(LedgerKgram.generation_id, LedgerKgram.digest).where(
     LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
@@ -124,11 +134,18 @@ class KgramCache:
         tenant), ``digests`` included: the generations that recorded it, one entry per row."""
         known = self._rows.setdefault((key_id, tenant_id), {})
         missing = sorted(d for d in set(digests) if d not in known)
+        connection = session.connection()
+        sqlite = connection.dialect.name == "sqlite"
         for chunk in _chunks(missing):
-            stmt = _ROWS if tenant_id is None else _ROWS_OF_TENANT
+            if sqlite:  # the digests as one JSON parameter: no per-value bind rendering
+                stmt = _ROWS_JSON if tenant_id is None else _ROWS_JSON_OF_TENANT
+                values = json.dumps(chunk)
+            else:
+                stmt = _ROWS if tenant_id is None else _ROWS_OF_TENANT
+                values = chunk
             known.update((d, []) for d in chunk)
-            for generation_id, digest in session.execute(
-                    stmt, {"key_id": key_id, "tenant_id": tenant_id, "digests": chunk}):
+            for generation_id, digest in connection.execute(
+                    stmt, {"key_id": key_id, "tenant_id": tenant_id, "digests": values}).all():
                 known[digest].append(generation_id)
                 self._scope_of[key_id, generation_id] = tenant_id
         return known
@@ -137,6 +154,30 @@ class KgramCache:
         if key_id not in self._searched:
             self._searched[key_id] = generations_searched(session, key_id)
         return self._searched[key_id]
+
+    def searched_many(self, session: Session, key_ids: Sequence[str]) -> dict[str, int]:
+        """:meth:`searched` of every key in ``key_ids``, in one query per :data:`_CHUNK` keys."""
+        missing = [k for k in dict.fromkeys(key_ids) if k not in self._searched]
+        for chunk in _chunks_of(missing):
+            self._searched.update((k, 0) for k in chunk)
+            self._searched.update((k, int(n)) for k, n in session.connection().execute(
+                _SEARCHED_BY_KEY, {"key_ids": chunk}))
+        return {k: self._searched[k] for k in key_ids}
+
+    def prefetch(self, session: Session, keys: Sequence[tuple[str, int]], tenant_id: str | None,
+                 forms: Sequence[Sequence[int]]) -> list[tuple[str, int]]:
+        """Look up, under each key, the digests of every form of one text at once (one query
+        per key and :data:`_CHUNK` digests, where each form alone would take one); returns
+        the keys that can match at all. A key with no finished generation of at least
+        :data:`K` tokens (one count query for every key) has no k-gram recorded under it:
+        the gateway writes a generation's k-grams with its finished entry, and rows written
+        without one never make a match (:meth:`stored`). Such keys are neither hashed nor
+        queried: :func:`find_matches` on them finds nothing, with or without this."""
+        searched = self.searched_many(session, [key_id for key_id, _ in keys])
+        live = [(key_id, secret) for key_id, secret in keys if searched[key_id] > 0]
+        for key_id, secret in live:
+            self.rows(session, key_id, tenant_id, {d for tokens in forms for d in self.at(tokens, secret)})
+        return live
 
     def stored(self, session: Session, generation_ids: Iterable[str]) -> dict[str, int]:
         """Digests recorded per generation (every key: a generation has one), for the
@@ -147,7 +188,7 @@ class KgramCache:
         if missing:
             found: dict[str, list[int]] = {g: [] for g in missing}
             for chunk in _chunks_of(missing):
-                for generation_id, digest in session.execute(_STORED, {"generation_ids": chunk}):
+                for generation_id, digest in session.connection().execute(_STORED, {"generation_ids": chunk}):
                     found[generation_id].append(int(digest))
             authentic = tlog.logged_kgrams(session, found)
             self._stored.update((g, len(set(found[g])) if g in authentic else None) for g in missing)
@@ -198,7 +239,7 @@ def shared_positions(session: Session, *, key_id: str, generation_ids: Sequence[
     if ids:
         found.update((g, set()) for g in ids)
         for chunk in _chunks(sorted(set(at))):
-            for generation_id, digest in session.execute(
+            for generation_id, digest in session.connection().execute(
                     _SHARED, {"key_id": key_id, "generation_ids": ids, "digests": chunk}):
                 found[generation_id].add(digest)
     first = min(skip, K)
@@ -285,7 +326,7 @@ def generations_searched(session: Session, key_id: str) -> int:
     k-grams (migration 0006) count here too. Counting those entries (ix_ledger_entries_key_id:
     one row per generation and checkpoint) replaces counting distinct generations over every
     k-gram row of the key (about one per output token) on each request with a hit."""
-    return int(session.scalar(_SEARCHED, {"key_id": key_id}) or 0)
+    return int(session.connection().execute(_SEARCHED, {"key_id": key_id}).scalar() or 0)
 
 
 def find_matches(session: Session, *, keys: Sequence[tuple[str, int]], token_ids: Sequence[int],
@@ -297,7 +338,11 @@ def find_matches(session: Session, *, keys: Sequence[tuple[str, int]], token_ids
     out: list[KgramMatch] = []
     # dict.fromkeys: a `diverse` key comes as one candidate per salt, all with its key id
     # and secret (k-grams are keyed by the key's own secret, not the salt's).
-    for key_id, secret in dict.fromkeys(keys):
+    keys = list(dict.fromkeys(keys))
+    recorded = cache.searched_many(session, [key_id for key_id, _ in keys])
+    for key_id, secret in keys:
+        if recorded[key_id] == 0:  # nothing recorded under the key (KgramCache.prefetch)
+            continue
         query = sorted(set(cache.at(token_ids, secret)))
         if not query:
             continue

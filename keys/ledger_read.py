@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session
 
 from keys import clock, tlog
@@ -259,6 +259,26 @@ def generation_entries(session: Session, *, generation_id: str, tenant_id: str |
     return [_chain_entry(row) for row in _entries_of(session, generation_id, tenant_id)]
 
 
+def _by_hash(scoped: bool):
+    """Every entry (and its tenant's name) of the latest ``limit`` generations with an entry
+    whose output hashes to ``output_sha256`` (in ``tenant_id`` when ``scoped``), by tenant and seq."""
+    table = Row.__table__
+    matching = select(Row.generation_id).where(Row.output_sha256 == bindparam("output_sha256"))
+    if scoped:
+        matching = matching.where(Row.tenant_id == bindparam("tenant_id"))
+    matching = (matching.group_by(Row.generation_id).order_by(func.max(Row.id).desc())
+                .limit(bindparam("limit")).subquery())
+    query = (select(table, Tenant.name.label("tenant_name")).join(Tenant, Tenant.id == table.c.tenant_id)
+             .where(table.c.generation_id.in_(select(matching.c.generation_id))))
+    if scoped:
+        query = query.where(table.c.tenant_id == bindparam("tenant_id"))
+    return query.order_by(table.c.tenant_id, table.c.seq)
+
+
+_BY_HASH_ALL = _by_hash(False)
+_BY_HASH_OF_TENANT = _by_hash(True)
+
+
 def find_generations_by_output_hash(session: Session, *, output_sha256: str, tenant_id: str | None,
                                     limit: int = 100) -> list[GenerationEntry]:
     """Generations whose output (final, or as far as a checkpoint covered it) hashes to
@@ -266,23 +286,23 @@ def find_generations_by_output_hash(session: Session, *, output_sha256: str, ten
     transparency log holds as written (a generation with none such is left out)."""
     _check_hash(output_sha256)
     limit = max(1, min(int(limit), MAX_RESULTS))
-    query = select(Row.generation_id, func.max(Row.id).label("last")).where(Row.output_sha256 == output_sha256)
-    if tenant_id is not None:
-        query = query.where(Row.tenant_id == tenant_id)
-    ids = [g for g, _ in session.execute(query.group_by(Row.generation_id)
-                                         .order_by(func.max(Row.id).desc()).limit(limit)).all()]
-    if not ids:  # most texts: one query
+    # The look-up is on every /v1/detect: the matching generations' entries, with their
+    # tenant's name, in one query on the Core path (rows, not ORM objects: nothing here is
+    # written back), the statement built once per scope (module-level, values bound).
+    conn = session.connection()
+    by_hash = _BY_HASH_ALL if tenant_id is None else _BY_HASH_OF_TENANT
+    rows = conn.execute(by_hash, {"output_sha256": output_sha256, "tenant_id": tenant_id, "limit": limit}).all()
+    if not rows:  # most texts: one query, no row
         return []
-    # The entries with their tenant's name in one round trip (what _generations reads in two):
-    # the look-up is on every /v1/detect.
-    rows = select(Row, Tenant.name).join(Tenant, Tenant.id == Row.tenant_id).where(Row.generation_id.in_(ids))
-    if tenant_id is not None:
-        rows = rows.where(Row.tenant_id == tenant_id)
+    last = {}
     grouped: dict[str, list[Row]] = {}
     names: dict[str, str] = {}
-    for row, name in session.execute(rows.order_by(Row.tenant_id, Row.seq)):
+    for row in rows:
         grouped.setdefault(row.generation_id, []).append(row)
-        names[row.tenant_id] = name
+        names[row.tenant_id] = row.tenant_name
+        if row.output_sha256 == output_sha256:
+            last[row.generation_id] = max(last.get(row.generation_id, row.id), row.id)
+    ids = sorted(last, key=lambda g: last[g], reverse=True)
     # Only what the transparency log holds as written is cited: an entry inserted or edited
     # by anyone without the log key (the gateway's database role, the tables' owner) is not.
     logged = tlog.logged_entries(session, [row for found in grouped.values() for row in found])

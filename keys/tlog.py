@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import select, text, tuple_
+from sqlalchemy import bindparam, select, text, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from keys import clock, log_rows, merkle
-from keys.chain import canonical_json, entry_fields, entry_hash
+from keys.chain import HASHED_FIELDS, canonical_json, entry_fields, entry_hash
 from keys.errors import KeyStoreError
 from keys.kek import Keyring
 from keys.leaves import EMPTY_KGRAMS, entry_leaf, key_event, key_event_leaf, kgram_commitment
@@ -327,11 +327,27 @@ def published_size(session: Session) -> int:
 # --- what detection may cite ------------------------------------------------------------------
 
 
+_LEAF_FIELDS = ("idx", "leaf_hash", "kind", "entry_id", "tenant_id", "kgrams_sha256", "kid", "data", "mac")
+_VERIFIED: dict[tuple, bool] = {}
+"""Outcomes of :func:`_entry_leaf_ok` by everything it reads (the log key, every field of the
+row and of its leaf): a pure function of them, so a row or leaf changed in any field is a new
+key and is checked afresh. Detection cites the same few entries many times a second."""
+_VERIFIED_MAX = 50_000
+
+
 def _entry_leaf_ok(auth: LogAuthority, row: LedgerEntry, leaf: LogLeaf) -> bool:
-    return (leaf.kind == "entry" and leaf.kgrams_sha256 is not None and leaf.tenant_id == row.tenant_id
-            and leaf_authentic(auth, leaf)
-            and entry_hash(entry_fields(row)) == row.entry_hash
-            and leaf.leaf_hash == merkle.leaf_hash(entry_leaf(row.entry_hash, leaf.kgrams_sha256)))
+    memo = (id(auth), auth.mac_key, repr([getattr(row, name) for name in HASHED_FIELDS]), row.entry_hash,
+            *(getattr(leaf, name) for name in _LEAF_FIELDS))
+    found = _VERIFIED.get(memo)
+    if found is None:
+        found = (leaf.kind == "entry" and leaf.kgrams_sha256 is not None and leaf.tenant_id == row.tenant_id
+                 and leaf_authentic(auth, leaf)
+                 and entry_hash(entry_fields(row)) == row.entry_hash
+                 and leaf.leaf_hash == merkle.leaf_hash(entry_leaf(row.entry_hash, leaf.kgrams_sha256)))
+        if len(_VERIFIED) >= _VERIFIED_MAX:
+            _VERIFIED.clear()
+        _VERIFIED[memo] = found
+    return found
 
 
 def _leaf_mac_parts(leaf: dict[str, Any]) -> tuple[bytes, ...]:
@@ -347,6 +363,15 @@ def leaf_authentic(auth: LogAuthority, leaf: LogLeaf) -> bool:
     return auth.check(leaf.mac, *_leaf_mac_parts(fields))
 
 
+# The Core path (rows, not ORM objects; statements built once): detection reads these for
+# every ledger match it cites. Rows carry the same attributes as the mapped objects.
+_LEAVES_OF = select(LogLeaf.__table__).where(LogLeaf.__table__.c.entry_id.in_(bindparam("entry_ids",
+                                                                                       expanding=True)))
+_FINISHED_OF = select(LedgerEntry.__table__).where(
+    LedgerEntry.__table__.c.generation_id.in_(bindparam("generation_ids", expanding=True)),
+    LedgerEntry.__table__.c.kind == "finished")
+
+
 def logged_entries(session: Session, rows: Sequence[LedgerEntry]) -> dict[int, LogLeaf]:
     """Of ``rows``, those the log holds as written: by entry id, its leaf. An entry inserted
     or changed by anyone without the log key (and so every entry when the store has no log
@@ -354,8 +379,8 @@ def logged_entries(session: Session, rows: Sequence[LedgerEntry]) -> dict[int, L
     auth = authority(session)
     if auth is None or not rows:
         return {}
-    leaves = {leaf.entry_id: leaf for leaf in session.scalars(
-        select(LogLeaf).where(LogLeaf.entry_id.in_([r.id for r in rows])))}
+    leaves = {leaf.entry_id: leaf for leaf in session.connection().execute(
+        _LEAVES_OF, {"entry_ids": [r.id for r in rows]})}
     return {r.id: leaves[r.id] for r in rows if r.id in leaves and _entry_leaf_ok(auth, r, leaves[r.id])}
 
 
@@ -366,8 +391,7 @@ def logged_kgrams(session: Session, digests: dict[str, list[int]]) -> set[str]:
     the generation."""
     if not digests:
         return set()
-    rows = list(session.scalars(select(LedgerEntry).where(LedgerEntry.generation_id.in_(list(digests)),
-                                                          LedgerEntry.kind == "finished")))
+    rows = session.connection().execute(_FINISHED_OF, {"generation_ids": list(digests)}).all()
     leaves = logged_entries(session, rows)
     return {r.generation_id for r in rows
             if r.id in leaves and leaves[r.id].kgrams_sha256 == kgram_commitment(digests[r.generation_id])}

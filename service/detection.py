@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from pydantic import ValidationError
 
 from detector.detect import DetectorConfig, statistic_for
+from detector.multikey import KeySet, detect_many
+from detector.result import Candidate
 from detector.forms import (TextForm, detect_forms, distinct_forms, merge_form_matches, original_offsets, text_forms,
                             with_span_chars)
 from keys import kgrams
@@ -18,7 +21,7 @@ from service.auth import Identity, resolve_tenant
 from service.detect_input import DegenerateInput, check_detect_input
 from service.errors import Conflict, NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
 from service.http_errors import store_error
-from service.ledger_evidence import with_ledger_basis, with_shared_evidence
+from service.ledger_evidence import with_key_states, with_ledger_basis, with_shared_evidence, with_shared_scores
 from service.ledger_salts import narrowed_by_ledger
 from service.provenance import report_scope, report_settings, report_statement
 from service.schemas import DetectBody
@@ -39,7 +42,10 @@ def detector_config(params: DetectBody) -> DetectorConfig:
         raise Unprocessable(describe(exc, default="")) from None
 
 
-def detect(services: Services, identity: Identity, params: DetectBody) -> dict[str, Any]:
+def detect(services: Services, identity: Identity, params: DetectBody, *, batched: bool = True) -> dict[str, Any]:
+    """The full result of one detection (what ``/v1/detect`` answers). ``batched`` False:
+    the reference path (every key scored in full, each form of the text looked up in the
+    ledger on its own), which the batched one matches (tests/service/test_detect_batched.py)."""
     settings = services.settings
     wait = services.detect_wait(identity.token_id)
     if wait > 0:
@@ -93,8 +99,13 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
     if params.evidence:
         evidence.check_size(max(len(t) for t, _ in forms), settings.max_evidence_tokens)
     # A diverse key whose generation the ledger identifies is tested under its recorded salt.
-    candidates = narrowed_by_ledger(services, identity, tenant, candidates, [t for t, _ in forms], text, config)
-    result, best = detect_forms([token_ids for token_ids, _ in forms], candidates, config)
+    narrowed = narrowed_by_ledger(services, identity, tenant, candidates, [t for t, _ in forms], text, config)
+    if batched:  # every key in one compiled pass, screened (detector.multikey)
+        keyset = keyset_of(candidates, tenant) if narrowed is candidates else KeySet.of(narrowed)
+        result, best = detect_forms([token_ids for token_ids, _ in forms], keyset, config, run=detect_many)
+    else:
+        result, best = detect_forms([token_ids for token_ids, _ in forms], narrowed, config)
+    candidates = narrowed
     token_ids, offsets = forms[best]
     if offsets is not None:
         result = with_span_chars(result, offsets)
@@ -106,7 +117,8 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
     if text:
         scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
         matches = services.ledger_matches(hash_output(text), scope)
-    kgram_matches = _kgram_matches(services, identity, tenant, candidates, [t for t, _ in forms], config)
+    find = _kgram_matches if batched else _kgram_matches_per_form
+    kgram_matches = find(services, identity, tenant, candidates, [t for t, _ in forms], config)
     services.metrics.detections.labels("watermarked" if result.watermarked else "not_watermarked").inc()
     # The ledger is a second basis: an exact copy (output hash) or shared k-grams whose
     # chance-collision bound passes the threshold, even when the watermark no longer does.
@@ -129,9 +141,58 @@ def _tokenized(services: Services, form: TextForm) -> tuple[list[int], list[tupl
     return token_ids, None if offsets is None else original_offsets(form, offsets)
 
 
+_KEYSETS: dict[str | None, tuple[list[Candidate], KeySet]] = {}
+_KEYSETS_MAX = 10_000
+_keysets_lock = threading.Lock()
+
+
+def keyset_of(candidates: list[Candidate], scope: str | None = None) -> KeySet:
+    """The :class:`~detector.multikey.KeySet` of the candidate list the key cache holds for
+    ``scope`` (a tenant name, None: every tenant): its PRF keys as arrays, grouped by spec,
+    built once per list. The key cache builds a new list when its entry expires or is cleared
+    (a key created, rotated or revoked through this gateway), and a new list replaces the
+    scope's KeySet (one kept per scope)."""
+    found = _KEYSETS.get(scope)
+    if found is not None and found[0] is candidates:
+        return found[1]
+    keyset = KeySet.of(candidates)
+    with _keysets_lock:
+        if len(_KEYSETS) >= _KEYSETS_MAX and scope not in _KEYSETS:
+            _KEYSETS.clear()
+        _KEYSETS[scope] = (candidates, keyset)
+    return keyset
+
+
 def _kgram_matches(services: Services, identity: Identity, tenant, candidates, forms, config) -> list:
     """Generations sharing k-grams with the text under a stored candidate key (keys.kgrams),
-    with the watermark evidence of the shared tokens (service.ledger_evidence)."""
+    with the watermark evidence of the shared tokens (service.ledger_evidence): every form's
+    digests looked up at once under each key that has generations, the key states read once
+    for the merged matches."""
+    keys = [(c.info.key_id, c.key.secret) for c in candidates if c.info.tenant is not None and c.info.key_id]
+    if not keys:
+        return []
+    scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
+    try:
+        with services.store.transaction(write=False) as session:
+            # Every form of the text is searched, not only the one the watermark scored best
+            # (detector.forms.merge_form_matches says why and what it costs).
+            # One cache for every form and look-up: the forms share most of their k-grams.
+            cache = kgrams.KgramCache()
+            searched = distinct_forms(forms, kgrams.K)
+            keys = cache.prefetch(session, keys, scope, searched)
+            if not keys:
+                return []
+            return with_key_states(session, merge_form_matches([
+                with_shared_scores(session, kgrams.find_matches(session, keys=keys, token_ids=tokens,
+                                                                tenant_id=scope, cache=cache),
+                                   candidates, tokens, config, cache=cache)
+                for tokens in searched]))
+    except KeyStoreError as exc:
+        raise store_error(exc) from None
+
+
+def _kgram_matches_per_form(services: Services, identity: Identity, tenant, candidates, forms, config) -> list:
+    """:func:`_kgram_matches` as it was before the look-ups were batched (the reference path)."""
     keys = [(c.info.key_id, c.key.secret) for c in candidates if c.info.tenant is not None and c.info.key_id]
     if not keys:
         return []

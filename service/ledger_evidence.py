@@ -24,6 +24,7 @@ in them, the common case (boilerplate, stock phrases).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Sequence
 
@@ -43,6 +44,13 @@ MAX_TESTED = 5
 """Matches whose shared tokens are tested (the best by collision bound)."""
 
 
+# The tails of the shared tokens' sums, memoised (pure functions of their arguments): the
+# forms of one text share the generation's tokens, so each form's test of a match usually
+# asks for the same sum, and the weighted tail is a series costing ~0.3 ms.
+_weighted_sf = functools.lru_cache(maxsize=4096)(weighted_gamma_log10_sf)
+_sf = functools.lru_cache(maxsize=4096)(gamma_log10_sf)
+
+
 def with_shared_evidence(session, matches: Sequence[KgramMatch], candidates: Sequence[Candidate],
                          token_ids: Sequence[int], config: DetectorConfig, *,
                          cache: kgrams.KgramCache | None = None) -> list[KgramMatch]:
@@ -50,18 +58,24 @@ def with_shared_evidence(session, matches: Sequence[KgramMatch], candidates: Seq
     :data:`MAX_TESTED`) best whose collision bound passes the threshold, and each match's
     key state at generation and now (:mod:`keys.key_states`). ``cache``: the one
     :func:`keys.kgrams.find_matches` filled for these matches, in the same transaction."""
-    scored = _with_shared_scores(session, matches, candidates, token_ids, config, cache=cache)
-    if not scored:
-        return scored
-    at_generation = key_states.states_at_generation(session, (m.generation_id for m in scored))
-    now = key_states.current_states(session, (m.key_id for m in scored))
+    return with_key_states(session, with_shared_scores(session, matches, candidates, token_ids, config, cache=cache))
+
+
+def with_key_states(session, matches: Sequence[KgramMatch]) -> list[KgramMatch]:
+    """``matches`` with each one's key state at generation and now (two queries in all)."""
+    if not matches:
+        return list(matches)
+    at_generation = key_states.states_at_generation(session, (m.generation_id for m in matches))
+    now = key_states.current_states(session, (m.key_id for m in matches))
     return [dataclasses.replace(m, key_state_at_generation=at_generation.get(m.generation_id),
-                                key_state_now=now.get(m.key_id)) for m in scored]
+                                key_state_now=now.get(m.key_id)) for m in matches]
 
 
-def _with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Sequence[Candidate],
-                        token_ids: Sequence[int], config: DetectorConfig, *,
-                        cache: kgrams.KgramCache | None) -> list[KgramMatch]:
+def with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Sequence[Candidate],
+                       token_ids: Sequence[int], config: DetectorConfig, *,
+                       cache: kgrams.KgramCache | None) -> list[KgramMatch]:
+    """``matches`` with ``shared_tokens`` and ``log10_shared_p`` (:func:`with_shared_evidence`
+    without the key states: a caller merging the matches of several forms adds those once)."""
     threshold = math.log10(config.threshold)
     # A `diverse` key is S salted candidates with one key id: the match's generation names
     # its salt in the ledger (keys.ledger_read.generation_salts), and that salt is scored.
@@ -112,9 +126,9 @@ def _with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Sequ
             if not shared_scores:
                 continue
             if statistic == "weighted":
-                p = weighted_gamma_log10_sf(sum(shared_scores), n, candidate.key.spec.alpha)
+                p = _weighted_sf(sum(shared_scores), n, candidate.key.spec.alpha)
             else:
-                p = gamma_log10_sf(sum(shared_scores), n)
+                p = _sf(sum(shared_scores), n)
             log10_p = min(log10_p, min(0.0, p + math.log10(len(per_statistic))))  # Bonferroni over the statistics
         out[i] = dataclasses.replace(match, shared_tokens=n, log10_shared_p=round(float(log10_p), 6))
     return out

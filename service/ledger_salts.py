@@ -30,13 +30,13 @@ from service.state import Services
 
 
 def narrowed_by_ledger(services: Services, identity: Identity, tenant: str | None, candidates: Sequence[Candidate],
-                       forms: Sequence[Sequence[int]], text: str | None, config: DetectorConfig) -> list[Candidate]:
+                       forms: Sequence[Sequence[int]], text: str | None, config: DetectorConfig) -> Sequence[Candidate]:
     """``candidates`` with each `diverse` key that the ledger identifies for this text kept
     only under the salts its generations recorded (unchanged when there is no such key)."""
     keys = list(dict.fromkeys((c.info.key_id, c.key.secret) for c in candidates
                               if c.info.salt is not None and c.info.key_id and c.info.tenant is not None))
     if not keys:
-        return list(candidates)
+        return candidates  # the same list: the caller's cached KeySet of it stays valid
     scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
     bound = math.log10(config.threshold)
     try:
@@ -58,6 +58,6 @@ def narrowed_by_ledger(services: Services, identity: Identity, tenant: str | Non
     for generation_id, salt in salts.items():
         known.setdefault(found[generation_id], set()).add(salt)
     if not known:
-        return list(candidates)
+        return candidates
     return [c for c in candidates if c.info.salt is None or c.info.key_id not in known
             or c.info.salt in known[c.info.key_id]]

@@ -17,9 +17,11 @@ if TYPE_CHECKING:
 DEMO_TENANT = "demo"
 
 
-def _serve(host: str, port: int, *, sockets: "list[socket.socket] | None" = None, **overrides) -> None:
+def _serve(host: str, port: int, *, sockets: "list[socket.socket] | None" = None, workers: int = 1,
+           **overrides) -> None:
     """Serve the gateway on ``sockets`` (bound by the caller), else on ``host:port``, which is
-    bound here once the settings and the store check out and before the model loads."""
+    bound here once the settings and the store check out and before the model loads.
+    ``workers`` > 1: that many processes share the sockets (:mod:`service.cli.workers`)."""
     import uvicorn
     from pydantic import ValidationError
 
@@ -54,6 +56,14 @@ def _serve(host: str, port: int, *, sockets: "list[socket.socket] | None" = None
     import logging
 
     from service.cli.progress import note, quiet_libraries
+
+    worker = 0
+    if workers > 1:
+        from service.cli.workers import fork_workers
+
+        worker = fork_workers(workers)
+        if worker is None:
+            return  # the supervisor: every worker has exited
     from service.logs import logging_config
     from service.model_paths import BUNDLED_MODELS
 
@@ -69,8 +79,16 @@ def _serve(host: str, port: int, *, sockets: "list[socket.socket] | None" = None
     class Gateway(uvicorn.Server):
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets=sockets)
-            if self.started:  # uvicorn names no address for sockets it was given
-                logging.getLogger("hallmark.app").info("ready: answering on %s (the page: %s/ui)", url, url)
+            if self.started and worker == 0:  # uvicorn names no address for sockets it was given
+                logger = logging.getLogger("hallmark.app")
+                logger.info("ready: answering on %s (the page: %s/ui)%s", url, url,
+                            f" with {workers} worker processes" if workers > 1 else "")
+                if workers > 1 and settings.rate_limit_backend in ("auto", "memory") and not settings.redis_url \
+                        and (settings.rate_limit_backend == "memory"
+                             or not (store_settings.database_url or "").startswith("postgresql")):
+                    logger.warning("rate limits are per worker process with the memory backend: a token may use "
+                                   "%d times its budget (set HALLMARK_REDIS_URL, or HALLMARK_RATE_LIMIT_BACKEND="
+                                   "database, to share them)", workers)
 
     Gateway(config).run(sockets=sockets)
 
@@ -84,9 +102,12 @@ def serve_command(
     draft_model: Optional[str] = typer.Option(None, "--draft-model", help="Draft model ('' disables speculation)."),
     vllm_url: Optional[str] = typer.Option(None, "--vllm-url", help="Remote `vllm serve` URL (vllm engine)."),
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda[:N]."),
+    workers: int = typer.Option(1, "--workers", min=1, max=64,
+                                help="Worker processes sharing the port (each loads the model; 1: this process)."),
 ) -> None:
     """Serve the HTTP gateway (settings from HALLMARK_* environment variables and these options)."""
-    _serve(host, port, engine=engine, model=model, draft_model=draft_model, vllm_url=vllm_url, device=device)
+    _serve(host, port, workers=workers, engine=engine, model=model, draft_model=draft_model, vllm_url=vllm_url,
+           device=device)
 
 
 def _bootstrap_demo() -> str | None:
