@@ -61,7 +61,7 @@ class Budgets:
         connection = session.connection()
         for budget in budgets:
             level, _ = self._level(connection, budget, lock=False)
-            if level <= 0:
+            if level < 1.0:  # a whole unit (a token, an evidence use) left
                 return budget, (1.0 - level) / budget.rate if budget.rate > 0 else float("inf")
         return None
 
