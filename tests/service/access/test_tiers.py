@@ -217,3 +217,35 @@ def test_concurrent_slots_refuse_a_flood_before_tokenising(tiers):
     # Another tenant was never refused meanwhile.
     assert tiers.client.post("/v1/detect", json={"text": "Trains left on time today."},
                              headers=_auth(tiers, "globex")).status_code == 200
+
+
+def test_no_submitted_text_is_retained_in_the_sqlite_files_or_the_logs(tiers):
+    import logging
+    import secrets
+
+    records = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: records.append(record.getMessage() + str(record.args or ""))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    marker = "zqxjmarker" + secrets.token_hex(6)
+    text = " ".join(reversed(HUMAN.split())) + f" {marker} ends here."
+    try:
+        for who, path, body in ((None, "/v1/public/detect", {"text": text}),
+                                ("acme", "/v1/detect", {"text": text}),
+                                ("acme_evidence", "/v1/detect", {"text": text, "evidence": True}),
+                                ("expert", "/v1/detect", {"text": text, "evidence": True})):
+            response = tiers.client.post(path, json=body, headers=_auth(tiers, who) if who else {})
+            assert response.status_code in (200, 429), response.text  # 429: evidence budget used up above
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    database = Path(tiers.store_settings.database_url.removeprefix("sqlite:///"))
+    files = [p for p in database.parent.iterdir() if p.name.startswith(database.name)]
+    assert database in files
+    for path in files:
+        data = path.read_bytes()
+        assert marker.encode() not in data and marker.encode("utf-16-le") not in data, path
+    assert records and not any(marker in r for r in records)
