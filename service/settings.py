@@ -91,9 +91,11 @@ class ServiceSettings(BaseSettings):
     evidence_per_day: float = Field(default=20.0, gt=0)
     """Detections with per-token evidence a day, per token holding the `evidence` scope (audited each)."""
     probe_family_per_day: int = Field(default=10, ge=1)
-    """Queries a text family (>= probe_share of its word 8-grams shared with one of the same
+    """Queries a text family (>= probe_share of its word k-grams shared with one of the same
     principal's queries of the last 24 h) may make in 24 h; 429 probe_guard beyond."""
     probe_share: float = Field(default=0.5, gt=0, le=1)
+    probe_kgram: int = Field(default=4, ge=1, le=16)
+    """Words per k-gram of the probe guard (service/access/probe.py says why 4, not 8)."""
     detect_slots: int = Field(default=2, ge=0)
     """Detections one principal (a tenant, an expert token, a client address) may run at once in
     this replica; 429 beyond, before any tokenisation (0: no limit)."""

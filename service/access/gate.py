@@ -33,7 +33,7 @@ from service.access.budgets import Budget, Budgets
 from service.access.slots import Slots
 from service.access.tiers import EXPERT, OPERATOR, PUBLIC, TENANT, Principal, access_secret, principal_of
 from service.auth import Identity
-from service.errors import Forbidden, RateLimited, TooLarge, Unprocessable
+from service.errors import Forbidden, RateLimited, TooLarge
 from service.http_errors import store_error
 from service.limits import retry_after
 from service.schemas import DetectBody
@@ -93,7 +93,7 @@ def _check_options(tier: str, identity: Identity | None, body: DetectBody) -> bo
         exponent = math.log10(body.threshold)
         if abs(exponent - round(exponent)) > 1e-9:
             # Arbitrary thresholds would let a caller bisect the p-value this tier rounds.
-            raise Unprocessable(f"threshold {body.threshold!r}: a tenant token may choose a whole power of ten "
+            raise Forbidden(f"threshold {body.threshold!r}: a tenant token may choose a whole power of ten "
                                 "(1e-3, 1e-6, ...); the p-value it sees is rounded to one")
     if not body.evidence:
         return False
@@ -103,10 +103,10 @@ def _check_options(tier: str, identity: Identity | None, body: DetectBody) -> bo
     return True
 
 
-def _sketch_of(secret: bytes, body: DetectBody) -> probe.Sketch:
+def _sketch_of(secret: bytes, body: DetectBody, k: int) -> probe.Sketch:
     if body.text is not None:
-        return probe.sketch(secret, body.text)
-    return probe.sketch(secret, " ".join(map(str, body.token_ids)))
+        return probe.sketch(secret, body.text, k)
+    return probe.sketch(secret, " ".join(map(str, body.token_ids)), k)
 
 
 def _admit(services, access: Access, who: Principal, body: DetectBody, evidence: bool) -> None:
@@ -117,7 +117,7 @@ def _admit(services, access: Access, who: Principal, body: DetectBody, evidence:
     guarded = who.tier in (PUBLIC, TENANT)
     if not budgets and not evidence_budget and not guarded:
         return
-    sketch = _sketch_of(access.secret, body) if guarded else None
+    sketch = _sketch_of(access.secret, body, settings.probe_kgram) if guarded else None
     try:
         with services.store.transaction() as session:
             short = access.budgets.admit(session, budgets + evidence_budget)
@@ -132,9 +132,9 @@ def _admit(services, access: Access, who: Principal, body: DetectBody, evidence:
                                       min_share=settings.probe_share)
                 if not verdict.admitted:
                     raise RateLimited(
-                        f"this text shares at least {settings.probe_share:.0%} of its 8-grams with "
-                        f"{verdict.queries} of your queries of the last 24 hours; a text family may be "
-                        f"checked {settings.probe_family_per_day} times a day (probe guard: repeated checks of "
+                        f"this text shares at least {settings.probe_share:.0%} of its "
+                        f"{settings.probe_kgram}-word k-grams with {verdict.queries} of your queries of the last "
+                        f"24 hours; a text family may be checked {settings.probe_family_per_day} times a day (probe guard: repeated checks of "
                         "one edited text are how a detector is turned against the watermark)",
                         headers=retry_after(3600), code="probe_guard")
             if evidence_budget:

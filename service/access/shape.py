@@ -71,9 +71,21 @@ def tenant_answer(full: dict[str, Any], *, evidence: bool) -> dict[str, Any]:
     out = {k: v for k, v in full.items() if k not in ("report", "evidence")}
     out = _rounded(out)
     out["tier"] = TENANT
-    if evidence and "evidence" in full:
-        out["evidence"] = full["evidence"]
+    if evidence and full.get("evidence"):
+        out["evidence"] = coarse_evidence(full["evidence"])
     return out
+
+
+EVIDENCE_DECIMALS = 1
+"""A tenant's per-token evidence: scores to one decimal (the core computes about 20 bits of
+the keyed PRF's output per token; one decimal of -ln(1-u) keeps about 5), enough to see
+which stretches carry the watermark, far less to test a guessed key with offline."""
+
+
+def coarse_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
+    tokens = [{**t, "score": None if t.get("score") is None else round(t["score"], EVIDENCE_DECIMALS)}
+              for t in evidence.get("tokens") or ()]
+    return {**evidence, "score_sum": round(evidence.get("score_sum") or 0.0, EVIDENCE_DECIMALS), "tokens": tokens}
 
 
 def full_answer(full: dict[str, Any], tier: str) -> dict[str, Any]:

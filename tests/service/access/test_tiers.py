@@ -132,7 +132,7 @@ def test_tenant_tier_rounds_p_to_a_power_of_ten_and_withholds_scores_and_evidenc
     assert denied.status_code == 403 and "'evidence' scope" in denied.json()["error"]["message"]
     # A threshold that is not a power of ten would let a tenant bisect the rounded p-value.
     bisect = tiers.client.post("/v1/detect", json={"text": HUMAN, "threshold": 0.0123}, headers=_auth(tiers, "acme"))
-    assert bisect.status_code == 422
+    assert bisect.status_code == 403 and "whole power of ten" in bisect.json()["error"]["message"]
     assert tiers.client.post("/v1/detect", json={"text": HUMAN, "threshold": 1e-3},
                              headers=_auth(tiers, "acme")).status_code == 200
 
@@ -163,7 +163,8 @@ def test_evidence_scope_is_audited_per_use_and_has_its_own_budget(tiers):
                                                          tiers.generated, "evidence": True}, headers=headers)
         statuses.append(response.status_code)
         if response.status_code == 200:
-            assert response.json()["evidence"]["tokens"]
+            scores = [t["score"] for t in response.json()["evidence"]["tokens"] if t["score"] is not None]
+            assert scores and all(round(x, 1) == x for x in scores)  # coarsened to one decimal
     assert statuses == [200, 200, 200, 429], statuses
     assert response.json()["error"]["code"] == "detection_budget_exhausted"
     events = _audit(tiers, "detection.evidence")[before:]
@@ -178,6 +179,8 @@ def test_expert_token_gets_the_full_result_every_request_audited_and_nothing_els
                                  headers=_auth(tiers, "expert"))
     assert response.status_code == 200 and response.headers["x-hallmark-access-tier"] == "expert"
     full = response.json()
+    exact = [t["score"] for t in full["evidence"]["tokens"] if t["score"] is not None]
+    assert any(round(x, 1) != x for x in exact)  # the expert's evidence is the core's, not coarsened
     assert full["evidence"]["tokens"] and "score" in full["per_key"][0] and not float(full["log10_p_value"]).is_integer()
     assert full["keys_tested"] == 2  # every tenant's keys
     verify_report(full["report"], _keys(tiers), text=tiers.generated)
