@@ -99,6 +99,9 @@ class ServiceSettings(BaseSettings):
     detect_slots: int = Field(default=2, ge=0)
     """Detections one principal (a tenant, an expert token, a client address) may run at once in
     this replica; 429 beyond, before any tokenisation (0: no limit)."""
+    metrics_listen: str | None = Field(default=None, pattern=r"^[^\s:]*:[0-9]{1,5}$")
+    """``host:port`` of a listener serving only /metrics (e.g. 127.0.0.1:9464); the gateway's
+    own port then answers 404 on /metrics."""
     provider_name: str = "Hallmark"
     """The provider the public check names in its verdict."""
 
