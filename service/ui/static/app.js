@@ -79,6 +79,35 @@ function detailsText(details) {
 
 function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
 
+// The token field is what the page uses: a token typed there counts as soon as Check or
+// Generate is pressed, without "Use token" first. True when the token changed.
+function setToken(value) {
+  value = (value || "").trim();
+  if (value === token()) return false;
+  if (value) sessionStorage.setItem(TOKEN_KEY, value); else sessionStorage.removeItem(TOKEN_KEY);
+  clearTokenResults();
+  return true;
+}
+
+async function adoptTypedToken() {
+  if (setToken($("token-input").value)) await refreshIdentity();
+}
+
+// What another token fetched (a check result, an output, a record, tables) leaves the screen
+// when the token changes, so no result is shown beside a token that did not produce it.
+function clearTokenResults() {
+  $("check-result").hidden = true;
+  $("gen-result").hidden = true;
+  clear($("gen-output"));
+  lastGeneration = null;
+  $("record-result").hidden = true;
+  clear($("record-facts"));
+  clear($("recent").tBodies[0]);
+  $("recent-page").textContent = "";
+  clear($("keys-table").tBodies[0]);
+  clear($("audit-table").tBodies[0]);
+}
+
 class ApiError extends Error {
   constructor(status, message, type) { super(message); this.status = status; this.type = type; }
 }
@@ -154,8 +183,13 @@ async function refreshIdentity() {
   }
 }
 
+let shownPage = null;
+
 function show(page) {
   if (!PAGES.includes(page)) page = "check";
+  // An error belongs to the page it happened on: it leaves with it.
+  if (shownPage !== null && page !== shownPage) showError(null);
+  shownPage = page;
   for (const name of PAGES) {
     $("page-" + name).hidden = name !== page;
     const tab = $("tab-" + name);
@@ -188,6 +222,7 @@ function updateCount() {
 }
 
 async function check() {
+  await adoptTypedToken();
   const text = $("check-text").value;
   if (!text.trim()) throw new ApiError(0, "paste a text (or drop a file) to check", "empty");
   let response;
@@ -504,6 +539,7 @@ function number(id, integer) {
 }
 
 async function generate() {
+  await adoptTypedToken();
   const body = { prompt: $("gen-prompt").value, stream: true, max_tokens: number("gen-max", true),
                  temperature: number("gen-temp"), top_p: number("gen-top-p"), top_k: number("gen-top-k", true),
                  seed: number("gen-seed", true) };
@@ -591,7 +627,11 @@ let recentOffset = 0;
 
 async function lookUp(id) {
   id = id.trim();
+  // The previous record leaves first: a failed look-up must not leave it under the error.
+  $("record-result").hidden = true;
+  clear($("record-facts"));
   if (!id) throw new ApiError(0, "enter a generation id (32 hex digits) to look up its record", "empty");
+  await adoptTypedToken();
   const record = await api("GET", "/v1/generations/" + encodeURIComponent(id));
   $("record-title").textContent = record.id;
   const dl = clear($("record-facts"));
@@ -734,13 +774,12 @@ document.addEventListener("DOMContentLoaded", () => {
   $("token-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     showError(null);
-    const value = $("token-input").value.trim();
-    if (value) sessionStorage.setItem(TOKEN_KEY, value); else sessionStorage.removeItem(TOKEN_KEY);
+    setToken($("token-input").value);
     await refreshIdentity();
     route();
   });
   $("token-forget").addEventListener("click", async () => {
-    sessionStorage.removeItem(TOKEN_KEY);
+    setToken("");
     $("token-input").value = "";
     showError(null);
     await refreshIdentity();
