@@ -40,7 +40,9 @@ SECRETS = gw.FIXED_SECRETS
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    gateway = gw.start(tmp_path_factory.mktemp("ui"), secrets=SECRETS, max_tokens_cap=512, max_evidence_tokens=400)
+    # The page's Check shows per-token evidence: the tenant tokens hold the evidence scope (service/access).
+    gateway = gw.start(tmp_path_factory.mktemp("ui"), secrets=SECRETS, max_tokens_cap=512, max_evidence_tokens=400,
+                       scopes=("evidence",), evidence_per_day=10_000)
     yield gateway
     gateway.stop()
 
