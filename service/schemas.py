@@ -338,3 +338,24 @@ class PublicDetectBody(BaseModel):
     text: Text = Field(min_length=1)
     """Text to check (above the server's public_max_chars: 413; under public_min_tokens
     tokens: "too short to say")."""
+
+
+class PublicDetection(BaseModel):
+    """The public tier's answer (service/access/shape.py): words and a band, no numbers of the test."""
+
+    tier: Literal["public"]
+    verdict: Literal["watermarked", "recorded", "not_watermarked", "too_short"]
+    """`recorded`: the provenance ledger records the text (or an edited copy) as generated, though the
+    watermark alone does not show it; `too_short`: under the public minimum of tokens, not tested."""
+    watermarked: bool
+    provider: str
+    tenant: str | None
+    """The tenant whose key or ledger entry the verdict rests on, only where that tenant opted in."""
+    confidence: Literal["strong", "moderate", "none"]
+    """`strong`: p <= 1e-12; `moderate`: p <= 1e-6 (the threshold); `none` otherwise."""
+    tokens: int
+    min_tokens: int | None = None
+    basis: list[Literal["watermark", "ledger"]]
+    verdict_text: str
+    report: dict[str, Any] | None
+    """The signed detection report (format v2) of what this tier saw; verify it with `hallmark report verify`."""

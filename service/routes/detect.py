@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from service.access import gate
 from service.errors import NotFound
 from service.routes.deps import DetectIdentityDep, ServicesDep
-from service.schemas import DetectBody, PublicDetectBody
+from service.schemas import DetectBody, PublicDetectBody, PublicDetection
 
 router = APIRouter()
 
@@ -32,7 +32,12 @@ async def detect_route(body: DetectBody, services: ServicesDep, identity: Detect
     return await _answer(services, identity, body, None)
 
 
-@router.post("/v1/public/detect")
+@router.post("/v1/public/detect", tags=["detection"], summary="Check a text without an account (public tier)",
+             description="The public detection check: no token. The verdict in words, the provider, the tenant where it "
+                         "opted in, a confidence band, tokens scored, the basis and a signed report; no p-value digits, "
+                         "scores, spans or keys. Under 200 tokens: `too_short`. Budgets: tokens scored per client "
+                         "address and in all, a day; the probe guard (429 `probe_guard`). See README \"Detection access\".",
+             responses={200: {"model": PublicDetection}})
 async def public_detect_route(body: PublicDetectBody, services: ServicesDep, request: Request):
     if not services.settings.public_detect:
         raise NotFound("the public detection check is not offered by this gateway")
