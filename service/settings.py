@@ -90,7 +90,7 @@ class ServiceSettings(BaseSettings):
     """Tokens one tenant's detections (all its tokens together) may score a day."""
     evidence_per_day: float = Field(default=20.0, gt=0)
     """Detections with per-token evidence a day, per token holding the `evidence` scope (audited each)."""
-    probe_family_per_day: int = Field(default=10, ge=1)
+    probe_family_per_day: int = Field(default=3, ge=1)
     """Queries a text family (>= probe_share of its word k-grams shared with one of the same
     principal's queries of the last 24 h) may make in 24 h; 429 probe_guard beyond."""
     probe_share: float = Field(default=0.5, gt=0, le=1)

@@ -11,7 +11,8 @@ from tests.service import gateway as gw
 @pytest.fixture(scope="module")
 def tiers(tmp_path_factory):
     gateway = gw.start(tmp_path_factory.mktemp("tiers"), draft_model=None, secrets=gw.FIXED_SECRETS,
-                       public_tokens_per_day=1e7, evidence_per_day=3, key_cache_seconds=0.5)
+                       public_tokens_per_day=1e7, evidence_per_day=3, key_cache_seconds=0.5,
+                       probe_family_per_day=10)  # the replicas' test checks the default (3)
     store = open_store(gateway.store_settings, require_kek=True)
     try:
         with store.transaction() as session:

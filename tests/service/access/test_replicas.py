@@ -108,8 +108,8 @@ def test_probe_guard_holds_across_two_replicas(replicas):
     headers = {"Authorization": f"Bearer {tokens['acme']}"}
     other = " ".join(reversed(HUMAN.split()))  # no 8-gram in common with HUMAN (used above)
     statuses = [httpx.post(urls[i % 2] + "/v1/detect", json={"text": variant(other, i)}, headers=headers,
-                           timeout=120).status_code for i in range(12)]
-    assert statuses == [200] * 10 + [429] * 2, statuses
+                           timeout=120).status_code for i in range(5)]
+    assert statuses == [200] * 3 + [429] * 2, statuses  # the default: 3 checks of a text family a day
 
 
 def test_public_token_budget_holds_across_two_replicas(replicas):
