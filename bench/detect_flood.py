@@ -16,6 +16,8 @@ import argparse
 import asyncio
 import json
 import os
+import random
+import string
 import sys
 import tempfile
 import time
@@ -64,7 +66,15 @@ def _rss_mb(pid: int) -> float:
 
 
 async def _run(url: str, tokens: dict[str, str], pid: int, args) -> dict:
-    flood_body = {"text": ("The quick brown fox jumps over the lazy dog again and again. " * 4000)[:args.chars]}
+    rng = random.Random(25)
+    words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(5000)]
+
+    def flood_body() -> dict:
+        # A new text every time (random words): one text sent again is the probe guard's, and a
+        # flooding tenant would not make it that easy.
+        text = " ".join(rng.choices(words, k=args.chars // 5))
+        return {"text": text[:args.chars].ljust(args.chars, "x")}
+
     statuses: dict[int, int] = {}
     victim: list[float] = []
     victim_status: dict[int, int] = {}
@@ -74,9 +84,10 @@ async def _run(url: str, tokens: dict[str, str], pid: int, args) -> dict:
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
         async def flood() -> None:
             while time.monotonic() < stop:
-                r = await client.post("/v1/detect", json=flood_body,
+                r = await client.post("/v1/detect", json=flood_body(),
                                       headers={"Authorization": f"Bearer {tokens['flood']}"})
-                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+                key = f"{r.status_code} {r.json()['error']['code']}" if r.status_code >= 400 else str(r.status_code)
+                statuses[key] = statuses.get(key, 0) + 1
                 if r.status_code == 429:
                     await asyncio.sleep(0.05)
 
@@ -84,7 +95,8 @@ async def _run(url: str, tokens: dict[str, str], pid: int, args) -> dict:
             await asyncio.sleep(1.0)
             while time.monotonic() < stop:
                 started = time.perf_counter()
-                r = await client.post("/v1/detect", json={"text": "hello world"},
+                n = len(victim)
+                r = await client.post("/v1/detect", json={"text": f"hello wo {n:02d}"[-11:]},
                                       headers={"Authorization": f"Bearer {tokens['victim']}"})
                 victim.append(time.perf_counter() - started)
                 victim_status[r.status_code] = victim_status.get(r.status_code, 0) + 1

@@ -23,9 +23,10 @@ which does not move while a probe's p-value wanders between 1e-6 and 1."""
 TOO_SHORT = "too_short"
 
 _P_KEYS = {"p_value"}
-_DROPPED = {"score", "correction", "log10_p_sum", "log10_p_trgof", "log10_p_weighted", "log10_shared_p",
-            "log10_false_match_bound", "share", "matched_kgrams", "text_kgrams", "generation_kgrams",
-            "shared_tokens"}
+_DROPPED = {"score", "log10_p_sum", "log10_p_trgof", "log10_p_weighted"}
+"""What the tenant tier drops: the statistic's value and the per-test p-values (each another
+reading of the same text). The k-gram matches' counts stay (they cite the tenant's own ledger);
+their log10 bounds are rounded like p."""
 
 
 def band(log10_p: float) -> str:
@@ -51,7 +52,7 @@ def _rounded(value: Any) -> Any:
         for k, v in value.items():
             if k in _DROPPED:
                 continue
-            if k.startswith("log10_p"):
+            if k.startswith("log10_"):
                 out[k] = power_of_ten(v)
             elif k in _P_KEYS:
                 exponent = power_of_ten(math.log10(v)) if isinstance(v, (int, float)) and v > 0 else -300
@@ -66,8 +67,8 @@ def _rounded(value: Any) -> Any:
 
 def tenant_answer(full: dict[str, Any], *, evidence: bool) -> dict[str, Any]:
     """The tenant tier: verdict, key, p to a whole power of ten, spans and the ledger's
-    citations (generation ids, whether each k-gram match passes); no scores, no per-test
-    p-values, no k-gram counts; per-token evidence only with the ``evidence`` scope."""
+    citations (generation ids, k-gram counts, whether each match passes; bounds to a power of
+    ten); no scores, no per-test p-values; per-token evidence only with the ``evidence`` scope."""
     out = {k: v for k, v in full.items() if k not in ("report", "evidence")}
     out = _rounded(out)
     out["tier"] = TENANT

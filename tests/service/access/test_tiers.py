@@ -119,8 +119,7 @@ def test_tenant_tier_rounds_p_to_a_power_of_ten_and_withholds_scores_and_evidenc
         assert isinstance(span["log10_p_value"], int) and "char_start" in span
     for row in shown["per_key"]:
         assert "score" not in row and "log10_p_sum" not in row and isinstance(row["log10_p_value"], int)
-    assert all(set(m) <= {"generation_id", "key_id", "key_state_at_generation", "key_state_now", "passes"}
-               for m in shown["kgram_matches"])
+    assert all(isinstance(m["log10_false_match_bound"], int) for m in shown["kgram_matches"])
     # The same text through an expert token: the core's numbers, whose rounding the tenant saw.
     full = tiers.client.post("/v1/detect", json={"text": tiers.generated}, headers=_auth(tiers, "expert")).json()
     assert math.ceil(full["log10_p_value"]) == shown["log10_p_value"] or full["log10_p_value"] < -300
