@@ -69,11 +69,14 @@ async def _run(url: str, tokens: dict[str, str], pid: int, args) -> dict:
     rng = random.Random(25)
     words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(5000)]
 
+    # Distinct texts (random words): one text sent again is the probe guard's, and a flooding
+    # tenant would not make it that easy. Made once, so the client spends its CPU on sending.
+    pool = [(" ".join(rng.choices(words, k=args.chars // 5)))[:args.chars].ljust(args.chars, "x")
+            for _ in range(48)]
+    sent = iter(range(10**9))
+
     def flood_body() -> dict:
-        # A new text every time (random words): one text sent again is the probe guard's, and a
-        # flooding tenant would not make it that easy.
-        text = " ".join(rng.choices(words, k=args.chars // 5))
-        return {"text": text[:args.chars].ljust(args.chars, "x")}
+        return {"text": pool[next(sent) % len(pool)]}
 
     statuses: dict[int, int] = {}
     victim: list[float] = []
@@ -91,23 +94,32 @@ async def _run(url: str, tokens: dict[str, str], pid: int, args) -> dict:
                 if r.status_code == 429:
                     await asyncio.sleep(0.05)
 
+        def check_sync() -> None:
+            # Its own thread and connection: the flood's coroutines must not delay the victim's
+            # client (it measures the gateway, not this process's event loop).
+            time.sleep(1.0)
+            with httpx.Client(base_url=url, timeout=300) as own:
+                while time.monotonic() < stop:
+                    started = time.perf_counter()
+                    n = len(victim)
+                    r = own.post("/v1/detect", json={"text": f"hello wo {n:02d}"[-11:]},
+                                 headers={"Authorization": f"Bearer {tokens['victim']}"})
+                    victim.append(time.perf_counter() - started)
+                    victim_status[r.status_code] = victim_status.get(r.status_code, 0) + 1
+                    time.sleep(0.25)
+
         async def check() -> None:
-            await asyncio.sleep(1.0)
-            while time.monotonic() < stop:
-                started = time.perf_counter()
-                n = len(victim)
-                r = await client.post("/v1/detect", json={"text": f"hello wo {n:02d}"[-11:]},
-                                      headers={"Authorization": f"Bearer {tokens['victim']}"})
-                victim.append(time.perf_counter() - started)
-                victim_status[r.status_code] = victim_status.get(r.status_code, 0) + 1
-                await asyncio.sleep(0.25)
+            await asyncio.to_thread(check_sync)
 
         async def sample() -> None:
             while time.monotonic() < stop + 2:
                 rss.append(_rss_mb(pid))
                 await asyncio.sleep(0.2)
 
-        await asyncio.gather(*(flood() for _ in range(args.parallel)), check(), sample())
+        if args.parallel:
+            await asyncio.gather(*(flood() for _ in range(args.parallel)), check(), sample())
+        else:
+            await asyncio.gather(check(), sample())
     return {"flood_statuses": statuses, "victim_checks": len(victim), "victim_statuses": victim_status,
             "victim_p50_s": round(percentile(victim, 0.5), 4), "victim_p99_s": round(percentile(victim, 0.99), 4),
             "victim_max_s": round(max(victim), 4) if victim else None, "rss_peak_mb": round(max(rss), 1)}

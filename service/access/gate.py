@@ -70,6 +70,14 @@ def check_size(settings, tier: str, body: DetectBody) -> None:
     if body.text is not None and len(body.text) > limit:
         raise TooLarge(f"text has {len(body.text)} characters; the limit is {limit}"
                        + (" for the public check" if tier == PUBLIC else ""))
+    if body.text is not None and len(body.text) > settings.max_detect_tokens:
+        # A byte-level tokenizer makes at most one token per UTF-8 byte: a text of no more bytes
+        # than the token limit cannot exceed it, and a longer one is refused here instead of after
+        # tokenising it (measured: 24 bodies of 190,000 characters took 54 s and 1.7 GB to refuse).
+        size = len(body.text.encode("utf-8"))
+        if size > settings.max_detect_tokens:
+            raise TooLarge(f"text has {size} bytes (UTF-8) and could have as many tokens; at most "
+                           f"{settings.max_detect_tokens} tokens are scored, so send at most that many bytes")
     if body.token_ids is not None and len(body.token_ids) > settings.max_detect_tokens:
         raise TooLarge(f"{len(body.token_ids)} tokens; the limit is {settings.max_detect_tokens}")
 
