@@ -36,10 +36,10 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from keys import clock, kgrams, tlog
-from keys.chain import GENESIS_HASH, entry_fields, entry_hash, hash_token_ids
+from keys.chain import GENESIS_HASH, entry_fields, entry_hash, hash_token_ids, timestamp
 from keys.errors import InvalidInput, KeyRevoked, UnknownKey
 from keys.leaves import EMPTY_KGRAMS, kgram_commitment
-from keys.ledger_read import (MAX_OFFSET, MAX_RESULTS, STALE_AFTER, ChainEntry, GenerationEntry, _check_hash,  # noqa: F401
+from keys.ledger_read import (MAX_OFFSET, MAX_RESULTS, STALE_AFTER, STARTED_AT, ChainEntry, GenerationEntry, _check_hash,  # noqa: F401
                               _entries_of, _generation, find_generations_by_output_hash, generation_entries,
                               get_generation, hash_output, list_generations, writer_gone, writer_id)
 from keys.ledger_verify import ChainHead, ChainProblem, ChainReport, verify_chain  # noqa: F401
@@ -186,9 +186,12 @@ def record_generation(
     output_sha256: str | None = None, token_ids: Sequence[int] | None = None,
     finish_reason: str = "stop", details: dict[str, Any] | None = None,
     generation_id: str | None = None, now: datetime | None = None, refuse_revoked_key: bool = False,
-    kgram_set: Kgrams | None = None,
+    kgram_set: Kgrams | None = None, started_at: datetime | None = None,
 ) -> GenerationEntry:
     """Record a whole generation as one ``finished`` entry, in the session's transaction.
+    ``started_at``: when it began (kept in the entry's ``details``, so hashed and logged
+    with it), which the record then shows as its ``created_at``; its ``updated_at`` is when
+    the entry was written, i.e. when it finished.
 
     Give the output as ``output_text`` (hashed here) or as its ``output_sha256``, not both;
     ``token_ids`` (hashed here) fixes ``output_tokens``. ``key_id``/``key_version`` are both
@@ -207,7 +210,10 @@ def record_generation(
                          watermarked_tokens=watermarked_tokens, unwatermarked_reason=unwatermarked_reason)
     if refuse_revoked_key and progress["key_state"] == REVOKED:
         raise KeyRevoked(key_id or "")
-    appended = _append(session, tenant_id=tenant_id, now=clock.resolve(now), kgram_set=kgram_set, values={
+    now = clock.resolve(now)
+    if started_at is not None:
+        details = {**(details or {}), STARTED_AT: timestamp(min(clock.resolve(started_at), now))}
+    appended = _append(session, tenant_id=tenant_id, now=now, kgram_set=kgram_set, values={
         **header, "generation_id": generation_id, "kind": "finished", "writer": writer_id(),
         **progress, "finish_reason": _check_finish(finish_reason), "details": _check_details(details)})
     return _logged(_generation([appended.row], tenant_name), appended)

@@ -150,6 +150,10 @@ class GenerationEntry:
                 "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
                 "watermarked_tokens": self.watermarked_tokens, "watermarked": self.watermarked,
                 "unwatermarked_reason": self.unwatermarked_reason,
+                # What the reason applies to: `dedup` beside `watermarked: true` is a share.
+                "unwatermarked_tokens": self.output_tokens - self.watermarked_tokens,
+                "unwatermarked_share": round((self.output_tokens - self.watermarked_tokens) / self.output_tokens, 6)
+                if self.output_tokens else 0.0,
                 "output_sha256": self.output_sha256, "token_ids_sha256": self.token_ids_sha256,
                 "status": self.status, "finish_reason": self.finish_reason,
                 "created_at": self.created_at.isoformat(),
@@ -166,6 +170,24 @@ def _status(last: Row, now: datetime) -> str:
     return "in_progress"
 
 
+STARTED_AT = "started_at"
+"""The ``details`` key of a one-entry (non-streaming) generation's start time: its record's
+``created_at`` (a stream's is its ``started`` entry's time)."""
+
+
+def _started_at(rows: Sequence[Row]) -> datetime:
+    first = rows[0]
+    started = first.details.get(STARTED_AT) if len(rows) == 1 and isinstance(first.details, dict) else None
+    if isinstance(started, str):
+        try:
+            value = datetime.fromisoformat(started)
+        except ValueError:
+            return first.created_at
+        if value.tzinfo is not None and value <= first.created_at:
+            return value
+    return first.created_at
+
+
 def _generation(rows: Sequence[Row], tenant_name: str, now: datetime | None = None) -> GenerationEntry:
     first, last = rows[0], rows[-1]
     return GenerationEntry(
@@ -174,7 +196,7 @@ def _generation(rows: Sequence[Row], tenant_name: str, now: datetime | None = No
         spec=WatermarkSpec.model_validate(first.spec) if first.spec is not None else None,
         prompt_tokens=first.prompt_tokens, output_tokens=last.output_tokens,
         watermarked_tokens=last.watermarked_tokens, unwatermarked_reason=last.unwatermarked_reason,
-        output_sha256=last.output_sha256, created_at=first.created_at,
+        output_sha256=last.output_sha256, created_at=_started_at(rows),
         status=_status(last, now or clock.utcnow()), finish_reason=last.finish_reason,
         token_ids_sha256=last.token_ids_sha256, key_state=last.key_state, seq=last.seq,
         entry_hash=last.entry_hash, updated_at=last.created_at, details=last.details, entries=len(rows))
@@ -224,6 +246,12 @@ def get_generation(session: Session, *, generation_id: str, tenant_id: str | Non
     on purpose."""
     found = _generations(session, [generation_id], tenant_id)
     return found[0] if found else None
+
+
+def latest_row(session: Session, *, generation_id: str, tenant_id: str) -> Row | None:
+    """The generation's newest chain row in ``tenant_id``'s chain (what a receipt attests)."""
+    rows = _entries_of(session, generation_id, tenant_id)
+    return rows[-1] if rows else None
 
 
 def generation_entries(session: Session, *, generation_id: str, tenant_id: str | None) -> list[ChainEntry]:

@@ -17,7 +17,9 @@ own time field, :data:`STATEMENT_TIME`) outside the key's window (:func:`check_w
 
 A receipt's statement (type ``hallmark.receipt``, version 2) holds: generation_id,
 tenant_id, tenant, key (key_id, version, fingerprint, state; null when unwatermarked), spec,
-model, engine, created_at and finished_at (the chain's timestamps), finish_reason,
+model, engine, created_at and finished_at (when the generation started, from its ``started``
+entry or a one-entry generation's ``details.started_at``, and when its attested entry was
+written), finish_reason,
 output_sha256 (SHA-256 of the UTF-8 text), token_ids_sha256 (SHA-256 of the ids as 4-byte
 big-endian), output_tokens, watermarked_tokens, watermarked_share (watermarked/output
 tokens, 6 decimals), unwatermarked_reason and ledger: the tenant chain's ``seq`` and

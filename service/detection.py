@@ -15,6 +15,7 @@ from keys.errors import KeyStoreError, UnknownTenant
 from keys.ledger import hash_output
 from service import evidence
 from service.auth import Identity, resolve_tenant
+from service.detect_input import DegenerateInput, check_detect_input
 from service.errors import Conflict, NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
 from service.http_errors import store_error
 from service.ledger_evidence import with_ledger_basis, with_shared_evidence
@@ -46,6 +47,10 @@ def detect(services: Services, identity: Identity, params: DetectBody) -> dict[s
                           headers={"Retry-After": str(max(1, round(wait + 0.5)))})
     if (params.text is None) == (params.token_ids is None):
         raise Unprocessable("give exactly one of 'text' and 'token_ids'")
+    try:
+        check_detect_input(params.text, params.token_ids, getattr(services.engine, "vocab_size", None))
+    except DegenerateInput as exc:
+        raise Unprocessable(str(exc), code=exc.code) from None
     config = detector_config(params)
     _, tenant = resolve_tenant(services, identity, params.tenant)
     try:

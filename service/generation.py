@@ -18,7 +18,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from keys import kgrams
+from keys import clock, kgrams
 from keys.errors import KeyRevoked, KeyStoreError
 from keys.ledger import (CHECKPOINT_TOKENS, GenerationEntry, checkpoint_generation, finish_generation,
                          record_generation, start_generation)
@@ -200,9 +200,10 @@ def _unwatermarked_reason(prepared: _Prepared, plain: int) -> str | None:
     return prepared.reason or ("dedup" if prepared.plan and plain else None)
 
 
-def _record(services: Services, prepared: _Prepared, done: Finished) -> Outcome:
-    """One ``finished`` entry for a non-streaming generation (nothing has left yet). A key
-    revoked while it generated withholds the output instead of recording it."""
+def _record(services: Services, prepared: _Prepared, done: Finished, started_at=None) -> Outcome:
+    """One ``finished`` entry for a non-streaming generation (nothing has left yet), which
+    records when it started (``started_at``) beside when it finished. A key revoked while it
+    generated withholds the output instead of recording it."""
     plan = prepared.plan
     try:
         with services.store.transaction() as session:
@@ -215,7 +216,7 @@ def _record(services: Services, prepared: _Prepared, done: Finished) -> Outcome:
                 output_text=done.text, token_ids=done.token_ids, finish_reason=_engine_reason(done.finish_reason),
                 generation_id=prepared.request.request_id, refuse_revoked_key=True,
                 details=_verification(services, prepared, done.token_ids, done.routes.watermarked if plan else 0),
-                kgram_set=_kgram_set(prepared, done.token_ids))
+                kgram_set=_kgram_set(prepared, done.token_ids), started_at=started_at)
     except KeyRevoked:
         log.warning("generation %s withheld: its key was revoked while it generated", prepared.request.request_id)
         raise Unavailable("the watermark key was revoked while this generation ran, so the output is "
@@ -281,6 +282,7 @@ async def generate(services: Services, identity: Identity, params: GenerateParam
 
 
 async def _generate(services: Services, prepared: _Prepared) -> Outcome:
+    started_at = clock.utcnow()
     done = None
     try:
         async for event in services.engine.generate(prepared.request):
@@ -290,7 +292,7 @@ async def _generate(services: Services, prepared: _Prepared) -> Outcome:
         raise Unavailable(str(exc)) from None
     if done is None:
         raise Unavailable("the engine stopped before finishing the generation")
-    return await asyncio.to_thread(_record, services, prepared, done)
+    return await asyncio.to_thread(_record, services, prepared, done, started_at)
 
 
 def _failure_reason(exc: BaseException) -> str:

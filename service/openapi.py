@@ -46,11 +46,12 @@ _DESCRIPTIONS = {
          "per-token evidence without the `evidence` scope, a tenant's threshold that is not a power of ten).",
     404: "Unknown route, record, tenant or key.",
     409: "The server's state does not allow it (the tenant has no active key; the keys in scope "
-         "have no keyed coin for the `routed` statistic); "
+         "have no keyed coin for the `routed` statistic; a generation still running has no receipt yet); "
          "not retryable (`x-should-retry: false`) until an operator acts.",
     413: "The body exceeds the server's byte limit, or the text or token count its detection limit.",
     415: "The body is not JSON (send `Content-Type: application/json`).",
-    422: "Invalid request: a field's type or bounds, or a prompt longer than the model's context.",
+    422: "Invalid request: a field's type or bounds, a prompt longer than the model's context, nothing to "
+         "score (`empty_input`) or a token id outside the model's vocabulary (`token_out_of_vocabulary`).",
     429: "A rate limit (detection per token; generation concurrency or tokens per tenant; detection tokens a "
          "day, concurrent detections, the probe guard: see the error's code); see Retry-After.",
     500: "An unexpected server error (a bug); the request was not completed.",
@@ -65,6 +66,7 @@ _EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/detect"): (404, 409, 413, 429, 503),
     ("post", "/v1/public/detect"): (404, 413, 429, 503),
     ("get", "/v1/generations/{generation_id}"): (404, 503),
+    ("get", "/v1/generations/{generation_id}/receipt"): (404, 409, 503),
     ("get", "/readyz"): (503,),
     ("get", "/v1/ledger/checkpoint"): (404, 503),
     ("get", "/v1/ledger/proof/inclusion"): (404, 503),
@@ -108,8 +110,27 @@ def _set_maximum(schemas: dict, model: str, field: str, maximum: int) -> None:
             option["maximum"] = maximum
 
 
+TAGS = [
+    {"name": "Generation", "description": "Watermarked generation, recorded in the provenance ledger before "
+                                          "it is returned, with a signed receipt."},
+    {"name": "OpenAI-compatible", "description": "The same generation behind OpenAI's completions, chat "
+                                                 "completions and model list, for OpenAI clients."},
+    {"name": "Detection", "description": "Whether a text carries one of your watermarks, with exact p-values, "
+                                         "spans, the ledger's matches and a signed report."},
+    {"name": "Provenance", "description": "Generation records, their receipts, and the keys that sign them."},
+    {"name": "Transparency log", "description": "The append-only log every ledger entry is committed to: "
+                                                "checkpoints and proofs for witnesses and auditors (no token)."},
+    {"name": "Account", "description": "What the presented token is."},
+    {"name": "Admin", "description": "Tenants, watermark keys (rotation, revocation) and the audit log; "
+                                     "admin tokens only."},
+    {"name": "Operations", "description": "Probes and metrics for orchestrators and scrapers (no token)."},
+]
+"""The tags /docs groups the routes under, in this order, each described (every route names one)."""
+
+
 def build(app: FastAPI, *, max_tokens_cap: int, vocab_size: int | None) -> dict[str, Any]:
-    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes,
+                      tags=TAGS)
     components = doc.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas.pop("HTTPValidationError", None)
@@ -126,6 +147,8 @@ def build(app: FastAPI, *, max_tokens_cap: int, vocab_size: int | None) -> dict[
         for model in ("GenerateBody", "CompletionBody", "ChatBody"):
             _bound(schemas.get(model, {}).get("properties", {}).get("top_k"), "maximum", MAX_TOP_K, vocab_size)
         _bound(schemas.get("CompletionBody", {}).get("properties", {}).get("prompt"), "maximum", MAX_TOKEN_ID,
+               vocab_size - 1)
+        _bound(schemas.get("DetectBody", {}).get("properties", {}).get("token_ids"), "maximum", MAX_TOKEN_ID,
                vocab_size - 1)
 
     for path, item in doc.get("paths", {}).items():

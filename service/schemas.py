@@ -295,11 +295,14 @@ class DetectBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True, json_schema_extra={
         "oneOf": [{"required": ["text"]}, {"required": ["token_ids"]}]})
 
-    text: Text = Field(default=None, json_schema_extra={"description": (
+    # Emptiness is refused by service.detect_input (422 `empty_input`, a message saying what to
+    # send); the schema says so here without a second, vaguer check of its own.
+    text: Text = Field(default=None, json_schema_extra={"minLength": 1, "pattern": r"\S", "description": (
         "Text to score, tokenized with the key's model tokenizer (above the server's "
-        "max_detect_chars: 413).")})
-    token_ids: list[TokenId] = Field(default=None)
-    """Token ids to score (instead of `text`), each in [0, 2**32)."""
+        "max_detect_chars: 413; empty or only whitespace: 422 `empty_input`).")})
+    token_ids: list[TokenId] = Field(default=None, json_schema_extra={"minItems": 1})
+    """Token ids to score (instead of `text`), each in the served model's vocabulary (422
+    `token_out_of_vocabulary` otherwise; an empty list: 422 `empty_input`)."""
     tenant: TenantName | None = None
     """Admin tokens: the tenant whose keys to test (omit to test every tenant's keys). A
     tenant token may name only its own tenant (403 otherwise)."""
@@ -338,24 +341,3 @@ class PublicDetectBody(BaseModel):
     text: Text = Field(min_length=1)
     """Text to check (above the server's public_max_chars: 413; under public_min_tokens
     tokens: "too short to say")."""
-
-
-class PublicDetection(BaseModel):
-    """The public tier's answer (service/access/shape.py): words and a band, no numbers of the test."""
-
-    tier: Literal["public"]
-    verdict: Literal["watermarked", "recorded", "not_watermarked", "too_short"]
-    """`recorded`: the provenance ledger records the text (or an edited copy) as generated, though the
-    watermark alone does not show it; `too_short`: under the public minimum of tokens, not tested."""
-    watermarked: bool
-    provider: str
-    tenant: str | None
-    """The tenant whose key or ledger entry the verdict rests on, only where that tenant opted in."""
-    confidence: Literal["strong", "moderate", "none"]
-    """`strong`: p <= 1e-12; `moderate`: p <= 1e-6 (the threshold); `none` otherwise."""
-    tokens: int
-    min_tokens: int | None = None
-    basis: list[Literal["watermark", "ledger"]]
-    verdict_text: str
-    report: dict[str, Any] | None
-    """The signed detection report (format v2) of what this tier saw; verify it with `hallmark report verify`."""

@@ -8,10 +8,27 @@ a missing KEK is refused at start-up (the store refuses it); ``hallmark quicksta
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+EMPTY_DISABLES = {"draft_model": "HALLMARK_DRAFT_MODEL"}
+"""Settings an empty variable turns off (None), as README says: ``HALLMARK_DRAFT_MODEL=``
+disables speculation. Every other empty variable is ignored (``env_ignore_empty``), so that
+``HALLMARK_PORT=`` keeps the default instead of failing to parse."""
+
+
+class _EmptyDisables(PydanticBaseSettingsSource):
+    """:data:`EMPTY_DISABLES`'s variables set but empty, as None (ahead of the environment
+    source, which drops empty values)."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {name: None for name, variable in EMPTY_DISABLES.items() if os.environ.get(variable) == ""}
 
 
 
@@ -146,6 +163,11 @@ class ServiceSettings(BaseSettings):
     transparency_log: bool = True
     """Off only as a benchmark's control arm (bench/log_cost.py): entries are then written
     without log leaves, so detection never cites them and receipts carry no proof."""
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        return init_settings, _EmptyDisables(settings_cls), env_settings, dotenv_settings, file_secret_settings
 
     @property
     def token_burst(self) -> float:

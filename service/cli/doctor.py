@@ -141,6 +141,10 @@ def run_checks() -> list[Check]:
         service = ServiceSettings()
     except ValidationError as exc:
         where, message = first_error(exc)
+        message = message.removeprefix("Value error, ")
+        if not where or where == "settings":  # a rule across settings (a model validator), as `serve` says it
+            return [Check("settings", False, f"invalid settings: {message}",
+                          "change the settings it names (each is the variable HALLMARK_<NAME>)")]
         name = "HALLMARK_" + where.replace(".", "_").upper()
         return [Check("settings", False, f"{name}: {message}", f"fix {name}")]
     checks, store = _database(store_settings)

@@ -165,7 +165,9 @@ def _tokenize(texts: list[str], tokenizer_path: str, origin: str = "") -> list[t
         encoder = load_text_encoder(tokenizer_path)
     except (OSError, ValueError) as exc:
         looks_like_path = tokenizer_path.startswith(("/", ".", "~")) or Path(tokenizer_path).suffix != ""
-        why = "no such directory" if looks_like_path and not Path(tokenizer_path).expanduser().exists() else \
+        missing = not Path(tokenizer_path).expanduser().exists()
+        why = "no such directory" if looks_like_path and missing else \
+            "no such directory, bundled model or Hugging Face model in the local cache" if missing else \
             str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
         raise CliError(f"cannot load tokenizer {tokenizer_path!r}{origin}: {why}; pass --tokenizer DIR (the "
                        f"generating model's checkpoint directory) or --tokenizer bundled") from None
@@ -198,6 +200,7 @@ def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text
                 raise CliError(f"cannot read {text_file}: {exc.strerror}") from None
             except UnicodeDecodeError:
                 raise CliError(f"cannot read {text_file} as UTF-8 text") from None
+        _check_input(text=text)
         from detector.forms import TextForm, original_offsets, text_forms
 
         forms, normalized = text_forms(text) if normalize_text else ([TextForm("as_sent", text, None)], None)
@@ -212,10 +215,26 @@ def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text
         except OSError as exc:
             raise CliError(f"cannot read {token_ids_file}: {exc.strerror}") from None
     try:
-        return [_token_list(json.loads(raw))], None, ["as_sent"], None, None
+        ids = _token_list(json.loads(raw))
     except json.JSONDecodeError:
         raise CliError("token ids must be a JSON list of integers, e.g. [12, 7, 99]") from None
     except ValueError as exc:
+        raise CliError(str(exc)) from None
+    # The vocabulary is known when --tokenizer names the model; an inline key alone may
+    # belong to any model's deployment.
+    from service.tokenization import model_vocab_size
+
+    _check_input(token_ids=ids, vocab_size=model_vocab_size(tokenizer) if tokenizer else None)
+    return [ids], None, ["as_sent"], None, None
+
+
+def _check_input(text: str | None = None, token_ids: list[int] | None = None, vocab_size: int | None = None) -> None:
+    """The API's refusal of degenerate input (service.detect_input), as a CLI error."""
+    from service.detect_input import DegenerateInput, check_detect_input
+
+    try:
+        check_detect_input(text, token_ids, vocab_size)
+    except DegenerateInput as exc:
         raise CliError(str(exc)) from None
 
 
@@ -275,6 +294,7 @@ def detect_command(
         if any(x is not None for x in (token_ids, token_ids_file, text, text_file, key, key_file, tenant)):
             raise CliError("--jsonl carries its inputs and keys per line; drop the other input and key options")
 
+        from service.detect_input import check_detect_input
         from watermark import jit
 
         candidates: dict[str, Candidate] = {}  # a batch usually repeats a few keys
@@ -291,6 +311,7 @@ def detect_command(
                 if len(candidates) < 4096:
                     candidates[memo] = candidate
             tokens = item["token_ids"]  # a checked array from parse_line, or a list to check
+            check_detect_input(None, tokens, None)
             result = run_detect(tokens if not isinstance(tokens, list) else _token_list(tokens), [candidate],
                                 config).to_dict()
             # After the first line, the compiled paths: a batch is what numba's ~0.3 s of

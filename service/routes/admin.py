@@ -22,6 +22,7 @@ from keys.tenants import list_tenants, same_name
 from service.auth import Identity
 from service.errors import BadRequest, Conflict, Forbidden, NotFound, Unprocessable
 from service.http_errors import store_error
+from service.responses import AuditLog, KeyInfo, KeyList, Me, Rotation, TenantList, ok
 from service.routes.deps import IdentityDep, ServicesDep
 
 MAX_AUDIT_EVENTS = 500
@@ -76,13 +77,13 @@ class RevokeBody(BaseModel):
 router = APIRouter()
 
 
-@router.get("/v1/me")
+@router.get("/v1/me", tags=["Account"], summary="Who this token is", responses=ok(Me))
 async def me_route(identity: IdentityDep):
     """What the presented token is: its tenant (null for a global admin token) and whether it is an admin."""
     return {"token_id": identity.token_id, "tenant": identity.tenant, "admin": identity.admin}
 
 
-@router.get("/v1/admin/tenants")
+@router.get("/v1/admin/tenants", tags=["Admin"], summary="List tenants", responses=ok(TenantList))
 def tenants_route(services: ServicesDep, identity: IdentityDep):
     """Tenants this admin token may see."""
     scope = _scope(_admin(identity), None)
@@ -91,7 +92,7 @@ def tenants_route(services: ServicesDep, identity: IdentityDep):
     return {"tenants": [t.to_dict() for t in tenants if scope is None or t.name == scope]}
 
 
-@router.get("/v1/admin/keys")
+@router.get("/v1/admin/keys", tags=["Admin"], summary="List watermark keys", responses=ok(KeyList))
 def keys_route(services: ServicesDep, identity: IdentityDep, tenant: str | None = None):
     """Keys (never their secrets), of one tenant or, for a global admin, of all."""
     scope = _scope(_admin(identity), tenant)
@@ -100,7 +101,7 @@ def keys_route(services: ServicesDep, identity: IdentityDep, tenant: str | None 
     return {"keys": [k.to_dict() for k in keys]}
 
 
-@router.post("/v1/admin/keys/rotate")
+@router.post("/v1/admin/keys/rotate", tags=["Admin"], summary="Rotate a tenant's key", responses=ok(Rotation))
 def rotate_route(body: RotateBody, services: ServicesDep, identity: IdentityDep):
     """Make a new active key for the tenant; its current active key becomes verify-only."""
     scope = _scope(_admin(identity), body.tenant)
@@ -112,7 +113,7 @@ def rotate_route(body: RotateBody, services: ServicesDep, identity: IdentityDep)
     return {"new": rotation.new.to_dict(), "previous": rotation.previous.to_dict()}
 
 
-@router.post("/v1/admin/keys/{key_id}/revoke")
+@router.post("/v1/admin/keys/{key_id}/revoke", tags=["Admin"], summary="Revoke a key", responses=ok(KeyInfo))
 def revoke_route(key_id: str, body: RevokeBody, services: ServicesDep, identity: IdentityDep):
     """Revoke a compromised key: detections under it are reported as revoked."""
     _admin(identity)
@@ -126,7 +127,7 @@ def revoke_route(key_id: str, body: RevokeBody, services: ServicesDep, identity:
     return info.to_dict()
 
 
-@router.get("/v1/admin/audit")
+@router.get("/v1/admin/audit", tags=["Admin"], summary="Read the audit log", responses=ok(AuditLog))
 def audit_route(services: ServicesDep, identity: IdentityDep, tenant: str | None = None,
                 action: str | None = None, key_id: str | None = None,
                 limit: Annotated[int, Query(ge=1, le=MAX_AUDIT_EVENTS)] = 100):

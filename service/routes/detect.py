@@ -11,10 +11,11 @@ from fastapi.responses import JSONResponse
 
 from service.access import gate
 from service.errors import NotFound
+from service.responses import DetectResponse, PublicDetectResponse, ok
 from service.routes.deps import DetectIdentityDep, ServicesDep
-from service.schemas import DetectBody, PublicDetectBody, PublicDetection
+from service.schemas import DetectBody, PublicDetectBody
 
-router = APIRouter()
+router = APIRouter(tags=["Detection"])
 
 
 async def _answer(services, identity, body: DetectBody, client: str | None) -> JSONResponse:
@@ -27,18 +28,24 @@ async def _answer(services, identity, body: DetectBody, client: str | None) -> J
     return JSONResponse(shown, headers={"X-Hallmark-Access-Tier": who.tier})
 
 
-@router.post("/v1/detect")
+@router.post("/v1/detect", summary="Check a text for a watermark", responses=ok(DetectResponse))
 async def detect_route(body: DetectBody, services: ServicesDep, identity: DetectIdentityDep):
+    """Score a text (or token ids) against every key of the caller's tenant (an admin or expert
+    token: of one tenant, or of all): the verdict, the winning key, watermarked spans, the
+    ledger's exact and edited copies, and a signed detection report. A tenant token gets the
+    tenant tier's answer (p-values to a whole power of ten; per-token evidence only with the
+    `evidence` scope); admin and expert tokens the full result (README, "Detection access").
+    The tier is in the `X-Hallmark-Access-Tier` header."""
     return await _answer(services, identity, body, None)
 
 
-@router.post("/v1/public/detect", tags=["detection"], summary="Check a text without an account (public tier)",
-             description="The public detection check: no token. The verdict in words, the provider, the tenant where it "
-                         "opted in, a confidence band, tokens scored, the basis and a signed report; no p-value digits, "
-                         "scores, spans or keys. Under 200 tokens: `too_short`. Budgets: tokens scored per client "
-                         "address and in all, a day; the probe guard (429 `probe_guard`). See README \"Detection access\".",
-             responses={200: {"model": PublicDetection}})
+@router.post("/v1/public/detect", summary="Check a text without an account (public tier)",
+             responses=ok(PublicDetectResponse))
 async def public_detect_route(body: PublicDetectBody, services: ServicesDep, request: Request):
+    """The public detection check, no token: the verdict in words, the provider, the tenant
+    where it opted in, a confidence band, tokens scored, the basis and a signed report; no
+    p-value digits, scores, spans or keys. Under 200 tokens: `too_short`. Budgets: tokens scored
+    a day per client address and for all together, and the probe guard (429 `probe_guard`)."""
     if not services.settings.public_detect:
         raise NotFound("the public detection check is not offered by this gateway")
     return await _answer(services, None, DetectBody(text=body.text), request.client.host if request.client else None)

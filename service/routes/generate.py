@@ -13,10 +13,11 @@ from service.errors import ServiceError
 from service.generation import GenerateParams
 from service.http import SSE_DONE, sse
 from service.http_errors import service_error_payload
+from service.responses import GenerateResponse, ok
 from service.routes.deps import IdentityDep, ServicesDep
 from service.schemas import GenerateBody
 
-router = APIRouter()
+router = APIRouter(tags=["Generation"])
 
 
 def _params(body: GenerateBody) -> GenerateParams:
@@ -25,8 +26,12 @@ def _params(body: GenerateBody) -> GenerateParams:
                           watermark=body.watermark, tenant=body.tenant)
 
 
-@router.post("/v1/generate")
+@router.post("/v1/generate", summary="Generate watermarked text", responses=ok(GenerateResponse))
 async def generate_route(body: GenerateBody, services: ServicesDep, identity: IdentityDep):
+    """Generate from a prompt with the tenant's active key: every sampled token carries its watermark,
+    and the generation is recorded in the provenance ledger before the text is returned, with a
+    signed receipt. `"stream": true` sends server-sent events: `started`, `delta`s (each sent only
+    after the ledger covers it), then `done` with the summary and the receipt."""
     params = _params(body)
     if not body.stream:
         return (await generation.generate(services, identity, params)).to_dict()

@@ -13,21 +13,36 @@ from pydantic import BeforeValidator
 
 from keys.key_states import with_key_states
 from keys.ledger import MAX_OFFSET, get_generation, list_generations
+from service import receipts
 from service.auth import resolve_tenant
 from service.errors import NotFound
+from service.responses import GenerationPage, GenerationRecord, SignedDocument, ok
 from service.routes.deps import IdentityDep, ServicesDep
 
-router = APIRouter()
+router = APIRouter(tags=["Provenance"])
 
 
-@router.get("/v1/generations/{generation_id}")
+@router.get("/v1/generations/{generation_id}", summary="A generation's provenance record",
+            responses=ok(GenerationRecord))
 def generation_route(generation_id: str, services: ServicesDep, identity: IdentityDep):
+    """The ledger's record of one generation: tenant, key and its state at generation and now,
+    counts, output hashes, status and timestamps. Another tenant's generation answers 404."""
     scope = None if identity.admin and identity.tenant_id is None else identity.tenant_id
     with services.store.transaction(write=False) as session:
         entry = get_generation(session, generation_id=generation_id, tenant_id=scope)
         if entry is None:
             raise NotFound(f"no generation {generation_id!r} for this token")
         return with_key_states(session, [entry.to_dict()])[0]
+
+
+@router.get("/v1/generations/{generation_id}/receipt", summary="A generation's receipt, again",
+            responses=ok(SignedDocument))
+def generation_receipt_route(generation_id: str, services: ServicesDep, identity: IdentityDep):
+    """The signed receipt of a finished generation, as it was issued when the generation ended
+    (with its transparency-log proof); 409 while it still runs, 404 for an unknown id or
+    another tenant's generation."""
+    scope = None if identity.admin and identity.tenant_id is None else identity.tenant_id
+    return receipts.receipt_again(services, generation_id=generation_id, tenant_id=scope)
 
 
 MAX_PAGE = 200
@@ -52,7 +67,7 @@ def _utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
 
 
-@router.get("/v1/generations")
+@router.get("/v1/generations", summary="List generations", responses=ok(GenerationPage))
 def generations_route(services: ServicesDep, identity: IdentityDep,
                       limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
                       offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,

@@ -12,26 +12,33 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 
 from service import ledger_log
+from service.responses import ConsistencyProof, InclusionProof, ok
 from service.routes.deps import ServicesDep
 
-router = APIRouter(tags=["transparency log"])
+router = APIRouter(tags=["Transparency log"])
 _SIZE = Query(ge=0, le=2**62)
 
 
-@router.get("/v1/ledger/checkpoint", response_class=PlainTextResponse)
+@router.get("/v1/ledger/checkpoint", response_class=PlainTextResponse, summary="The latest checkpoint")
 async def checkpoint_route(services: ServicesDep):
+    """The log's latest published checkpoint: a C2SP signed note (origin, tree size, root hash)
+    for witnesses and auditors. No token needed."""
     note = await run_in_threadpool(ledger_log.checkpoint, services)
     return PlainTextResponse(note, headers={"Cache-Control": "no-cache"})
 
 
-@router.get("/v1/ledger/proof/inclusion")
+@router.get("/v1/ledger/proof/inclusion", summary="An inclusion proof by leaf index",
+            responses=ok(InclusionProof))
 async def inclusion_route(services: ServicesDep, leaf_index: Annotated[int, Query(ge=0, le=2**62)],
                           tree_size: Annotated[int | None, _SIZE] = None):
+    """The proof that leaf `leaf_index` is in the tree of `tree_size` (default: the latest
+    published checkpoint's), RFC 6962 / RFC 9162 style."""
     return await run_in_threadpool(ledger_log.inclusion, services, leaf_index=leaf_index, leaf_hash=None,
                                    tree_size=tree_size)
 
 
-@router.get("/v1/ledger/proof/inclusion-by-hash")
+@router.get("/v1/ledger/proof/inclusion-by-hash", summary="An inclusion proof by leaf hash",
+            responses=ok(InclusionProof))
 async def inclusion_by_hash_route(services: ServicesDep,
                                   leaf_hash: Annotated[str, Query(pattern=r"^([0-9a-f]{64}|[A-Za-z0-9+/]{43}=)$")],
                                   tree_size: Annotated[int | None, _SIZE] = None):
@@ -40,7 +47,10 @@ async def inclusion_by_hash_route(services: ServicesDep,
                                    tree_size=tree_size)
 
 
-@router.get("/v1/ledger/proof/consistency")
+@router.get("/v1/ledger/proof/consistency", summary="A consistency proof between two tree sizes",
+            responses=ok(ConsistencyProof))
 async def consistency_route(services: ServicesDep, first: Annotated[int, Query(alias="from", ge=0, le=2**62)],
                             second: Annotated[int | None, Query(alias="to", ge=0, le=2**62)] = None):
+    """The proof that the tree of size `from` is a prefix of the tree of size `to` (default: the
+    latest published checkpoint's): the log only appends."""
     return await run_in_threadpool(ledger_log.consistency, services, first=first, second=second)

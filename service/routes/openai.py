@@ -24,11 +24,12 @@ from service.errors import NotFound, ServiceError, Unprocessable
 from service.generation import GenerateParams, Outcome
 from service.http import SSE_DONE, sse
 from service.http_errors import error_payload, error_response, service_error_payload
+from service.responses import CompletionResponse, ModelList, ok
 from service.routes.deps import IdentityDep, ServicesDep
 from service.schemas import UNSUPPORTED, ChatBody, CompletionBody
 from service.state import Services
 
-router = APIRouter()
+router = APIRouter(tags=["OpenAI-compatible"])
 
 ALIAS = "hallmark"
 """A model id every deployment accepts for the model it serves, so that a client written
@@ -151,8 +152,12 @@ async def _openai(services: Services, identity: Identity, params: GenerateParams
     return StreamingResponse(stream_events(), media_type="text/event-stream")
 
 
-@router.post("/v1/completions", responses=_REFUSED)
+@router.post("/v1/completions", summary="Create a completion (OpenAI-compatible)",
+             responses={**_REFUSED, **ok(CompletionResponse)})
 async def completions_route(body: CompletionBody, services: ServicesDep, identity: IdentityDep):
+    """OpenAI's legacy completions, watermarked and recorded as `/v1/generate` does; the response
+    adds `hallmark` (generation id, watermark, ledger position, receipt). Parameters that would
+    change the output but are not supported get 400 `unsupported_parameter`."""
     if (refused := _refusal(body, services)) is not None:
         return refused
     prompt_ids = body.prompt_ids
@@ -161,8 +166,11 @@ async def completions_route(body: CompletionBody, services: ServicesDep, identit
     return await _openai(services, identity, _openai_params(body, services, prompt_ids), body.stream, chat=False)
 
 
-@router.post("/v1/chat/completions", responses=_REFUSED)
+@router.post("/v1/chat/completions", summary="Create a chat completion (OpenAI-compatible)",
+             responses={**_REFUSED, **ok(CompletionResponse)})
 async def chat_route(body: ChatBody, services: ServicesDep, identity: IdentityDep):
+    """OpenAI's chat completions over the model's chat template, watermarked and recorded as
+    `/v1/generate` does; the response adds `hallmark`. Text parts only; no tools."""
     if (refused := _refusal(body, services)) is not None:
         return refused
     prompt_ids = tuple(chat_prompt_ids(services.engine.tokenizer(), [(m.role, m.text) for m in body.messages]))
@@ -174,7 +182,8 @@ _STARTED = int(time.time())
 missing one): when this process loaded the routes."""
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", summary="List the served models", responses=ok(ModelList))
 def models_route(services: ServicesDep, identity: IdentityDep):
+    """The model ids `model` may name (OpenAI's model list)."""
     return {"object": "list", "data": [{"id": name, "object": "model", "created": _STARTED, "owned_by": "hallmark"}
                                        for name in served_models(services)]}

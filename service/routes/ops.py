@@ -7,18 +7,22 @@ from fastapi.responses import JSONResponse, Response
 
 from service.errors import NotFound, Unavailable
 from service.http_errors import error_payload
+from service.responses import Health, Ready, ok
 from service.routes.deps import ServicesDep
 
-router = APIRouter()
+router = APIRouter(tags=["Operations"])
 
 
-@router.get("/healthz")
+@router.get("/healthz", summary="Liveness", responses=ok(Health))
 def healthz():
+    """The process answers (a liveness probe). No token needed."""
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", summary="Readiness", responses=ok(Ready))
 def readyz(services: ServicesDep):
+    """The model is loaded and the database answers (a readiness probe); 503 with the problems
+    otherwise. No token needed."""
     problems = []
     if not services.engine.ready:
         problems.append("model not loaded")
@@ -33,7 +37,7 @@ def readyz(services: ServicesDep):
     return {"status": "ready", "engine": services.engine.name, "model": services.engine.model_name}
 
 
-@router.get("/metrics")
+@router.get("/metrics", summary="Prometheus metrics")
 def metrics_route(services: ServicesDep):
     """Prometheus text, without a token on purpose: scrapers rarely carry per-target
     credentials, and nothing here names a tenant, key, token, generation or text (labels are

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from service.detect_input import check_text, check_token_ids
+
 MAX_TOKEN_ID = 2**32 - 1
 
 
@@ -62,9 +64,15 @@ def parse(line: int, raw: str) -> Item:
     if has_text:
         if not isinstance(item["text"], str):
             return Item(line=line, id=ident, error="text must be a string")
+        try:
+            check_text(item["text"])
+        except ValueError as exc:
+            return Item(line=line, id=ident, error=str(exc))
         return Item(line=line, id=ident, text=item["text"])
     try:
-        return Item(line=line, id=ident, token_ids=token_list(item["token_ids"]))
+        ids = token_list(item["token_ids"])
+        check_token_ids(ids, None)
+        return Item(line=line, id=ident, token_ids=ids)
     except ValueError as exc:
         return Item(line=line, id=ident, error=str(exc))
 

@@ -130,6 +130,7 @@ ROUTES = [
                                                  **({} if t == "acme" else {"tenant": t})}, _openai),
     ("POST", "/v1/detect", lambda t: {"token_ids": [1, 2, 3, 4], "tenant": t}, _scoped()),
     ("GET", "/v1/generations/{generation}", None, _lookup),
+    ("GET", "/v1/generations/{generation}/receipt", None, _lookup),
     ("GET", "/v1/generations?tenant={tenant}", None, _scoped()),
     ("GET", "/v1/models", None, _authenticated),
     ("GET", "/v1/me", None, _authenticated),

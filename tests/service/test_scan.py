@@ -80,7 +80,7 @@ def _corpus(path: Path, count: int = 24) -> list[dict]:
             rows.append({"id": f"text-{i}", "text": "The quick brown\u200b fox jumps over the lazy dog. " * 3})
         elif kind == 4:
             rows.append({"id": f"short-{i}", "token_ids": [5, 6, 7]})
-        else:
+        else:  # nothing to score: that line's error, as /v1/detect's 422 (issue 25, item 8)
             rows.append({"id": f"empty-{i}", "token_ids": []})
     rows.insert(5, "{not json")
     rows.insert(9, {"token_ids": [1, 2, -3]})
@@ -90,6 +90,11 @@ def _corpus(path: Path, count: int = 24) -> list[dict]:
             handle.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
         handle.write("\n")  # blank lines are skipped
     return rows
+
+
+def _failing(rows: list) -> set[int]:
+    """The lines a scan answers with an error: the three malformed ones and the empty ones."""
+    return {6, 10, 13} | {n for n, row in enumerate(rows, start=1) if isinstance(row, dict) and row.get("token_ids") == []}
 
 
 def _verdicts(path: Path) -> list[dict]:
@@ -110,7 +115,8 @@ def _expected(row: dict, keys, config: DetectorConfig) -> tuple:
 
 def _check_against_detect(rows: list, verdicts: list[dict], keys, config) -> None:
     good = [(number, row) for number, row in enumerate(rows, start=1)
-            if isinstance(row, dict) and ("text" in row) != ("token_ids" in row) and min(row.get("token_ids") or [0]) >= 0]
+            if isinstance(row, dict) and ("text" in row) != ("token_ids" in row) and min(row.get("token_ids") or [0]) >= 0
+            and row.get("token_ids") != []]
     by_line = {v["line"]: v for v in verdicts}
     assert len(by_line) == len(rows)  # every line answered once (the blank one skipped)
     for number, row in good:
@@ -122,7 +128,7 @@ def _check_against_detect(rows: list, verdicts: list[dict], keys, config) -> Non
         assert got["keys_tested"] == len(keys) and "per_key" not in got
         assert got["id"] == row.get("id")
     errors = {v["line"] for v in verdicts if "error" in v}
-    assert errors == {6, 10, 13}
+    assert errors == _failing(rows)
 
 
 def test_scan_gives_detects_verdicts_on_worker_processes(store_env, tmp_path):
@@ -131,7 +137,7 @@ def test_scan_gives_detects_verdicts_on_worker_processes(store_env, tmp_path):
     settings = ScanSettings(config=DetectorConfig(), tokenizer="bundled")
     one = scan_run.scan(tmp_path / "in.jsonl", tmp_path / "one.jsonl", KeySet.of(keys), settings, batch=5)
     two = scan_run.scan(tmp_path / "in.jsonl", tmp_path / "two.jsonl", KeySet.of(keys), settings, workers=2, batch=4)
-    assert (one.items, one.failed) == (two.items, two.failed) == (len(rows), 3)
+    assert (one.items, one.failed) == (two.items, two.failed) == (len(rows), len(_failing(rows)))
     assert _verdicts(tmp_path / "one.jsonl") == _verdicts(tmp_path / "two.jsonl")  # in input order
     verdicts = _verdicts(tmp_path / "one.jsonl")
     assert [v["line"] for v in verdicts] == list(range(1, len(rows) + 1))
@@ -179,9 +185,10 @@ def test_the_cli_scans_a_tenant_and_reports_failed_lines(store_env, tmp_path):
     done = subprocess.run(command, cwd=REPO, env={**os.environ, **env, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 1, done.stderr
-    assert done.stderr.strip().splitlines()[-1].startswith("error: 3 line(s) failed")
+    failing = len(_failing(rows))
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: {failing} line(s) failed")
     summary = json.loads(done.stdout)
-    assert (summary["texts"], summary["failed"], summary["keys_tested"]) == (len(rows), 3, 3)
+    assert (summary["texts"], summary["failed"], summary["keys_tested"]) == (len(rows), failing, 3)
     acme = [k for k in keys if k.info.tenant == "acme"]
     _check_against_detect(rows, _verdicts(tmp_path / "out.jsonl"), acme, DetectorConfig())
     secrets = [str(s) for s in SECRETS["acme"] if s > 2**40] + [hex(s) for s in SECRETS["acme"] if s > 2**40]

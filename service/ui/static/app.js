@@ -36,7 +36,7 @@ function when(iso) {
   return isNaN(d) ? iso : d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "medium" });
 }
 
-// A p-value from its log10, readable at any size: "p = 0.31", "p = 3.2 × 10^-43".
+// A p-value from its log10, readable at any size: "p = 0.31", "p = 3.2 × 10⁻⁴³" (10 and a <sup>).
 function pValue(log10p) {
   if (log10p === null || log10p === undefined) return document.createTextNode("p unknown");
   if (log10p <= -307) return el("span", {}, "p < 10", el("sup", { text: "−307" }));
@@ -48,10 +48,27 @@ function pValue(log10p) {
     `p = ${mantissa.toFixed(1)} × 10`, el("sup", { text: String(exponent).replace("-", "−") }));
 }
 
+// Powers of ten in plain text (a list item, a hint) written as pValue() writes them in markup:
+// "10⁻¹⁴⁰", "p = 8.5 × 10⁻⁴", never "10^-140".
+const SUPERSCRIPT = { "-": "⁻", 0: "⁰", 1: "¹", 2: "²", 3: "³", 4: "⁴", 5: "⁵", 6: "⁶", 7: "⁷", 8: "⁸", 9: "⁹" };
+function tenTo(exponent) { return "10" + Array.from(String(exponent), (c) => SUPERSCRIPT[c]).join(""); }
+
+function pText(log10p) {
+  if (log10p === null || log10p === undefined) return "p unknown";
+  if (log10p <= -307) return "p < " + tenTo(-307);
+  if (log10p > -3) return "p = " + Math.pow(10, log10p).toPrecision(2);
+  let exponent = Math.floor(log10p);
+  let mantissa = Math.pow(10, log10p - exponent);
+  if (mantissa >= 9.95) { mantissa = 1; exponent += 1; }
+  return `p = ${mantissa.toFixed(1)} × ${tenTo(exponent)}`;
+}
+
+// A bound given by its log10, as a power of ten it does not exceed.
+function boundText(log10) { return tenTo(Math.ceil(log10)); }
+
 function thresholdText(threshold) {
   const e = Math.log10(threshold);
-  const sup = { "-": "⁻", 0: "⁰", 1: "¹", 2: "²", 3: "³", 4: "⁴", 5: "⁵", 6: "⁶", 7: "⁷", 8: "⁸", 9: "⁹" };
-  return Math.abs(e - Math.round(e)) < 1e-9 ? "10" + Array.from(String(Math.round(e)), (c) => sup[c]).join("") : String(threshold);
+  return Math.abs(e - Math.round(e)) < 1e-9 ? tenTo(Math.round(e)) : String(threshold);
 }
 
 function thresholdNode(threshold) {
@@ -324,7 +341,7 @@ function explain(result) {
   }
   const match = bestKgramMatch(result);
   if (match) {
-    items.push(`The watermark alone is not significant here (p = ${result.p_value.toPrecision(2)}), but ${match.matched_kgrams} of the text's ${match.text_kgrams} eight-token sequences match the keyed fingerprints recorded for generation ${match.generation_id} (${Math.round(match.share * 100)} %): the text is an edited copy of it. A chance collision this large has probability below 10^${match.log10_false_match_bound.toFixed(0)}, and the ${match.shared_tokens} shared tokens carry this key's watermark (p = 10^${match.log10_shared_p.toFixed(1)}), so they were generated, not written independently.`);
+    items.push(`The watermark alone is not significant here (${pText(result.log10_p_value)}), but ${match.matched_kgrams} of the text's ${match.text_kgrams} eight-token sequences match the keyed fingerprints recorded for generation ${match.generation_id} (${Math.round(match.share * 100)} %): the text is an edited copy of it. A chance collision this large has probability below ${boundText(match.log10_false_match_bound)}, and the ${match.shared_tokens} shared tokens carry this key's watermark (${pText(match.log10_shared_p)}), so they were generated, not written independently.`);
     items.push("Shared phrases are what the match measures: a text that quotes a generation word for word matches it too.");
     return items;
   }
@@ -335,10 +352,26 @@ function explain(result) {
   if (result.total_tokens >= 20 && skipped / result.total_tokens > 0.3) {
     items.push(`Too repetitive: ${skipped} of ${result.total_tokens} tokens repeat an earlier context${because} and are not counted.`);
   }
-  items.push(`No key of ${scope} matches: ${result.keys_tested} key${result.keys_tested === 1 ? "" : "s"} tested (active, verify-only and revoked); the best score was not significant.`);
+  items.push(`No key of ${scope} matches: ${keysTested(result)}; the best score was not significant.`);
   if (result.spans && result.spans.length) items.push(`${result.spans.length} stretch${result.spans.length === 1 ? "" : "es"} of the text nevertheless pass on their own (underlined below): part of it may be generated.`);
   items.push("“Not watermarked” means no evidence of these keys’ watermark, not proof that a person wrote it: another model’s text, or text edited heavily enough, looks the same.");
   return items;
+}
+
+// "1 key tested (active)", "3 keys tested (2 verify-only, 1 revoked)": the states of the keys
+// the result lists, not every state there could be.
+function keysTested(result) {
+  const n = result.keys_tested;
+  const rows = result.per_key || [];
+  let states = "";
+  if (n && rows.length === n) {
+    const counts = {};
+    for (const r of rows) counts[r.state] = (counts[r.state] || 0) + 1;
+    const names = Object.keys(counts);
+    states = names.length === 1 ? ` (${n === 1 ? "" : "all "}${names[0]})` :
+      ` (${names.map((name) => `${counts[name]} ${name}`).join(", ")})`;
+  }
+  return `${n} key${n === 1 ? "" : "s"} tested${states}`;
 }
 
 function heatClass(t) {
@@ -445,10 +478,10 @@ function recordLink(id) {
 // Why a k-gram match does not count as a copy (the API's `passes` is false).
 function kgramShortfall(m, threshold) {
   if (m.log10_false_match_bound > Math.log10(threshold)) {
-    return `so few shared sequences could match by chance (bound 10^${m.log10_false_match_bound.toFixed(0)}, above the threshold)`;
+    return `so few shared sequences could match by chance (bound ${boundText(m.log10_false_match_bound)}, above the threshold)`;
   }
   if (m.log10_shared_p === null || m.log10_shared_p === undefined) return "its shared tokens were not tested (only the strongest matches are)";
-  return `the shared tokens do not carry the watermark (p = 10^${m.log10_shared_p.toFixed(1)}): phrases written without the key's choices, such as boilerplate, are shared by any text`;
+  return `the shared tokens do not carry the watermark (${pText(m.log10_shared_p)}): phrases written without the key's choices, such as boilerplate, are shared by any text`;
 }
 
 function renderLedger(result) {
@@ -462,7 +495,7 @@ function renderLedger(result) {
     box.append(m.passes ?
       el("div", { class: "match kgram-match" },
         el("strong", { text: "Edited copy of generation " }), recordLink(m.generation_id),
-        el("div", { class: "hint" }, `${share}, chance-collision bound 10^${m.log10_false_match_bound.toFixed(0)}${states}`)) :
+        el("div", { class: "hint" }, `${share}, chance-collision bound ${boundText(m.log10_false_match_bound)}${states}`)) :
       el("div", { class: "match kgram-weak" },
         el("span", { text: "Shares phrases with generation " }), recordLink(m.generation_id),
         el("div", { class: "hint" }, `${share}: not enough to call it a copy: ${kgramShortfall(m, result.threshold)}${states}`)));
@@ -678,6 +711,9 @@ async function lookUp(id) {
     let value = record[name];
     if (name === "created_at" || name === "updated_at") value = when(value);
     if (name === "output_sha256" || name === "entry_hash") value = el("code", { text: value });
+    if (name === "unwatermarked_reason" && value && "unwatermarked_tokens" in record) {
+      value = `${value} (${record.unwatermarked_tokens} of ${record.output_tokens} tokens)`;
+    }
     fact(dl, label, value);
   }
   if (record.spec) fact(dl, "Watermark spec", el("code", { text: JSON.stringify(record.spec) }));
