@@ -27,6 +27,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     event,
+    false,
     func,
     text,
 )
@@ -109,6 +110,8 @@ class Tenant(Base):
 
     __table_args__ = (Index("uq_tenants_name_lower", func.lower(name), unique=True),)
     created_at: Mapped[datetime]
+    public_attribution: Mapped[bool] = mapped_column(default=False, server_default=false())
+    """Whether the public detection check may name this tenant (the tenant opted in)."""
 
 
 class KeyRow(Base):
@@ -157,7 +160,8 @@ class ApiToken(Base):
 
     __tablename__ = "api_tokens"
     __table_args__ = (
-        CheckConstraint("admin OR tenant_id IS NOT NULL", name="tenant_or_admin"),
+        CheckConstraint("admin OR tenant_id IS NOT NULL OR kind = 'expert'", name="tenant_or_admin"),
+        CheckConstraint("kind IN ('standard', 'expert')", name="kind"),
     )
 
     id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
@@ -169,6 +173,11 @@ class ApiToken(Base):
     admin: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]
+    kind: Mapped[str] = mapped_column(String(16), default="standard", server_default="standard")
+    """``standard`` (a tenant's or an admin's token) or ``expert`` (a verified expert's
+    detection token: every tenant's keys, the full result, each request audited)."""
+    scopes: Mapped[str] = mapped_column(String(200), default="")
+    """Space-separated extra scopes an admin granted (``evidence``: per-token evidence)."""
 
 
 class RateLimitBucket(Base):
@@ -181,6 +190,21 @@ class RateLimitBucket(Base):
     name: Mapped[str] = mapped_column(String(200), primary_key=True)
     level: Mapped[float] = mapped_column(Double())
     updated: Mapped[float] = mapped_column(Double())
+
+
+class ProbeQuery(Base):
+    """The probe guard's memory of one detection query (service/access/probe.py): keyed
+    hashes of its k-grams, never text, for 24 hours. ``principal`` is a keyed hash of who
+    asked; ``family`` the first query of the text family it belongs to."""
+
+    __tablename__ = "probe_queries"
+    __table_args__ = (Index("ix_probe_queries_principal_created", "principal", "created"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    principal: Mapped[str] = mapped_column(String(64))
+    family: Mapped[str] = mapped_column(String(32))
+    created: Mapped[float] = mapped_column(Double(), index=True)
+    hashes: Mapped[bytes] = mapped_column(LargeBinary())
 
 
 class LedgerEntry(Base):

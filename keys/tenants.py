@@ -106,6 +106,17 @@ def create_tenant(session: Session, *, name: str, actor: str, now: datetime | No
     return _info(row)
 
 
+def set_public_attribution(session: Session, *, name: str, on: bool, actor: str,
+                           now: datetime | None = None) -> TenantInfo:
+    """Whether the public detection check may name tenant ``name`` (its opt-in); audited."""
+    row = get_tenant(session, name=name, lock=True)
+    row.public_attribution = on
+    session.flush()
+    record_audit(session, actor=actor, action="tenant.public_attribution", tenant_id=row.id,
+                 details={"name": row.name, "on": on}, now=clock.resolve(now))
+    return _info(row)
+
+
 def list_tenants(session: Session) -> list[TenantInfo]:
     # Alphabetical without regard to case, the same on both databases (PostgreSQL's collation
     # and SQLite's binary order disagree on case).

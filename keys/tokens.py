@@ -28,6 +28,13 @@ TOKEN_PREFIX = "hm_"
 TOKEN_RANDOM_BYTES = 32
 DISPLAY_PREFIX_LENGTH = 11  # "hm_" and 8 random characters: tells tokens apart, reveals ~48 bits
 _TOKEN_LENGTH = len(TOKEN_PREFIX) + len(secrets.token_urlsafe(TOKEN_RANDOM_BYTES))
+KINDS = ("standard", "expert")
+"""``standard``: a tenant's or an admin's token. ``expert``: a verified expert's detection
+token (regulator, researcher, fact-checker): every tenant's keys, the full result, each
+request audited (service/access)."""
+SCOPES = ("evidence",)
+"""Extra scopes an admin grants: ``evidence`` lets a tenant token ask for per-token evidence
+(each use audited and charged against its own small budget)."""
 
 
 def well_formed(raw_token: str) -> bool:
@@ -48,11 +55,14 @@ class TokenInfo:
     prefix: str
     created_at: datetime
     revoked_at: datetime | None
+    kind: str = "standard"
+    scopes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"token_id": self.token_id, "tenant": self.tenant, "tenant_id": self.tenant_id,
                 "admin": self.admin, "prefix": self.prefix, "created_at": self.created_at.isoformat(),
-                "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None}
+                "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
+                "kind": self.kind, "scopes": list(self.scopes)}
 
 
 @dataclass(frozen=True)
@@ -71,29 +81,51 @@ class TokenIdentity:
     tenant_id: str | None
     tenant: str | None
     admin: bool
+    kind: str = "standard"
+    scopes: tuple[str, ...] = ()
+
+
+def _scopes(row: ApiToken) -> tuple[str, ...]:
+    return tuple(sorted(set((row.scopes or "").split())))
 
 
 def _info(row: ApiToken, tenant_name: str | None) -> TokenInfo:
     return TokenInfo(token_id=row.id, tenant_id=row.tenant_id, tenant=tenant_name, admin=row.admin,
-                     prefix=row.prefix, created_at=row.created_at, revoked_at=row.revoked_at)
+                     prefix=row.prefix, created_at=row.created_at, revoked_at=row.revoked_at,
+                     kind=row.kind or "standard", scopes=_scopes(row))
+
+
+def _check_scopes(scopes) -> tuple[str, ...]:
+    unknown = sorted(set(scopes) - set(SCOPES))
+    if unknown:
+        raise InvalidInput(f"unknown scope {unknown[0]!r}; the scopes are: {', '.join(SCOPES)}")
+    return tuple(sorted(set(scopes)))
 
 
 def issue_token(session: Session, *, tenant: str | None, admin: bool = False, actor: str,
-                now: datetime | None = None) -> IssuedToken:
+                now: datetime | None = None, expert: bool = False, scopes=()) -> IssuedToken:
     """Issue a token for ``tenant`` (a name); ``admin`` without a tenant is a global admin
-    token, ``admin`` with a tenant administers that tenant only. Audited (no token in it)."""
-    if tenant is None and not admin:
+    token, ``admin`` with a tenant administers that tenant only; ``expert`` (no tenant, not
+    admin) is a verified expert's detection token. ``scopes``: extra scopes (:data:`SCOPES`).
+    Audited (no token in it)."""
+    scopes = _check_scopes(scopes)
+    if expert:
+        if tenant is not None or admin:
+            raise InvalidInput("an expert token is for detection across every tenant: give no --tenant "
+                               "and no --admin")
+    elif tenant is None and not admin:
         raise InvalidInput("a tenant token needs --tenant NAME; a global admin token needs --admin")
     now = clock.resolve(now)
     tenant_row = get_tenant(session, name=tenant) if tenant is not None else None
     raw = TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_RANDOM_BYTES)
     row = ApiToken(id=new_id("tok"), tenant_id=tenant_row.id if tenant_row else None,
                    token_hash=hash_token(raw), prefix=raw[:DISPLAY_PREFIX_LENGTH], admin=admin,
-                   created_at=now)
+                   created_at=now, kind="expert" if expert else "standard", scopes=" ".join(scopes))
     session.add(row)
     session.flush()
     record_audit(session, actor=actor, action="token.issued", tenant_id=row.tenant_id,
-                 details={"token_id": row.id, "prefix": row.prefix, "admin": admin}, now=now)
+                 details={"token_id": row.id, "prefix": row.prefix, "admin": admin, "kind": row.kind,
+                          "scopes": list(scopes)}, now=now)
     return IssuedToken(info=_info(row, tenant_row.name if tenant_row else None), raw_token=raw)
 
 
@@ -109,6 +141,27 @@ def revoke_token(session: Session, *, token_id: str, actor: str, now: datetime |
     session.flush()
     record_audit(session, actor=actor, action="token.revoked", tenant_id=row.tenant_id,
                  details={"token_id": row.id, "prefix": row.prefix, "admin": row.admin}, now=now)
+    tenant = session.get(Tenant, row.tenant_id) if row.tenant_id else None
+    return _info(row, tenant.name if tenant else None)
+
+
+def grant_scope(session: Session, *, token_id: str, scope: str, actor: str, grant: bool = True,
+                now: datetime | None = None) -> TokenInfo:
+    """Grant (or withdraw) one of :data:`SCOPES` on a token; audited."""
+    _check_scopes([scope])
+    now = clock.resolve(now)
+    row = session.scalar(select(ApiToken).where(ApiToken.id == token_id).with_for_update())
+    if row is None:
+        raise UnknownToken(token_id)
+    scopes = set(_scopes(row))
+    if grant and row.tenant_id is None and not row.admin and row.kind == "expert":
+        raise InvalidTransition("an expert token already sees per-token evidence; nothing changed")
+    (scopes.add if grant else scopes.discard)(scope)
+    row.scopes = " ".join(sorted(scopes))
+    session.flush()
+    record_audit(session, actor=actor, action="token.scope_granted" if grant else "token.scope_withdrawn",
+                 tenant_id=row.tenant_id, details={"token_id": row.id, "prefix": row.prefix, "scope": scope},
+                 now=now)
     tenant = session.get(Tenant, row.tenant_id) if row.tenant_id else None
     return _info(row, tenant.name if tenant else None)
 
@@ -137,4 +190,5 @@ def authenticate_token(session: Session, *, raw_token: str) -> TokenIdentity | N
     # The lookup matched on the hash already; the constant-time compare is defence in depth.
     if not hmac.compare_digest(row.token_hash, digest) or row.revoked_at is not None:
         return None
-    return TokenIdentity(token_id=row.id, tenant_id=row.tenant_id, tenant=tenant_name, admin=row.admin)
+    return TokenIdentity(token_id=row.id, tenant_id=row.tenant_id, tenant=tenant_name, admin=row.admin,
+                         kind=row.kind or "standard", scopes=_scopes(row))

@@ -55,6 +55,20 @@ def _prepare_provenance(store: Store) -> None:
     _retrying(store, lambda session: ensure_signing_key(session, store.keyring, actor="service:start"))
 
 
+def _metrics_listener(settings: ServiceSettings, services: Services):
+    """/metrics alone on ``settings.metrics_listen`` (host:port), or None."""
+    if not settings.metrics_listen:
+        return None
+    from prometheus_client import start_http_server
+
+    from service.metrics import CoarseDetections
+
+    host, _, port = settings.metrics_listen.rpartition(":")
+    server, _ = start_http_server(int(port), addr=host or "127.0.0.1", registry=CoarseDetections(services.metrics.registry))
+    log.info("metrics on their own listener: http://%s:%s/metrics", host or "127.0.0.1", port)
+    return server
+
+
 async def _publish_checkpoints(services: Services) -> None:
     """Publish a checkpoint at least every ``checkpoint_every_seconds`` after this process
     logged an entry (the entry-count bound is kept where entries are logged)."""
@@ -110,9 +124,13 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
         gc.collect()
         gc.freeze()
         gc.set_threshold(50_000, 50, 100)
+        metrics_server = _metrics_listener(settings, services)
         try:
             yield
         finally:
+            if metrics_server is not None:
+                metrics_server.shutdown()
+                metrics_server.server_close()
             publisher.cancel()
             try:  # what this process logged is handed to witnesses before it goes
                 await asyncio.to_thread(services.publish_checkpoint, if_older_than=0.0)

@@ -29,6 +29,13 @@ class Identity:
     tenant_id: str | None
     tenant: str | None
     admin: bool
+    kind: str = "standard"
+    """``standard`` or ``expert`` (keys.tokens.KINDS)."""
+    scopes: tuple[str, ...] = ()
+
+    @property
+    def expert(self) -> bool:
+        return self.kind == "expert"
 
 
 def bearer_token(header: str | None) -> str:
@@ -54,7 +61,8 @@ def _load(services: Services, raw: str) -> Identity | None:
         raise store_error(exc) from None
     if found is None:
         return None
-    return Identity(token_id=found.token_id, tenant_id=found.tenant_id, tenant=found.tenant, admin=found.admin)
+    return Identity(token_id=found.token_id, tenant_id=found.tenant_id, tenant=found.tenant, admin=found.admin,
+                    kind=found.kind, scopes=found.scopes)
 
 
 def _known(identity: Identity | None) -> Identity:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 
 from service.engines.base import Finished
 
@@ -68,5 +71,44 @@ class Metrics:
             self.registry.register(EngineCollector(engine))
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(CoarseDetections(self.registry))
+
+
+DETECTION_ROUTES = ("/v1/detect", "/v1/public/detect")
+DETECTION_STEP = 10
+"""Detection counts are exported in whole tens, and detection latencies not at all: on a quiet
+server, a scraper polling /metrics would otherwise see one check arrive, when, how long it
+took (a long text) and its verdict."""
+
+
+class CoarseDetections:
+    """A registry's view for export: detection counters (by verdict, and the detection routes'
+    request and rate-limit counts) floored to :data:`DETECTION_STEP`, the detection routes'
+    latency histograms left out."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def restricted_registry(self, names):  # prometheus_client's listener asks for it with ?name[]=
+        return self
+
+    def collect(self):
+        for family in self.registry.collect():
+            if family.name in ("hallmark_detections", "hallmark_http_requests", "hallmark_rate_limited",
+                               "hallmark_http_request_duration_seconds"):
+                coarse = Metric(family.name, family.documentation, family.type, family.unit)
+                for sample in family.samples:
+                    detection = family.name == "hallmark_detections" or sample.labels.get("route") in DETECTION_ROUTES
+                    if not detection:
+                        coarse.samples.append(sample)
+                    elif family.name == "hallmark_http_request_duration_seconds":
+                        continue
+                    elif sample.name.endswith("_created"):
+                        continue  # a creation time dates the first check
+                    else:
+                        coarse.samples.append(sample._replace(
+                            value=math.floor(sample.value / DETECTION_STEP) * DETECTION_STEP))
+                yield coarse
+            else:
+                yield family
 

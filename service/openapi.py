@@ -42,7 +42,8 @@ ERROR_SCHEMA = {
 _DESCRIPTIONS = {
     400: "Bad request.",
     401: "Missing, malformed, unknown or revoked bearer token.",
-    403: "The token may not do this (another tenant, an admin-only route, a refused opt-out).",
+    403: "The token may not do this (another tenant, an admin-only route, a refused opt-out; on detection: "
+         "per-token evidence without the `evidence` scope, a tenant's threshold that is not a power of ten).",
     404: "Unknown route, record, tenant or key.",
     409: "The server's state does not allow it (the tenant has no active key; the keys in scope "
          "have no keyed coin for the `routed` statistic; a generation still running has no receipt yet); "
@@ -51,7 +52,8 @@ _DESCRIPTIONS = {
     415: "The body is not JSON (send `Content-Type: application/json`).",
     422: "Invalid request: a field's type or bounds, a prompt longer than the model's context, nothing to "
          "score (`empty_input`) or a token id outside the model's vocabulary (`token_out_of_vocabulary`).",
-    429: "A rate limit (detection per token; generation concurrency or tokens per tenant); see Retry-After.",
+    429: "A rate limit (detection per token; generation concurrency or tokens per tenant; detection tokens a "
+         "day, concurrent detections, the probe guard: see the error's code); see Retry-After.",
     500: "An unexpected server error (a bug); the request was not completed.",
     503: "Temporarily unavailable: the database or the engine is down or restarting; retry (Retry-After).",
 }
@@ -62,6 +64,7 @@ _EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("post", "/v1/completions"): _GENERATION,
     ("post", "/v1/chat/completions"): _GENERATION,
     ("post", "/v1/detect"): (404, 409, 413, 429, 503),
+    ("post", "/v1/public/detect"): (404, 413, 429, 503),
     ("get", "/v1/generations/{generation_id}"): (404, 503),
     ("get", "/v1/generations/{generation_id}/receipt"): (404, 409, 503),
     ("get", "/readyz"): (503,),

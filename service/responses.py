@@ -250,6 +250,29 @@ class AuditLog(_Body):
     events: list[dict[str, Any]]
 
 
+class PublicDetectResponse(_Body):
+    """The public tier's answer (README, "Detection access"): words and a band, no numbers of the test."""
+
+    tier: str
+    """`public`."""
+    verdict: str
+    """`watermarked`; `recorded` (the provenance ledger records the text, or an edited copy, as
+    generated, though the watermark alone does not show it); `not_watermarked`; `too_short`
+    (under the public minimum of tokens: not tested)."""
+    watermarked: bool
+    provider: str
+    tenant: str | None
+    """The tenant whose key or ledger entry the verdict rests on, only where that tenant opted in."""
+    confidence: str
+    """`strong` (p <= 1e-12), `moderate` (p <= 1e-6, the threshold) or `none`."""
+    tokens: int
+    min_tokens: int | None = None
+    basis: list[str]
+    verdict_text: str
+    report: SignedDocument | None
+    """The signed detection report of what this tier saw (`hallmark report verify`)."""
+
+
 class Health(_Body):
     status: str
 

@@ -335,3 +335,14 @@ class DetectBody(BaseModel):
         if (self.text is None) == (self.token_ids is None):
             raise ValueError("give exactly one of 'text' and 'token_ids'")
         return self
+
+
+class PublicDetectBody(BaseModel):
+    """The public check: a text and nothing else (fixed settings: the default threshold,
+    statistic and test, normalisation on)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
+
+    text: Text = Field(min_length=1)
+    """Text to check (above the server's public_max_chars: 413; under public_min_tokens
+    tokens: "too short to say")."""

@@ -92,6 +92,36 @@ class ServiceSettings(BaseSettings):
 
     detect_burst: int = Field(default=60, ge=1)
 
+    # Detection access tiers (service/access; README "Detection access").
+    public_detect: bool = True
+    """Whether POST /v1/public/detect (and the page's Check without a token) answers."""
+    public_max_chars: int = Field(default=20_000, ge=1)
+    """Public detection text above this many characters gets 413, before any tokenisation."""
+    public_min_tokens: int = Field(default=200, ge=1)
+    """Public texts shorter than this get "too short to say" (the Code of Practice's threshold)."""
+    public_tokens_per_day: float = Field(default=20_000.0, gt=0)
+    """Tokens one client address may have scored by the public check a day (shared by replicas)."""
+    public_global_tokens_per_day: float = Field(default=5_000_000.0, gt=0)
+    """Tokens the public check scores a day for every address together (bounds many-address probing)."""
+    tenant_detect_tokens_per_day: float = Field(default=2_000_000.0, gt=0)
+    """Tokens one tenant's detections (all its tokens together) may score a day."""
+    evidence_per_day: float = Field(default=20.0, gt=0)
+    """Detections with per-token evidence a day, per token holding the `evidence` scope (audited each)."""
+    probe_family_per_day: int = Field(default=3, ge=1)
+    """Queries a text family (>= probe_share of its word k-grams shared with one of the same
+    principal's queries of the last 24 h) may make in 24 h; 429 probe_guard beyond."""
+    probe_share: float = Field(default=0.5, gt=0, le=1)
+    probe_kgram: int = Field(default=4, ge=1, le=16)
+    """Words per k-gram of the probe guard (service/access/probe.py says why 4, not 8)."""
+    detect_slots: int = Field(default=2, ge=0)
+    """Detections one principal (a tenant, an expert token, a client address) may run at once in
+    this replica; 429 beyond, before any tokenisation (0: no limit)."""
+    metrics_listen: str | None = Field(default=None, pattern=r"^[^\s:]*:[0-9]{1,5}$")
+    """``host:port`` of a listener serving only /metrics (e.g. 127.0.0.1:9464); the gateway's
+    own port then answers 404 on /metrics."""
+    provider_name: str = "Hallmark"
+    """The provider the public check names in its verdict."""
+
     allow_opt_out: bool = False
     """Whether tenant tokens may ask for unwatermarked output (`watermark: false`); admin
     tokens always may. Opted-out generations are recorded as such in the ledger."""

@@ -33,3 +33,22 @@ def tenants_list(as_json: bool = JSON_OPTION) -> None:
     emit([t.to_dict() for t in tenants], as_json,
          table([[t.name, t.id, t.created_at.isoformat(timespec="seconds")] for t in tenants],
                ["NAME", "ID", "CREATED"]))
+
+
+@tenants_app.command("attribution")
+@one_line_errors()
+def tenants_attribution(name: str = typer.Argument(..., help="Tenant name."),
+                        state: str = typer.Argument(..., help="'on': the public check may name this tenant; "
+                                                               "'off': it names the provider only."),
+                        as_json: bool = JSON_OPTION) -> None:
+    """Opt a tenant in to (or out of) being named by the public detection check."""
+    from keys.audit import default_actor
+    from keys.errors import InvalidInput
+    from keys.tenants import set_public_attribution
+
+    if state not in ("on", "off"):
+        raise InvalidInput(f"state must be 'on' or 'off', not {state!r}")
+    with cli_store() as store, store.transaction() as session:
+        info = set_public_attribution(session, name=name, on=state == "on", actor=default_actor())
+    emit({**info.to_dict(), "public_attribution": state == "on"}, as_json,
+         f"tenant {info.name}: the public check {'names' if state == 'on' else 'does not name'} it")

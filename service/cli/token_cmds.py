@@ -15,17 +15,41 @@ from service.cli.tables import table
 @one_line_errors()
 def tokens_issue(tenant: Optional[str] = typer.Option(None, "--tenant", help="Tenant the token acts for."),
                  admin: bool = typer.Option(False, "--admin", help="Admin token (global without --tenant)."),
+                 expert: bool = typer.Option(False, "--expert", help="A verified expert's detection token "
+                                             "(every tenant's keys, the full result, each request audited)."),
+                 scope_names: list[str] = typer.Option([], "--scope", help="Extra scope: 'evidence' (per-token "
+                                                       "evidence, audited, its own daily budget)."),
                  as_json: bool = JSON_OPTION) -> None:
     """Issue an API token; it is printed once and stored only as a hash."""
     from keys.audit import default_actor
     from keys.tokens import issue_token
 
     with cli_store() as store, store.transaction() as session:
-        issued = issue_token(session, tenant=tenant, admin=admin, actor=default_actor())
+        issued = issue_token(session, tenant=tenant, admin=admin, expert=expert, scopes=scope_names,
+                             actor=default_actor())
     scope = f"tenant {issued.info.tenant}" if issued.info.tenant else "all tenants"
+    if expert:
+        scope = "expert detection, all tenants"
+    if issued.info.scopes:
+        scope += "; scopes: " + ", ".join(issued.info.scopes)
     emit({**issued.info.to_dict(), "token": issued.raw_token}, as_json,
          f"{issued.raw_token}\n(token {issued.info.token_id}, {'admin, ' if admin else ''}{scope}; "
          "shown once, store it now)")
+
+
+@tokens_app.command("grant")
+@one_line_errors()
+def tokens_grant(token_id: str = typer.Argument(..., help="Token id (see `tokens list`)."),
+                 scope: str = typer.Argument(..., help="Scope: 'evidence'."),
+                 withdraw: bool = typer.Option(False, "--withdraw", help="Withdraw the scope instead."),
+                 as_json: bool = JSON_OPTION) -> None:
+    """Grant a token an extra scope (audited), or withdraw it."""
+    from keys.audit import default_actor
+    from keys.tokens import grant_scope
+
+    with cli_store() as store, store.transaction() as session:
+        info = grant_scope(session, token_id=token_id, scope=scope, grant=not withdraw, actor=default_actor())
+    emit(info.to_dict(), as_json, f"token {info.token_id}: scopes {', '.join(info.scopes) or '(none)'}")
 
 
 @tokens_app.command("revoke")

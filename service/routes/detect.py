@@ -1,25 +1,63 @@
-"""``POST /v1/detect``: score text or token ids against the caller's keys."""
+"""``POST /v1/detect`` (a token's tier: tenant, expert or operator) and ``POST
+/v1/public/detect`` (no token: the public tier), both over one detection core through
+:mod:`service.access.gate`."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import asyncio
+
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from service import detection
-from service.responses import DetectResponse, ok
-from service.routes.deps import IdentityDep, ServicesDep
-from service.schemas import DetectBody
+from service.access import gate
+from service.errors import NotFound
+from service.responses import DetectResponse, PublicDetectResponse, ok
+from service.routes.deps import DetectIdentityDep, ServicesDep
+from service.schemas import DetectBody, PublicDetectBody
 
 router = APIRouter(tags=["Detection"])
 
 
+INLINE_MAX = 8_000
+"""Bodies up to this many characters (or token ids) are detected on the event loop: a few
+milliseconds of CPU-bound Python, where a worker thread only adds GIL contention (measured
+1.6-1.85x the requests/s inline; issue 23). Larger ones go to a worker thread under the
+principal's concurrency slots, so one client's huge bodies cannot hold the loop while another
+client's check waits (issue 22)."""
+
+
+async def _answer(services, identity, body: DetectBody, client: str | None) -> JSONResponse:
+    who = gate.principal(services, identity, client)
+    gate.check_size(services.settings, who.tier, body)  # before a slot, a thread or a token
+    size = len(body.text) if body.text is not None else len(body.token_ids or ())
+    with gate.access_of(services).slots.hold(who.name):
+        if size <= INLINE_MAX:
+            shown = gate.run(services, identity, body, who)
+        else:
+            # Budgets, the probe guard and the ledger look-up query the database too: in a
+            # thread they never stall the event loop.
+            shown = await asyncio.to_thread(gate.run, services, identity, body, who)
+    return JSONResponse(shown, headers={"X-Hallmark-Access-Tier": who.tier})
+
+
 @router.post("/v1/detect", summary="Check a text for a watermark", responses=ok(DetectResponse))
-async def detect_route(body: DetectBody, services: ServicesDep, identity: IdentityDep):
-    """Score a text (or token ids) against every key of the caller's tenant (an admin token: of
-    one tenant, or of all): an exact p-value corrected for the keys and tests, the winning key,
-    watermarked spans, the ledger's exact and edited copies, and a signed detection report."""
-    # On the event loop, not in a worker thread: detection is CPU-bound Python, so threads
-    # only contend for the GIL (measured: 1.6-1.85x the requests/s inline; issue 23). Its
-    # database reads are a few short indexed queries; a gateway uses its cores through
-    # worker processes (`hallmark serve --workers N`).
-    return JSONResponse(detection.detect(services, identity, body))
+async def detect_route(body: DetectBody, services: ServicesDep, identity: DetectIdentityDep):
+    """Score a text (or token ids) against every key of the caller's tenant (an admin or expert
+    token: of one tenant, or of all): the verdict, the winning key, watermarked spans, the
+    ledger's exact and edited copies, and a signed detection report. A tenant token gets the
+    tenant tier's answer (p-values to a whole power of ten; per-token evidence only with the
+    `evidence` scope); admin and expert tokens the full result (README, "Detection access").
+    The tier is in the `X-Hallmark-Access-Tier` header."""
+    return await _answer(services, identity, body, None)
+
+
+@router.post("/v1/public/detect", summary="Check a text without an account (public tier)",
+             responses=ok(PublicDetectResponse))
+async def public_detect_route(body: PublicDetectBody, services: ServicesDep, request: Request):
+    """The public detection check, no token: the verdict in words, the provider, the tenant
+    where it opted in, a confidence band, tokens scored, the basis and a signed report; no
+    p-value digits, scores, spans or keys. Under 200 tokens: `too_short`. Budgets: tokens scored
+    a day per client address and for all together, and the probe guard (429 `probe_guard`)."""
+    if not services.settings.public_detect:
+        raise NotFound("the public detection check is not offered by this gateway")
+    return await _answer(services, None, DetectBody(text=body.text), request.client.host if request.client else None)

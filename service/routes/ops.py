@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from service.errors import Unavailable
+from service.errors import NotFound, Unavailable
 from service.http_errors import error_payload
 from service.responses import Health, Ready, ok
 from service.routes.deps import ServicesDep
@@ -44,5 +44,9 @@ def metrics_route(services: ServicesDep):
     engines, verdicts and route templates such as ``/v1/generations/{generation_id}``). What
     it does tell is aggregate traffic (request counts, latencies, token volumes) across
     tenants, so keep it off the public listener: expose only ``/v1/*`` and
-    ``/.well-known/*`` through the proxy, or firewall the port to the scraper."""
+    ``/.well-known/*`` through the proxy, or firewall the port to the scraper, or set
+    HALLMARK_METRICS_LISTEN to serve it on its own listener. Detection counts are exported in
+    whole tens and detection latencies not at all (service.metrics.CoarseDetections)."""
+    if services.settings.metrics_listen:
+        raise NotFound(f"metrics are served on their own listener ({services.settings.metrics_listen}), not here")
     return Response(services.metrics.render(), media_type="text/plain; version=0.0.4")

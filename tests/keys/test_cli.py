@@ -153,6 +153,35 @@ def test_tokens_commands(cli, store):
         ["token.issued", "token.issued", "token.issued", "token.revoked"]
 
 
+def test_detection_access_commands(cli, store):
+    """Expert tokens, the evidence scope and a tenant's opt-in to the public check (service/access)."""
+    cli.ok("tenants", "create", "acme")
+    expert = cli.ok("tokens", "issue", "--expert", "--json").json()
+    assert expert["kind"] == "expert" and expert["tenant"] is None and not expert["admin"]
+    scoped = cli.ok("tokens", "issue", "--tenant", "acme", "--scope", "evidence", "--json").json()
+    assert scoped["scopes"] == ["evidence"]
+    plain = cli.ok("tokens", "issue", "--tenant", "acme", "--json").json()
+    assert cli.ok("tokens", "grant", plain["token_id"], "evidence", "--json").json()["scopes"] == ["evidence"]
+    assert cli.ok("tokens", "grant", plain["token_id"], "evidence", "--withdraw", "--json").json()["scopes"] == []
+    assert "names it" in cli.ok("tenants", "attribution", "acme", "on").stdout
+    from keys.tokens import authenticate_token
+
+    with store.transaction(write=False) as session:
+        found = authenticate_token(session, raw_token=expert["token"])
+        assert found.kind == "expert" and found.tenant_id is None
+    actions = [e["action"] for e in cli.ok("audit", "list", "--json").json()]
+    assert {"token.scope_granted", "token.scope_withdrawn", "tenant.public_attribution"} <= set(actions)
+    # Bad input: one line, non-zero exit, nothing changed.
+    before = len(cli.ok("tokens", "list", "--json").json())
+    for args, says in ((("tokens", "issue", "--expert", "--tenant", "acme"), "expert token"),
+                       (("tokens", "issue", "--tenant", "acme", "--scope", "admin"), "unknown scope"),
+                       (("tokens", "grant", expert["token_id"], "evidence"), "already sees"),
+                       (("tenants", "attribution", "acme", "maybe"), "'on' or 'off'")):
+        failed = cli.fails(*args)
+        assert says in failed.stderr and len(failed.stderr.strip().splitlines()) == 1, failed.stderr
+    assert len(cli.ok("tokens", "list", "--json").json()) == before
+
+
 def test_kek_commands(cli, tmp_path, kek):
     first = _tenant_with_key(cli)
     new_file = tmp_path / "new.kek"

@@ -53,8 +53,8 @@ def _free_port() -> int:
 
 
 def provision(tmp: Path, database_url: str | None = None,
-              secrets: dict[str, int] | None = None,
-              modes: dict[str, str] | None = None) -> tuple[StoreSettings, dict[str, str]]:
+              secrets: dict[str, int] | None = None, modes: dict[str, str] | None = None,
+              scopes: tuple[str, ...] = ()) -> tuple[StoreSettings, dict[str, str]]:
     """Tenants acme (dual key) and globex (gumbel), their tokens and an admin token, in a new
     SQLite file under ``tmp`` or in the (empty) database at ``database_url``.
 
@@ -85,8 +85,9 @@ def provision(tmp: Path, database_url: str | None = None,
                                                       mode=modes.get("acme", "deterministic")))
             create_tenant(session, name="globex", actor="test")
             key(session, store, "globex", WatermarkSpec(mode=modes.get("globex", "deterministic")))
-            tokens["acme"] = issue_token(session, tenant="acme", actor="test").raw_token
-            tokens["globex"] = issue_token(session, tenant="globex", actor="test").raw_token
+            # ``scopes``: extra scopes of the tenant tokens (service/access: "evidence" for per-token evidence).
+            tokens["acme"] = issue_token(session, tenant="acme", actor="test", scopes=scopes).raw_token
+            tokens["globex"] = issue_token(session, tenant="globex", actor="test", scopes=scopes).raw_token
             tokens["admin"] = issue_token(session, tenant=None, admin=True, actor="test").raw_token
     finally:
         store.close()
@@ -106,8 +107,8 @@ def stored_secrets(gateway: "Gateway") -> dict[str, int]:
 
 
 def start(tmp: Path, database_url: str | None = None, secrets: dict[str, int] | None = None,
-          modes: dict[str, str] | None = None, **overrides) -> Gateway:
-    store_settings, tokens = provision(tmp, database_url, secrets, modes)
+          modes: dict[str, str] | None = None, scopes: tuple[str, ...] = (), **overrides) -> Gateway:
+    store_settings, tokens = provision(tmp, database_url, secrets, modes, scopes)
     options = {"model": TEST_MODEL, "draft_model": TEST_DRAFT, "device": "cpu", "max_batch": 8,
                "detect_rate_per_minute": 100_000, "detect_burst": 100_000, **overrides}
     settings = ServiceSettings(**options)

@@ -12,6 +12,7 @@ or key that does not exist at all.
 
 from __future__ import annotations
 
+import itertools
 
 import httpx
 import pytest
@@ -26,6 +27,7 @@ from service.settings import ServiceSettings
 from tests.service import gateway as gw
 from tests.service.test_stream_provenance import ScriptedEngine
 
+_PUBLIC_TEXTS = itertools.count()
 CREDENTIALS = ("tenant", "scoped_admin", "global_admin", "revoked", "unknown", "none")
 TARGETS = ("own", "other")
 GLOBAL = "global_admin"
@@ -137,6 +139,9 @@ ROUTES = [
     ("GET", "/v1/admin/audit?tenant={tenant}", None, _admin_scoped),
     ("POST", "/v1/admin/keys/rotate", lambda t: {"tenant": t}, _admin_scoped),
     ("POST", "/v1/admin/keys/{spare_key}/revoke", lambda t: {"reason": "matrix test"}, _revoke),
+    # The public check answers every caller alike (a token, valid or not, is not read); each call a
+    # new text, so that the probe guard (one client address for the whole matrix) never counts them.
+    ("POST", "/v1/public/detect", lambda t: {"text": f"a public check {next(_PUBLIC_TEXTS)}"}, _public),
     ("GET", "/.well-known/hallmark-keys.json", None, _public),
     ("GET", "/v1/ledger/checkpoint", None, _public),
     ("GET", "/v1/ledger/proof/inclusion?leaf_index=0", None, _public),

@@ -233,9 +233,10 @@ def test_detection_rate_limit_per_token(tmp_path_factory):
                        draft_model=None)
     try:
         api = client(limited)
-        statuses = [api.post("/v1/detect", json={"token_ids": [1, 2, 3]}).status_code for _ in range(3)]
+        # A new input each time: one input sent again and again is the probe guard's (service/access).
+        statuses = [api.post("/v1/detect", json={"token_ids": [1, 2, 3 + i]}).status_code for i in range(3)]
         assert statuses == [200, 200, 429]
-        refused = api.post("/v1/detect", json={"token_ids": [1, 2, 3]})
+        refused = api.post("/v1/detect", json={"token_ids": [1, 2, 9]})
         assert int(refused.headers["Retry-After"]) >= 1 and "rate limit" in refused.json()["error"]["message"]
         # Another token has its own budget.
         assert client(limited, "globex").post("/v1/detect", json={"token_ids": [1, 2]}).status_code == 200
@@ -249,7 +250,8 @@ def test_zero_width_and_homoglyph_attacks_do_not_hide_the_watermark(server):
     assert out is not None, "no seed gave 100 tokens"
     attacked = "\u200b".join(out["text"][i:i + 3] for i in range(0, len(out["text"]), 3))
     attacked = attacked.replace("o", "\u043e").replace("e", "\u0435").replace("a", "\u0430")
-    result = client(server).post("/v1/detect", json={"text": attacked}).json()
+    # The core's full result: the operator tier (an admin token, acme's keys); service/access tests the tiers.
+    result = client(server, "admin").post("/v1/detect", json={"text": attacked, "tenant": "acme"}).json()
     assert result["watermarked"] and result["p_value"] < 1e-6, result["log10_p_value"]
     assert result["basis"][0] == "watermark" and "weighted Bonferroni" in result["correction"]
     changes = result["normalization"]["changes"]
@@ -280,7 +282,7 @@ def test_cli_detect_text_normalises_like_the_api(server, tmp_path):
         assert run.returncode == 0, run.stderr
         return json.loads(run.stdout)
 
-    api = client(server).post("/v1/detect", json={"text": attacked}).json()
+    api = client(server, "admin").post("/v1/detect", json={"text": attacked, "tenant": "acme"}).json()
     result = cli()
     assert result["watermarked"] and result["normalization"]["scored"].startswith("normalized")
     assert abs(result["log10_p_value"] - api["log10_p_value"]) < 1e-6
@@ -295,7 +297,7 @@ def test_an_edited_copy_is_matched_to_its_generation_by_kgrams(server):
     edited = list(out["token_ids"])
     for i in range(0, len(edited), 10):
         edited[i] = (edited[i] + 1) % 1000
-    result = client(server).post("/v1/detect", json={"token_ids": edited}).json()
+    result = client(server, "admin").post("/v1/detect", json={"token_ids": edited, "tenant": "acme"}).json()
     matches = {m["generation_id"]: m for m in result["kgram_matches"]}
     assert out["generation_id"] in matches, result["kgram_matches"]
     match = matches[out["generation_id"]]
@@ -346,7 +348,7 @@ def test_cli_detect_text_gives_the_apis_spans_with_character_offsets(server, tmp
                           "bundled", "--tenant", "acme", "--json"], capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
-    api = client(server).post("/v1/detect", json={"text": text}).json()
+    api = client(server, "admin").post("/v1/detect", json={"text": text, "tenant": "acme"}).json()
     assert api["spans"] and result["spans"] == api["spans"]
     start = text.index(marked)
     for span in result["spans"]:

@@ -230,7 +230,8 @@ def test_two_gateway_processes_hold_the_combined_detection_limit(pg, tmp_path):
         for process, url in replicas:
             _wait_ready(process, url)
         headers = {"Authorization": f"Bearer {tokens['acme']}"}
-        statuses = [httpx.post(replicas[i % 2][1] + "/v1/detect", json={"token_ids": [1, 2, 3]}, headers=headers,
+        # A new input each time: one input sent again and again is the probe guard's (service/access).
+        statuses = [httpx.post(replicas[i % 2][1] + "/v1/detect", json={"token_ids": [1, 2, 3 + i]}, headers=headers,
                                timeout=60).status_code for i in range(12)]
         assert statuses.count(200) == 6 and statuses.count(429) == 6, statuses
         assert statuses[:6] == [200] * 6

@@ -52,7 +52,8 @@ def test_every_json_200_has_a_response_model(doc):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    gateway = gw.start(tmp_path_factory.mktemp("docs"), max_tokens_cap=512)
+    # The tenant tokens hold the evidence scope: the documented response includes per-token evidence.
+    gateway = gw.start(tmp_path_factory.mktemp("docs"), max_tokens_cap=512, scopes=("evidence",))
     yield gateway
     gateway.stop()
 
@@ -79,6 +80,9 @@ def test_the_models_hold_the_gateways_responses(server):
         (responses.TenantList, admin.get("/v1/admin/tenants").json()),
         (responses.KeyList, admin.get("/v1/admin/keys").json()),
         (responses.AuditLog, admin.get("/v1/admin/audit").json()),
+        (responses.DetectResponse, admin.post("/v1/detect", json={"text": out["text"], "evidence": True}).json()),
+        (responses.PublicDetectResponse, httpx.post(server.url + "/v1/public/detect", json={"text": out["text"]},
+                                                    timeout=300).json()),
         (responses.Health, httpx.get(server.url + "/healthz").json()),
         (responses.Ready, httpx.get(server.url + "/readyz").json()),
     ]

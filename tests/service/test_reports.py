@@ -84,7 +84,9 @@ def test_one_text_gets_reports_that_each_say_whose_keys_were_tested(server, gene
 
 
 def test_a_lenient_threshold_is_never_signed_as_watermarked(server, generated):
-    response = _client(server).post("/v1/detect", json={"text": HUMAN, "threshold": 0.999999}).json()
+    # A tenant token may choose only powers of ten (service/access); the operator tier any threshold.
+    response = _client(server, "admin").post("/v1/detect", json={"text": HUMAN, "threshold": 0.999999,
+                                                                  "tenant": "acme"}).json()
     assert response["watermarked"] is True  # the API's field: the global p is below 0.999999
     statement = verify_report(response["report"], _keys(server), text=HUMAN).statement
     assert statement["verdict"] == "passes_lenient_threshold" and statement["basis"] == []
@@ -93,7 +95,8 @@ def test_a_lenient_threshold_is_never_signed_as_watermarked(server, generated):
                                          "a threshold above 0.001 is not evidence of a watermark")
     # Just above 1e-3 is lenient too; 1e-3 itself may be signed as watermarked.
     for threshold, verdict in ((0.0011, "passes_lenient_threshold"), (0.001, "watermarked")):
-        out = _client(server).post("/v1/detect", json={"text": generated["text"], "threshold": threshold}).json()
+        out = _client(server, "admin").post("/v1/detect", json={"text": generated["text"], "threshold": threshold,
+                                                                "tenant": "acme"}).json()
         assert out["watermarked"]
         assert verify_report(out["report"], _keys(server)).statement["verdict"] == verdict
 
@@ -105,8 +108,9 @@ def test_a_report_states_the_input_the_detector_and_the_settings(server, generat
 
     text = generated["text"]
     before = datetime.now(timezone.utc)
-    body = {"text": text, "threshold": 1e-4, "statistic": "max", "test": "sum", "spans": False, "evidence": True}
-    response = _client(server).post("/v1/detect", json=body).json()
+    body = {"text": text, "threshold": 1e-4, "statistic": "max", "test": "sum", "spans": False, "evidence": True,
+            "tenant": "acme"}
+    response = _client(server, "admin").post("/v1/detect", json=body).json()
     after = datetime.now(timezone.utc)
     check = verify_report(response["report"], _keys(server), text=text)
     statement = check.statement

@@ -40,7 +40,10 @@ SECRETS = gw.FIXED_SECRETS
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    gateway = gw.start(tmp_path_factory.mktemp("ui"), secrets=SECRETS, max_tokens_cap=512, max_evidence_tokens=400)
+    # The page's Check shows per-token evidence: the tenant tokens hold the evidence scope (service/access).
+    gateway = gw.start(tmp_path_factory.mktemp("ui"), secrets=SECRETS, max_tokens_cap=512, max_evidence_tokens=400,
+                       scopes=("evidence",), evidence_per_day=10_000,
+                       probe_family_per_day=1_000)  # these tests check one text many times
     yield gateway
     gateway.stop()
 
@@ -69,7 +72,8 @@ def test_the_modules_keys_are_fixed_so_its_texts_are_the_same_on_every_run(serve
 def test_evidence_maps_every_token_to_the_original_text(server):
     out = generate(server)
     text = out["text"]
-    result = client(server).post("/v1/detect", json={"text": text, "evidence": True}).json()
+    # The core's evidence at full precision: the operator tier (a tenant's is coarsened, service/access).
+    result = client(server, "admin").post("/v1/detect", json={"text": text, "evidence": True, "tenant": "acme"}).json()
     evidence = result["evidence"]
     assert result["watermarked"] and evidence["key"]["key_id"] == result["key"]["key_id"]
     assert evidence["statistic"] == result["per_key"][0]["statistic"]

@@ -33,8 +33,10 @@ GARDEN = ("My grandmother kept a garden behind the house, and every summer she g
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    # Per-token evidence needs the evidence scope on tenant tokens (service/access).
     gateway = gw.start(tmp_path_factory.mktemp("ui-evidence"), secrets=SECRETS, max_tokens_cap=512,
-                       max_evidence_tokens=600)
+                       max_evidence_tokens=600, scopes=("evidence",), evidence_per_day=10_000,
+                       probe_family_per_day=1_000)  # these tests check one text many times
     yield gateway
     gateway.stop()
 

@@ -17,8 +17,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    # Per-token evidence needs the evidence scope; these tests check one text several times (service/access).
     gateway = gw.start(tmp_path_factory.mktemp("ui-wording"), secrets=gw.FIXED_SECRETS, max_tokens_cap=512,
-                       max_evidence_tokens=400)
+                       max_evidence_tokens=400, scopes=("evidence",), evidence_per_day=10_000,
+                       probe_family_per_day=1_000)
     yield gateway
     gateway.stop()
 

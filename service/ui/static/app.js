@@ -242,13 +242,20 @@ async function check() {
   await adoptTypedToken();
   const text = $("check-text").value;
   if (!text.trim()) throw new ApiError(0, "paste a text (or drop a file) to check", "empty");
+  if (!token()) {  // no token: the public check (service/access), which answers in words
+    const { payload, raw } = await apiRaw("POST", "/v1/public/detect", { text });
+    renderPublicResult(payload);
+    showReport(raw, text);
+    return;
+  }
   let response;
   try {
     response = await apiRaw("POST", "/v1/detect", { text, evidence: true });
   } catch (exc) {
     // Per-token evidence is capped (HALLMARK_MAX_EVIDENCE_TOKENS, 413): check a longer text
     // without it rather than not at all (a text over the detection limit fails again, and says so).
-    if (!(exc instanceof ApiError) || exc.status !== 413) throw exc;
+    // A tenant token without the evidence scope gets 403 for evidence: the same, without it.
+    if (!(exc instanceof ApiError) || (exc.status !== 413 && exc.status !== 403)) throw exc;
     response = await apiRaw("POST", "/v1/detect", { text });
   }
   const { payload: result, raw } = response;
@@ -316,7 +323,7 @@ function explain(result) {
   const reasonText = Object.entries(reasons).map(([r, n]) => `${n} ${r.replaceAll("_", " ")}`).join(", ");
   const because = reasonText ? ` (${reasonText})` : "";
   if (!result.evidence) {
-    items.push("This text is longer than the server gives per-token scores for, so the heat map is left out; the verdict covers the whole text.");
+    items.push("The server gave no per-token scores for this text (it is longer than it scores token by token, or this token lacks the evidence scope), so the heat map is left out; the verdict covers the whole text.");
   }
   const scope = me && me.admin && !me.tenant ? "any tenant" : `tenant ${(me && me.tenant) || "yours"}`;
   if (result.watermarked) {
@@ -553,7 +560,32 @@ function renderPerKey(result) {
   }
 }
 
+// The public tier's answer: the verdict in words, a confidence band, the basis; no scores,
+// spans or keys, so the heat map and the key table are hidden.
+function renderPublicResult(result) {
+  const verdict = $("verdict");
+  const yes = result.verdict === "watermarked" || result.verdict === "recorded";
+  verdict.className = "verdict " + (yes ? "yes" : "no");
+  verdict.removeAttribute("data-signed");
+  const title = { watermarked: "Watermarked", recorded: "Recorded as generated", not_watermarked: "Not watermarked",
+                  too_short: "Too short to say" }[result.verdict] || result.verdict;
+  $("verdict-title").textContent = result.tenant ? `${title} (${result.tenant})` : title;
+  const detail = clear($("verdict-detail"));
+  detail.append(`Public check: ${result.confidence} confidence, ${result.tokens} tokens` +
+                (result.basis.length ? `, resting on the ${result.basis.join(" and the ")}` : "") + ".");
+  const list = clear($("explain"));
+  list.append(el("li", { text: result.verdict_text.charAt(0).toUpperCase() + result.verdict_text.slice(1) + "." }));
+  list.append(el("li", { text: "The public check gives a verdict and a confidence band only. With an API token the page shows the p-value, the watermarked stretches and the key." }));
+  $("heat-panel").hidden = true;
+  $("per-key-panel").hidden = true;
+  clear($("ledger"));
+  $("check-result").hidden = false;
+  verdict.focus();
+}
+
 function renderResult(text, result) {
+  $("heat-panel").hidden = false;
+  $("per-key-panel").hidden = false;
   const words = verdictWords(result);
   const verdict = $("verdict");
   verdict.className = "verdict " + words.cls;

@@ -1,0 +1,162 @@
+"""One tenant floods /v1/detect with huge bodies; another tenant's small check must stay fast.
+
+    .venv/bin/python -m bench.detect_flood [--parallel 24] [--chars 190000] [--seconds 30]
+
+Starts `hallmark serve` (bundled model, fresh SQLite store, default limits: per-principal
+detection slots, character limit before tokenising). Tenant "flood" keeps ``--parallel``
+requests of ``--chars`` characters in flight (each answered request is sent again) for
+``--seconds``; meanwhile tenant "victim" sends an 11-character check every 0.25 s. Reports the
+victim's latency percentiles, the flood's status codes, and the gateway's resident memory
+(VmRSS of its process, sampled every 0.2 s) before and at its peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import string
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.gateway import Gateway, percentile
+from keys import migrate
+from keys.db import open_store
+from keys.kek import generate_kek_file
+from keys.lifecycle import create_key
+from keys.settings import StoreSettings
+from keys.tenants import create_tenant
+from keys.tokens import issue_token
+from watermark.spec import WatermarkSpec
+
+MODEL = os.environ.get("HALLMARK_TEST_MODEL", "bundled")
+
+
+def _provision(tmp: Path) -> tuple[dict[str, str], dict[str, str]]:
+    kek = tmp / "kek.key"
+    generate_kek_file(kek)
+    env = {"HALLMARK_DATABASE_URL": f"sqlite:///{tmp / 'hallmark.db'}", "HALLMARK_KEK_FILE": str(kek)}
+    store = open_store(StoreSettings(database_url=env["HALLMARK_DATABASE_URL"], kek_file=kek), require_kek=True,
+                       check_schema=False, create=True)
+    tokens = {}
+    try:
+        migrate.upgrade(store.engine)
+        with store.transaction() as session:
+            for name in ("flood", "victim"):
+                create_tenant(session, name=name, actor="bench")
+                create_key(session, store.keyring, tenant=name, actor="bench",
+                           spec=WatermarkSpec(algorithm="dual_key_gumbel"))
+                tokens[name] = issue_token(session, tenant=name, actor="bench").raw_token
+    finally:
+        store.close()
+    return env, tokens
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def _run(url: str, tokens: dict[str, str], pid: int, args) -> dict:
+    rng = random.Random(25)
+    words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(5000)]
+
+    # Distinct texts (random words): one text sent again is the probe guard's, and a flooding
+    # tenant would not make it that easy. Made once, so the client spends its CPU on sending.
+    pool = [(" ".join(rng.choices(words, k=args.chars // 5)))[:args.chars].ljust(args.chars, "x")
+            for _ in range(48)]
+    sent = iter(range(10**9))
+
+    def flood_body() -> dict:
+        return {"text": pool[next(sent) % len(pool)]}
+
+    statuses: dict[int, int] = {}
+    victim: list[float] = []
+    victim_status: dict[int, int] = {}
+    rss: list[float] = []
+    stop = time.monotonic() + args.seconds
+    limits = httpx.Limits(max_connections=args.parallel + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+        async def flood() -> None:
+            while time.monotonic() < stop:
+                r = await client.post("/v1/detect", json=flood_body(),
+                                      headers={"Authorization": f"Bearer {tokens['flood']}"})
+                key = f"{r.status_code} {r.json()['error']['code']}" if r.status_code >= 400 else str(r.status_code)
+                statuses[key] = statuses.get(key, 0) + 1
+                if r.status_code == 429:
+                    await asyncio.sleep(0.05)
+
+        def check_sync() -> None:
+            # Its own thread and connection: the flood's coroutines must not delay the victim's
+            # client (it measures the gateway, not this process's event loop).
+            time.sleep(1.0)
+            with httpx.Client(base_url=url, timeout=300) as own:
+                while time.monotonic() < stop:
+                    started = time.perf_counter()
+                    n = len(victim)
+                    r = own.post("/v1/detect", json={"text": f"hello wo {n:02d}"[-11:]},
+                                 headers={"Authorization": f"Bearer {tokens['victim']}"})
+                    victim.append(time.perf_counter() - started)
+                    victim_status[r.status_code] = victim_status.get(r.status_code, 0) + 1
+                    time.sleep(0.25)
+
+        async def check() -> None:
+            await asyncio.to_thread(check_sync)
+
+        async def sample() -> None:
+            while time.monotonic() < stop + 2:
+                rss.append(_rss_mb(pid))
+                await asyncio.sleep(0.2)
+
+        if args.parallel:
+            await asyncio.gather(*(flood() for _ in range(args.parallel)), check(), sample())
+        else:
+            await asyncio.gather(check(), sample())
+    return {"flood_statuses": statuses, "victim_checks": len(victim), "victim_statuses": victim_status,
+            "victim_p50_s": round(percentile(victim, 0.5), 4), "victim_p99_s": round(percentile(victim, 0.99), 4),
+            "victim_max_s": round(max(victim), 4) if victim else None, "rss_peak_mb": round(max(rss), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--parallel", type=int, default=24)
+    parser.add_argument("--chars", type=int, default=190_000)
+    parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--out", type=Path, default=Path("bench/results/detect-flood.json"))
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        env, tokens = _provision(Path(tmp))
+        env = {**os.environ, **env, "HALLMARK_MODEL": MODEL, "HALLMARK_DEVICE": "cpu", "HALLMARK_DRAFT_MODEL": ""}
+        server = Gateway(env, Path(tmp) / "gateway.log")
+        try:
+            server.wait_ready()
+            pid = server.process.pid
+            # Warm: one small detection per tenant (tokenizer, keys, caches).
+            for name in tokens:
+                httpx.post(server.url + "/v1/detect", json={"text": "warm up"},
+                           headers={"Authorization": f"Bearer {tokens[name]}"}, timeout=120)
+            time.sleep(1)
+            before = _rss_mb(pid)
+            result = asyncio.run(_run(server.url, tokens, pid, args))
+        finally:
+            server.stop()
+    result = {"rss_before_mb": round(before, 1), **result,
+              "rss_growth_mb": round(result["rss_peak_mb"] - before, 1),
+              "parallel": args.parallel, "chars": args.chars, "seconds": args.seconds,
+              "command": " ".join([".venv/bin/python -m bench.detect_flood", *sys.argv[1:]]),
+              "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+"""The order a detection request is let through, for every tier (the routes call :func:`run`).
+
+1. the tier's character limit (413), before anything else (the route checks it too, before
+   taking a slot);
+2. a slot of the principal's (:mod:`service.access.slots`, taken by the route before the
+   worker thread);
+3. the tier's options (a tenant's threshold is a whole power of ten; evidence needs the
+   ``evidence`` scope);
+4. in one transaction: the principal's budgets admit (429 ``detection_budget_exhausted``),
+   the probe guard places the query (429 ``probe_guard``), the evidence budget takes one use;
+5. the core (:func:`service.detection.detect`) at full precision;
+6. in one transaction: the tokens scored are charged, and an expert's request or an
+   evidence use is audited (no text, no text hash);
+7. the tier's answer (:mod:`service.access.shape`), its report re-signed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from keys.audit import record_audit
+from keys.errors import KeyStoreError
+from keys.models import Tenant
+from service import detection
+from service.access import probe, shape
+from service.access.budgets import Budget, Budgets
+from service.access.slots import Slots
+from service.access.tiers import EXPERT, OPERATOR, PUBLIC, TENANT, Principal, access_secret, principal_of
+from service.auth import Identity
+from service.errors import Forbidden, RateLimited, TooLarge
+from service.http_errors import store_error
+from service.limits import retry_after
+from service.schemas import DetectBody
+
+log = logging.getLogger("hallmark.access")
+_lock = threading.Lock()
+
+
+@dataclass
+class Access:
+    secret: bytes
+    budgets: Budgets
+    slots: Slots
+
+
+def access_of(services) -> Access:
+    found = getattr(services, "_access", None)
+    if found is None:
+        with _lock:
+            found = getattr(services, "_access", None)
+            if found is None:
+                found = Access(access_secret(services), Budgets(services.store), Slots(services.settings.detect_slots))
+                services._access = found
+    return found
+
+
+def max_chars(settings, tier: str) -> int:
+    return settings.public_max_chars if tier == PUBLIC else settings.max_detect_chars
+
+
+def check_size(settings, tier: str, body: DetectBody) -> None:
+    """413 by character count, before any tokenisation (token ids count one each)."""
+    limit = max_chars(settings, tier)
+    if body.text is not None and len(body.text) > limit:
+        raise TooLarge(f"text has {len(body.text)} characters; the limit is {limit}"
+                       + (" for the public check" if tier == PUBLIC else ""))
+    if body.text is not None and len(body.text) > settings.max_detect_tokens:
+        # A byte-level tokenizer makes at most one token per UTF-8 byte: a text of no more bytes
+        # than the token limit cannot exceed it, and a longer one is refused here instead of after
+        # tokenising it (measured: 24 bodies of 190,000 characters took 54 s and 1.7 GB to refuse).
+        size = len(body.text.encode("utf-8"))
+        if size > settings.max_detect_tokens:
+            raise TooLarge(f"text has {size} bytes (UTF-8) and could have as many tokens; at most "
+                           f"{settings.max_detect_tokens} tokens are scored, so send at most that many bytes")
+    if body.token_ids is not None and len(body.token_ids) > settings.max_detect_tokens:
+        raise TooLarge(f"{len(body.token_ids)} tokens; the limit is {settings.max_detect_tokens}")
+
+
+def principal(services, identity: Identity | None, client_address: str | None) -> Principal:
+    return principal_of(identity, client_address, access_of(services).secret)
+
+
+def _budgets(settings, who: Principal) -> list[Budget]:
+    if who.tier == PUBLIC:
+        return [Budget(f"public:{who.key}", settings.public_tokens_per_day),
+                Budget("public:all", settings.public_global_tokens_per_day)]
+    if who.tier == TENANT:
+        return [Budget(f"tenant:{who.key}", settings.tenant_detect_tokens_per_day)]
+    return []  # expert and operator: unlimited volume
+
+
+def _check_options(tier: str, identity: Identity | None, body: DetectBody) -> bool:
+    """Whether per-token evidence is asked for and allowed (403 if asked for without the scope)."""
+    if tier == TENANT and body.threshold is not None:
+        exponent = math.log10(body.threshold)
+        if abs(exponent - round(exponent)) > 1e-9:
+            # Arbitrary thresholds would let a caller bisect the p-value this tier rounds.
+            raise Forbidden(f"threshold {body.threshold!r}: a tenant token may choose a whole power of ten "
+                                "(1e-3, 1e-6, ...); the p-value it sees is rounded to one")
+    if not body.evidence:
+        return False
+    if tier == TENANT and "evidence" not in (identity.scopes if identity else ()):
+        raise Forbidden("per-token evidence needs the 'evidence' scope, which an admin grants "
+                        "(`hallmark tokens grant TOKEN_ID evidence`); leave 'evidence' out")
+    return True
+
+
+def _sketch_of(secret: bytes, body: DetectBody, k: int) -> probe.Sketch:
+    if body.text is not None:
+        return probe.sketch(secret, body.text, k)
+    return probe.sketch(secret, " ".join(map(str, body.token_ids)), k)
+
+
+def _admit(services, access: Access, who: Principal, body: DetectBody, evidence: bool) -> None:
+    settings = services.settings
+    budgets = _budgets(settings, who)
+    evidence_budget = [Budget(f"evidence:{who.key}", settings.evidence_per_day)] if evidence and who.tier == TENANT \
+        else []
+    guarded = who.tier in (PUBLIC, TENANT)
+    if not budgets and not evidence_budget and not guarded:
+        return
+    sketch = _sketch_of(access.secret, body, settings.probe_kgram) if guarded else None
+    try:
+        with services.store.transaction() as session:
+            short = access.budgets.admit(session, budgets + evidence_budget)
+            if short is not None:
+                budget, wait = short
+                what = "per-token evidence uses" if budget in evidence_budget else "detection tokens"
+                raise RateLimited(f"your daily budget of {budget.per_day:.0f} {what} is used up; retry in "
+                                  f"{wait:.0f} s", headers=retry_after(wait) if math.isfinite(wait) else None,
+                                  code="detection_budget_exhausted")
+            if guarded:
+                verdict = probe.guard(session, principal=who.key, query=sketch, per_day=settings.probe_family_per_day,
+                                      min_share=settings.probe_share)
+                if not verdict.admitted:
+                    raise RateLimited(
+                        f"this text shares at least {settings.probe_share:.0%} of its "
+                        f"{settings.probe_kgram}-word k-grams with {verdict.queries} of your queries of the last "
+                        f"24 hours; a text family may be checked {settings.probe_family_per_day} times a day (probe guard: repeated checks of "
+                        "one edited text are how a detector is turned against the watermark)",
+                        headers=retry_after(3600), code="probe_guard")
+            if evidence_budget:
+                access.budgets.charge(session, evidence_budget, 1.0)
+    except KeyStoreError as exc:
+        raise store_error(exc) from None
+
+
+def _settle(services, access: Access, who: Principal, identity: Identity | None, tokens: int, *, evidence: bool,
+            verdict: str) -> None:
+    budgets = _budgets(services.settings, who)
+    audit = who.tier == EXPERT or (evidence and who.tier == TENANT)
+    if not budgets and not audit:
+        return
+    try:
+        with services.store.transaction() as session:
+            if budgets:
+                access.budgets.charge(session, budgets, float(tokens))
+            if audit:
+                record_audit(session, actor=f"api:{identity.token_id}",
+                             action="detection.expert" if who.tier == EXPERT else "detection.evidence",
+                             tenant_id=identity.tenant_id,
+                             details={"token_id": identity.token_id, "tier": who.tier, "tokens": tokens,
+                                      "evidence": evidence, "verdict": verdict})
+    except KeyStoreError as exc:
+        raise store_error(exc) from None
+
+
+def _attributed(services) -> set[str]:
+    def load() -> set[str]:
+        with services.store.transaction(write=False) as session:
+            return set(session.scalars(select(Tenant.name).where(Tenant.public_attribution)))
+    return services.key_cache.get_or_load(("public_attribution",), load)
+
+
+def _public_identity(who: Principal) -> Identity:
+    # The core's identity for a public check: every tenant's keys and ledger, as for an
+    # expert (the answer is then cut down to the public tier's).
+    return Identity(token_id=f"public:{who.key}", tenant_id=None, tenant=None, admin=False, kind="public")
+
+
+def run(services, identity: Identity | None, body: DetectBody, who: Principal) -> dict[str, Any]:
+    """The tier's answer to ``body`` (blocking: call it in a worker thread)."""
+    settings = services.settings
+    access = access_of(services)
+    tier = who.tier
+    check_size(settings, tier, body)
+    evidence = _check_options(tier, identity, body)
+    _admit(services, access, who, body, evidence)
+    if tier == PUBLIC:
+        return _public(services, access, who, body)
+    full = detection.detect(services, identity, body)
+    tokens = int(full.get("total_tokens") or 0)
+    _settle(services, access, who, identity, tokens, evidence=evidence,
+            verdict="watermarked" if full.get("watermarked") else "not_watermarked")
+    if tier in (EXPERT, OPERATOR):
+        shown = shape.full_answer(full, tier)
+        return shown  # the core's report already states the full result
+    shown = shape.tenant_answer(full, evidence=evidence)
+    shown["report"] = shape.resign(services, full.get("report"), shown, tier)
+    return shown
+
+
+def _public(services, access: Access, who: Principal, body: DetectBody) -> dict[str, Any]:
+    settings = services.settings
+    tokens = len(detection.tokenize_with_offsets(services.engine.tokenizer(), body.text)[0])
+    if tokens < settings.public_min_tokens:
+        _settle(services, access, who, None, tokens, evidence=False, verdict="too_short")
+        shown = shape.public_answer(None, tokens=tokens, min_tokens=settings.public_min_tokens,
+                                    provider=settings.provider_name, attributed=set())
+        shown["report"] = _too_short_report(services, body, shown)
+        return shown
+    full = detection.detect(services, _public_identity(who), body)
+    tokens = int(full.get("total_tokens") or tokens)
+    _settle(services, access, who, None, tokens, evidence=False,
+            verdict="watermarked" if full.get("watermarked") else "not_watermarked")
+    shown = shape.public_answer(full, tokens=tokens, min_tokens=settings.public_min_tokens,
+                                provider=settings.provider_name, attributed=_attributed(services))
+    shown["report"] = shape.resign(services, full.get("report"), shown, PUBLIC)
+    return shown
+
+
+def _too_short_report(services, body: DetectBody, shown: dict[str, Any]) -> dict[str, Any] | None:
+    """A signed report of a text the public tier did not test: verdict not_watermarked (no
+    evidence was established), the subject's hashes, and why."""
+    from service.provenance import report_scope, report_settings, report_statement
+
+    config = detection.detector_config(body)
+    token_ids = detection.tokenize_with_offsets(services.engine.tokenizer(), body.text)[0]
+    candidates = services.detection_candidates(None)
+    statement = report_statement(shown, text=body.text, token_ids=token_ids,
+                                 scope=report_scope(candidates, keys_of="all_tenants", tenant=None),
+                                 settings=report_settings(config, normalize=body.normalize))
+    statement["verdict_text"] = shown["verdict_text"]
+    statement["access"] = {"tier": PUBLIC, "confidence": "none"}
+    return services.sign(statement)

@@ -1,0 +1,158 @@
+"""A tier's answer from the core's full result, and its signed report.
+
+The core (:func:`service.detection.detect`) returns full-precision numbers and signs them.
+A tier that sees less gets a report re-signed over what it saw: the same subject, detector,
+settings and scope, its own ``result`` (the answer less :data:`service.provenance.REPORT_OMITS`,
+exactly as the page's verify.js compares it), a verdict text without p-value digits, and an
+``access`` object naming the tier (and, for the public tier, the confidence band).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from keys.reports import verdict_of
+from service.access.tiers import EXPERT, OPERATOR, PUBLIC, TENANT
+from service.provenance import REPORT_OMITS, _jsonable, _verdict_text
+
+BANDS = (("strong", -12.0), ("moderate", -6.0))
+"""Public confidence bands by the global log10 p-value: strong at p <= 1e-12, moderate at
+p <= 1e-6 (the default threshold), else none. Fixed: a caller learns one of three words,
+which does not move while a probe's p-value wanders between 1e-6 and 1."""
+TOO_SHORT = "too_short"
+
+_P_KEYS = {"p_value"}
+_DROPPED = {"score", "log10_p_sum", "log10_p_trgof", "log10_p_weighted"}
+"""What the tenant tier drops: the statistic's value and the per-test p-values (each another
+reading of the same text). The k-gram matches' counts stay (they cite the tenant's own ledger);
+their log10 bounds are rounded like p."""
+
+
+def band(log10_p: float) -> str:
+    for name, ceiling in BANDS:
+        if log10_p <= ceiling:
+            return name
+    return "none"
+
+
+def power_of_ten(log10_p: float | None) -> int | None:
+    """A log10 p-value rounded up to a whole number (the p-value is at most 10 to that):
+    the verdict at any power-of-ten threshold stays what the full value says."""
+    if log10_p is None or not isinstance(log10_p, (int, float)):
+        return None
+    if not math.isfinite(log10_p) or log10_p < -300:
+        return -300
+    return min(0, math.ceil(log10_p - 1e-12))
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if k in _DROPPED:
+                continue
+            if k.startswith("log10_"):
+                out[k] = power_of_ten(v)
+            elif k in _P_KEYS:
+                exponent = power_of_ten(math.log10(v)) if isinstance(v, (int, float)) and v > 0 else -300
+                out[k] = 10.0 ** exponent
+            else:
+                out[k] = _rounded(v)
+        return out
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def tenant_answer(full: dict[str, Any], *, evidence: bool) -> dict[str, Any]:
+    """The tenant tier: verdict, key, p to a whole power of ten, spans and the ledger's
+    citations (generation ids, k-gram counts, whether each match passes; bounds to a power of
+    ten); no scores, no per-test p-values; per-token evidence only with the ``evidence`` scope."""
+    out = {k: v for k, v in full.items() if k not in ("report", "evidence")}
+    out = _rounded(out)
+    out["tier"] = TENANT
+    if evidence and full.get("evidence"):
+        out["evidence"] = coarse_evidence(full["evidence"])
+    return out
+
+
+EVIDENCE_DECIMALS = 1
+"""A tenant's per-token evidence: scores to one decimal (the core computes about 20 bits of
+the keyed PRF's output per token; one decimal of -ln(1-u) keeps about 5), enough to see
+which stretches carry the watermark, far less to test a guessed key with offline."""
+
+
+def coarse_evidence(evidence: dict[str, Any]) -> dict[str, Any]:
+    tokens = [{**t, "score": None if t.get("score") is None else round(t["score"], EVIDENCE_DECIMALS)}
+              for t in evidence.get("tokens") or ()]
+    return {**evidence, "score_sum": round(evidence.get("score_sum") or 0.0, EVIDENCE_DECIMALS), "tokens": tokens}
+
+
+def full_answer(full: dict[str, Any], tier: str) -> dict[str, Any]:
+    """Expert and operator tiers: the core's result and report unchanged (the tier is in the
+    response's ``X-Hallmark-Access-Tier`` header, so the signed result still equals it)."""
+    return full
+
+
+def public_answer(full: dict[str, Any] | None, *, tokens: int, min_tokens: int, provider: str,
+                  attributed: set[str]) -> dict[str, Any]:
+    """The public tier: the verdict in words, the provider, the tenant where it opted in, a
+    confidence band, tokens scored and the basis. ``full`` None: too short, not tested."""
+    if full is None:
+        return {"tier": PUBLIC, "verdict": TOO_SHORT, "watermarked": False, "provider": provider, "tenant": None,
+                "confidence": "none", "tokens": tokens, "min_tokens": min_tokens, "basis": [],
+                "verdict_text": (f"too short to say: {tokens} tokens, and the public check needs at least "
+                                 f"{min_tokens} (the Code of Practice's threshold for marking text); not tested")}
+    confidence = band(full["log10_p_value"]) if full.get("watermarked") else "none"
+    basis = [b for b in full.get("basis") or () if b in ("watermark", "ledger")]
+    tenant = None
+    key = full.get("key") or {}
+    candidates = [key.get("tenant")] + [m.get("tenant") for m in full.get("ledger_matches") or ()]
+    for name in candidates:
+        if name and name in attributed:
+            tenant = name
+            break
+    if full.get("watermarked"):
+        words = f"generated with {provider}'s watermark ({confidence} confidence)"
+        verdict = "watermarked"
+    elif "ledger" in basis:
+        words = f"recorded in {provider}'s provenance ledger as generated text (the watermark alone does not show it)"
+        verdict = "recorded"
+    else:
+        words = f"no evidence of {provider}'s watermark (not proof that a person wrote it)"
+        verdict = "not_watermarked"
+    if tenant:
+        words += f", for {tenant}"
+    return {"tier": PUBLIC, "verdict": verdict, "watermarked": bool(full.get("watermarked")), "provider": provider,
+            "tenant": tenant, "confidence": confidence, "tokens": int(full.get("total_tokens") or tokens),
+            "basis": basis, "verdict_text": words}
+
+
+def resign(services, core_report: dict[str, Any] | None, shown: dict[str, Any], tier: str) -> dict[str, Any] | None:
+    """``core_report``'s statement re-signed over ``shown`` (what this tier sees)."""
+    if core_report is None:
+        return None
+    statement = dict(core_report["statement"])
+    threshold = float(statement["settings"]["threshold"])
+    verdict = verdict_of(bool(shown.get("watermarked")), threshold)
+    basis = ["watermark"] if verdict == "watermarked" else []
+    if "ledger" in (shown.get("basis") or ()):
+        basis.append("ledger")
+    statement["result"] = _jsonable({k: v for k, v in shown.items() if k not in REPORT_OMITS})
+    statement["verdict"], statement["basis"] = verdict, basis
+    if tier == PUBLIC:
+        statement["verdict_text"] = shown["verdict_text"] + f" (public check, threshold {threshold:g})"
+        statement["access"] = {"tier": tier, "confidence": shown.get("confidence")}
+    else:
+        statement["verdict_text"] = _verdict_text(verdict, threshold, statement["scope"], shown)
+        statement["access"] = {"tier": tier}
+    return services.sign(statement)
+
+
+def answer(tier: str, full: dict[str, Any], *, evidence: bool) -> dict[str, Any]:
+    if tier == TENANT:
+        return tenant_answer(full, evidence=evidence)
+    if tier in (EXPERT, OPERATOR):
+        return full_answer(full, tier)
+    raise ValueError(tier)

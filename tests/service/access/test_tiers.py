@@ -1,0 +1,263 @@
+"""Each detection access tier over HTTP against a running gateway: what it answers, what it
+withholds, its signed report (verified offline and by ``hallmark report verify``), and the
+attacks each limit stops (probe guard, evidence budget, concurrent slots, size before work)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from sqlalchemy import select
+
+from keys.chain import canonical_json
+from keys.db import open_store
+from keys.models import AuditEvent
+from keys.receipts import public_keys
+from keys.reports import verify_report
+from keys.tenants import set_public_attribution
+from service.provenance import REPORT_OMITS
+from tests.service.access.texts import HUMAN, variant
+
+REPO = Path(__file__).resolve().parents[3]
+PUBLIC_KEYS = {"tier", "verdict", "watermarked", "provider", "tenant", "confidence", "tokens", "basis",
+               "verdict_text", "report"}
+
+
+def _auth(server, who):
+    return {"Authorization": f"Bearer {server.tokens[who]}"}
+
+
+def _keys(server):
+    return public_keys(httpx.get(server.url + "/.well-known/hallmark-keys.json", timeout=30).json())
+
+
+def _signed_result_is_shown(shown):
+    statement = shown["report"]["statement"]
+    assert canonical_json(statement["result"]) == canonical_json(
+        {k: v for k, v in shown.items() if k not in REPORT_OMITS})
+    return statement
+
+
+def _audit(server, action):
+    store = open_store(server.store_settings, require_kek=True)
+    try:
+        with store.transaction(write=False) as session:
+            return list(session.scalars(select(AuditEvent).where(AuditEvent.action == action)))
+    finally:
+        store.close()
+
+
+def test_public_check_answers_in_words_and_withholds_every_number(tiers):
+    response = tiers.client.post("/v1/public/detect", json={"text": tiers.generated})
+    assert response.status_code == 200, response.text
+    assert response.headers["x-hallmark-access-tier"] == "public"
+    shown = response.json()
+    assert set(shown) == PUBLIC_KEYS
+    assert shown["verdict"] == "watermarked" and shown["confidence"] == "strong"
+    assert shown["provider"] == "Hallmark" and shown["tenant"] is None  # acme has not opted in
+    assert shown["basis"] == ["watermark", "ledger"] and shown["tokens"] >= 200
+    statement = _signed_result_is_shown(shown)
+    assert statement["access"] == {"tier": "public", "confidence": "strong"}
+    # Neither the answer nor what its report states (beyond the detector's fixed settings) has a number
+    # of the test, a span, a k-gram or a key.
+    stated = {k: v for k, v in statement.items() if k not in ("settings", "detector")}
+    for text in (json.dumps({k: v for k, v in shown.items() if k != "report"}), json.dumps(stated)):
+        for withheld in ("p_value", "log10", "spans", "kgram", "score", "evidence", "key_id", "fingerprint"):
+            assert withheld not in text
+    check = verify_report(shown["report"], _keys(tiers), text=tiers.generated)
+    assert check.statement["verdict"] == "watermarked" and check.text_matches
+    human = tiers.client.post("/v1/public/detect", json={"text": HUMAN}).json()
+    assert (human["verdict"], human["confidence"], human["basis"]) == ("not_watermarked", "none", [])
+    assert verify_report(human["report"], _keys(tiers), text=HUMAN).statement["verdict"] == "not_watermarked"
+
+
+def test_public_check_of_a_short_text_is_too_short_to_say(tiers):
+    shown = tiers.client.post("/v1/public/detect", json={"text": tiers.generated[:300]}).json()
+    assert shown["verdict"] == "too_short" and shown["tokens"] < 200 and shown["min_tokens"] == 200
+    assert "too short to say" in shown["verdict_text"]
+    statement = verify_report(shown["report"], _keys(tiers), text=tiers.generated[:300]).statement
+    assert statement["verdict"] == "not_watermarked" and statement["basis"] == []
+    assert _signed_result_is_shown(shown)["access"]["tier"] == "public"
+
+
+def test_public_check_names_a_tenant_only_once_it_opted_in(tiers):
+    store = open_store(tiers.store_settings, require_kek=True)
+    try:
+        with store.transaction() as session:
+            set_public_attribution(session, name="acme", on=True, actor="test")
+        time.sleep(1.0)  # the gateway's cache (key_cache_seconds 0.5)
+        shown = tiers.client.post("/v1/public/detect", json={"text": tiers.generated}).json()
+        assert shown["tenant"] == "acme" and shown["verdict_text"].endswith("for acme")
+    finally:
+        with store.transaction() as session:
+            set_public_attribution(session, name="acme", on=False, actor="test")
+        store.close()
+
+
+def test_public_check_refuses_a_long_text_by_characters_before_any_work(tiers):
+    started = time.perf_counter()
+    response = tiers.client.post("/v1/public/detect", json={"text": "a" * 20_001})
+    assert response.status_code == 413 and "20001 characters; the limit is 20000" in response.json()["error"]["message"]
+    assert time.perf_counter() - started < 2.0
+    assert tiers.client.post("/v1/public/detect", json={"text": HUMAN, "threshold": 0.5}).status_code == 422
+
+
+def test_tenant_tier_rounds_p_to_a_power_of_ten_and_withholds_scores_and_evidence(tiers):
+    response = tiers.client.post("/v1/detect", json={"text": tiers.generated}, headers=_auth(tiers, "acme"))
+    assert response.status_code == 200 and response.headers["x-hallmark-access-tier"] == "tenant"
+    shown = response.json()
+    assert shown["watermarked"] and shown["key"]["tenant"] == "acme" and shown["spans"]
+    assert isinstance(shown["log10_p_value"], int) and shown["p_value"] == 10.0 ** shown["log10_p_value"]
+    for span in shown["spans"]:
+        assert isinstance(span["log10_p_value"], int) and "char_start" in span
+    for row in shown["per_key"]:
+        assert "score" not in row and "log10_p_sum" not in row and isinstance(row["log10_p_value"], int)
+    assert all(isinstance(m["log10_false_match_bound"], int) for m in shown["kgram_matches"])
+    # The same text through an expert token: the core's numbers, whose rounding the tenant saw.
+    full = tiers.client.post("/v1/detect", json={"text": tiers.generated}, headers=_auth(tiers, "expert")).json()
+    assert math.ceil(full["log10_p_value"]) == shown["log10_p_value"] or full["log10_p_value"] < -300
+    statement = _signed_result_is_shown(shown)
+    assert statement["access"] == {"tier": "tenant"}
+    assert verify_report(shown["report"], _keys(tiers), text=tiers.generated).statement["verdict"] == "watermarked"
+    denied = tiers.client.post("/v1/detect", json={"text": tiers.generated, "evidence": True},
+                               headers=_auth(tiers, "acme"))
+    assert denied.status_code == 403 and "'evidence' scope" in denied.json()["error"]["message"]
+    # A threshold that is not a power of ten would let a tenant bisect the rounded p-value.
+    bisect = tiers.client.post("/v1/detect", json={"text": HUMAN, "threshold": 0.0123}, headers=_auth(tiers, "acme"))
+    assert bisect.status_code == 403 and "whole power of ten" in bisect.json()["error"]["message"]
+    assert tiers.client.post("/v1/detect", json={"text": HUMAN, "threshold": 1e-3},
+                             headers=_auth(tiers, "acme")).status_code == 200
+
+
+def test_tenant_report_verifies_with_the_cli(tiers, tmp_path):
+    shown = tiers.client.post("/v1/detect", json={"text": tiers.generated}, headers=_auth(tiers, "globex")).json()
+    public = tiers.client.post("/v1/public/detect", json={"text": tiers.generated}).json()
+    (tmp_path / "text.txt").write_text(tiers.generated, encoding="utf-8")
+    vkey = tmp_path / "log.vkey"
+    vkey.write_text(httpx.get(tiers.url + "/.well-known/hallmark-keys.json").json()["log"]["vkey"] + "\n")
+    for name, document in (("tenant.json", shown), ("public.json", public)):
+        (tmp_path / name).write_text(json.dumps(document))
+        done = subprocess.run([sys.executable, "-m", "service.cli", "report", "verify", str(tmp_path / name),
+                               "--url", tiers.url, "--text-file", str(tmp_path / "text.txt"),
+                               "--trust-log-key", str(vkey)], env={**os.environ, "PYTHONPATH": str(REPO)},
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.rstrip().endswith("the text matches")
+    assert "public check" in done.stdout and "strong confidence" in done.stdout
+
+
+def test_evidence_scope_is_audited_per_use_and_has_its_own_budget(tiers):
+    headers = _auth(tiers, "acme_evidence")
+    before = len(_audit(tiers, "detection.evidence"))
+    statuses = []
+    for i in range(4):  # the fixture's evidence_per_day is 3
+        response = tiers.client.post("/v1/detect", json={"text": variant(tiers.generated, 40 + i) if i else
+                                                         tiers.generated, "evidence": True}, headers=headers)
+        statuses.append(response.status_code)
+        if response.status_code == 200:
+            scores = [t["score"] for t in response.json()["evidence"]["tokens"] if t["score"] is not None]
+            assert scores and all(round(x, 1) == x for x in scores)  # coarsened to one decimal
+    assert statuses == [200, 200, 200, 429], statuses
+    assert response.json()["error"]["code"] == "detection_budget_exhausted"
+    events = _audit(tiers, "detection.evidence")[before:]
+    assert len(events) == 3 and all(e.details["evidence"] and e.details["tokens"] > 0 for e in events)
+    # Without evidence the same token still detects (its token budget is not the evidence budget).
+    assert tiers.client.post("/v1/detect", json={"text": HUMAN}, headers=headers).status_code == 200
+
+
+def test_expert_token_gets_the_full_result_every_request_audited_and_nothing_else(tiers):
+    before = len(_audit(tiers, "detection.expert"))
+    response = tiers.client.post("/v1/detect", json={"text": tiers.generated, "evidence": True},
+                                 headers=_auth(tiers, "expert"))
+    assert response.status_code == 200 and response.headers["x-hallmark-access-tier"] == "expert"
+    full = response.json()
+    exact = [t["score"] for t in full["evidence"]["tokens"] if t["score"] is not None]
+    assert any(round(x, 1) != x for x in exact)  # the expert's evidence is the core's, not coarsened
+    assert full["evidence"]["tokens"] and "score" in full["per_key"][0] and not float(full["log10_p_value"]).is_integer()
+    assert full["keys_tested"] == 2  # every tenant's keys
+    verify_report(full["report"], _keys(tiers), text=tiers.generated)
+    events = _audit(tiers, "detection.expert")[before:]
+    assert len(events) == 1 and events[0].details["tier"] == "expert"
+    for method, path, body in (("POST", "/v1/generate", {"prompt": "x", "max_tokens": 2}), ("GET", "/v1/me", None)):
+        refused = tiers.client.request(method, path, json=body, headers=_auth(tiers, "expert"))
+        assert refused.status_code == 403 and "detection only" in refused.json()["error"]["message"]
+
+
+def test_probe_guard_stops_one_text_probed_over_and_over(tiers):
+    headers = _auth(tiers, "globex")
+    statuses = [tiers.client.post("/v1/detect", json={"text": variant(HUMAN, i)}, headers=headers).status_code
+                for i in range(11)]
+    assert statuses[:10] == [200] * 10 and statuses[10] == 429, statuses
+    refused = tiers.client.post("/v1/detect", json={"text": variant(HUMAN, 99)}, headers=headers).json()
+    assert refused["error"]["code"] == "probe_guard" and "10 times a day" in refused["error"]["message"]
+    # Another text is another family; another tenant has its own families.
+    assert tiers.client.post("/v1/detect", json={"text": tiers.generated}, headers=headers).status_code == 200
+    assert tiers.client.post("/v1/detect", json={"text": variant(HUMAN, 5)},
+                             headers=_auth(tiers, "acme")).status_code == 200
+
+
+def test_concurrent_slots_refuse_a_flood_before_tokenising(tiers):
+    body = {"text": ("an ordinary sentence about the weather %d. " * 2000)}  # 88,000 characters
+    headers = _auth(tiers, "acme")
+
+    def send(i):
+        return httpx.post(tiers.url + "/v1/detect", json={"text": body["text"] % ((i,) * 2000)}, headers=headers,
+                          timeout=300)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(send, range(8)))
+    codes = [r.status_code for r in responses]
+    assert codes.count(429) >= 4, codes
+    assert all(r.json()["error"]["code"] == "too_many_concurrent_detections" for r in responses if r.status_code == 429)
+    # Another tenant was never refused meanwhile.
+    assert tiers.client.post("/v1/detect", json={"text": "Trains left on time today."},
+                             headers=_auth(tiers, "globex")).status_code == 200
+
+
+def test_no_submitted_text_is_retained_in_the_sqlite_files_or_the_logs(tiers):
+    import logging
+    import secrets
+
+    records = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: records.append(record.getMessage() + str(record.args or ""))
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    marker = "zqxjmarker" + secrets.token_hex(6)
+    text = " ".join(reversed(HUMAN.split())) + f" {marker} ends here."
+    try:
+        for who, path, body in ((None, "/v1/public/detect", {"text": text}),
+                                ("acme", "/v1/detect", {"text": text}),
+                                ("acme_evidence", "/v1/detect", {"text": text, "evidence": True}),
+                                ("expert", "/v1/detect", {"text": text, "evidence": True})):
+            response = tiers.client.post(path, json=body, headers=_auth(tiers, who) if who else {})
+            assert response.status_code in (200, 429), response.text  # 429: evidence budget used up above
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    database = Path(tiers.store_settings.database_url.removeprefix("sqlite:///"))
+    files = [p for p in database.parent.iterdir() if p.name.startswith(database.name)]
+    assert database in files
+    for path in files:
+        data = path.read_bytes()
+        assert marker.encode() not in data and marker.encode("utf-16-le") not in data, path
+    assert records and not any(marker in r for r in records)
+
+
+def test_a_text_that_could_exceed_the_token_limit_is_refused_by_its_size_before_tokenising(tiers):
+    # 165,000 ASCII characters: under the character limit (200,000), over the 100,000 tokens a
+    # byte-level tokenizer could make of it; refused at once, not after tokenising (issue 22).
+    text = ("zq" + "x" * 8 + " ") * 15_000
+    started = time.perf_counter()
+    response = tiers.client.post("/v1/detect", json={"text": text}, headers=_auth(tiers, "expert"))
+    assert response.status_code == 413 and "165000 bytes" in response.json()["error"]["message"]
+    assert time.perf_counter() - started < 2.0
