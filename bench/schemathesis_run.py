@@ -31,8 +31,11 @@ def run(max_examples: int, *, seed: int = 1, workers: int = 1, phases: str | Non
     from tests.service import gateway as gw
 
     with tempfile.TemporaryDirectory() as tmp:
-        # Prompts of any length the schema allows fit the model's context with this cap.
-        server = gw.start(Path(tmp), draft_model=None, max_tokens_cap=4, default_max_tokens=4)
+        # Prompts of any length the schema allows fit the model's context with this cap. Keys in
+        # the `diverse` mode, the default for new keys: `n` > 1 is theirs (a deterministic key
+        # answers 409 n_needs_diverse_key to a schema-valid `n`).
+        server = gw.start(Path(tmp), draft_model=None, max_tokens_cap=4, default_max_tokens=4,
+                          modes={"acme": "diverse", "globex": "diverse"})
         try:
             command = [str(Path(sys.executable).parent / "st"), "run", server.url + "/openapi.json",
                        "--checks", "all", "--max-examples", str(max_examples), "--seed", str(seed),

@@ -160,7 +160,11 @@ def _unsupported(name: str) -> Any:
 
 
 class _OpenAIBase(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    # The document states the one rule across fields that a schema can: `n` > 1 only
+    # without streaming (a client or a fuzzer reading /openapi.json then knows the 400).
+    model_config = ConfigDict(extra="ignore", strict=True, json_schema_extra={
+        "if": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+        "then": {"properties": {"n": {"anyOf": [{"const": 1}, {"type": "null"}]}}}})
 
     model: Text | None = Field(default=None, max_length=256)
     """One of the ids /v1/models lists (omitted: the served model); another gets 404

@@ -58,7 +58,7 @@ def test_sqlite_foreign_keys_are_enforced(sqlite_url):
         with pytest.raises(Exception, match="FOREIGN KEY"):
             with store.engine.begin() as connection:
                 connection.execute(text("INSERT INTO api_tokens (id, tenant_id, token_hash, prefix, admin, "
-                                        "created_at) VALUES ('t', 'nope', 'h', 'p', 0, '2026-01-01')"))
+                                        "created_at, scopes) VALUES ('t', 'nope', 'h', 'p', 0, '2026-01-01', '')"))
     finally:
         store.close()
 
