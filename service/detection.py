@@ -163,15 +163,22 @@ def keyset_of(candidates: list[Candidate], scope: str | None = None) -> KeySet:
     return keyset
 
 
+def _stored_keys(services: Services, identity: Identity, tenant, candidates) -> tuple[list, str | None]:
+    """(key id, secret) of each stored candidate key, and the tenant whose ledger is searched
+    (None: every tenant's, for an admin token without a tenant)."""
+    keys = [(c.info.key_id, c.key.secret) for c in candidates if c.info.tenant is not None and c.info.key_id]
+    scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
+    return keys, scope
+
+
 def _kgram_matches(services: Services, identity: Identity, tenant, candidates, forms, config) -> list:
     """Generations sharing k-grams with the text under a stored candidate key (keys.kgrams),
     with the watermark evidence of the shared tokens (service.ledger_evidence): every form's
     digests looked up at once under each key that has generations, the key states read once
     for the merged matches."""
-    keys = [(c.info.key_id, c.key.secret) for c in candidates if c.info.tenant is not None and c.info.key_id]
+    keys, scope = _stored_keys(services, identity, tenant, candidates)
     if not keys:
         return []
-    scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
     try:
         with services.store.transaction(write=False) as session:
             # Every form of the text is searched, not only the one the watermark scored best
@@ -193,10 +200,9 @@ def _kgram_matches(services: Services, identity: Identity, tenant, candidates, f
 
 def _kgram_matches_per_form(services: Services, identity: Identity, tenant, candidates, forms, config) -> list:
     """:func:`_kgram_matches` as it was before the look-ups were batched (the reference path)."""
-    keys = [(c.info.key_id, c.key.secret) for c in candidates if c.info.tenant is not None and c.info.key_id]
+    keys, scope = _stored_keys(services, identity, tenant, candidates)
     if not keys:
         return []
-    scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
     try:
         with services.store.transaction(write=False) as session:
             # Every form of the text is searched, not only the one the watermark scored best

@@ -8,37 +8,28 @@ import re
 import pytest
 
 from bench.schemathesis_run import run
-from service import openapi
-from service.app import create_app
-from service.settings import ServiceSettings
+from tests.service.openapi_doc import build_doc, operations
 
 
 @pytest.fixture(scope="module")
 def doc():
-    app = create_app(ServiceSettings(max_tokens_cap=64, default_max_tokens=16))
-    return openapi.build(app, max_tokens_cap=64, vocab_size=8192)
-
-
-def _operations(doc):
-    for path, item in doc["paths"].items():
-        for method, operation in item.items():
-            yield method, path, operation
+    return build_doc()
 
 
 def test_bearer_scheme_instead_of_a_header_parameter(doc):
     assert doc["components"]["securitySchemes"]["bearerAuth"] == {
         **doc["components"]["securitySchemes"]["bearerAuth"], "type": "http", "scheme": "bearer"}
-    secured = {(m, p) for m, p, op in _operations(doc) if op.get("security") == [{"bearerAuth": []}]}
+    secured = {(m, p) for m, p, op in operations(doc) if op.get("security") == [{"bearerAuth": []}]}
     assert {("post", "/v1/generate"), ("post", "/v1/detect"), ("get", "/v1/generations/{generation_id}"),
             ("post", "/v1/chat/completions")} <= secured
     assert ("get", "/healthz") not in secured
-    for _, _, op in _operations(doc):
+    for _, _, op in operations(doc):
         assert all(p["name"].lower() != "authorization" for p in op.get("parameters", []))
 
 
 def test_every_error_has_the_error_schema(doc):
     assert "HTTPValidationError" not in doc["components"]["schemas"]
-    for method, path, op in _operations(doc):
+    for method, path, op in operations(doc):
         assert "500" in op["responses"], (method, path)
         for status, response in op["responses"].items():
             if int(status) >= 400:

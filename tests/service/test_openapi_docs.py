@@ -7,40 +7,32 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from service import openapi, responses
-from service.app import create_app
-from service.settings import ServiceSettings
+from service import responses
+from tests.service.openapi_doc import build_doc, operations
 from tests.service import gateway as gw
 
 
 @pytest.fixture(scope="module")
 def doc():
-    app = create_app(ServiceSettings(max_tokens_cap=64, default_max_tokens=16))
-    return openapi.build(app, max_tokens_cap=64, vocab_size=8192)
-
-
-def _operations(doc):
-    for path, item in doc["paths"].items():
-        for method, operation in item.items():
-            yield method, path, operation
+    return build_doc()
 
 
 def test_every_route_has_a_described_tag_a_summary_and_a_description(doc):
     tags = {t["name"]: t["description"] for t in doc["tags"]}
     assert all(tags.values()) and "default" not in tags
-    for method, path, op in _operations(doc):
+    for method, path, op in operations(doc):
         assert len(op.get("tags", [])) == 1 and op["tags"][0] in tags, (method, path)
         summary = op.get("summary", "")
         # FastAPI's own summary is the function's name in title case ("Generate Route").
         assert summary and not summary.endswith((" Route", "route")) and "_" not in summary, (method, path, summary)
         assert len(op.get("description", "")) > 30, (method, path)
-    used = {op["tags"][0] for _, _, op in _operations(doc)}
+    used = {op["tags"][0] for _, _, op in operations(doc)}
     assert used == set(tags)  # no tag without a route
 
 
 def test_every_json_200_has_a_response_model(doc):
     schemas = doc["components"]["schemas"]
-    for method, path, op in _operations(doc):
+    for method, path, op in operations(doc):
         content = op["responses"]["200"].get("content", {})
         if "application/json" not in content:
             assert set(content) <= {"text/plain", "text/plain; version=0.0.4"}, (method, path)
