@@ -166,7 +166,10 @@ def quickstart_command(
     except KeyStoreError as exc:
         raise CliError(exc.user_message) from None
     if token:
-        typer.echo("created tenant 'demo' with an active dual-key watermark key.")
+        from watermark.spec import NEW_KEY_MODE
+
+        typer.echo(f"created tenant 'demo' with an active dual-key watermark key (mode {NEW_KEY_MODE}: "
+                   "each regeneration of a prompt gets its own salt).")
         typer.echo(f"API token for 'demo' (shown once, store it now): {token}")
     else:
         typer.echo(f"tenant 'demo' exists; use the token you saved (or "
