@@ -122,7 +122,8 @@ def test_a_report_signed_by_another_key_is_rejected():
                       public_keys(keyset))
 
 
-def _inconsistent(**changes) -> dict:
+def golden_variant(**changes) -> dict:
+    """The golden statement with ``changes`` (``a__b=v`` sets statement['a']['b'] = v)."""
     statement = golden_statement()
     for dotted, value in changes.items():
         target = statement
@@ -135,14 +136,14 @@ def _inconsistent(**changes) -> dict:
 
 @pytest.mark.parametrize("statement, reason", [
     # A signer that breaks the format is caught too: a lenient threshold never signs "watermarked".
-    (_inconsistent(settings__threshold=0.999999), "the detector id is not the hash"),
-    (dict(_inconsistent(settings__threshold=0.999999),
+    (golden_variant(settings__threshold=0.999999), "the detector id is not the hash"),
+    (dict(golden_variant(settings__threshold=0.999999),
           detector=detector_identity("hallmark-detector/2", {**SETTINGS, "threshold": 0.999999})),
      "'watermarked' verdict at threshold 0.999999"),
-    (_inconsistent(verdict="probably"), "unknown verdict"),
-    (_inconsistent(basis=[]), "basis does not match its verdict"),
-    (_inconsistent(scope__keys_of="someone"), "whose keys were tested"),
-    (_inconsistent(version=3), "unsupported report version 3"),
+    (golden_variant(verdict="probably"), "unknown verdict"),
+    (golden_variant(basis=[]), "basis does not match its verdict"),
+    (golden_variant(scope__keys_of="someone"), "whose keys were tested"),
+    (golden_variant(version=3), "unsupported report version 3"),
     ({k: v for k, v in golden_statement().items() if k != "scope"}, "no 'scope' object"),
 ])
 def test_a_signed_report_that_breaks_the_format_is_rejected(statement, reason):

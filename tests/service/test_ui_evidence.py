@@ -18,7 +18,7 @@ from keys.chain import hash_token_ids
 from keys.receipts import ReceiptInvalid, Signer, b64url, key_id_of, public_keys
 from keys.reports import detector_identity, verify_report
 from tests.keys.test_receipts import DATA, _golden_signer
-from tests.keys.test_reports import GOLDEN_IDS, GOLDEN_TEXT, SETTINGS, golden_statement
+from tests.keys.test_reports import GOLDEN_IDS, GOLDEN_TEXT, SETTINGS, golden_statement, golden_variant
 from tests.service import gateway as gw
 from tests.service.test_ui import (HUMAN, SECRETS, _no_console_errors, _open, _visible, _wait, browser,  # noqa: F401
                                    client, generate)
@@ -186,17 +186,6 @@ def _signed(statement):
     return _golden_signer().sign(statement)
 
 
-def _variant(**changes):
-    statement = golden_statement()
-    for dotted, value in changes.items():
-        target = statement
-        *parents, last = dotted.split("__")
-        for part in parents:
-            target = target[part]
-        target[last] = value
-    return statement
-
-
 def test_verify_js_accepts_and_rejects_exactly_what_the_cli_does(server, browser):
     """The golden report and its variants through keys.reports.verify_report (what `hallmark
     report verify` runs) and through the page's verify.js: the same documents pass and fail."""
@@ -221,15 +210,15 @@ def test_verify_js_accepts_and_rejects_exactly_what_the_cli_does(server, browser
          keyset),
         ("kid not the hash of the published key", Signer(kid=_golden_signer().kid, private_key=other).sign(
             golden_statement()), {}, wrong_entry),
-        ("lenient threshold signed watermarked", _signed(_variant(
+        ("lenient threshold signed watermarked", _signed(golden_variant(
             settings=lenient, detector=detector_identity("hallmark-detector/2", lenient))), {}, keyset),
-        ("lenient threshold, passes", _signed(_variant(
+        ("lenient threshold, passes", _signed(golden_variant(
             settings=lenient, detector=detector_identity("hallmark-detector/2", lenient),
             verdict="passes_lenient_threshold", basis=[])), {"text": GOLDEN_TEXT}, keyset),
-        ("detector id not the settings' hash", _signed(_variant(settings__threshold=1e-05)), {}, keyset),
-        ("basis against the verdict", _signed(_variant(basis=[])), {}, keyset),
-        ("unknown scope", _signed(_variant(scope__keys_of="someone")), {}, keyset),
-        ("version 3", _signed(_variant(version=3)), {}, keyset),
+        ("detector id not the settings' hash", _signed(golden_variant(settings__threshold=1e-05)), {}, keyset),
+        ("basis against the verdict", _signed(golden_variant(basis=[])), {}, keyset),
+        ("unknown scope", _signed(golden_variant(scope__keys_of="someone")), {}, keyset),
+        ("version 3", _signed(golden_variant(version=3)), {}, keyset),
         ("version 1", _signed(v1), {"text": GOLDEN_TEXT}, keyset),
         ("a receipt", json.loads((DATA / "receipt-v1.json").read_text()), {}, keyset),
     ]
