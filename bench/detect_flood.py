@@ -25,12 +25,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.gateway import Gateway, percentile
-from keys import migrate
-from keys.db import open_store
-from keys.kek import generate_kek_file
+from bench.gateway import Gateway, percentile, provision_store
 from keys.lifecycle import create_key
-from keys.settings import StoreSettings
 from keys.tenants import create_tenant
 from keys.tokens import issue_token
 from watermark.spec import WatermarkSpec
@@ -39,23 +35,15 @@ MODEL = os.environ.get("HALLMARK_TEST_MODEL", "bundled")
 
 
 def _provision(tmp: Path) -> tuple[dict[str, str], dict[str, str]]:
-    kek = tmp / "kek.key"
-    generate_kek_file(kek)
-    env = {"HALLMARK_DATABASE_URL": f"sqlite:///{tmp / 'hallmark.db'}", "HALLMARK_KEK_FILE": str(kek)}
-    store = open_store(StoreSettings(database_url=env["HALLMARK_DATABASE_URL"], kek_file=kek), require_kek=True,
-                       check_schema=False, create=True)
-    tokens = {}
-    try:
-        migrate.upgrade(store.engine)
-        with store.transaction() as session:
-            for name in ("flood", "victim"):
-                create_tenant(session, name=name, actor="bench")
-                create_key(session, store.keyring, tenant=name, actor="bench",
-                           spec=WatermarkSpec(algorithm="dual_key_gumbel"))
-                tokens[name] = issue_token(session, tenant=name, actor="bench").raw_token
-    finally:
-        store.close()
-    return env, tokens
+    def populate(session, keyring) -> dict[str, str]:
+        tokens = {}
+        for name in ("flood", "victim"):
+            create_tenant(session, name=name, actor="bench")
+            create_key(session, keyring, tenant=name, actor="bench", spec=WatermarkSpec(algorithm="dual_key_gumbel"))
+            tokens[name] = issue_token(session, tenant=name, actor="bench").raw_token
+        return tokens
+
+    return provision_store(tmp, populate)
 
 
 def _rss_mb(pid: int) -> float:

@@ -66,3 +66,26 @@ def percentile(values: list[float], q: float) -> float:
     """The nearest-rank ``q`` quantile of ``values`` (nan when empty)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def provision_store(tmp: Path, populate) -> tuple[dict[str, str], dict[str, str]]:
+    """A new SQLite store under ``tmp`` with its own KEK file, migrated, then
+    ``populate(session, keyring)`` (returning the tokens it issued) in one transaction:
+    (the gateway's environment for that store, the tokens)."""
+    from keys import migrate
+    from keys.db import open_store
+    from keys.kek import generate_kek_file
+    from keys.settings import StoreSettings
+
+    kek = tmp / "kek.key"
+    generate_kek_file(kek)
+    env = {"HALLMARK_DATABASE_URL": f"sqlite:///{tmp / 'hallmark.db'}", "HALLMARK_KEK_FILE": str(kek)}
+    store = open_store(StoreSettings(database_url=env["HALLMARK_DATABASE_URL"], kek_file=kek), require_kek=True,
+                       check_schema=False, create=True)
+    try:
+        migrate.upgrade(store.engine)
+        with store.transaction() as session:
+            tokens = populate(session, store.keyring)
+    finally:
+        store.close()
+    return env, tokens

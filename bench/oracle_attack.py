@@ -41,12 +41,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.gateway import Gateway
-from keys import migrate
-from keys.db import open_store
-from keys.kek import generate_kek_file
+from bench.gateway import Gateway, provision_store
 from keys.lifecycle import create_key
-from keys.settings import StoreSettings
 from keys.tenants import create_tenant
 from keys.tokens import grant_scope, issue_token
 from watermark.spec import WatermarkSpec
@@ -56,26 +52,17 @@ TIERS = ("public", "tenant", "tenant_evidence", "expert")
 
 
 def _provision(tmp: Path) -> tuple[dict[str, str], dict[str, str]]:
-    kek = tmp / "kek.key"
-    generate_kek_file(kek)
-    env = {"HALLMARK_DATABASE_URL": f"sqlite:///{tmp / 'hallmark.db'}", "HALLMARK_KEK_FILE": str(kek)}
-    store = open_store(StoreSettings(database_url=env["HALLMARK_DATABASE_URL"], kek_file=kek), require_kek=True,
-                       check_schema=False, create=True)
-    tokens = {}
-    try:
-        migrate.upgrade(store.engine)
-        with store.transaction() as session:
-            create_tenant(session, name="acme", actor="bench")
-            create_key(session, store.keyring, tenant="acme", actor="bench",
-                       spec=WatermarkSpec(algorithm="dual_key_gumbel"))
-            tokens["tenant"] = issue_token(session, tenant="acme", actor="bench").raw_token
-            issued = issue_token(session, tenant="acme", actor="bench")
-            grant_scope(session, token_id=issued.info.token_id, scope="evidence", actor="bench")
-            tokens["tenant_evidence"] = issued.raw_token
-            tokens["expert"] = issue_token(session, tenant=None, expert=True, actor="bench").raw_token
-    finally:
-        store.close()
-    return env, tokens
+    def populate(session, keyring) -> dict[str, str]:
+        create_tenant(session, name="acme", actor="bench")
+        create_key(session, keyring, tenant="acme", actor="bench", spec=WatermarkSpec(algorithm="dual_key_gumbel"))
+        tokens = {"tenant": issue_token(session, tenant="acme", actor="bench").raw_token}
+        issued = issue_token(session, tenant="acme", actor="bench")
+        grant_scope(session, token_id=issued.info.token_id, scope="evidence", actor="bench")
+        tokens["tenant_evidence"] = issued.raw_token
+        tokens["expert"] = issue_token(session, tenant=None, expert=True, actor="bench").raw_token
+        return tokens
+
+    return provision_store(tmp, populate)
 
 
 def human_texts(tokenizer, n: int, min_tokens: int = 205) -> list[str]:
