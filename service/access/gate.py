@@ -1,26 +1,31 @@
-"""The order a detection request is let through, for every tier (the routes call :func:`run`).
+"""The order a detection request is let through, for every tier (the routes call :func:`answer`).
 
 1. the tier's character limit (413), before anything else (the route checks it too, before
    taking a slot);
-2. a slot of the principal's (:mod:`service.access.slots`, taken by the route before the
-   worker thread);
+2. a slot of the principal's (:mod:`service.access.slots`): for bodies detected in a worker
+   thread, taken by the route before anything else; for small bodies detected on the event
+   loop, around the core;
 3. the tier's options (a tenant's threshold is a whole power of ten; evidence needs the
    ``evidence`` scope);
-4. in one transaction: the principal's budgets admit (429 ``detection_budget_exhausted``),
-   the probe guard places the query (429 ``probe_guard``), the evidence budget takes one use;
+4. in one write: the principal's budgets admit (429 ``detection_budget_exhausted``), the
+   probe guard places the query (429 ``probe_guard``), the evidence budget takes one use;
 5. the core (:func:`service.detection.detect`) at full precision;
-6. in one transaction: the tokens scored are charged, and an expert's request or an
-   evidence use is audited (no text, no text hash);
+6. in one write: the tokens scored are charged, and an expert's request or an evidence use
+   is audited (no text, no text hash);
 7. the tier's answer (:mod:`service.access.shape`), its report re-signed.
+
+The writes (4, 6) go through :mod:`service.access.group_commit`: committed with other
+requests' writes in one transaction, off the event loop, and awaited before going on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import select
 
@@ -30,6 +35,7 @@ from keys.models import Tenant
 from service import detection
 from service.access import probe, shape
 from service.access.budgets import Budget, Budgets
+from service.access.group_commit import GroupCommit
 from service.access.slots import Slots
 from service.access.tiers import EXPERT, OPERATOR, PUBLIC, TENANT, Principal, access_secret, principal_of
 from service.auth import Identity
@@ -47,6 +53,7 @@ class Access:
     secret: bytes
     budgets: Budgets
     slots: Slots
+    writes: GroupCommit
 
 
 def access_of(services) -> Access:
@@ -55,7 +62,8 @@ def access_of(services) -> Access:
         with _lock:
             found = getattr(services, "_access", None)
             if found is None:
-                found = Access(access_secret(services), Budgets(services.store), Slots(services.settings.detect_slots))
+                found = Access(access_secret(services), Budgets(services.store), Slots(services.settings.detect_slots),
+                               GroupCommit(services.store))
                 services._access = found
     return found
 
@@ -117,7 +125,20 @@ def _sketch_of(secret: bytes, body: DetectBody, k: int) -> probe.Sketch:
     return probe.sketch(secret, " ".join(map(str, body.token_ids)), k)
 
 
-def _admit(services, access: Access, who: Principal, body: DetectBody, evidence: bool) -> None:
+async def _write(access: Access, write: Callable[[Any], Any]) -> Any:
+    """``write(session)`` committed (in a group, off the event loop); KeyStoreError -> its HTTP error."""
+    try:
+        return await asyncio.wrap_future(access.writes.submit(write))
+    except KeyStoreError as exc:
+        raise store_error(exc) from None
+
+
+async def _call(inline: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` here (a small body, on the event loop) or in a worker thread."""
+    return fn(*args) if inline else await asyncio.to_thread(fn, *args)
+
+
+async def _admit(services, access: Access, who: Principal, body: DetectBody, evidence: bool, inline: bool) -> None:
     settings = services.settings
     budgets = _budgets(settings, who)
     evidence_budget = [Budget(f"evidence:{who.key}", settings.evidence_per_day)] if evidence and who.tier == TENANT \
@@ -125,50 +146,50 @@ def _admit(services, access: Access, who: Principal, body: DetectBody, evidence:
     guarded = who.tier in (PUBLIC, TENANT)
     if not budgets and not evidence_budget and not guarded:
         return
-    sketch = _sketch_of(access.secret, body, settings.probe_kgram) if guarded else None
-    try:
-        with services.store.transaction() as session:
-            short = access.budgets.admit(session, budgets + evidence_budget)
-            if short is not None:
-                budget, wait = short
-                what = "per-token evidence uses" if budget in evidence_budget else "detection tokens"
-                raise RateLimited(f"your daily budget of {budget.per_day:.0f} {what} is used up; retry in "
-                                  f"{wait:.0f} s", headers=retry_after(wait) if math.isfinite(wait) else None,
-                                  code="detection_budget_exhausted")
-            if guarded:
-                verdict = probe.guard(session, principal=who.key, query=sketch, per_day=settings.probe_family_per_day,
-                                      min_share=settings.probe_share)
-                if not verdict.admitted:
-                    raise RateLimited(
-                        f"this text shares at least {settings.probe_share:.0%} of its "
-                        f"{settings.probe_kgram}-word k-grams with {verdict.queries} of your queries of the last "
-                        f"24 hours; a text family may be checked {settings.probe_family_per_day} times a day (probe guard: repeated checks of "
-                        "one edited text are how a detector is turned against the watermark)",
-                        headers=retry_after(3600), code="probe_guard")
-            if evidence_budget:
-                access.budgets.charge(session, evidence_budget, 1.0)
-    except KeyStoreError as exc:
-        raise store_error(exc) from None
+    sketch = await _call(inline, _sketch_of, access.secret, body, settings.probe_kgram) if guarded else None
+
+    def admit(session) -> None:
+        short = access.budgets.admit(session, budgets + evidence_budget)
+        if short is not None:
+            budget, wait = short
+            what = "per-token evidence uses" if budget in evidence_budget else "detection tokens"
+            raise RateLimited(f"your daily budget of {budget.per_day:.0f} {what} is used up; retry in "
+                              f"{wait:.0f} s", headers=retry_after(wait) if math.isfinite(wait) else None,
+                              code="detection_budget_exhausted")
+        if guarded:
+            verdict = probe.guard(session, principal=who.key, query=sketch, per_day=settings.probe_family_per_day,
+                                  min_share=settings.probe_share)
+            if not verdict.admitted:
+                raise RateLimited(
+                    f"this text shares at least {settings.probe_share:.0%} of its "
+                    f"{settings.probe_kgram}-word k-grams with {verdict.queries} of your queries of the last "
+                    f"24 hours; a text family may be checked {settings.probe_family_per_day} times a day (probe guard: repeated checks of "
+                    "one edited text are how a detector is turned against the watermark)",
+                    headers=retry_after(3600), code="probe_guard")
+        if evidence_budget:
+            access.budgets.charge(session, evidence_budget, 1.0)
+
+    await _write(access, admit)
 
 
-def _settle(services, access: Access, who: Principal, identity: Identity | None, tokens: int, *, evidence: bool,
-            verdict: str) -> None:
+async def _settle(services, access: Access, who: Principal, identity: Identity | None, tokens: int, *,
+                  evidence: bool, verdict: str) -> None:
     budgets = _budgets(services.settings, who)
     audit = who.tier == EXPERT or (evidence and who.tier == TENANT)
     if not budgets and not audit:
         return
-    try:
-        with services.store.transaction() as session:
-            if budgets:
-                access.budgets.charge(session, budgets, float(tokens))
-            if audit:
-                record_audit(session, actor=f"api:{identity.token_id}",
-                             action="detection.expert" if who.tier == EXPERT else "detection.evidence",
-                             tenant_id=identity.tenant_id,
-                             details={"token_id": identity.token_id, "tier": who.tier, "tokens": tokens,
-                                      "evidence": evidence, "verdict": verdict})
-    except KeyStoreError as exc:
-        raise store_error(exc) from None
+
+    def settle(session) -> None:
+        if budgets:
+            access.budgets.charge(session, budgets, float(tokens))
+        if audit:
+            record_audit(session, actor=f"api:{identity.token_id}",
+                         action="detection.expert" if who.tier == EXPERT else "detection.evidence",
+                         tenant_id=identity.tenant_id,
+                         details={"token_id": identity.token_id, "tier": who.tier, "tokens": tokens,
+                                  "evidence": evidence, "verdict": verdict})
+
+    await _write(access, settle)
 
 
 def _attributed(services) -> set[str]:
@@ -184,20 +205,23 @@ def _public_identity(who: Principal) -> Identity:
     return Identity(token_id=f"public:{who.key}", tenant_id=None, tenant=None, admin=False, kind="public")
 
 
-def run(services, identity: Identity | None, body: DetectBody, who: Principal) -> dict[str, Any]:
-    """The tier's answer to ``body`` (blocking: call it in a worker thread)."""
+async def answer(services, identity: Identity | None, body: DetectBody, who: Principal, *,
+                 inline: bool) -> dict[str, Any]:
+    """The tier's answer to ``body``. ``inline``: a small body, detected on the event loop
+    under one of the principal's slots; else every CPU-bound step runs in a worker thread
+    (the route holds the principal's slot around this whole call)."""
     settings = services.settings
     access = access_of(services)
     tier = who.tier
     check_size(settings, tier, body)
     evidence = _check_options(tier, identity, body)
-    _admit(services, access, who, body, evidence)
+    await _admit(services, access, who, body, evidence, inline)
     if tier == PUBLIC:
-        return _public(services, access, who, body)
-    full = detection.detect(services, identity, body)
+        return await _public(services, access, who, body, inline)
+    full = await _core(access, who, inline, detection.detect, services, identity, body)
     tokens = int(full.get("total_tokens") or 0)
-    _settle(services, access, who, identity, tokens, evidence=evidence,
-            verdict="watermarked" if full.get("watermarked") else "not_watermarked")
+    await _settle(services, access, who, identity, tokens, evidence=evidence,
+                  verdict="watermarked" if full.get("watermarked") else "not_watermarked")
     if tier in (EXPERT, OPERATOR):
         shown = shape.full_answer(full, tier)
         return shown  # the core's report already states the full result
@@ -206,21 +230,31 @@ def run(services, identity: Identity | None, body: DetectBody, who: Principal) -
     return shown
 
 
-def _public(services, access: Access, who: Principal, body: DetectBody) -> dict[str, Any]:
+async def _core(access: Access, who: Principal, inline: bool, fn: Callable[..., Any], *args: Any) -> Any:
+    if inline:
+        # Synchronous on the loop: the slot bounds this principal's concurrent work exactly
+        # as a thread's would (a principal whose large bodies hold every slot waits here too).
+        with access.slots.hold(who.name):
+            return fn(*args)
+    return await asyncio.to_thread(fn, *args)
+
+
+async def _public(services, access: Access, who: Principal, body: DetectBody, inline: bool) -> dict[str, Any]:
     settings = services.settings
-    tokens = len(detection.tokenize_with_offsets(services.engine.tokenizer(), body.text)[0])
+    tokens = len((await _call(inline, detection.tokenize_with_offsets, services.engine.tokenizer(), body.text))[0])
     if tokens < settings.public_min_tokens:
-        _settle(services, access, who, None, tokens, evidence=False, verdict="too_short")
+        await _settle(services, access, who, None, tokens, evidence=False, verdict="too_short")
         shown = shape.public_answer(None, tokens=tokens, min_tokens=settings.public_min_tokens,
                                     provider=settings.provider_name, attributed=set())
-        shown["report"] = _too_short_report(services, body, shown)
+        shown["report"] = await _call(inline, _too_short_report, services, body, shown)
         return shown
-    full = detection.detect(services, _public_identity(who), body)
+    full = await _core(access, who, inline, detection.detect, services, _public_identity(who), body)
     tokens = int(full.get("total_tokens") or tokens)
-    _settle(services, access, who, None, tokens, evidence=False,
-            verdict="watermarked" if full.get("watermarked") else "not_watermarked")
+    await _settle(services, access, who, None, tokens, evidence=False,
+                  verdict="watermarked" if full.get("watermarked") else "not_watermarked")
+    attributed = await _call(inline, _attributed, services)
     shown = shape.public_answer(full, tokens=tokens, min_tokens=settings.public_min_tokens,
-                                provider=settings.provider_name, attributed=_attributed(services))
+                                provider=settings.provider_name, attributed=attributed)
     shown["report"] = shape.resign(services, full.get("report"), shown, PUBLIC)
     return shown
 

@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -30,13 +28,13 @@ async def _answer(services, identity, body: DetectBody, client: str | None) -> J
     who = gate.principal(services, identity, client)
     gate.check_size(services.settings, who.tier, body)  # before a slot, a thread or a token
     size = len(body.text) if body.text is not None else len(body.token_ids or ())
-    with gate.access_of(services).slots.hold(who.name):
-        if size <= INLINE_MAX:
-            shown = gate.run(services, identity, body, who)
-        else:
-            # Budgets, the probe guard and the ledger look-up query the database too: in a
-            # thread they never stall the event loop.
-            shown = await asyncio.to_thread(gate.run, services, identity, body, who)
+    if size <= INLINE_MAX:
+        # The core on the loop (under a slot, gate._core); the gate's writes are awaited
+        # (service.access.group_commit), so the loop serves other requests meanwhile.
+        shown = await gate.answer(services, identity, body, who, inline=True)
+    else:
+        with gate.access_of(services).slots.hold(who.name):  # before any tokenising, hashing or query
+            shown = await gate.answer(services, identity, body, who, inline=False)
     return JSONResponse(shown, headers={"X-Hallmark-Access-Tier": who.tier})
 
 

@@ -203,6 +203,54 @@ def test_probe_guard_stops_one_text_probed_over_and_over(tiers):
                              headers=_auth(tiers, "acme")).status_code == 200
 
 
+OBSERVATORY = (
+    "The observatory on the ridge had been closed for a decade before the volunteers arrived with "
+    "paint, ladders and a borrowed generator. They scraped rust from the dome's rails, replaced the "
+    "cracked eyepiece with one bought at a market in the valley, and argued for a week about whether "
+    "the old star charts on the wall should stay. On the first clear night forty people climbed the "
+    "path with torches, waited in the cold while the motor groaned, and cheered when the shutter "
+    "finally opened onto a sky so full of stars that nobody spoke for a minute."
+)
+
+
+def test_concurrent_queries_of_one_family_are_admitted_exactly_to_the_limit(tiers):
+    # Sent at once, the family's queries are placed one after another in the gate's grouped
+    # writes (service.access.group_commit): exactly the limit gets through, never more.
+    headers = _auth(tiers, "acme")
+
+    def send(i):
+        return httpx.post(tiers.url + "/v1/detect", json={"text": variant(OBSERVATORY, i)}, headers=headers,
+                          timeout=300)
+
+    with concurrent.futures.ThreadPoolExecutor(14) as pool:
+        responses = list(pool.map(send, range(14)))
+    codes = sorted(r.status_code for r in responses)
+    assert codes == [200] * 10 + [429] * 4, codes
+    assert {r.json()["error"]["code"] for r in responses if r.status_code == 429} == {"probe_guard"}
+
+
+def test_an_expert_answer_leaves_only_after_its_audit_event_committed(tiers):
+    before = len(_audit(tiers, "detection.expert"))
+    answered = 0
+    lock = concurrent.futures.thread.threading.Lock()
+
+    def send(i):
+        nonlocal answered
+        response = httpx.post(tiers.url + "/v1/detect", json={"text": variant(OBSERVATORY, 100 + i)},
+                              headers=_auth(tiers, "expert"), timeout=300)
+        assert response.status_code == 200, response.text
+        with lock:
+            answered += 1
+            seen = answered
+        # Every answer already received had its event committed before it was sent.
+        return seen, len(_audit(tiers, "detection.expert")) - before
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(send, range(12)))
+    assert all(audited >= seen for seen, audited in results), results
+    assert len(_audit(tiers, "detection.expert")) - before == 12
+
+
 def test_concurrent_slots_refuse_a_flood_before_tokenising(tiers):
     body = {"text": ("an ordinary sentence about the weather %d. " * 2000)}  # 88,000 characters
     headers = _auth(tiers, "acme")

@@ -1,0 +1,104 @@
+"""The gate's grouped writes (service.access.group_commit) on a real store: writes waiting
+together share one commit, a refused write takes nothing with it, a failed commit fails
+every write of its group and none takes effect."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from pydantic import SecretStr
+from sqlalchemy import event, func, select
+
+from keys import migrate
+from keys.audit import record_audit
+from keys.db import create_store_engine, open_store
+from keys.errors import KeyStoreError
+from keys.kek import Kek
+from keys.models import AuditEvent
+from keys.settings import StoreSettings
+from service.access.group_commit import GroupCommit
+from service.errors import RateLimited
+
+
+@pytest.fixture
+def store(tmp_path):
+    url = f"sqlite:///{tmp_path / 'hallmark.db'}"
+    engine = create_store_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    opened = open_store(StoreSettings(database_url=url, kek=SecretStr(Kek.generate().to_base64())), require_kek=True)
+    yield opened
+    opened.close()
+
+
+def _audited(store) -> list[str]:
+    with store.transaction(write=False) as session:
+        return list(session.scalars(select(AuditEvent.actor).order_by(AuditEvent.id)))
+
+
+def _audit(actor: str):
+    def write(session):
+        record_audit(session, actor=actor, action="detection.expert", details={"tokens": 1})
+        return actor
+    return write
+
+
+def test_writes_waiting_together_share_one_commit_and_each_gets_its_result(store):
+    commits = []
+    event.listen(store.engine, "commit", lambda connection: commits.append(1))
+    writes = GroupCommit(store)
+    gate = threading.Event()
+
+    def blocker(session):  # holds the thread so that the next writes queue up behind it
+        gate.wait(10)
+        return "first"
+
+    first = writes.submit(blocker)
+    queued = [writes.submit(_audit(f"api:{i}")) for i in range(20)]
+    gate.set()
+    assert first.result(10) == "first"
+    assert [f.result(10) for f in queued] == [f"api:{i}" for i in range(20)]
+    assert _audited(store) == [f"api:{i}" for i in range(20)]  # in the order submitted
+    assert len(commits) <= 2  # the blocker's group, then the twenty queued behind it
+
+
+def test_a_refused_write_rolls_back_alone(store):
+    writes = GroupCommit(store)
+    gate = threading.Event()
+    writes.submit(lambda session: gate.wait(10))
+
+    def refused(session):
+        record_audit(session, actor="api:refused", action="detection.expert", details={})
+        session.flush()
+        raise RateLimited("no", code="probe_guard")
+
+    futures = [writes.submit(_audit("api:a")), writes.submit(refused), writes.submit(_audit("api:b"))]
+    gate.set()
+    assert futures[0].result(10) == "api:a" and futures[2].result(10) == "api:b"
+    with pytest.raises(RateLimited):
+        futures[1].result(10)
+    assert _audited(store) == ["api:a", "api:b"]
+
+
+def test_a_failed_commit_fails_every_write_of_its_group_and_none_takes_effect(store):
+    writes = GroupCommit(store)
+    gate = threading.Event()
+    writes.submit(lambda session: gate.wait(10))
+    failing = {"on": False}
+
+    def fail_commit(connection):
+        if failing["on"]:
+            raise RuntimeError("disk gone")
+
+    event.listen(store.engine, "commit", fail_commit)
+    futures = [writes.submit(_audit(f"api:{i}")) for i in range(3)]
+    failing["on"] = True
+    gate.set()
+    for future in futures:
+        with pytest.raises((KeyStoreError, RuntimeError)):
+            future.result(10)
+    failing["on"] = False
+    assert writes.submit(_audit("api:after")).result(10) == "api:after"  # the thread carries on
+    with store.transaction(write=False) as session:
+        assert session.scalar(select(func.count()).select_from(AuditEvent)) == 1
