@@ -12,5 +12,6 @@ may see and how much it may ask:
 - :mod:`service.access.probe`: the probe guard (keyed k-gram hashes of a principal's recent
   queries, deleted after 24 hours; never text);
 - :mod:`service.access.slots`: concurrent detections per principal, taken before any work;
+- :mod:`service.access.group_commit`: the gate's writes, committed in groups off the event loop;
 - :mod:`service.access.gate`: the order these run in, for the routes.
 """
