@@ -43,6 +43,9 @@ def test_one_active_key_is_named_as_one_active_key(server, browser):
 def test_an_admin_sees_every_tenants_keys_counted_by_state(server, browser):
     explanation = _check(browser, server, "admin", HUMAN)
     assert "No key of any tenant matches: 2 keys tested (all active);" in explanation, explanation
+    # The operator's p is the core's, not a bound: written with its mantissa.
+    assert re.search(r"^p = \d", browser.find_element("id", "verdict-detail").text), \
+        browser.find_element("id", "verdict-detail").text
 
 
 def test_powers_of_ten_are_superscripts_everywhere(server, browser):
@@ -52,7 +55,10 @@ def test_powers_of_ten_are_superscripts_everywhere(server, browser):
     ledger = browser.find_element("id", "ledger").text
     for shown in (explanation, ledger):
         assert "10^" not in shown and not re.search(r"\de-\d", shown), shown
-    # The chance-collision bound and the shared tokens' p, as the verdict's p is written.
+    # The chance-collision bound and the shared tokens' p, as the verdict's p is written: a
+    # tenant's p-values are rounded up to a power of ten (service/access), so they read as bounds.
     assert re.search(r"probability below 10⁻[⁰¹²³⁴⁵⁶⁷⁸⁹]+,", explanation), explanation
-    assert re.search(r"watermark \(p = \d\.\d × 10⁻[⁰¹²³⁴⁵⁶⁷⁸⁹]+\)", explanation), explanation
+    assert re.search(r"watermark \(p ≤ 10⁻[⁰¹²³⁴⁵⁶⁷⁸⁹]+\)", explanation), explanation
+    assert re.search(r"^p ≤ (10−\d+|1),", browser.find_element("id", "verdict-detail").text), \
+        browser.find_element("id", "verdict-detail").text
     assert re.search(r"chance-collision bound 10⁻[⁰¹²³⁴⁵⁶⁷⁸⁹]+", ledger), ledger

@@ -37,8 +37,15 @@ function when(iso) {
 }
 
 // A p-value from its log10, readable at any size: "p = 0.31", "p = 3.2 × 10⁻⁴³" (10 and a <sup>).
-function pValue(log10p) {
+// `bounded`: the tenant tier's p, rounded up to a power of ten, is a bound: "p ≤ 10⁻⁴³".
+function pValue(log10p, bounded = false) {
   if (log10p === null || log10p === undefined) return document.createTextNode("p unknown");
+  if (bounded) {
+    const exponent = Math.round(log10p);
+    if (exponent >= 0) return document.createTextNode("p ≤ 1");
+    return el("span", { "aria-label": `p at most 10 to the ${exponent}` },
+      "p ≤ 10", el("sup", { text: String(exponent).replace("-", "−") }));
+  }
   if (log10p <= -307) return el("span", {}, "p < 10", el("sup", { text: "−307" }));
   if (log10p > -3) return document.createTextNode("p = " + Math.pow(10, log10p).toPrecision(2));
   let exponent = Math.floor(log10p);
@@ -53,8 +60,9 @@ function pValue(log10p) {
 const SUPERSCRIPT = { "-": "⁻", 0: "⁰", 1: "¹", 2: "²", 3: "³", 4: "⁴", 5: "⁵", 6: "⁶", 7: "⁷", 8: "⁸", 9: "⁹" };
 function tenTo(exponent) { return "10" + Array.from(String(exponent), (c) => SUPERSCRIPT[c]).join(""); }
 
-function pText(log10p) {
+function pText(log10p, bounded = false) {
   if (log10p === null || log10p === undefined) return "p unknown";
+  if (bounded) return Math.round(log10p) >= 0 ? "p ≤ 1" : "p ≤ " + tenTo(Math.round(log10p));
   if (log10p <= -307) return "p < " + tenTo(-307);
   if (log10p > -3) return "p = " + Math.pow(10, log10p).toPrecision(2);
   let exponent = Math.floor(log10p);
@@ -341,7 +349,7 @@ function explain(result) {
   }
   const match = bestKgramMatch(result);
   if (match) {
-    items.push(`The watermark alone is not significant here (${pText(result.log10_p_value)}), but ${match.matched_kgrams} of the text's ${match.text_kgrams} eight-token sequences match the keyed fingerprints recorded for generation ${match.generation_id} (${Math.round(match.share * 100)} %): the text is an edited copy of it. A chance collision this large has probability below ${boundText(match.log10_false_match_bound)}, and the ${match.shared_tokens} shared tokens carry this key's watermark (${pText(match.log10_shared_p)}), so they were generated, not written independently.`);
+    items.push(`The watermark alone is not significant here (${pText(result.log10_p_value, result.tier === "tenant")}), but ${match.matched_kgrams} of the text's ${match.text_kgrams} eight-token sequences match the keyed fingerprints recorded for generation ${match.generation_id} (${Math.round(match.share * 100)} %): the text is an edited copy of it. A chance collision this large has probability below ${boundText(match.log10_false_match_bound)}, and the ${match.shared_tokens} shared tokens carry this key's watermark (${pText(match.log10_shared_p, result.tier === "tenant")}), so they were generated, not written independently.`);
     items.push("Shared phrases are what the match measures: a text that quotes a generation word for word matches it too.");
     return items;
   }
@@ -486,12 +494,12 @@ function recordLink(id) {
 }
 
 // Why a k-gram match does not count as a copy (the API's `passes` is false).
-function kgramShortfall(m, threshold) {
+function kgramShortfall(m, threshold, bounded) {
   if (m.log10_false_match_bound > Math.log10(threshold)) {
     return `so few shared sequences could match by chance (bound ${boundText(m.log10_false_match_bound)}, above the threshold)`;
   }
   if (m.log10_shared_p === null || m.log10_shared_p === undefined) return "its shared tokens were not tested (only the strongest matches are)";
-  return `the shared tokens do not carry the watermark (${pText(m.log10_shared_p)}): phrases written without the key's choices, such as boilerplate, are shared by any text`;
+  return `the shared tokens do not carry the watermark (${pText(m.log10_shared_p, bounded)}): phrases written without the key's choices, such as boilerplate, are shared by any text`;
 }
 
 function renderLedger(result) {
@@ -508,7 +516,7 @@ function renderLedger(result) {
         el("div", { class: "hint" }, `${share}, chance-collision bound ${boundText(m.log10_false_match_bound)}${states}`)) :
       el("div", { class: "match kgram-weak" },
         el("span", { text: "Shares phrases with generation " }), recordLink(m.generation_id),
-        el("div", { class: "hint" }, `${share}: not enough to call it a copy: ${kgramShortfall(m, result.threshold)}${states}`)));
+        el("div", { class: "hint" }, `${share}: not enough to call it a copy: ${kgramShortfall(m, result.threshold, result.tier === "tenant")}${states}`)));
   }
   if (!matches.length && kgrams.some((m) => m.passes)) return;
   if (!matches.length) {
@@ -551,12 +559,13 @@ function showSigned(node, rawText, field, check, label, then) {
 
 function renderPerKey(result) {
   const body = clear($("per-key").tBodies[0]);
+  const bounded = result.tier === "tenant";
   for (const r of result.per_key || []) {
     body.append(el("tr", {},
       el("td", { text: r.tenant ?? "—" }), el("td", {}, el("code", { text: r.key_id ?? r.fingerprint })),
       el("td", { text: r.version ?? "—" }), el("td", {}, el("span", { class: "state state-" + r.state, text: r.state })),
       el("td", { text: r.statistic }), el("td", { class: "num", text: r.scored_tokens }),
-      el("td", {}, pValue(r.log10_p_value)), el("td", {}, pValue(r.log10_p_adjusted))));
+      el("td", {}, pValue(r.log10_p_value, bounded)), el("td", {}, pValue(r.log10_p_adjusted, bounded))));
   }
 }
 
@@ -592,7 +601,7 @@ function renderResult(text, result) {
   verdict.removeAttribute("data-signed");
   $("verdict-title").textContent = words.title;
   const detail = clear($("verdict-detail"));
-  detail.append(pValue(result.log10_p_value), `, ${words.scored} (threshold `, thresholdNode(result.threshold), ").");
+  detail.append(pValue(result.log10_p_value, result.tier === "tenant"), `, ${words.scored} (threshold `, thresholdNode(result.threshold), ").");
   const list = clear($("explain"));
   for (const item of explain(result)) list.append(el("li", { text: item }));
   renderHeat(text, result);
