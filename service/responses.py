@@ -223,6 +223,10 @@ class Me(_Body):
     tenant: str | None
     """Null for a global admin token."""
     admin: bool
+    kind: str
+    """``standard`` (a tenant's or an admin's token); expert tokens detect only and get 403 here."""
+    scopes: list[str]
+    """Extra scopes an admin granted (``evidence``: per-token evidence in the tenant tier)."""
 
 
 class TenantList(_Body):

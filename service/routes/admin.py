@@ -79,8 +79,10 @@ router = APIRouter()
 
 @router.get("/v1/me", tags=["Account"], summary="Who this token is", responses=ok(Me))
 async def me_route(identity: IdentityDep):
-    """What the presented token is: its tenant (null for a global admin token) and whether it is an admin."""
-    return {"token_id": identity.token_id, "tenant": identity.tenant, "admin": identity.admin}
+    """What the presented token is: its tenant (null for a global admin token), whether it is an
+    admin, its kind and the extra scopes an admin granted it."""
+    return {"token_id": identity.token_id, "tenant": identity.tenant, "admin": identity.admin, "kind": identity.kind,
+            "scopes": list(identity.scopes)}
 
 
 @router.get("/v1/admin/tenants", tags=["Admin"], summary="List tenants", responses=ok(TenantList))

@@ -96,7 +96,7 @@ def test_evidence_is_capped_with_413(server):
 def test_admin_routes_are_scoped(server):
     admin, tenant = client(server, "admin"), client(server, "acme")
     assert tenant.get("/v1/me").json() == {"token_id": tenant.get("/v1/me").json()["token_id"], "tenant": "acme",
-                                           "admin": False}
+                                           "admin": False, "kind": "standard", "scopes": ["evidence"]}
     assert admin.get("/v1/me").json()["admin"] is True
     assert tenant.get("/v1/admin/tenants").status_code == 403
     assert tenant.post("/v1/admin/keys/rotate", json={"tenant": "acme"}).status_code == 403
