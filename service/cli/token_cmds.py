@@ -75,7 +75,7 @@ def tokens_list(tenant: Optional[str] = typer.Option(None, "--tenant", help="Onl
     with cli_store() as store, store.transaction(write=False) as session:
         tokens = list_tokens(session, tenant=tenant)
     emit([t.to_dict() for t in tokens], as_json,
-         table([[t.token_id, t.prefix + "...", t.tenant or "(all)", "yes" if t.admin else "no",
-                 t.created_at.isoformat(timespec="seconds"),
+         table([[t.token_id, t.prefix + "...", t.tenant or "(all)", "yes" if t.admin else "no", t.kind,
+                 " ".join(t.scopes) or None, t.created_at.isoformat(timespec="seconds"),
                  t.revoked_at.isoformat(timespec="seconds") if t.revoked_at else None] for t in tokens],
-               ["TOKEN_ID", "PREFIX", "TENANT", "ADMIN", "CREATED", "REVOKED"]))
+               ["TOKEN_ID", "PREFIX", "TENANT", "ADMIN", "KIND", "SCOPES", "CREATED", "REVOKED"]))

@@ -164,6 +164,8 @@ def test_detection_access_commands(cli, store):
     assert cli.ok("tokens", "grant", plain["token_id"], "evidence", "--json").json()["scopes"] == ["evidence"]
     assert cli.ok("tokens", "grant", plain["token_id"], "evidence", "--withdraw", "--json").json()["scopes"] == []
     assert "names it" in cli.ok("tenants", "attribution", "acme", "on").stdout
+    rows = {line.split()[0]: line.split() for line in cli.ok("tokens", "list").stdout.splitlines()[1:]}
+    assert rows[expert["token_id"]][4] == "expert" and rows[scoped["token_id"]][4:6] == ["standard", "evidence"]
     from keys.tokens import authenticate_token
 
     with store.transaction(write=False) as session:
