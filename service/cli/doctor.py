@@ -1,7 +1,8 @@
 """``hallmark doctor``: check what serving needs and say what to fix.
 
 Checks, in order: the database is reachable, its schema is at the revision this Hallmark
-needs, a KEK is configured and opens the stored keys, the model assets are present, and
+needs, a KEK is configured and opens the stored keys and the transparency log's key, the
+model assets are present, and
 (engine ``vllm``) vLLM is importable or its server answers. Each check prints one line;
 a failed one says what to do. Exit 1 if any check failed.
 """
@@ -129,6 +130,30 @@ def _engine(service) -> list[Check]:
     return [Check("vllm", True, "vLLM is installed (in-process engine)")]
 
 
+def _log_key(settings, store) -> Check | None:
+    """The transparency log's key opens under the configured KEK (None: nothing to check)."""
+    from keys.errors import KeyStoreError
+    from keys.kek import load_keyring
+    from keys.log_key import load_log_key
+
+    if store is None:
+        return None
+    try:
+        keyring = load_keyring(settings)
+        with store.sessions() as session:
+            authority = load_log_key(session, keyring)
+    except KeyStoreError as exc:
+        return Check("log key", False, exc.user_message,
+                     "set HALLMARK_KEK_FILE to the KEK the log key was sealed under (`hallmark ledger checkpoint` "
+                     "names the log's origin)")
+    except Exception:  # no schema yet: the migrations check says what to do
+        return None
+    if authority is None:
+        return Check("log key", True, "no transparency-log key yet: the gateway creates one at its first start "
+                     "(or run `hallmark ledger init` as the database owner)")
+    return Check("log key", True, f"the transparency log {authority.origin} opens under the KEK")
+
+
 def run_checks() -> list[Check]:
     from pydantic import ValidationError
 
@@ -150,6 +175,10 @@ def run_checks() -> list[Check]:
     checks, store = _database(store_settings)
     try:
         checks.append(_kek(store_settings, store))
+        if checks[-1].ok:
+            log_key = _log_key(store_settings, store)
+            if log_key is not None:
+                checks.append(log_key)
     finally:
         if store is not None:
             store.close()
@@ -159,7 +188,7 @@ def run_checks() -> list[Check]:
 
 @app.command("doctor")
 def doctor_command(as_json: bool = JSON_OPTION) -> None:
-    """Check the database, migrations, KEK, model assets and vLLM, and say what to fix."""
+    """Check the database, migrations, KEK, the log key, model assets and vLLM, and say what to fix."""
     checks = run_checks()
     lines = []
     for c in checks:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+import sqlite3
 import sys
 
 import pytest
@@ -81,10 +83,21 @@ def test_doctor_says_what_to_fix_then_passes(monkeypatch, capsys, fresh_dir):
     # A KEK that opens none of the stored keys is named as the problem.
     assert run(monkeypatch, capsys, "tenants", "create", "acme")[0] == 0
     assert run(monkeypatch, capsys, "keys", "create", "--tenant", "acme")[0] == 0
+    code, out, _ = run(monkeypatch, capsys, "doctor")
+    assert code == 0 and "no transparency-log key yet" in out, out
+    assert run(monkeypatch, capsys, "ledger", "init")[0] == 0
+    code, out, _ = run(monkeypatch, capsys, "doctor")
+    assert code == 0 and re.search(r"ok    log key +the transparency log \S+ opens under the KEK", out), out
     other = ensure_dev_kek_file(fresh_dir / "other.key")
     monkeypatch.setenv("HALLMARK_KEK", other.to_base64())
     code, out, _ = run(monkeypatch, capsys, "doctor")
     assert code == 1 and "does not open the stored keys" in out
+    # A log key whose sealed row was altered is named, with what to do.
+    monkeypatch.delenv("HALLMARK_KEK")
+    with sqlite3.connect(fresh_dir / "var" / "hallmark.db") as db:
+        db.execute("UPDATE log_keys SET wrapped_private = zeroblob(length(wrapped_private))")
+    code, out, _ = run(monkeypatch, capsys, "doctor")
+    assert code == 1 and "FAIL  log key" in out and "restore the log_keys row" in out, out
 
 
 def test_progress_stays_off_without_a_terminal(monkeypatch, capsys, fresh_dir):
