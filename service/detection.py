@@ -19,7 +19,7 @@ from keys.ledger import hash_output
 from service import evidence
 from service.auth import Identity, resolve_tenant
 from service.detect_input import DegenerateInput, check_detect_input
-from service.errors import Conflict, NotFound, RateLimited, TooLarge, Unavailable, Unprocessable
+from service.errors import Conflict, NotFound, TooLarge, Unavailable, Unprocessable
 from service.http_errors import store_error
 from service.ledger_evidence import with_key_states, with_ledger_basis, with_shared_evidence, with_shared_scores
 from service.ledger_salts import narrowed_by_ledger
@@ -47,11 +47,6 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
     the reference path (every key scored in full, each form of the text looked up in the
     ledger on its own), which the batched one matches (tests/service/test_detect_batched.py)."""
     settings = services.settings
-    wait = services.detect_wait(identity.token_id)
-    if wait > 0:
-        services.metrics.rate_limited.labels("/v1/detect").inc()
-        raise RateLimited(f"detection rate limit reached for this token; retry in {wait:.1f} s",
-                          headers={"Retry-After": str(max(1, round(wait + 0.5)))})
     if (params.text is None) == (params.token_ids is None):
         raise Unprocessable("give exactly one of 'text' and 'token_ids'")
     try:

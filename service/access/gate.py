@@ -6,7 +6,8 @@
    thread, taken by the route before anything else; for small bodies detected on the event
    loop, around the core;
 3. the tier's options (a tenant's threshold is a whole power of ten; evidence needs the
-   ``evidence`` scope);
+   ``evidence`` scope), then the per-token request rate (429 before the probe guard counts the
+   query: a refused request is not one of its family's checks);
 4. in one write: the principal's budgets admit (429 ``detection_budget_exhausted``), the
    probe guard places the query (429 ``probe_guard``), the evidence budget takes one use;
 5. the core (:func:`service.detection.detect`) at full precision;
@@ -215,6 +216,7 @@ async def answer(services, identity: Identity | None, body: DetectBody, who: Pri
     tier = who.tier
     check_size(settings, tier, body)
     evidence = _check_options(tier, identity, body)
+    _check_rate(services, identity, who)
     await _admit(services, access, who, body, evidence, inline)
     if tier == PUBLIC:
         return await _public(services, access, who, body, inline)
@@ -228,6 +230,14 @@ async def answer(services, identity: Identity | None, body: DetectBody, who: Pri
     shown = shape.tenant_answer(full, evidence=evidence)
     shown["report"] = shape.resign(services, full.get("report"), shown, tier)
     return shown
+
+
+def _check_rate(services, identity: Identity | None, who: Principal) -> None:
+    wait = services.detect_wait(identity.token_id if identity is not None else f"public:{who.key}")
+    if wait > 0:
+        services.metrics.rate_limited.labels("/v1/detect").inc()
+        raise RateLimited(f"detection rate limit reached for this token; retry in {wait:.1f} s",
+                          headers={"Retry-After": str(max(1, round(wait + 0.5)))})
 
 
 async def _core(access: Access, who: Principal, inline: bool, fn: Callable[..., Any], *args: Any) -> Any:

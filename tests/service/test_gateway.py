@@ -244,6 +244,25 @@ def test_detection_rate_limit_per_token(tmp_path_factory):
         limited.stop()
 
 
+def test_a_request_refused_by_the_rate_limit_is_not_one_of_its_familys_checks(tmp_path_factory):
+    limited = gw.start(tmp_path_factory.mktemp("limited-family"), detect_rate_per_minute=60, detect_burst=2,
+                       probe_family_per_day=3, draft_model=None)
+    try:
+        api = client(limited)
+        text = {"text": "A short note about the tides, the ferry and the harbour wall at dawn."}
+        first = [api.post("/v1/detect", json=text) for _ in range(3)]
+        assert [r.status_code for r in first] == [200, 200, 429]
+        assert "rate limit" in first[2].json()["error"]["message"]  # not the probe guard
+        time.sleep(1.5)  # one request's worth of rate refills
+        # The family has had two checks, not three: its third is answered, its fourth refused.
+        assert api.post("/v1/detect", json=text).status_code == 200
+        time.sleep(1.5)
+        refused = api.post("/v1/detect", json=text)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "probe_guard"
+    finally:
+        limited.stop()
+
+
 def test_zero_width_and_homoglyph_attacks_do_not_hide_the_watermark(server):
     outputs = (generate(server, seed=seed) for seed in range(1, 9))
     out = next((o for o in outputs if len(o["token_ids"]) >= 100), None)
