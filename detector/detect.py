@@ -315,8 +315,10 @@ def positions_key(spec) -> tuple[int, str]:
 
 
 def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate],
-           config: DetectorConfig | None = None) -> DetectionResult:
-    """Score ``token_ids`` against every candidate key."""
+           config: DetectorConfig | None = None, *, defer_spans: bool = False) -> "DetectionResult | Pending":
+    """Score ``token_ids`` against every candidate key. ``defer_spans``: the :class:`Pending`
+    detection before its span search (:func:`detector.forms.detect_forms` finishes only the
+    forms that can win)."""
     config = config or DetectorConfig()
     tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     if not candidates:
@@ -338,7 +340,8 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
         shares.update(partial.share)
         evidence.append(complete(partial, log10_threshold))
     per_key = tuple(key_result(e, "trgof" in shares) for e in evidence)
-    return finish(tokens, evidence, per_key, shares, config)
+    pending = pending_result(tokens, evidence, per_key, shares, config)
+    return pending if defer_spans else pending.result()
 
 
 def key_result(e: KeyEvidence, trgof_reported: bool) -> KeyResult:
@@ -357,8 +360,13 @@ def finish(tokens: np.ndarray, evidence: Sequence[KeyEvidence], per_key: Sequenc
     (in the same relative order): the best key's p Šidák-corrected for every key tested,
     and its spans. ``per_key`` None: a result without per-key entries (``keys_tested``
     keys were tested)."""
-    log10_threshold = math.log10(config.threshold)
-    with_spans = config.spans and len(tokens) >= 2 * config.span_min_length
+    return pending_result(tokens, evidence, per_key, shares, config, keys_tested).result()
+
+
+def pending_result(tokens: np.ndarray, evidence: Sequence[KeyEvidence], per_key: Sequence[KeyResult] | None,
+                   shares: dict[str, float], config: DetectorConfig, keys_tested: int | None = None) -> "Pending":
+    """:func:`finish` up to the span search: the best key, its Šidák-corrected whole-text p
+    and Holm's adjustment of ``per_key``."""
     if per_key is None:
         m, per_key = int(keys_tested), ()
     else:
@@ -368,45 +376,87 @@ def finish(tokens: np.ndarray, evidence: Sequence[KeyEvidence], per_key: Sequenc
                         for r, adj in zip(per_key, adjusted))
     best = min(evidence, key=lambda e: e.log10_p)
     whole_log10_p = stats.log_sidak(best.log10_p * stats.LN10, m) / stats.LN10
-    global_log10_p = whole_log10_p
+    return Pending(tokens=tokens, best=best, per_key=tuple(per_key), keys_tested=m, whole_log10_p=whole_log10_p,
+                   shares=dict(shares), config=config)
 
-    found: tuple[Span, ...] = ()
-    if with_spans:
-        # The span family gets its own share of the threshold: a span passes when its
-        # (window- and key-corrected) p is at most share * threshold. A dual key under auto
-        # searches max and weighted scores, each with half of the share.
-        ranked: list[tuple[float, spans.SpanHit]] = []
-        for family in best.span_families:
+
+@dataclass(frozen=True)
+class Pending:
+    """A detection before its span search (:func:`pending_result`): its global p is
+    ``whole_log10_p`` unless a span reported by :meth:`result` is more significant, and no
+    span's weighted p is below :meth:`span_lower`."""
+
+    tokens: np.ndarray
+    best: KeyEvidence
+    per_key: tuple[KeyResult, ...]
+    keys_tested: int
+    whole_log10_p: float
+    """The best key's combined whole-text p, Šidák-corrected for every key tested (log10)."""
+    shares: dict[str, float]
+    config: DetectorConfig
+
+    @property
+    def with_spans(self) -> bool:
+        return self.config.spans and len(self.tokens) >= 2 * self.config.span_min_length
+
+    def span_lower(self) -> float:
+        """A lower bound on the weighted log10 p of every span :meth:`result` can report
+        (inf when no window can pass): the span search's own screen, without exact tails."""
+        if not self.with_spans:
+            return math.inf
+        log10_threshold = math.log10(self.config.threshold)
+        out = math.inf
+        for family in self.best.span_families:
             log10_share = math.log10(SPANS_SHARE * family.fraction)
-            hits = spans.locate(best.scored.positions, family.scores, len(tokens),
-                                min_length=config.span_min_length, family_size_factor=m,
-                                log10_threshold=log10_threshold + log10_share, log10_sf=family.log10_sf,
-                                log10_sf_lower=family.log10_sf_lower, log10_sf_many=family.log10_sf_many)
-            hits = spans.refine(hits, best.scored.positions, family.scores, len(tokens),
-                                 context_width=best.candidate.key.spec.context_width)
-            ranked.extend((h.log10_p_value - log10_share, h) for h in hits)
-        kept: list[tuple[float, spans.SpanHit]] = []
-        for weighted_p, hit in sorted(ranked, key=lambda item: item[0]):
-            if all(hit.end <= k.start or hit.start >= k.end for _, k in kept):
-                kept.append((weighted_p, hit))
-        found = tuple(Span(h.start, h.end, h.scored_tokens, h.log10_p_value, best.candidate.info.fingerprint)
-                      for _, h in sorted(kept, key=lambda item: item[1].start))
-        if kept:
-            global_log10_p = min(global_log10_p, kept[0][0])
-    watermarked = global_log10_p <= log10_threshold
-    return DetectionResult(
-        watermarked=watermarked,
-        log10_p_value=global_log10_p,
-        threshold=config.threshold,
-        scored_tokens=len(best.scored.positions),
-        total_tokens=int(len(tokens)),
-        key=best.candidate.info if watermarked else None,
-        keys_tested=m,
-        per_key=per_key,
-        spans=found,
-        basis=("watermark",) if watermarked else (),
-        # Under dual auto the sum share is the max statistic's sum, beside the weighted sum's.
-        correction=("weighted Bonferroni: " + ", ".join(
-            f"{'max' if name == 'sum' and 'weighted' in shares else name} {w:.3g}" for name, w in shares.items())
-                    + f"; sidak over {m} key(s) tested; spans union-bound over windows x keys"),
-    )
+            out = min(out, spans.lower_bound(self.best.scored.positions, family.scores, len(self.tokens),
+                                             min_length=self.config.span_min_length,
+                                             family_size_factor=self.keys_tested,
+                                             log10_threshold=log10_threshold + log10_share,
+                                             log10_sf_lower=family.log10_sf_lower) - log10_share)
+        return out
+
+    def result(self) -> DetectionResult:
+        tokens, best, config, m = self.tokens, self.best, self.config, self.keys_tested
+        log10_threshold = math.log10(config.threshold)
+        global_log10_p = self.whole_log10_p
+        found: tuple[Span, ...] = ()
+        if self.with_spans:
+            # The span family gets its own share of the threshold: a span passes when its
+            # (window- and key-corrected) p is at most share * threshold. A dual key under auto
+            # searches max and weighted scores, each with half of the share.
+            ranked: list[tuple[float, spans.SpanHit]] = []
+            for family in best.span_families:
+                log10_share = math.log10(SPANS_SHARE * family.fraction)
+                hits = spans.locate(best.scored.positions, family.scores, len(tokens),
+                                    min_length=config.span_min_length, family_size_factor=m,
+                                    log10_threshold=log10_threshold + log10_share, log10_sf=family.log10_sf,
+                                    log10_sf_lower=family.log10_sf_lower, log10_sf_many=family.log10_sf_many)
+                hits = spans.refine(hits, best.scored.positions, family.scores, len(tokens),
+                                     context_width=best.candidate.key.spec.context_width)
+                ranked.extend((h.log10_p_value - log10_share, h) for h in hits)
+            kept: list[tuple[float, spans.SpanHit]] = []
+            for weighted_p, hit in sorted(ranked, key=lambda item: item[0]):
+                if all(hit.end <= k.start or hit.start >= k.end for _, k in kept):
+                    kept.append((weighted_p, hit))
+            found = tuple(Span(h.start, h.end, h.scored_tokens, h.log10_p_value, best.candidate.info.fingerprint)
+                          for _, h in sorted(kept, key=lambda item: item[1].start))
+            if kept:
+                global_log10_p = min(global_log10_p, kept[0][0])
+        watermarked = global_log10_p <= log10_threshold
+        shares = self.shares
+        return DetectionResult(
+            watermarked=watermarked,
+            log10_p_value=global_log10_p,
+            threshold=config.threshold,
+            scored_tokens=len(best.scored.positions),
+            total_tokens=int(len(tokens)),
+            key=best.candidate.info if watermarked else None,
+            keys_tested=m,
+            per_key=self.per_key,
+            spans=found,
+            basis=("watermark",) if watermarked else (),
+            # Under dual auto the sum share is the max statistic's sum, beside the weighted sum's.
+            correction=("weighted Bonferroni: " + ", ".join(
+                f"{'max' if name == 'sum' and 'weighted' in shares else name} {w:.3g}" for name, w in shares.items())
+                        + f"; sidak over {m} key(s) tested; spans union-bound over windows x keys"),
+        )

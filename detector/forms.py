@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
-from detector.detect import DetectorConfig, detect
+from detector.detect import DetectorConfig, Pending, detect
 from detector.normalize import NormalizedText, normalize_forms
 from detector.result import Candidate, DetectionResult, Span
 
@@ -69,10 +69,20 @@ def text_forms(text: str) -> tuple[list[TextForm], NormalizedText]:
 
 def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate],
                  config: DetectorConfig,
-                 run: Callable[..., DetectionResult] | None = None) -> tuple[DetectionResult, int]:
+                 run: Callable[..., DetectionResult | Pending] | None = None) -> tuple[DetectionResult, int]:
     """The result for the best-scoring form (its p Bonferroni-corrected over the forms) and
     that form's index. One form is plain :func:`detector.detect.detect` (or ``run``, which
-    takes the same arguments: :func:`detector.multikey.detect_many` for many keys)."""
+    takes the same arguments, ``defer_spans`` included: :func:`detector.multikey.detect_many`
+    for many keys).
+
+    Each distinct form is scored up to its span search (:class:`~detector.detect.Pending`);
+    the span search, the costliest step of a short text, runs only for forms that can still
+    win: a form whose whole-text p and lower bound on its spans' p (the search's own screen)
+    both exceed the best global p found so far cannot be the best (ties go to the earlier
+    form, as before). The chosen form and every number reported are those of scoring every
+    form in full (:func:`detect_forms_exhaustive`, which tests/detector/test_forms.py
+    compares this with). Tr-GoF's exact tail runs inside each form's whole-text p, where
+    :func:`detector.detect.complete` gates it."""
     if not forms:
         raise ValueError("no forms to score")
     run = run or detect
@@ -82,6 +92,41 @@ def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate]
     share = config.model_copy(update={"threshold": config.threshold / m})
     # Forms that tokenise alike (a normalisation that only touched what the tokeniser
     # ignores) share one detection: detect is a pure function of the token ids.
+    pending: dict[tuple[int, ...], Pending] = {}
+    per_form = []
+    for tokens in forms:
+        ids = tuple(tokens)
+        if ids not in pending:
+            pending[ids] = run(tokens, candidates, share, defer_spans=True)
+        per_form.append(pending[ids])
+    finished: dict[int, DetectionResult] = {}
+    best, best_p = -1, math.inf
+    for i in sorted(range(m), key=lambda i: (per_form[i].whole_log10_p, i)):
+        form = per_form[i]
+        if best >= 0 and id(form) not in finished:
+            floor = min(form.whole_log10_p, form.span_lower())
+            if floor > best_p or (floor == best_p and i > best):
+                continue  # cannot have a smaller global p, nor an equal one at an earlier index
+        if id(form) not in finished:
+            finished[id(form)] = form.result()
+        p = finished[id(form)].log10_p_value
+        if p < best_p or (p == best_p and (best < 0 or i < best)):
+            best, best_p = i, p
+    return _corrected(finished[id(per_form[best])], config, m), best
+
+
+def detect_forms_exhaustive(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate],
+                            config: DetectorConfig,
+                            run: Callable[..., DetectionResult] | None = None) -> tuple[DetectionResult, int]:
+    """:func:`detect_forms` with every distinct form scored in full, spans included (the
+    reference its screen is checked against)."""
+    if not forms:
+        raise ValueError("no forms to score")
+    run = run or detect
+    if len(forms) == 1:
+        return run(forms[0], candidates, config), 0
+    m = len(forms)
+    share = config.model_copy(update={"threshold": config.threshold / m})
     scored: dict[tuple[int, ...], DetectionResult] = {}
     results = []
     for tokens in forms:
@@ -90,15 +135,18 @@ def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate]
             scored[ids] = run(tokens, candidates, share)
         results.append(scored[ids])
     best = min(range(m), key=lambda i: results[i].log10_p_value)
+    return _corrected(results[best], config, m), best
+
+
+def _corrected(result: DetectionResult, config: DetectorConfig, m: int) -> DetectionResult:
+    """The best of m forms' result with its p, per-key and span p-values multiplied by m."""
     factor = math.log10(m)
-    result = results[best]
-    result = dataclasses.replace(
+    return dataclasses.replace(
         result, threshold=config.threshold, log10_p_value=min(0.0, result.log10_p_value + factor),
         per_key=tuple(dataclasses.replace(k, log10_p_adjusted=min(0.0, k.log10_p_adjusted + factor))
                       for k in result.per_key),
         spans=tuple(dataclasses.replace(s, log10_p_value=min(0.0, s.log10_p_value + factor)) for s in result.spans),
         correction=f"{result.correction}; {CORRECTION.format(m=m)}")
-    return result, best
 
 
 def distinct_forms(forms: Sequence[Sequence[int]], min_length: int = 0) -> list[list[int]]:

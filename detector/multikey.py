@@ -37,8 +37,8 @@ from typing import Sequence
 import numpy as np
 
 from detector import screen, scoring, stats
-from detector.detect import (DetectorConfig, KeyEvidence, check_tokens, complete, detect, finish, key_result,
-                             partial_evidence, positions_key, statistic_for, weights)
+from detector.detect import (DetectorConfig, KeyEvidence, Pending, check_tokens, complete, detect, key_result,
+                             partial_evidence, pending_result, positions_key, statistic_for, weights)
 from detector.result import Candidate, DetectionResult, KeyResult
 from watermark import jit, keyscan, keyscan_cpu
 from watermark.spec import WatermarkSpec
@@ -260,12 +260,13 @@ def _shares(plans: Sequence[GroupPlan]) -> dict[str, float]:
 
 def detect_many(token_ids: Sequence[int] | np.ndarray, keys: KeySet | Sequence[Candidate],
                 config: DetectorConfig | None = None, *, scan: np.ndarray | None = None,
-                per_key: bool = True) -> DetectionResult:
+                per_key: bool = True, defer_spans: bool = False) -> DetectionResult | Pending:
     """:func:`detector.detect.detect` of ``token_ids`` against every candidate in ``keys``
     (see the module docstring). ``scan``: the scan statistics [K, 4] of every candidate
     (rows of routed keys unused), computed elsewhere (a corpus scan on the GPU); by
     default the compiled CPU pass computes them. ``per_key`` False: no per-key entries
-    (a corpus scan's verdicts; every other field is the same)."""
+    (a corpus scan's verdicts; every other field is the same). ``defer_spans``: the
+    :class:`~detector.detect.Pending` detection before its span search, as ``detect``'s."""
     config = config or DetectorConfig()
     keyset = keys if isinstance(keys, KeySet) else KeySet.of(keys)
     candidates = keyset.candidates
@@ -275,8 +276,10 @@ def detect_many(token_ids: Sequence[int] | np.ndarray, keys: KeySet | Sequence[C
     check_tokens(tokens)
     m = len(candidates)
     if m == 1:  # one key is the best key: nothing to screen
-        result = detect(tokens, candidates, config)
-        return result if per_key else dataclasses.replace(result, per_key=())
+        pending = detect(tokens, candidates, config, defer_spans=True)
+        if not per_key:
+            pending = dataclasses.replace(pending, per_key=())
+        return pending if defer_spans else pending.result()
     log10_threshold = math.log10(config.threshold)
     with_spans = config.spans and len(tokens) >= 2 * config.span_min_length
     plans = [plan(group, candidates, config, with_spans) for group in keyset.groups]
@@ -340,6 +343,6 @@ def detect_many(token_ids: Sequence[int] | np.ndarray, keys: KeySet | Sequence[C
         e = complete(partial, log10_threshold, log10_gate=gate, log10_screen_lower=screen_lower)
         evidence.append(e)
         entries[index] = key_result(e, "trgof" in shares)
-    if not per_key:
-        return finish(tokens, evidence, None, shares, config, keys_tested=m)
-    return finish(tokens, evidence, [entries[i] for i in range(m)], shares, config)
+    pending = (pending_result(tokens, evidence, None, shares, config, keys_tested=m) if not per_key
+               else pending_result(tokens, evidence, [entries[i] for i in range(m)], shares, config))
+    return pending if defer_spans else pending.result()

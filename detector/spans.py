@@ -95,20 +95,12 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
     that cannot pass: a lower bound, never an upper one, so no passing window is skipped.
     ``log10_sf_many``, if given, is ``log10_sf`` vectorised (sums [k], counts [k] -> [k]).
     """
-    grid = _grid(total, min_length, family_size_factor)
-    if grid is None:
+    screened = _screen(positions, scores, total, min_length=min_length, family_size_factor=family_size_factor,
+                       log10_threshold=log10_threshold, log10_sf_lower=log10_sf_lower)
+    if screened is None:
         return []
-    starts, ends, log10_m = grid
-    prefix = np.concatenate(([0.0], np.cumsum(scores)))
-    lo = np.searchsorted(positions, starts, side="left")
-    hi = np.searchsorted(positions, ends, side="left")
-    counts = hi - lo
-    sums = prefix[hi] - prefix[lo]
+    starts, ends, log10_m, sums, counts, live, lower = screened
     hits: list[SpanHit] = []
-    live = np.flatnonzero(counts > 0)
-    lower = log10_sf_lower(sums[live], counts[live]) + log10_m[live]
-    keep = lower <= log10_threshold
-    live, lower = live[keep], lower[keep]
     if log10_sf_many is None:
         return _merge_lazily(live, lower, starts, ends, sums, counts, log10_m, log10_threshold, log10_sf)
     exact = log10_sf_many(sums[live], counts[live]) if len(live) else []
@@ -117,6 +109,39 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
         if adjusted <= log10_threshold:
             hits.append(SpanHit(int(starts[i]), int(ends[i]), int(counts[i]), adjusted))
     return merge(hits)
+
+
+def _screen(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length: int, family_size_factor: int,
+            log10_threshold: float, log10_sf_lower: Callable[[np.ndarray, np.ndarray], np.ndarray]):
+    """The window grid's sums and counts and the windows that may pass: (starts, ends, log10
+    multiplicities, sums, counts, live [k], lower bounds on live's corrected log10 p [k]), or
+    None when the text has no window."""
+    grid = _grid(total, min_length, family_size_factor)
+    if grid is None:
+        return None
+    starts, ends, log10_m = grid
+    prefix = np.concatenate(([0.0], np.cumsum(scores)))
+    lo = np.searchsorted(positions, starts, side="left")
+    hi = np.searchsorted(positions, ends, side="left")
+    counts = hi - lo
+    sums = prefix[hi] - prefix[lo]
+    live = np.flatnonzero(counts > 0)
+    lower = log10_sf_lower(sums[live], counts[live]) + log10_m[live]
+    keep = lower <= log10_threshold
+    return starts, ends, log10_m, sums, counts, live[keep], lower[keep]
+
+
+def lower_bound(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length: int,
+                family_size_factor: int, log10_threshold: float,
+                log10_sf_lower: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> float:
+    """A lower bound on the corrected log10 p of every span :func:`locate` can report with
+    these arguments (inf when none can pass): the screen :func:`locate` runs first, without
+    any exact tail (a caller deciding whether the spans can matter at all)."""
+    screened = _screen(positions, scores, total, min_length=min_length, family_size_factor=family_size_factor,
+                       log10_threshold=log10_threshold, log10_sf_lower=log10_sf_lower)
+    if screened is None or not len(screened[-1]):
+        return math.inf
+    return min(0.0, float(screened[-1].min()))
 
 
 def _merge_lazily(live: np.ndarray, lower: np.ndarray, starts: np.ndarray, ends: np.ndarray, sums: np.ndarray,

@@ -65,9 +65,9 @@ def verdict(prepared: Prepared, keyset: KeySet, settings: ScanSettings,
     """The item's verdict record. ``scans``: each form's scan statistics (by its token ids),
     computed elsewhere (the GPU); otherwise the compiled CPU pass computes them."""
 
-    def run(tokens, keys, config):
+    def run(tokens, keys, config, **options):
         scan = scans.get(tuple(tokens)) if scans is not None else None
-        return detect_many(tokens, keys, config, scan=scan, per_key=settings.per_key)
+        return detect_many(tokens, keys, config, scan=scan, per_key=settings.per_key, **options)
 
     result, best = detect_forms(prepared.forms, keyset, settings.config, run=run)
     if prepared.offsets is not None and prepared.offsets[best] is not None:

@@ -117,9 +117,9 @@ def test_forms_that_tokenise_alike_are_scored_once_with_the_same_result(monkeypa
     separately = [detect(tokens, [Candidate.inline(KEY)], share) for tokens in (other, marked, other)]
     calls = []
 
-    def counting(tokens, candidates, cfg):
+    def counting(tokens, candidates, cfg, **options):
         calls.append(list(tokens))
-        return detect(tokens, candidates, cfg)
+        return detect(tokens, candidates, cfg, **options)
 
     monkeypatch.setattr(forms_module, "detect", counting)
     result, form = detect_forms([other, list(marked), other], [Candidate.inline(KEY)], config)
@@ -132,3 +132,88 @@ def test_forms_that_tokenise_alike_are_scored_once_with_the_same_result(monkeypa
         min(0.0, k.log10_p_adjusted + math.log10(3)) for k in separately[1].per_key]
     tied, form = detect_forms([other, other], [Candidate.inline(KEY)], config)
     assert form == 0 and len(calls) == 3
+
+
+# --- the span search only for forms that can win ------------------------------------------
+
+_DUAL = WatermarkKey(0xD0A1, WatermarkSpec(algorithm="dual_key_gumbel"))
+_KEYED = WatermarkKey(0xC0FF, WatermarkSpec(algorithm="dual_key_gumbel", coin="keyed"))
+_DIVERSE = WatermarkKey(0xD17E, WatermarkSpec(mode="diverse"))
+
+
+def _variants(marked: list[int], seed: int) -> list[list[list[int]]]:
+    """Form lists as normalisation makes them: the same text, a few tokens changed, a text
+    cut or merged differently, an unrelated one; in several orders and with repeats."""
+    rng = np.random.default_rng(seed)
+    edited = list(marked)
+    for i in rng.choice(len(edited), size=max(1, len(edited) // 12), replace=False):
+        edited[int(i)] = int(rng.integers(1, 2000))
+    shifted = marked[3:] + human_like(3, seed=seed)
+    human = human_like(len(marked), seed=seed + 1)
+    mixed = human_like(150, seed=seed + 2) + marked[:90] + human_like(150, seed=seed + 3)
+    return [[marked, edited], [edited, marked], [marked, shifted, edited], [human, marked], [marked, human],
+            [human, human_like(len(marked), seed=seed + 4)], [mixed, marked], [human, mixed, edited],
+            [edited, edited], [shifted, marked, marked]]
+
+
+def _candidates(key: WatermarkKey) -> list[Candidate]:
+    from detector.result import salted_candidates
+
+    return salted_candidates([Candidate.inline(key)]) if key.spec.mode == "diverse" else [Candidate.inline(key)]
+
+
+@pytest.mark.parametrize("key", [KEY, _DUAL, _KEYED, _DIVERSE], ids=["gumbel", "dual", "keyed", "diverse"])
+def test_spans_only_for_forms_that_can_win_give_the_exhaustive_result(key):
+    from detector.forms import detect_forms_exhaustive
+    from detector.multikey import KeySet, detect_many
+
+    others = [Candidate.inline(WatermarkKey(0xB0B + i, key.spec)) for i in range(3)]
+    configs = [DetectorConfig(), DetectorConfig(threshold=1e-3), DetectorConfig(test="sum"),
+               DetectorConfig(spans=False), DetectorConfig(span_min_length=16)]
+    if key.spec.algorithm == "dual_key_gumbel" and key.spec.coin == "ordinary":
+        configs.append(DetectorConfig(dual_statistic="weighted"))
+    cases = 0
+    for seed in range(3):
+        generating = key.with_salt(5) if key.spec.mode == "diverse" else key
+        marked, _ = generate(generating, 180, seed=seed)
+        for forms in _variants(marked, 100 + seed):
+            for config in configs:
+                for candidates, run in ((_candidates(key), None), (_candidates(key) + others, detect_many)):
+                    keys = KeySet.of(candidates) if run is detect_many else candidates
+                    got, got_form = detect_forms(forms, keys, config, run=run)
+                    want, want_form = detect_forms_exhaustive(forms, keys, config, run=run)
+                    assert got_form == want_form and got.to_dict() == want.to_dict(), (seed, forms, config)
+                    cases += 1
+    assert cases >= 200
+
+
+def test_a_form_whose_span_beats_another_forms_whole_text_still_wins():
+    # A short stretch inside a long text: its whole-text p (1e-7) loses to the other form's
+    # (1e-38), its span (1e-43) wins; the screen must not drop it on its whole-text p.
+    marked, _ = generate(KEY, 200, seed=21)
+    stretch = human_like(2000, seed=22) + marked[:40] + human_like(2000, seed=23)
+    short = marked[100:130]
+    from detector.forms import detect_forms_exhaustive
+
+    for forms, winner in (([short, stretch], 1), ([stretch, short], 0)):
+        got, form = detect_forms(forms, [Candidate.inline(KEY)], DetectorConfig())
+        want, _ = detect_forms_exhaustive(forms, [Candidate.inline(KEY)], DetectorConfig())
+        assert form == winner and got.spans and got.to_dict() == want.to_dict()
+
+
+def test_a_form_that_cannot_win_gets_no_span_search(monkeypatch):
+    from detector import detect as detect_module
+
+    marked, _ = generate(KEY, 200, seed=11)
+    human = human_like(200, seed=12)
+    searched = []
+    original = detect_module.Pending.result
+
+    def counting(self):
+        searched.append(self.whole_log10_p)
+        return original(self)
+
+    monkeypatch.setattr(detect_module.Pending, "result", counting)
+    result, form = detect_forms([human, marked, human_like(220, seed=13)], [Candidate.inline(KEY)], DetectorConfig())
+    assert form == 1 and result.watermarked
+    assert len(searched) == 1 and searched[0] < -6  # the watermarked form's only
