@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 from keys import clock, kgrams, tlog
 from keys.chain import GENESIS_HASH, entry_fields, entry_hash, hash_token_ids, timestamp
 from keys.errors import InvalidInput, KeyRevoked, UnknownKey
-from keys.leaves import EMPTY_KGRAMS, kgram_commitment
+from keys.leaves import EMPTY_KGRAMS
 from keys.ledger_read import (MAX_OFFSET, MAX_RESULTS, STALE_AFTER, STARTED_AT, ChainEntry, GenerationEntry, _check_hash,  # noqa: F401
                               _entries_of, _generation, find_generations_by_output_hash, generation_entries,
                               get_generation, hash_output, list_generations, writer_gone, writer_id)
@@ -143,8 +143,8 @@ def _lock_chain(session: Session, tenant_id: str) -> None:
                         {"k": f"hallmark-ledger:{tenant_id}"})
 
 
-Kgrams = tuple[str, set[int]]
-"""A finished generation's k-grams: the key they are keyed under and their digests (keys.kgrams)."""
+Kgrams = kgrams.KgramSet
+"""A finished generation's k-grams: its key and token ids, hashed when recorded (keys.kgrams)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,9 +168,11 @@ def _append(session: Session, *, tenant_id: str, values: dict[str, Any], now: da
     session.flush()
     commitment = EMPTY_KGRAMS
     if kgram_set is not None:
-        key_id, digests = kgram_set
-        kgrams.store(session, tenant_id=tenant_id, generation_id=row.generation_id, key_id=key_id, digests=digests)
-        commitment = kgram_commitment(digests)
+        # Scheme 2 under the store's k-gram key (the log key's; keys.kgrams), scheme 1 only for
+        # a store with no log key at all (sequencing switched off before one was made).
+        keyed = auth if auth is not None else tlog.authority(session)
+        commitment = kgrams.record(session, tenant_id=tenant_id, generation_id=row.generation_id,
+                                   kgram_set=kgram_set, store_key=None if keyed is None else keyed.kgram_key)
     sequenced = None if auth is None else tlog.append_entry(session, auth, row, commitment, now=now)
     return _Appended(row, commitment, sequenced)
 
@@ -197,8 +199,8 @@ def record_generation(
     ``token_ids`` (hashed here) fixes ``output_tokens``. ``key_id``/``key_version`` are both
     None for unwatermarked output (then ``watermarked_tokens`` must be 0); otherwise they
     must name a key of the tenant, whose current state is recorded. ``kgram_set``: the
-    generation's k-gram digests under its key, stored and committed to in the log with the
-    entry (keys.kgrams, keys.leaves). ``refuse_revoked_key``
+    generation's k-grams (its key and token ids), hashed under the store's k-gram key, stored
+    and committed to in the log with the entry (keys.kgrams, keys.leaves). ``refuse_revoked_key``
     raises :class:`~keys.errors.KeyRevoked` instead of recording output under a key revoked
     meanwhile (for output that has not been sent yet).
     """

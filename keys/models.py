@@ -437,9 +437,9 @@ class LedgerKgram(Base):
         # Scheme 2's one look-up per text: every tenant (digest), or one (digest, tenant_id).
         Index("ix_ledger_kgrams_digest_tenant", "digest", "tenant_id"),
         # Which keys have scheme 1 rows (keys.kgrams.KgramCache.v1_keys): empty on a store
-        # that never recorded any, so the question costs nothing there.
-        Index("ix_ledger_kgrams_v1_key", "key_id", sqlite_where=text("scheme = 1"),
-              postgresql_where=text("scheme = 1")),
+        # that never recorded any, so the question costs nothing there. SQLite's predicate
+        # only (partial_unique_index says why); migration 0010 gives PostgreSQL the same.
+        Index("ix_ledger_kgrams_v1_key", "key_id", sqlite_where=text("scheme = 1")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer(), "sqlite"),
