@@ -45,7 +45,6 @@ from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from keys import tlog
-from keys.leaves import kgram_commitment
 from keys.models import LedgerEntry, LedgerKgram
 
 K = 8
@@ -414,19 +413,10 @@ def kgram_set(key_id: str, secret: int, token_ids: Sequence[int], scheme: int | 
     return KgramSet(key_id, int(secret), tuple(int(t) for t in token_ids), scheme)
 
 
-def record(session: Session, *, tenant_id: str, generation_id: str, kgram_set: KgramSet,
-           store_key: bytes | None) -> str:
-    """Hash and insert one generation's k-grams in the caller's transaction (keys.ledger does,
-    with the entry that commits to them); returns the commitment (keys.leaves.kgram_commitment)."""
-    scheme, found = kgram_set.digests(store_key)
-    store(session, tenant_id=tenant_id, generation_id=generation_id, key_id=kgram_set.key_id, digests=found,
-          scheme=scheme)
-    return kgram_commitment(found, scheme)
-
-
 def store(session: Session, *, tenant_id: str, generation_id: str, key_id: str, digests: Iterable[int],
           scheme: int = V1) -> int:
-    """Insert one generation's digests under ``scheme`` in the caller's transaction; returns how many."""
+    """Insert one generation's digests under ``scheme`` in the caller's transaction (keys.ledger
+    does, with the entry that commits to them); returns how many."""
     rows = [{"tenant_id": tenant_id, "generation_id": generation_id, "key_id": key_id, "digest": int(d),
              "scheme": scheme} for d in sorted(set(digests))]
     if rows:

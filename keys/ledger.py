@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 from keys import clock, kgrams, tlog
 from keys.chain import GENESIS_HASH, entry_fields, entry_hash, hash_token_ids, timestamp
 from keys.errors import InvalidInput, KeyRevoked, UnknownKey
-from keys.leaves import EMPTY_KGRAMS
+from keys.leaves import EMPTY_KGRAMS, kgram_commitment
 from keys.ledger_read import (MAX_OFFSET, MAX_RESULTS, STALE_AFTER, STARTED_AT, ChainEntry, GenerationEntry, _check_hash,  # noqa: F401
                               _entries_of, _generation, find_generations_by_output_hash, generation_entries,
                               get_generation, hash_output, list_generations, writer_gone, writer_id)
@@ -158,6 +158,13 @@ def _append(session: Session, *, tenant_id: str, values: dict[str, Any], now: da
             kgram_set: Kgrams | None = None) -> _Appended:
     """Chain the entry, store its k-grams, and log it, in the caller's transaction."""
     auth = tlog.writer_authority(session)
+    hashed = None
+    if kgram_set is not None:
+        # Scheme 2 under the store's k-gram key (the log key's; keys.kgrams), scheme 1 only for
+        # a store with no log key at all (sequencing switched off before one was made); hashed
+        # before the tenant's chain lock is taken, which the hashing need not hold.
+        keyed = auth if auth is not None else tlog.authority(session)
+        hashed = kgram_set.digests(None if keyed is None else keyed.kgram_key)
     _lock_chain(session, tenant_id)
     head = session.execute(select(Row.seq, Row.entry_hash).where(Row.tenant_id == tenant_id)
                            .order_by(Row.seq.desc()).limit(1)).first()
@@ -167,12 +174,11 @@ def _append(session: Session, *, tenant_id: str, values: dict[str, Any], now: da
     session.add(row)
     session.flush()
     commitment = EMPTY_KGRAMS
-    if kgram_set is not None:
-        # Scheme 2 under the store's k-gram key (the log key's; keys.kgrams), scheme 1 only for
-        # a store with no log key at all (sequencing switched off before one was made).
-        keyed = auth if auth is not None else tlog.authority(session)
-        commitment = kgrams.record(session, tenant_id=tenant_id, generation_id=row.generation_id,
-                                   kgram_set=kgram_set, store_key=None if keyed is None else keyed.kgram_key)
+    if hashed is not None:
+        scheme, digests = hashed
+        kgrams.store(session, tenant_id=tenant_id, generation_id=row.generation_id, key_id=kgram_set.key_id,
+                     digests=digests, scheme=scheme)
+        commitment = kgram_commitment(digests, scheme)
     sequenced = None if auth is None else tlog.append_entry(session, auth, row, commitment, now=now)
     return _Appended(row, commitment, sequenced)
 
