@@ -509,7 +509,7 @@ def find_matches(session: Session, *, keys: Sequence[tuple[str, int]], token_ids
     has them (none on a store created since migration 0010)."""
     cache = KgramCache() if cache is None else cache
     # dict.fromkeys: a `diverse` key comes as one candidate per salt, all with its key id
-    # and secret (k-grams are keyed by the key's own secret, not the salt's).
+    # and secret (scheme 1 k-grams are keyed by the key's own secret, not the salt's).
     keys = list(dict.fromkeys(keys))
     found = _matches_v2(session, keys, token_ids, tenant_id, cache)
     old = cache.v1_keys(session)

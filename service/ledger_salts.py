@@ -7,9 +7,11 @@ detector tests that key under the recorded salt(s) only, instead of all 16 with 
 correction over them (up to log10 16 = 1.2 in log10 p; bench/results/diversity.md).
 
 Valid as a test: which generation the ledger finds depends on the text's tokens and on
-digests keyed by the key's own secret, not on the PRF values under any salted secret, so on
+digests keyed by the store's k-gram key (or, for rows recorded before it, by a key derived
+from the watermark key's own secret), not on the PRF values under any salted secret, so on
 text independent of the key the chosen salt's scores are as null as any salt's. Keys the
-ledger says nothing about keep all 16 salts.
+ledger says nothing about keep all 16 salts. The look-ups are the detection's one
+(service.ledger_lookup), read here, not repeated.
 """
 
 from __future__ import annotations
