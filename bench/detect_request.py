@@ -14,11 +14,18 @@ basis, the signed report. Figures: the median wall ms (and CPU ms in process) of
 requests, and ``cold_ms``: the first request after the key cache is cleared (every key's
 secret unwrapped and its KeySet built), minus a warm request's ms, per key.
 
-These stores hold no generation: the k-gram basis is then one count query (keys with no
-finished generation are neither hashed nor queried, keys.kgrams.KgramCache.prefetch). A key
-with generations costs a keyed hash of the text's k-grams and one look-up under that key
-(the digest scheme is per key); ``kgram_ms_per_key_with_generations`` measures that part
-for one key, the figure a tenant whose every key has generations pays per key.
+By default these stores hold no generation. ``--generations N`` records N generations
+(200 random token ids each) under EVERY key first, and the watermarked text as the owner's
+generation (so the edited text has a k-gram match and the watermarked one an exact copy):
+the provider's case, every key with generations, whose k-gram look-ups the request then
+pays in full (stores ``<algorithm>-<K>-g<N>.db``, made once). With the per-key k-gram
+scheme (scheme 1) that was a keyed hash of the text and one query per key; with the
+store's one k-gram key (scheme 2, keys.kgrams) one of each for every key.
+``kgram_ms_per_key_with_generations``: one scheme 1 hashing of the text, for comparison.
+``--no-http`` skips the gateway process.
+
+    .venv/bin/python -m bench.detect_request --keys 1,100,1000 --generations 1 --no-http \
+        --store-dir var/bench-kgrams --out bench/results/detect-request-kgrams.json
 """
 
 from __future__ import annotations
@@ -59,6 +66,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--store-dir", default="var/bench-multikey")
     parser.add_argument("--out", default="bench/results/detect-request.json")
+    parser.add_argument("--generations", type=int, default=0,
+                        help="generations recorded under every key before timing (default 0: none)")
+    parser.add_argument("--no-http", action="store_true", help="time the in-process request only")
     args = parser.parse_args()
 
     from fastapi.testclient import TestClient
@@ -75,8 +85,11 @@ def main() -> None:
     spec = multikey.SPECS[args.algorithm]
     rows = []
     for count in [int(k) for k in args.keys.split(",")]:
-        path = Path(args.store_dir) / f"{args.algorithm}-{count}.db"
+        suffix = f"-g{args.generations}" if args.generations else ""
+        path = Path(args.store_dir) / f"{args.algorithm}-{count}{suffix}.db"
         store = multikey._store(path, count, spec)
+        if args.generations:
+            _record_generations(store, args.generations, seed=count)
         with store.transaction() as session:
             token = issue_token(session, tenant="acme", actor="bench").raw_token
         store.engine.dispose()
@@ -95,6 +108,8 @@ def main() -> None:
             marked = multikey.watermarked(owner, multikey.TOKENS, rng)
             texts = {"null": rng.integers(0, multikey.VOCAB, multikey.TOKENS).tolist(), "watermarked": marked,
                      "edited": [int(rng.integers(0, multikey.VOCAB)) if rng.random() < 0.2 else t for t in marked]}
+            if args.generations:
+                _record_owner_text(services, path, candidates[count // 2], marked)
             for name, tokens in texts.items():
                 body = DetectBody(token_ids=tokens)
                 detection.detect(services, identity, body)  # compiles, fills the caches
@@ -110,11 +125,19 @@ def main() -> None:
                                       "cold_ms": round(cold_ms, 3),
                                       "opening_ms_per_key": round(max(0.0, cold_ms - warm_ms) / count, 5),
                                       "watermarked": out["watermarked"], "log10_p": out["log10_p_value"],
-                                      "keys_tested": len(out["per_key"])}
+                                      "keys_tested": len(out["per_key"]),
+                                      "ledger_matches": len(out["ledger_matches"]),
+                                      "kgram_matches": [(m["matched_kgrams"], m["text_kgrams"], m["generation_kgrams"],
+                                                         m["log10_false_match_bound"])
+                                                        for m in out["kgram_matches"]]}
             digest_ms, _ = _timed(lambda: kgrams.position_digests(texts["null"], owner.secret), args.repeats)
             row["kgram_ms_per_key_with_generations"] = round(digest_ms, 3)
         # Over HTTP: a gateway process on the same store.
         with tempfile.TemporaryDirectory() as tmp:
+            if args.no_http:
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                continue
             env = {**os.environ, "HALLMARK_DATABASE_URL": store_settings.database_url,
                    "HALLMARK_KEK": store_settings.kek.get_secret_value(),
                    "HALLMARK_DETECT_RATE_PER_MINUTE": "1e9", "HALLMARK_DETECT_BURST": "1000000000"}
@@ -137,6 +160,56 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.out}")
+
+
+GENERATION_TOKENS = 200
+
+
+def _record_generations(store, per_key: int, seed: int) -> None:
+    """``per_key`` generations of random token ids under every key of the store's tenant, as
+    the gateway records them (entry, k-grams, log leaf); once per store."""
+    from sqlalchemy import func, select
+
+    from keys import kgrams
+    from keys.ledger import record_generation
+    from keys.material import detection_keys
+    from keys.models import LedgerEntry
+
+    with store.transaction(write=False) as session:
+        if session.scalar(select(func.count()).select_from(LedgerEntry)):
+            return
+        keys = detection_keys(session, store.keyring, tenant="acme")
+    rng = np.random.default_rng(seed + 1)
+    for start in range(0, len(keys), 200):
+        with store.transaction() as session:
+            for i, key in enumerate(keys[start:start + 200]):
+                for j in range(per_key):
+                    tokens = rng.integers(0, multikey.VOCAB, GENERATION_TOKENS).tolist()
+                    record_generation(session, tenant_id=key.tenant_id, key_id=key.key_id, key_version=key.version,
+                                      engine="local", model="bench", spec=key.spec, prompt_tokens=3,
+                                      watermarked_tokens=len(tokens), unwatermarked_reason=None,
+                                      output_text=f"bench {start + i} {j}", token_ids=tokens,
+                                      kgram_set=kgrams.kgram_set(key.key_id, key.material.secret, tokens))
+
+
+def _record_owner_text(services, path: Path, candidate, tokens: list[int]) -> None:
+    """The watermarked text as its key's generation (once per store: a marker file beside it)."""
+    from keys import kgrams
+    from keys.ledger import record_generation
+
+    marker = path.with_suffix(".owner")
+    if marker.exists():
+        return
+    info = candidate.info
+    with services.store.transaction() as session:
+        tenant_id = services.tenant_id(info.tenant)
+        record_generation(session, tenant_id=tenant_id, key_id=info.key_id, key_version=info.version,
+                          engine="local", model="bench", spec=candidate.key.spec, prompt_tokens=3,
+                          watermarked_tokens=len(tokens), unwatermarked_reason=None,
+                          output_text=services.engine.tokenizer().decode(tokens, skip_special_tokens=True),
+                          token_ids=tokens, kgram_set=kgrams.kgram_set(info.key_id, candidate.key.secret, tokens))
+    services.key_cache.clear()
+    marker.write_text("recorded\n")
 
 
 def multikey_store_settings(path: Path):

@@ -1,20 +1,35 @@
 """Ledger retrieval: keyed hashes of a generation's token k-grams, and matching a text to them.
 
 Each recorded generation stores, per distinct k-gram of its output token ids (k = 8), the
-first 63 bits of HMAC-SHA256 under a k-gram key derived from the generation's watermark
-key secret: SHA-256("hallmark-kgram-v1" || secret as 8 bytes big-endian). No text and no
-token id is stored; without the key store (the secret is wrapped under the KEK) the digests
-reveal nothing and cannot be tested against a guessed text. Detection hashes the text's
-k-grams under each candidate key and counts, per generation, how many distinct digests it
-shares.
+first 63 bits of an HMAC-SHA256 under a k-gram key, tagged with the scheme that names it:
+
+- scheme 2 (every generation recorded since migration 0010): the store's one k-gram key,
+  derived from the transparency-log key (keys.log_key: a random secret held only wrapped
+  under the KEK, created with the log, re-wrapped by ``kek rotate``, never rotated), so a
+  text is hashed once and looked up in one query (per :data:`_CHUNK` digests) for every key
+  and tenant in scope: ``digest IN (...)``, plus ``tenant_id = :t`` for a tenant's search.
+- scheme 1 (rows recorded before): a key derived from the generation's watermark key secret,
+  SHA-256("hallmark-kgram-v1" || secret as 8 bytes big-endian); still matched, per key, for
+  the keys that have such rows (one query says which; a store created since has none).
+
+Global, not per tenant: one key per store makes an operator's search of every tenant one
+hash and one query, as a tenant's is; a per-tenant key would cost one hash and one query
+per tenant. What it gives away: digests are now equal across keys and tenants wherever two
+generations share an 8-token run, so whoever reads the table sees that two generations (of
+any tenants) share some phrase, as scheme 1 already showed within one key. It still holds
+that no text and no token id is stored and that, without the key store (the KEK), the
+digests reveal nothing and cannot be tested against a guessed text.
 
 False-match bound. For a text unrelated to generation G (no shared k-gram), a shared
 digest needs a 63-bit HMAC collision: probability at most 2^-63 per (query, stored) pair,
 treating HMAC-SHA256 as a PRF. With Q query digests and M stored digests of G, the number
 X of chance matches satisfies P(X >= x) <= (Q M 2^-63)^x / x! (union bound over the
 x-subsets of pairs); multiplied by the number of generations searched, or an upper bound on
-it (Bonferroni; :func:`generations_searched`). This bounds chance collisions only: a real shared 8-token phrase is a real match, which is why
-the share of the text's k-grams that matched is reported beside it.
+it (Bonferroni): under scheme 1 the key's (:func:`generations_searched`), under scheme 2
+every generation of the scope searched (:func:`generations_in_scope`: the tenant's, or the
+store's), which the one look-up reaches. This bounds chance collisions only: a real shared
+8-token phrase is a real match, which is why the share of the text's k-grams that matched is
+reported beside it.
 """
 
 from __future__ import annotations
@@ -23,7 +38,7 @@ import hashlib
 import json
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from sqlalchemy import bindparam, func, select, text
@@ -37,41 +52,77 @@ K = 8
 DIGEST_BITS = 63
 MIN_MATCHES = 2
 """Matches below this many shared k-grams are not reported."""
+V1, V2 = 1, 2
+"""The schemes (module docstring): per watermark key; the store's one k-gram key."""
 _CHUNK = 500
 
 # Statements built once, their lists bound at execution (expanding parameters): an IN list
 # of literals is coerced element by element each time a statement is built.
 _ROWS = select(LedgerKgram.generation_id, LedgerKgram.digest).where(
-    LedgerKgram.key_id == bindparam("key_id"), LedgerKgram.digest.in_(bindparam("digests", expanding=True)))
+    LedgerKgram.key_id == bindparam("key_id"), LedgerKgram.digest.in_(bindparam("digests", expanding=True)),
+    LedgerKgram.scheme == V1)
 _ROWS_OF_TENANT = _ROWS.where(LedgerKgram.tenant_id == bindparam("tenant_id"))
 # SQLite: the digests bound as one JSON array (json_each), the index on (key_id, digest) still
 # used: a look-up of ~250 digests renders no bind parameter per value.
 _ROWS_JSON = text("SELECT generation_id, digest FROM ledger_kgrams WHERE key_id = :key_id "
-                  "AND digest IN (SELECT value FROM json_each(:digests))")
+                  "AND digest IN (SELECT value FROM json_each(:digests)) AND scheme = 1")
 _ROWS_JSON_OF_TENANT = text("SELECT generation_id, digest FROM ledger_kgrams WHERE key_id = :key_id "
-                            "AND digest IN (SELECT value FROM json_each(:digests)) AND tenant_id = :tenant_id")
-_SHARED = _ROWS.where(LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
-_SEARCHED = select(func.count()).select_from(LedgerEntry).where(
-    LedgerEntry.key_id == bindparam("key_id"), LedgerEntry.kind == "finished", LedgerEntry.output_tokens >= K)
+                            "AND digest IN (SELECT value FROM json_each(:digests)) AND scheme = 1 "
+                            "AND tenant_id = :tenant_id")
+# Scheme 2: every key of the scope in one statement (ix_ledger_kgrams_digest_tenant).
+_ROWS2 = select(LedgerKgram.generation_id, LedgerKgram.key_id, LedgerKgram.digest).where(
+    LedgerKgram.digest.in_(bindparam("digests", expanding=True)), LedgerKgram.scheme == V2)
+_ROWS2_OF_TENANT = _ROWS2.where(LedgerKgram.tenant_id == bindparam("tenant_id"))
+_ROWS2_JSON = text("SELECT generation_id, key_id, digest FROM ledger_kgrams "
+                   "WHERE digest IN (SELECT value FROM json_each(:digests)) AND scheme = 2")
+_ROWS2_JSON_OF_TENANT = text("SELECT generation_id, key_id, digest FROM ledger_kgrams "
+                             "WHERE digest IN (SELECT value FROM json_each(:digests)) AND scheme = 2 "
+                             "AND tenant_id = :tenant_id")
+# Which keys have scheme 1 rows: a loose index scan of ix_ledger_kgrams_v1_key (partial, scheme
+# 1), one index probe per such key, whatever the rows per key (none at all on a fresh store).
+_V1_KEYS = text("WITH RECURSIVE k(key_id) AS ("
+                "SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 UNION ALL "
+                "SELECT (SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 AND key_id > k.key_id) "
+                "FROM k WHERE k.key_id IS NOT NULL) SELECT key_id FROM k WHERE key_id IS NOT NULL")
+_SHARED = select(LedgerKgram.generation_id, LedgerKgram.scheme, LedgerKgram.digest).where(
+    LedgerKgram.key_id == bindparam("key_id"), LedgerKgram.digest.in_(bindparam("digests", expanding=True)),
+    LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
+_FINISHED = (LedgerEntry.kind == "finished", LedgerEntry.output_tokens >= K)
+_SEARCHED = select(func.count()).select_from(LedgerEntry).where(LedgerEntry.key_id == bindparam("key_id"), *_FINISHED)
 _SEARCHED_BY_KEY = select(LedgerEntry.key_id, func.count()).where(
-    LedgerEntry.key_id.in_(bindparam("key_ids", expanding=True)), LedgerEntry.kind == "finished",
-    LedgerEntry.output_tokens >= K).group_by(LedgerEntry.key_id)
+    LedgerEntry.key_id.in_(bindparam("key_ids", expanding=True)), *_FINISHED).group_by(LedgerEntry.key_id)
+_IN_STORE = select(func.count()).select_from(LedgerEntry).where(*_FINISHED)
+_IN_TENANT = _IN_STORE.where(LedgerEntry.tenant_id == bindparam("tenant_id"))
 _INSERT = LedgerKgram.__table__.insert()
-_STORED = select(LedgerKgram.generation_id, LedgerKgram.digest).where(
+_STORED = select(LedgerKgram.generation_id, LedgerKgram.scheme, LedgerKgram.digest).where(
     LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
 
 
 def kgram_key(secret: int) -> bytes:
-    """The k-gram HMAC key of a watermark key secret (64-bit)."""
+    """Scheme 1's k-gram HMAC key of a watermark key secret (64-bit)."""
     return hashlib.sha256(b"hallmark-kgram-v1" + int(secret).to_bytes(8, "big")).digest()
+
+
+def store_kgram_key(session: Session) -> bytes | None:
+    """Scheme 2's k-gram HMAC key: the store's (keys.log_key), None while it has no log key
+    (or this process no KEK). Never logged, returned or stored apart from the log key."""
+    auth = tlog.authority(session)
+    return None if auth is None else auth.kgram_key
 
 
 def position_digests(token_ids: Sequence[int], secret: int, k: int = K,
                      memo: dict[bytes, int] | None = None) -> list[int]:
-    """The 63-bit digest of the k-gram starting at each position of ``token_ids`` [n]
-    (n - k + 1 of them; empty if n < k). ``memo``: digests of k-grams already hashed under
-    ``secret`` (by their 4k bytes), read and extended: the forms of one text (as sent,
-    normalised) share most of their k-grams, so each distinct one is hashed once."""
+    """The scheme 1 digest (63 bits) of the k-gram starting at each position of ``token_ids``
+    [n] under the watermark key ``secret`` (n - k + 1 of them; empty if n < k). ``memo``:
+    digests of k-grams already hashed under ``secret`` (by their 4k bytes), read and extended:
+    the forms of one text (as sent, normalised) share most of their k-grams, so each distinct
+    one is hashed once."""
+    return keyed_position_digests(token_ids, kgram_key(secret), k, memo)
+
+
+def keyed_position_digests(token_ids: Sequence[int], key: bytes, k: int = K,
+                           memo: dict[bytes, int] | None = None) -> list[int]:
+    """:func:`position_digests` under the HMAC key ``key`` itself (scheme 2: the store's)."""
     # HMAC (RFC 2104) from two SHA-256 states, the key's inner and outer padded blocks hashed
     # once and copied per k-gram: the same digests as hmac.new(key, gram), without the hmac
     # module's Python wrapper around each copy (most of the time at ~200 k-grams a text).
@@ -84,7 +135,7 @@ def position_digests(token_ids: Sequence[int], secret: int, k: int = K,
         digest = memo.get(gram)
         if digest is None:
             if inner is None:
-                inner, outer = _hmac_states(kgram_key(secret))
+                inner, outer = _hmac_states(key)
             mac = inner.copy()
             mac.update(gram)
             final = outer.copy()
@@ -96,42 +147,77 @@ def position_digests(token_ids: Sequence[int], secret: int, k: int = K,
 
 def _hmac_states(key: bytes) -> tuple["hashlib._Hash", "hashlib._Hash"]:
     """SHA-256 states after HMAC's inner and outer padded key blocks (a key of at most one
-    64-byte block, as kgram_key's 32 bytes)."""
+    64-byte block, as both schemes' 32 bytes)."""
     block = key.ljust(64, b"\0")
     return (hashlib.sha256(bytes(b ^ 0x36 for b in block)), hashlib.sha256(bytes(b ^ 0x5C for b in block)))
 
 
+def _positions(at: Sequence[int], shared: set[int], skip: int) -> set[int]:
+    first = min(skip, K)
+    return {i for start, d in enumerate(at) if d in shared for i in range(start + first, start + K)}
+
+
 class KgramCache:
-    """What one detection learns of a text's k-grams and of the ledger, within one read
-    transaction (it holds query results: never keep it past the transaction).
+    """What one detection learns of a text's k-grams and of the ledger (it holds query
+    results: never keep it past the request; rows are append-only and a generation's are
+    written in one transaction, so rows read in one transaction stay right in the next).
 
     The forms of one text (as sent, normalised; detector.forms) share most of their k-grams:
-    each distinct k-gram is hashed once per key, and each distinct digest looked up in the
-    ledger once per key and scope, for every form and every look-up of the detection
+    each distinct k-gram is hashed once per k-gram key (scheme 2: once in all; scheme 1: once
+    per key with such rows), and each distinct digest looked up once per scope (scheme 1:
+    per key and scope), for every form and every look-up of the detection
     (:func:`find_matches`, :func:`shared_positions`). A look-up fetches the matching rows
-    themselves, (generation, digest), rather than counts per generation: the counts and the
-    shared positions of every generation then come from one query per key, at the cost of
-    returning one row per shared (generation, k-gram) pair, as many as the count query read."""
+    themselves, (generation, key, digest), rather than counts per generation: the counts and
+    the shared positions of every generation then come from the one query, at the cost of
+    returning one row per shared (generation, k-gram) pair, as many as a count query reads."""
 
     def __init__(self) -> None:
-        self._memo: dict[int, dict[bytes, int]] = {}
-        self._at: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+        self._memo: dict[bytes, dict[bytes, int]] = {}
+        self._at: dict[tuple[bytes, tuple[int, ...]], list[int]] = {}
         self._rows: dict[tuple[str, str | None], dict[int, list[str]]] = {}
-        self._scope_of: dict[tuple[str, str], str | None] = {}
+        self._rows2: dict[str | None, dict[int, list[tuple[str, str]]]] = {}
+        self._scope_of: dict[tuple[str, str], tuple[int, str | None]] = {}
         self._searched: dict[str, int] = {}
+        self._searched2: dict[str | None, int] = {}
         self._stored: dict[str, int | None] = {}
+        self._store_key: bytes | None = None
+        self._store_key_read = False
+        self._v1_keys: frozenset[str] | None = None
 
-    def at(self, token_ids: Sequence[int], secret: int) -> list[int]:
-        """:func:`position_digests` of ``token_ids`` [n] under ``secret``."""
-        index = (int(secret), tuple(token_ids))
+    def _keyed(self, token_ids: Sequence[int], key: bytes) -> list[int]:
+        index = (key, tuple(token_ids))
         found = self._at.get(index)
         if found is None:
-            found = self._at[index] = position_digests(token_ids, secret, memo=self._memo.setdefault(int(secret), {}))
+            found = self._at[index] = keyed_position_digests(token_ids, key, memo=self._memo.setdefault(key, {}))
         return found
 
+    def at(self, token_ids: Sequence[int], secret: int) -> list[int]:
+        """:func:`position_digests` of ``token_ids`` [n] under ``secret`` (scheme 1)."""
+        return self._keyed(token_ids, kgram_key(secret))
+
+    def store_key(self, session: Session) -> bytes | None:
+        if not self._store_key_read:
+            self._store_key, self._store_key_read = store_kgram_key(session), True
+        return self._store_key
+
+    def at2(self, session: Session, token_ids: Sequence[int]) -> list[int] | None:
+        """Scheme 2's position digests of ``token_ids`` [n] (None: the store has no k-gram key,
+        so no scheme 2 row either)."""
+        key = self.store_key(session)
+        return None if key is None else self._keyed(token_ids, key)
+
+    def at_scheme(self, session: Session, scheme: int, token_ids: Sequence[int], secret: int) -> list[int] | None:
+        return self.at(token_ids, secret) if scheme == V1 else self.at2(session, token_ids)
+
+    def v1_keys(self, session: Session) -> frozenset[str]:
+        """The keys with scheme 1 rows (one query: :data:`_V1_KEYS`)."""
+        if self._v1_keys is None:
+            self._v1_keys = frozenset(session.connection().execute(_V1_KEYS).scalars())
+        return self._v1_keys
+
     def rows(self, session: Session, key_id: str, tenant_id: str | None, digests: Iterable[int]) -> dict[int, list[str]]:
-        """Per digest looked up so far under ``key_id`` in scope ``tenant_id`` (None: every
-        tenant), ``digests`` included: the generations that recorded it, one entry per row."""
+        """Scheme 1: per digest looked up so far under ``key_id`` in scope ``tenant_id`` (None:
+        every tenant), ``digests`` included: the generations that recorded it, one entry per row."""
         known = self._rows.setdefault((key_id, tenant_id), {})
         missing = sorted(d for d in set(digests) if d not in known)
         connection = session.connection()
@@ -147,7 +233,29 @@ class KgramCache:
             for generation_id, digest in connection.execute(
                     stmt, {"key_id": key_id, "tenant_id": tenant_id, "digests": values}).all():
                 known[digest].append(generation_id)
-                self._scope_of[key_id, generation_id] = tenant_id
+                self._scope_of[key_id, generation_id] = (V1, tenant_id)
+        return known
+
+    def rows2(self, session: Session, tenant_id: str | None, digests: Iterable[int]) -> dict[int, list[tuple[str, str]]]:
+        """Scheme 2: per digest looked up so far in scope ``tenant_id`` (None: every tenant),
+        ``digests`` included: the (generation, key id) of each row that recorded it, every key
+        at once."""
+        known = self._rows2.setdefault(tenant_id, {})
+        missing = sorted(d for d in set(digests) if d not in known)
+        connection = session.connection()
+        sqlite = connection.dialect.name == "sqlite"
+        for chunk in _chunks(missing):
+            if sqlite:
+                stmt = _ROWS2_JSON if tenant_id is None else _ROWS2_JSON_OF_TENANT
+                values = json.dumps(chunk)
+            else:
+                stmt = _ROWS2 if tenant_id is None else _ROWS2_OF_TENANT
+                values = chunk
+            known.update((d, []) for d in chunk)
+            for generation_id, key_id, digest in connection.execute(
+                    stmt, {"tenant_id": tenant_id, "digests": values}).all():
+                known[digest].append((generation_id, key_id))
+                self._scope_of[key_id, generation_id] = (V2, tenant_id)
         return known
 
     def searched(self, session: Session, key_id: str) -> int:
@@ -164,100 +272,153 @@ class KgramCache:
                 _SEARCHED_BY_KEY, {"key_ids": chunk}))
         return {k: self._searched[k] for k in key_ids}
 
+    def searched2(self, session: Session, tenant_id: str | None) -> int:
+        if tenant_id not in self._searched2:
+            self._searched2[tenant_id] = generations_in_scope(session, tenant_id)
+        return self._searched2[tenant_id]
+
     def prefetch(self, session: Session, keys: Sequence[tuple[str, int]], tenant_id: str | None,
                  forms: Sequence[Sequence[int]]) -> list[tuple[str, int]]:
-        """Look up, under each key, the digests of every form of one text at once (one query
-        per key and :data:`_CHUNK` digests, where each form alone would take one); returns
-        the keys that can match at all. A key with no finished generation of at least
-        :data:`K` tokens (one count query for every key) has no k-gram recorded under it:
-        the gateway writes a generation's k-grams with its finished entry, and rows written
-        without one never make a match (:meth:`stored`). Such keys are neither hashed nor
-        queried: :func:`find_matches` on them finds nothing, with or without this."""
-        searched = self.searched_many(session, [key_id for key_id, _ in keys])
-        live = [(key_id, secret) for key_id, secret in keys if searched[key_id] > 0]
-        for key_id, secret in live:
-            self.rows(session, key_id, tenant_id, {d for tokens in forms for d in self.at(tokens, secret)})
-        return live
+        """Look up the digests of every form of one text at once: under scheme 2 in one query
+        (per :data:`_CHUNK` digests) for every key; under scheme 1 in one query per key with
+        scheme 1 rows and a finished generation of at least :data:`K` tokens (one count query
+        for those keys; the gateway writes a generation's k-grams with its finished entry,
+        and rows written without one never make a match, :meth:`stored`), each hashed under
+        its own key. Returns the keys that can match at all; keys with neither are neither
+        hashed nor queried: :func:`find_matches` on them finds nothing, with or without this."""
+        wanted = {key_id for key_id, _ in keys}
+        live: set[str] = set()
+        if self.store_key(session) is not None:
+            rows = self.rows2(session, tenant_id, {d for tokens in forms for d in self.at2(session, tokens)})
+            live.update(key_id for found in rows.values() for _, key_id in found if key_id in wanted)
+        old = self.v1_keys(session)
+        v1 = [(key_id, secret) for key_id, secret in keys if key_id in old]
+        searched = self.searched_many(session, [key_id for key_id, _ in v1])
+        for key_id, secret in v1:
+            if searched[key_id] > 0:
+                live.add(key_id)
+                self.rows(session, key_id, tenant_id, {d for tokens in forms for d in self.at(tokens, secret)})
+        return [(key_id, secret) for key_id, secret in keys if key_id in live]
 
     def stored(self, session: Session, generation_ids: Iterable[str]) -> dict[str, int]:
         """Digests recorded per generation (every key: a generation has one), for the
-        generations whose recorded digests are exactly the set their logged ``finished``
-        entry committed to (keys.tlog.logged_kgrams); the others are absent: rows inserted,
-        deleted or moved by anyone without the log key never make a match."""
+        generations whose recorded digests, under their scheme, are exactly the set their
+        logged ``finished`` entry committed to (keys.tlog.logged_kgrams); the others are
+        absent: rows inserted, deleted, moved or relabelled by anyone without the log key
+        never make a match."""
         missing = [g for g in dict.fromkeys(generation_ids) if g not in self._stored]
         if missing:
-            found: dict[str, list[int]] = {g: [] for g in missing}
+            found: dict[str, list[tuple[int, int]]] = {g: [] for g in missing}
             for chunk in _chunks_of(missing):
-                for generation_id, digest in session.connection().execute(_STORED, {"generation_ids": chunk}):
-                    found[generation_id].append(int(digest))
+                for generation_id, scheme, digest in session.connection().execute(
+                        _STORED, {"generation_ids": chunk}):
+                    found[generation_id].append((int(scheme), int(digest)))
             authentic = tlog.logged_kgrams(session, found)
-            self._stored.update((g, len(set(found[g])) if g in authentic else None) for g in missing)
+            self._stored.update((g, len({d for _, d in found[g]}) if g in authentic else None) for g in missing)
         return {g: c for g, c in self._stored.items() if c is not None}
 
-    def shared(self, key_id: str, generation_id: str, at: Sequence[int]) -> set[int] | None:
-        """The digests among ``at`` that ``generation_id`` recorded under ``key_id``, when the
-        look-ups so far hold them all (None: they do not). A generation's k-grams are written
-        once, under its tenant (:func:`record`), so the rows of the scope it was found in are
-        all of its rows among the digests looked up there."""
-        if (key_id, generation_id) not in self._scope_of:
+    def shared(self, session: Session, key_id: str, generation_id: str, token_ids: Sequence[int],
+               secret: int) -> tuple[list[int], set[int]] | None:
+        """The text's position digests under the scheme ``generation_id`` was found under, and
+        those of them it recorded under ``key_id``, when the look-ups so far hold them all
+        (None: they do not). A generation's k-grams are written once, under its tenant and one
+        scheme (:func:`store`), so the rows of the scope it was found in are all of its rows
+        among the digests looked up there."""
+        found = self._scope_of.get((key_id, generation_id))
+        if found is None:
             return None
-        known = self._rows[key_id, self._scope_of[key_id, generation_id]]
-        if any(d not in known for d in at):
+        scheme, scope = found
+        at = self.at_scheme(session, scheme, token_ids, secret)
+        if at is None:
             return None
-        return {d for d in set(at) if generation_id in known[d]}
+        if scheme == V1:
+            known = self._rows[key_id, scope]
+            if any(d not in known for d in at):
+                return None
+            return at, {d for d in set(at) if generation_id in known[d]}
+        known2 = self._rows2[scope]
+        if any(d not in known2 for d in at):
+            return None
+        return at, {d for d in set(at) if (generation_id, key_id) in known2[d]}
 
 
 def digests(token_ids: Sequence[int], secret: int, k: int = K) -> set[int]:
-    """Distinct 63-bit digests of the k-grams of ``token_ids`` [n] (empty if n < k)."""
+    """Distinct scheme 1 digests of the k-grams of ``token_ids`` [n] under ``secret`` (empty if n < k)."""
     return set(position_digests(token_ids, secret, k))
 
 
 def matched_positions(session: Session, *, key_id: str, generation_id: str, secret: int,
-                      token_ids: Sequence[int], skip: int = 0, at: Sequence[int] | None = None) -> set[int]:
+                      token_ids: Sequence[int], skip: int = 0, cache: KgramCache | None = None) -> set[int]:
     """Positions of ``token_ids`` [n] inside a k-gram that generation ``generation_id``
     recorded under ``key_id`` (the tokens the text shares with it), leaving out the first
     ``skip`` of each k-gram (a watermark context width: those tokens' contexts reach before
-    the shared run). ``at``: the text's :func:`position_digests` under ``secret``, when the
-    caller has them already (one text is matched against several generations)."""
-    if at is None:
-        at = position_digests(token_ids, secret)
-    return shared_positions(session, key_id=key_id, generation_ids=[generation_id], at=at, skip=skip)[generation_id]
+    the shared run). ``secret``: the key's watermark secret (scheme 1's k-gram key)."""
+    return shared_positions(session, key_id=key_id, generation_ids=[generation_id], token_ids=token_ids,
+                            secret=secret, skip=skip, cache=cache)[generation_id]
 
 
-def shared_positions(session: Session, *, key_id: str, generation_ids: Sequence[str], at: Sequence[int],
-                     skip: int = 0, cache: KgramCache | None = None) -> dict[str, set[int]]:
-    """:func:`matched_positions` for several generations under one key, in one query (per
-    :data:`_CHUNK` distinct digests), or none where ``cache`` holds the rows already: per
-    generation id, the positions of the text whose :func:`position_digests` are ``at``
-    [n - k + 1] inside a k-gram it shares."""
+def shared_positions(session: Session, *, key_id: str, generation_ids: Sequence[str], token_ids: Sequence[int],
+                     secret: int, skip: int = 0, cache: KgramCache | None = None) -> dict[str, set[int]]:
+    """:func:`matched_positions` for several generations under one key: none where ``cache``
+    holds their rows already (the look-up that found them), else one query (per
+    :data:`_CHUNK` distinct digests) for the rest, each generation read under its own scheme."""
+    cache = KgramCache() if cache is None else cache
     found: dict[str, set[int]] = {}
     for generation_id in dict.fromkeys(generation_ids):
-        shared = None if cache is None else cache.shared(key_id, generation_id, at)
+        shared = cache.shared(session, key_id, generation_id, token_ids, secret)
         if shared is not None:
-            found[generation_id] = shared
+            found[generation_id] = _positions(shared[0], shared[1], skip)
     ids = [g for g in dict.fromkeys(generation_ids) if g not in found]
     if ids:
-        found.update((g, set()) for g in ids)
-        for chunk in _chunks(sorted(set(at))):
-            for generation_id, digest in session.connection().execute(
+        at = {V1: cache.at(token_ids, secret), V2: cache.at2(session, token_ids)}
+        rows: dict[str, dict[int, set[int]]] = {g: {} for g in ids}
+        query = sorted({d for digests_ in at.values() if digests_ for d in digests_})
+        for chunk in _chunks(query):
+            for generation_id, scheme, digest in session.connection().execute(
                     _SHARED, {"key_id": key_id, "generation_ids": ids, "digests": chunk}):
-                found[generation_id].add(digest)
-    first = min(skip, K)
-    return {g: {i for start, d in enumerate(at) if d in shared for i in range(start + first, start + K)}
-            for g, shared in found.items()}
+                rows[generation_id].setdefault(int(scheme), set()).add(digest)
+        for generation_id in ids:
+            # One scheme per generation (keys.ledger writes them so); none shared: no position.
+            by_scheme = rows[generation_id]
+            found[generation_id] = set().union(*(_positions(at[s], shared, skip) for s, shared in by_scheme.items()
+                                                 if at.get(s)))
+    return found
 
 
-def kgram_set(key_id: str, secret: int, token_ids: Sequence[int]) -> tuple[str, set[int]]:
+@dataclass(frozen=True)
+class KgramSet:
     """What a finished generation's ledger entry records and commits to (keys.ledger's
-    ``kgram_set``): its key id and the distinct digests of its k-grams under that key."""
-    return key_id, digests(token_ids, secret)
+    ``kgram_set``): its key id and its output token ids, hashed when recorded under the
+    store's k-gram key (scheme 2) or, for a store with none, the key's own (scheme 1).
+    ``secret`` never in ``repr``."""
+
+    key_id: str
+    secret: int = field(repr=False)
+    token_ids: tuple[int, ...] = field(repr=False)
+    scheme: int | None = None
+    """Force a scheme (None: 2 where the store has a k-gram key). 1: what a store recorded
+    before migration 0010 (tests and benchmarks of old data)."""
+
+    def digests(self, store_key: bytes | None) -> tuple[int, set[int]]:
+        """(scheme, distinct digests) as recorded under ``store_key`` (the store's k-gram key)."""
+        if self.scheme == V1 or (self.scheme is None and store_key is None):
+            return V1, digests(self.token_ids, self.secret)
+        if store_key is None:
+            raise ValueError("scheme 2 k-grams need the store's k-gram key (its transparency-log key)")
+        return V2, set(keyed_position_digests(self.token_ids, store_key))
 
 
-def store(session: Session, *, tenant_id: str, generation_id: str, key_id: str, digests: Iterable[int]) -> int:
-    """Insert one generation's digests in the caller's transaction (keys.ledger does, with
-    the entry that commits to them); returns how many."""
-    rows = [{"tenant_id": tenant_id, "generation_id": generation_id, "key_id": key_id, "digest": int(d)}
-            for d in sorted(set(digests))]
+def kgram_set(key_id: str, secret: int, token_ids: Sequence[int], scheme: int | None = None) -> KgramSet:
+    """A finished generation's :class:`KgramSet`."""
+    return KgramSet(key_id, int(secret), tuple(int(t) for t in token_ids), scheme)
+
+
+def store(session: Session, *, tenant_id: str, generation_id: str, key_id: str, digests: Iterable[int],
+          scheme: int = V1) -> int:
+    """Insert one generation's digests under ``scheme`` in the caller's transaction (keys.ledger
+    does, with the entry that commits to them); returns how many."""
+    rows = [{"tenant_id": tenant_id, "generation_id": generation_id, "key_id": key_id, "digest": int(d),
+             "scheme": scheme} for d in sorted(set(digests))]
     if rows:
         session.connection().execute(_INSERT, rows)  # Core: the ORM's bulk insert costs more than the rows
     return len(rows)
@@ -329,16 +490,73 @@ def generations_searched(session: Session, key_id: str) -> int:
     return int(session.connection().execute(_SEARCHED, {"key_id": key_id}).scalar() or 0)
 
 
+def generations_in_scope(session: Session, tenant_id: str | None) -> int:
+    """An upper bound on the generations with scheme 2 k-grams in scope ``tenant_id`` (None:
+    the store), the Bonferroni factor of a scheme 2 look-up, which searches all of them at
+    once: the scope's ``finished`` entries with at least :data:`K` output tokens, one count
+    (:func:`generations_searched` says why that bounds the generations with k-grams)."""
+    if tenant_id is None:
+        return int(session.connection().execute(_IN_STORE).scalar() or 0)
+    return int(session.connection().execute(_IN_TENANT, {"tenant_id": tenant_id}).scalar() or 0)
+
+
 def find_matches(session: Session, *, keys: Sequence[tuple[str, int]], token_ids: Sequence[int],
                  tenant_id: str | None, cache: KgramCache | None = None) -> list[KgramMatch]:
     """Generations sharing at least :data:`MIN_MATCHES` k-grams with ``token_ids``, under each
     ``(key_id, secret)``; scoped to ``tenant_id`` (None: every tenant). Best first.
-    ``cache``: shared with the detection's other look-ups in the same transaction."""
+    ``cache``: shared with the detection's other look-ups in the same request. Scheme 2
+    rows: one hash of the text and one look-up for every key; scheme 1 rows: per key that
+    has them (none on a store created since migration 0010)."""
     cache = KgramCache() if cache is None else cache
-    out: list[KgramMatch] = []
     # dict.fromkeys: a `diverse` key comes as one candidate per salt, all with its key id
-    # and secret (k-grams are keyed by the key's own secret, not the salt's).
+    # and secret (scheme 1 k-grams are keyed by the key's own secret, not the salt's).
     keys = list(dict.fromkeys(keys))
+    found = _matches_v2(session, keys, token_ids, tenant_id, cache)
+    old = cache.v1_keys(session)
+    v1 = _matches_v1(session, [(key_id, secret) for key_id, secret in keys if key_id in old], token_ids,
+                     tenant_id, cache)
+    out = [m for key_id in dict.fromkeys(key_id for key_id, _ in keys)
+           for m in (*found.get(key_id, ()), *v1.get(key_id, ()))]
+    return sorted(out, key=lambda match: (match.log10_false_match_bound, -match.matched))
+
+
+def _matches_v2(session: Session, keys: Sequence[tuple[str, int]], token_ids: Sequence[int], tenant_id: str | None,
+                cache: KgramCache) -> dict[str, list[KgramMatch]]:
+    at = cache.at2(session, token_ids)
+    query = sorted(set(at or ()))
+    if not query:
+        return {}
+    rows = cache.rows2(session, tenant_id, query)
+    wanted = {key_id for key_id, _ in keys}
+    counts: dict[tuple[str, str], int] = {}
+    seen: set[str] = set()
+    for digest in query:
+        for generation_id, key_id in rows[digest]:
+            seen.add(generation_id)
+            if key_id in wanted:
+                counts[key_id, generation_id] = counts.get((key_id, generation_id), 0) + 1
+    # Ties keep the generation ids' order within a key, as scheme 1's look-up gives.
+    hits = sorted((key_id, g) for (key_id, g), n in counts.items() if n >= MIN_MATCHES)
+    if not hits:
+        return {}
+    # At least the generations seen matching, whatever the ledger holds.
+    searched = max(cache.searched2(session, tenant_id), len(seen), 1)
+    stored = cache.stored(session, [g for _, g in hits])
+    out: dict[str, list[KgramMatch]] = {}
+    for key_id, generation_id in hits:
+        if generation_id not in stored:  # not as the log holds it: never cited
+            continue
+        matched = counts[key_id, generation_id]
+        m = stored[generation_id] or matched
+        out.setdefault(key_id, []).append(KgramMatch(
+            generation_id=generation_id, key_id=key_id, matched=matched, queried=len(query), stored=m,
+            log10_false_match_bound=false_match_log10(matched, len(query), m, searched)))
+    return out
+
+
+def _matches_v1(session: Session, keys: Sequence[tuple[str, int]], token_ids: Sequence[int], tenant_id: str | None,
+                cache: KgramCache) -> dict[str, list[KgramMatch]]:
+    out: dict[str, list[KgramMatch]] = {}
     recorded = cache.searched_many(session, [key_id for key_id, _ in keys])
     for key_id, secret in keys:
         if recorded[key_id] == 0:  # nothing recorded under the key (KgramCache.prefetch)
@@ -362,7 +580,7 @@ def find_matches(session: Session, *, keys: Sequence[tuple[str, int]], token_ids
             if generation_id not in stored:  # not as the log holds it: never cited
                 continue
             m = stored[generation_id] or matched
-            out.append(KgramMatch(generation_id=generation_id, key_id=key_id, matched=matched, queried=len(query),
-                                  stored=m, log10_false_match_bound=false_match_log10(matched, len(query), m,
-                                                                                      searched)))
-    return sorted(out, key=lambda match: (match.log10_false_match_bound, -match.matched))
+            out.setdefault(key_id, []).append(KgramMatch(
+                generation_id=generation_id, key_id=key_id, matched=matched, queried=len(query), stored=m,
+                log10_false_match_bound=false_match_log10(matched, len(query), m, searched)))
+    return out

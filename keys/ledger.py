@@ -143,8 +143,8 @@ def _lock_chain(session: Session, tenant_id: str) -> None:
                         {"k": f"hallmark-ledger:{tenant_id}"})
 
 
-Kgrams = tuple[str, set[int]]
-"""A finished generation's k-grams: the key they are keyed under and their digests (keys.kgrams)."""
+Kgrams = kgrams.KgramSet
+"""A finished generation's k-grams: its key and token ids, hashed when recorded (keys.kgrams)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +158,13 @@ def _append(session: Session, *, tenant_id: str, values: dict[str, Any], now: da
             kgram_set: Kgrams | None = None) -> _Appended:
     """Chain the entry, store its k-grams, and log it, in the caller's transaction."""
     auth = tlog.writer_authority(session)
+    hashed = None
+    if kgram_set is not None:
+        # Scheme 2 under the store's k-gram key (the log key's; keys.kgrams), scheme 1 only for
+        # a store with no log key at all (sequencing switched off before one was made); hashed
+        # before the tenant's chain lock is taken, which the hashing need not hold.
+        keyed = auth if auth is not None else tlog.authority(session)
+        hashed = kgram_set.digests(None if keyed is None else keyed.kgram_key)
     _lock_chain(session, tenant_id)
     head = session.execute(select(Row.seq, Row.entry_hash).where(Row.tenant_id == tenant_id)
                            .order_by(Row.seq.desc()).limit(1)).first()
@@ -167,10 +174,11 @@ def _append(session: Session, *, tenant_id: str, values: dict[str, Any], now: da
     session.add(row)
     session.flush()
     commitment = EMPTY_KGRAMS
-    if kgram_set is not None:
-        key_id, digests = kgram_set
-        kgrams.store(session, tenant_id=tenant_id, generation_id=row.generation_id, key_id=key_id, digests=digests)
-        commitment = kgram_commitment(digests)
+    if hashed is not None:
+        scheme, digests = hashed
+        kgrams.store(session, tenant_id=tenant_id, generation_id=row.generation_id, key_id=kgram_set.key_id,
+                     digests=digests, scheme=scheme)
+        commitment = kgram_commitment(digests, scheme)
     sequenced = None if auth is None else tlog.append_entry(session, auth, row, commitment, now=now)
     return _Appended(row, commitment, sequenced)
 
@@ -197,8 +205,8 @@ def record_generation(
     ``token_ids`` (hashed here) fixes ``output_tokens``. ``key_id``/``key_version`` are both
     None for unwatermarked output (then ``watermarked_tokens`` must be 0); otherwise they
     must name a key of the tenant, whose current state is recorded. ``kgram_set``: the
-    generation's k-gram digests under its key, stored and committed to in the log with the
-    entry (keys.kgrams, keys.leaves). ``refuse_revoked_key``
+    generation's k-grams (its key and token ids), hashed under the store's k-gram key, stored
+    and committed to in the log with the entry (keys.kgrams, keys.leaves). ``refuse_revoked_key``
     raises :class:`~keys.errors.KeyRevoked` instead of recording output under a key revoked
     meanwhile (for output that has not been sent yet).
     """

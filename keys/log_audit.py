@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from keys import merkle, tlog
 from keys.chain import entry_fields, entry_hash, timestamp
-from keys.leaves import EMPTY_KGRAMS, entry_leaf, kgram_commitment, key_event_leaf
+from keys.leaves import EMPTY_KGRAMS, entry_leaf, key_event_leaf, kgram_rows_commitment
 from keys.log_key import LogAuthority, log_verifier
 from keys.models import LedgerEntry, LedgerKgram, LogCheckpoint, LogLeaf, LogNode, SigningKey, Tenant
 from keys.note import Checkpoint, NoteError, Verifier, open_checkpoint
@@ -83,9 +83,10 @@ def audit_log(session: Session, auth: LogAuthority | None, *, pinned: list[tuple
     report.size = size
     names = dict(session.execute(select(Tenant.id, Tenant.name)).all())
     entries = {row.id: row for row in session.scalars(select(LedgerEntry))}
-    kgram_sets: dict[str, list[int]] = defaultdict(list)
-    for generation_id, digest in session.execute(select(LedgerKgram.generation_id, LedgerKgram.digest)):
-        kgram_sets[generation_id].append(int(digest))
+    kgram_sets: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for generation_id, scheme, digest in session.execute(
+            select(LedgerKgram.generation_id, LedgerKgram.scheme, LedgerKgram.digest)):
+        kgram_sets[generation_id].append((int(scheme), int(digest)))
     leaves = list(session.scalars(select(LogLeaf).order_by(LogLeaf.idx)))
     hashes: list[bytes] = []
     seen_entries: set[int] = set()
@@ -115,7 +116,7 @@ def audit_log(session: Session, auth: LogAuthority | None, *, pinned: list[tuple
         recomputed = entry_hash(entry_fields(row))
         commitment = EMPTY_KGRAMS
         if row.kind == "finished":
-            commitment = kgram_commitment(kgram_sets.get(row.generation_id, ()))
+            commitment = kgram_rows_commitment(kgram_sets.get(row.generation_id, ()))
             committed_kgrams.add(row.generation_id)
         at = f"{where}, tenant {names.get(row.tenant_id, row.tenant_id)!r} seq {row.seq}"
         if recomputed != row.entry_hash or merkle.leaf_hash(entry_leaf(recomputed, leaf.kgrams_sha256 or EMPTY_KGRAMS)) \
@@ -123,7 +124,7 @@ def audit_log(session: Session, auth: LogAuthority | None, *, pinned: list[tuple
             problem(f"{at}: the entry differs from what the log holds (modified, or replaced and re-chained)")
         elif commitment != leaf.kgrams_sha256:
             problem(f"{at}: the k-gram rows of generation {row.generation_id} differ from the set the log "
-                    "committed to (rows deleted, inserted or moved)")
+                    "committed to (rows deleted, inserted, moved or relabelled)")
         if leaf.tenant_id != row.tenant_id:
             problem(f"{at}: the entry moved to another tenant")
     if len(leaves) != size and not any("missing" in p for p in problems):

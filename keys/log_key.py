@@ -7,6 +7,11 @@ KEK tell a leaf it sequenced from a row inserted by anyone who can only write th
 public half is what verifiers pin (``--trust-log-key``); rotating it would start a new log,
 so there is no rotation, only re-wrapping under a new KEK (``kek rotate``).
 
+A third key derived from it keys the ledger's k-gram digests (keys.kgrams, scheme 2): one
+store-wide secret with exactly the lifetime those digests need (created with the log, never
+rotated, since a new one would orphan every digest recorded; re-wrapped with the log key),
+not derived from any watermark key, and never stored or shown on its own.
+
 The row is written by a process that may insert into ``log_keys``: the admin CLI as the
 owner (``hallmark ledger init``), or a gateway on SQLite at its start. The gateway's
 PostgreSQL role may only read it (keys.roles).
@@ -37,6 +42,7 @@ from keys.note import NoteSigner, Verifier
 
 AD_LABEL = b"hallmark/log-key-wrap/v1"
 MAC_LABEL = b"hallmark/log-mac/v1"
+KGRAM_LABEL = b"hallmark/kgram-key/v2"
 
 
 class LogKeyError(KeyStoreError):
@@ -45,11 +51,15 @@ class LogKeyError(KeyStoreError):
 
 @dataclass(frozen=True)
 class LogAuthority:
-    """The opened log key: signs checkpoints, MACs the head and leaves. Never in ``repr``."""
+    """The opened log key: signs checkpoints, MACs the head and leaves, and keys the ledger's
+    scheme 2 k-gram digests (keys.kgrams). Never in ``repr``."""
 
     origin: str
     signer: NoteSigner
     mac_key: bytes
+    kgram_key: bytes
+    """HMAC key of keys.kgrams' scheme 2: one per store, derived like ``mac_key`` (a distinct
+    label: neither reveals the other nor the log key)."""
 
     def __repr__(self) -> str:
         return f"LogAuthority(origin={self.origin!r})"
@@ -73,7 +83,8 @@ def _ad(origin: str, kek_id: str) -> bytes:
 def _authority(origin: str, private: Ed25519PrivateKey) -> LogAuthority:
     raw = private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
     return LogAuthority(origin=origin, signer=NoteSigner(origin, private),
-                        mac_key=hmac.new(raw, MAC_LABEL, hashlib.sha256).digest())
+                        mac_key=hmac.new(raw, MAC_LABEL, hashlib.sha256).digest(),
+                        kgram_key=hmac.new(raw, KGRAM_LABEL, hashlib.sha256).digest())
 
 
 def open_log_key(row: LogKey, keyring: Keyring) -> LogAuthority:

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
+    SmallInteger,
     MetaData,
     String,
     Text,
@@ -426,11 +427,20 @@ def _refuse_bulk_audit_change(state: ORMExecuteState) -> None:
 class LedgerKgram(Base):
     """Keyed hashes of a recorded generation's token k-grams (see :mod:`keys.kgrams`): lets
     detection match an edited copy to its generation without storing text or token ids.
-    Each digest is an HMAC under a key derived from the generation's watermark key secret,
-    so the rows are useless without the store. Written in the ledger entry's transaction."""
+    Each digest is an HMAC under a key held only wrapped under the KEK (``scheme``: derived
+    from the generation's watermark key secret, or the store's one k-gram key), so the rows
+    are useless without the store. Written in the ledger entry's transaction."""
 
     __tablename__ = "ledger_kgrams"
-    __table_args__ = (Index("ix_ledger_kgrams_key_digest", "key_id", "digest"),)
+    __table_args__ = (
+        Index("ix_ledger_kgrams_key_digest", "key_id", "digest"),
+        # Scheme 2's one look-up per text: every tenant (digest), or one (digest, tenant_id).
+        Index("ix_ledger_kgrams_digest_tenant", "digest", "tenant_id"),
+        # Which keys have scheme 1 rows (keys.kgrams.KgramCache.v1_keys): empty on a store
+        # that never recorded any, so the question costs nothing there. SQLite's predicate
+        # only (partial_unique_index says why); migration 0010 gives PostgreSQL the same.
+        Index("ix_ledger_kgrams_v1_key", "key_id", sqlite_where=text("scheme = 1")),
+    )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer(), "sqlite"),
                                     primary_key=True, autoincrement=True)
@@ -439,3 +449,5 @@ class LedgerKgram(Base):
     key_id: Mapped[str] = mapped_column(ForeignKey("watermark_keys.id", ondelete="RESTRICT"))
     digest: Mapped[int] = mapped_column(BigInteger())
     """The first 63 bits of HMAC-SHA256(k-gram key, k token ids as 4-byte big-endian)."""
+    scheme: Mapped[int] = mapped_column(SmallInteger(), default=1, server_default="1")
+    """Which k-gram key: 1, the generation's watermark key's; 2, the store's (keys.kgrams)."""

@@ -40,7 +40,7 @@ from keys import clock, log_rows, merkle
 from keys.chain import HASHED_FIELDS, canonical_json, entry_fields, entry_hash
 from keys.errors import KeyStoreError
 from keys.kek import Keyring
-from keys.leaves import EMPTY_KGRAMS, entry_leaf, key_event, key_event_leaf, kgram_commitment
+from keys.leaves import EMPTY_KGRAMS, entry_leaf, key_event, key_event_leaf, kgram_rows_commitment
 from keys.log_key import LogAuthority, LogKeyError, create_log_key, load_log_key
 from keys.models import LedgerEntry, LedgerKgram, LogCheckpoint, LogLeaf, LogNode, SigningKey
 from keys.note import Checkpoint
@@ -189,7 +189,8 @@ def ensure_log(session: Session, keyring: Keyring, *, actor: str, origin: str | 
     adopted = 0
     kgrams = _kgram_sets(session)
     for row in session.scalars(select(LedgerEntry).order_by(LedgerEntry.id)):
-        commitment = kgram_commitment(kgrams.get(row.generation_id, ())) if row.kind == "finished" else EMPTY_KGRAMS
+        commitment = (kgram_rows_commitment(kgrams.get(row.generation_id, ())) if row.kind == "finished"
+                      else EMPTY_KGRAMS)
         append_entry(session, auth, row, commitment, now=now)
         adopted += 1
     for key in session.scalars(select(SigningKey).order_by(SigningKey.created_at, SigningKey.id)):
@@ -205,13 +206,14 @@ def key_event_of(key: SigningKey, event: str, at: datetime) -> dict[str, Any]:
                      revoked_at=key.revoked_at)
 
 
-def _kgram_sets(session: Session, generation_ids: Iterable[str] | None = None) -> dict[str, list[int]]:
-    query = select(LedgerKgram.generation_id, LedgerKgram.digest)
+def _kgram_sets(session: Session, generation_ids: Iterable[str] | None = None) -> dict[str, list[tuple[int, int]]]:
+    """Per generation, its k-gram rows as (scheme, digest) (keys.leaves.kgram_rows_commitment)."""
+    query = select(LedgerKgram.generation_id, LedgerKgram.scheme, LedgerKgram.digest)
     if generation_ids is not None:
         query = query.where(LedgerKgram.generation_id.in_(list(generation_ids)))
-    out: dict[str, list[int]] = {}
-    for generation_id, digest in session.execute(query):
-        out.setdefault(generation_id, []).append(int(digest))
+    out: dict[str, list[tuple[int, int]]] = {}
+    for generation_id, scheme, digest in session.execute(query):
+        out.setdefault(generation_id, []).append((int(scheme), int(digest)))
     return out
 
 
@@ -384,14 +386,14 @@ def logged_entries(session: Session, rows: Sequence[LedgerEntry]) -> dict[int, L
     return {r.id: leaves[r.id] for r in rows if r.id in leaves and _entry_leaf_ok(auth, r, leaves[r.id])}
 
 
-def logged_kgrams(session: Session, digests: dict[str, list[int]]) -> set[str]:
-    """Of the generations in ``digests`` (generation id -> every k-gram digest stored for
-    it), those whose stored digests are exactly the set their logged ``finished`` entry
-    committed to: rows added, removed or moved by someone without the log key disqualify
-    the generation."""
+def logged_kgrams(session: Session, digests: dict[str, list[tuple[int, int]]]) -> set[str]:
+    """Of the generations in ``digests`` (generation id -> every k-gram row stored for it, as
+    (scheme, digest)), those whose stored digests are exactly the set, under its scheme, their
+    logged ``finished`` entry committed to: rows added, removed, moved or relabelled (scheme)
+    by someone without the log key disqualify the generation."""
     if not digests:
         return set()
     rows = session.connection().execute(_FINISHED_OF, {"generation_ids": list(digests)}).all()
     leaves = logged_entries(session, rows)
     return {r.generation_id for r in rows
-            if r.id in leaves and leaves[r.id].kgrams_sha256 == kgram_commitment(digests[r.generation_id])}
+            if r.id in leaves and leaves[r.id].kgrams_sha256 == kgram_rows_commitment(digests[r.generation_id])}

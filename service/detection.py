@@ -15,15 +15,16 @@ from detector.forms import (TextForm, detect_forms, distinct_forms, merge_form_m
                             with_span_chars)
 from keys import kgrams
 from keys.errors import KeyStoreError, UnknownTenant
-from keys.ledger import hash_output
+from keys.key_states import with_key_states as with_entry_states
 from service import evidence
 from service.auth import Identity, resolve_tenant
 from service.detect_input import DegenerateInput, check_detect_input
 from service.errors import Conflict, NotFound, TooLarge, Unavailable, Unprocessable
 from service.http_errors import store_error
 from service.ledger_evidence import with_key_states, with_ledger_basis, with_shared_evidence, with_shared_scores
+from service.ledger_lookup import LedgerLookup, ledger_scope, look_up, stored_keys
 from service.ledger_salts import narrowed_by_ledger
-from service.provenance import report_scope, report_settings, report_statement
+from service.provenance import ledger_match, report_scope, report_settings, report_statement
 from service.schemas import DetectBody
 from service.state import Services
 from watermark.validation import describe
@@ -93,8 +94,14 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
                            code="statistic_unavailable", headers={"x-should-retry": "false"}) from None
     if params.evidence:
         evidence.check_size(max(len(t) for t, _ in forms), settings.max_evidence_tokens)
+    # The exact-copy look-up hashes the client's text, not its normalised form, or the token
+    # ids' decoded text (their one form).
+    if text is None and forms[0][0]:
+        text = services.engine.tokenizer().decode(forms[0][0], skip_special_tokens=True)
+    # The ledger looked up once (exact copies, every form's k-grams) for the salts and the basis.
+    lookup = look_up(services, identity, tenant, candidates, [t for t, _ in forms], text)
     # A diverse key whose generation the ledger identifies is tested under its recorded salt.
-    narrowed = narrowed_by_ledger(services, identity, tenant, candidates, [t for t, _ in forms], text, config)
+    narrowed = narrowed_by_ledger(services, lookup, candidates, config, exact=params.text is not None)
     if batched:  # every key in one compiled pass, screened (detector.multikey)
         keyset = keyset_of(candidates, tenant) if narrowed is candidates else KeySet.of(narrowed)
         result, best = detect_forms([token_ids for token_ids, _ in forms], keyset, config, run=detect_many)
@@ -104,16 +111,12 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
     token_ids, offsets = forms[best]
     if offsets is not None:
         result = with_span_chars(result, offsets)
-    if text is None and token_ids:
-        text = services.engine.tokenizer().decode(token_ids, skip_special_tokens=True)
-    matches: list[dict[str, Any]] = []
-    if params.text is not None:
-        text = params.text  # the client's text, not its normalised form: exact-copy hash, signed report
-    if text:
-        scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
-        matches = services.ledger_matches(hash_output(text), scope)
-    find = _kgram_matches if batched else _kgram_matches_per_form
-    kgram_matches = find(services, identity, tenant, candidates, [t for t, _ in forms], config)
+    if batched:
+        matches, kgram_matches = _ledger_basis(services, lookup, candidates, config)
+    else:
+        matches, kgram_matches = _ledger_basis(services, lookup, candidates, config, kgram=False)
+        kgram_matches = _kgram_matches_per_form(services, identity, tenant, candidates, [t for t, _ in forms],
+                                                config)
     services.metrics.detections.labels("watermarked" if result.watermarked else "not_watermarked").inc()
     # The ledger is a second basis: an exact copy (output hash) or shared k-grams whose
     # chance-collision bound passes the threshold, even when the watermark no longer does.
@@ -158,44 +161,30 @@ def keyset_of(candidates: list[Candidate], scope: str | None = None) -> KeySet:
     return keyset
 
 
-def _stored_keys(services: Services, identity: Identity, tenant, candidates) -> tuple[list, str | None]:
-    """(key id, secret) of each stored candidate key, and the tenant whose ledger is searched
-    (None: every tenant's, for an admin token without a tenant)."""
-    keys = [(c.info.key_id, c.key.secret) for c in candidates if c.info.tenant is not None and c.info.key_id]
-    scope = identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
-    return keys, scope
-
-
-def _kgram_matches(services: Services, identity: Identity, tenant, candidates, forms, config) -> list:
-    """Generations sharing k-grams with the text under a stored candidate key (keys.kgrams),
-    with the watermark evidence of the shared tokens (service.ledger_evidence): every form's
-    digests looked up at once under each key that has generations, the key states read once
-    for the merged matches."""
-    keys, scope = _stored_keys(services, identity, tenant, candidates)
-    if not keys:
-        return []
+def _ledger_basis(services: Services, lookup: LedgerLookup, candidates, config, *,
+                  kgram: bool = True) -> tuple[list[dict[str, Any]], list]:
+    """The ledger basis from the detection's one look-up: its exact copies as result items,
+    and (``kgram``) its k-gram matches under the keys tested, with the watermark evidence of
+    the shared tokens (service.ledger_evidence; their positions from the rows the look-up
+    fetched), merged over the forms, the key states read once for each list."""
+    if not lookup.exact and not (kgram and lookup.forms):
+        return [], []
     try:
         with services.store.transaction(write=False) as session:
-            # Every form of the text is searched, not only the one the watermark scored best
-            # (detector.forms.merge_form_matches says why and what it costs).
-            # One cache for every form and look-up: the forms share most of their k-grams.
-            cache = kgrams.KgramCache()
-            searched = distinct_forms(forms, kgrams.K)
-            keys = cache.prefetch(session, keys, scope, searched)
-            if not keys:
-                return []
-            return with_key_states(session, merge_form_matches([
-                with_shared_scores(session, kgrams.find_matches(session, keys=keys, token_ids=tokens,
-                                                                tenant_id=scope, cache=cache),
-                                   candidates, tokens, config, cache=cache)
-                for tokens in searched]))
+            matches = with_entry_states(session, [ledger_match(e) for e in lookup.exact])
+            if not kgram or not lookup.forms:
+                return matches, []
+            return matches, with_key_states(session, merge_form_matches([
+                with_shared_scores(session, found, candidates, tokens, config, cache=lookup.cache)
+                for tokens, found in zip(lookup.forms, lookup.kgram)]))
     except KeyStoreError as exc:
         raise store_error(exc) from None
 
 
 def _kgram_matches_per_form(services: Services, identity: Identity, tenant, candidates, forms, config) -> list:
-    """:func:`_kgram_matches` as it was before the look-ups were batched (the reference path)."""
-    keys, scope = _stored_keys(services, identity, tenant, candidates)
+    """The k-gram basis as it was before the look-ups were batched (the reference path): every
+    form looked up on its own, the shared positions and key states per form."""
+    keys, scope = stored_keys(candidates), ledger_scope(services, identity, tenant)
     if not keys:
         return []
     try:

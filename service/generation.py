@@ -265,8 +265,8 @@ def _record(services: Services, prepared: _Prepared, done: Finished, started_at=
     return _outcome(services, prepared, done, entry)
 
 
-def _kgram_set(prepared: _Prepared, token_ids) -> tuple[str, set[int]] | None:
-    """Keyed k-gram digests of watermarked output, recorded and committed to with its
+def _kgram_set(prepared: _Prepared, token_ids) -> kgrams.KgramSet | None:
+    """The k-grams of watermarked output, hashed, recorded and committed to with its
     finished entry (:mod:`keys.kgrams`, :mod:`keys.leaves`): lets detection match an edited
     copy to this generation, and only as the log holds it."""
     plan = prepared.plan

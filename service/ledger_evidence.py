@@ -105,7 +105,7 @@ def with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Seque
         shared = kgrams.shared_positions(
             session, key_id=key_id, generation_ids=[matches[i].generation_id for i in tested
                                                     if matches[i].key_id == key_id],
-            at=cache.at(token_ids, candidate.key.secret), skip=candidate.key.spec.context_width, cache=cache)
+            token_ids=token_ids, secret=candidate.key.secret, skip=candidate.key.spec.context_width, cache=cache)
         positions.update(((generation_id, key_id), found) for generation_id, found in shared.items())
     for i in tested:
         candidate = chosen[i]

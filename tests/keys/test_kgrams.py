@@ -55,13 +55,14 @@ def test_edited_copy_matches_its_generation_only(store, setup):
         # No token id or text is stored: only 63-bit keyed digests.
         digests = session.scalars(select(LedgerKgram.digest)).all()
         assert digests and all(0 <= d < 2**63 for d in digests) and not set(digests) & set(tokens)
-        # Digests computed once by the caller give the same shared positions.
-        at = kgrams.position_digests(edited, acme_key.material.secret)
+        # The rows a look-up fetched give the same shared positions as a query of their own.
         plain = kgrams.matched_positions(session, key_id=acme_key.key_id, generation_id=generation_id,
                                          secret=acme_key.material.secret, token_ids=edited, skip=4)
+        cache = kgrams.KgramCache()
+        kgrams.find_matches(session, keys=keys, token_ids=edited, tenant_id=acme.id, cache=cache)
         assert plain and plain == kgrams.matched_positions(
             session, key_id=acme_key.key_id, generation_id=generation_id, secret=acme_key.material.secret,
-            token_ids=edited, skip=4, at=at)
+            token_ids=edited, skip=4, cache=cache)
 
 
 def test_digests_are_keyed_and_the_bound_is_monotone():
@@ -118,11 +119,10 @@ def test_cached_lookups_match_plain_ones(store, setup):
                 assert cached == plain
                 assert {first, second} <= {m.generation_id for m in plain}
                 ids = [m.generation_id for m in plain if m.key_id == acme_key.key_id]
-                at = kgrams.position_digests(form, secret)
-                many = kgrams.shared_positions(session, key_id=acme_key.key_id, generation_ids=ids, at=at, skip=4,
-                                               cache=cache)
-                assert many == kgrams.shared_positions(session, key_id=acme_key.key_id, generation_ids=ids, at=at,
-                                                       skip=4)
+                many = kgrams.shared_positions(session, key_id=acme_key.key_id, generation_ids=ids, token_ids=form,
+                                               secret=secret, skip=4, cache=cache)
+                assert many == kgrams.shared_positions(session, key_id=acme_key.key_id, generation_ids=ids,
+                                                       token_ids=form, secret=secret, skip=4)
                 assert many == {g: kgrams.matched_positions(session, key_id=acme_key.key_id, generation_id=g,
                                                             secret=secret, token_ids=form, skip=4) for g in ids}
                 assert many[first] and len(many[second]) < len(many[first])

@@ -85,7 +85,7 @@ def test_partial_indexes_have_the_models_predicate_on_this_database(engine):
     expected = {(index.table.name, index.name): _predicate(index.dialect_options["sqlite"]["where"])
                 for table in Base.metadata.sorted_tables for index in table.indexes
                 if index.dialect_options["sqlite"]["where"] is not None}
-    assert len(expected) == 4
+    assert len(expected) == 5
     option = f"{engine.dialect.name}_where"
     found = {(table, ix["name"]): _predicate(ix.get("dialect_options", {}).get(option))
              for table in {table for table, _ in expected} for ix in inspect(engine).get_indexes(table)

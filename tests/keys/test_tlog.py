@@ -87,8 +87,10 @@ def test_appends_are_sequenced_with_their_entries_and_prove(store, two_tenants):
                                       tlog.consistency_proof(session, record.log.size, size))
         note = tlog.signed_checkpoint(auth, size, root)
     assert open_checkpoint(note, auth.verifier).size == size
-    assert records[0].kgrams_sha256 == kgram_commitment(kgram_set(made.acme_key.key_id, made.acme_key.material.secret,
-                                                                  list(range(0, 20)))[1])
+    with store.transaction(write=False) as session:
+        scheme, digests = kgram_set(made.acme_key.key_id, made.acme_key.material.secret,
+                                    list(range(0, 20))).digests(tlog.required_authority(session).kgram_key)
+    assert scheme == 2 and records[0].kgrams_sha256 == kgram_commitment(digests, 2)
     assert records[-1].kgrams_sha256 == EMPTY_KGRAMS
 
 

@@ -128,7 +128,7 @@ def rebuild_log(url: str, kek_file: Path | None = None, kek: Any = None) -> None
 
     from keys import tlog
     from keys.db import open_store
-    from keys.leaves import EMPTY_KGRAMS, kgram_commitment
+    from keys.leaves import EMPTY_KGRAMS, kgram_rows_commitment
     from keys.models import LedgerEntry, SigningKey
     from keys.settings import StoreSettings
     from sqlalchemy import select
@@ -145,7 +145,7 @@ def rebuild_log(url: str, kek_file: Path | None = None, kek: Any = None) -> None
             auth = tlog.required_authority(session)
             kgrams = tlog._kgram_sets(session)
             for row in session.scalars(select(LedgerEntry).order_by(LedgerEntry.id)):
-                commitment = kgram_commitment(kgrams.get(row.generation_id, ())) if row.kind == "finished" \
+                commitment = kgram_rows_commitment(kgrams.get(row.generation_id, ())) if row.kind == "finished" \
                     else EMPTY_KGRAMS
                 tlog.append_entry(session, auth, row, commitment)
             for key in session.scalars(select(SigningKey).order_by(SigningKey.created_at)):

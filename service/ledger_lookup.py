@@ -1,0 +1,84 @@
+"""The ledger look-up of one detection, made once and read twice.
+
+A detection asks the ledger two things of the same text: which `diverse` keys' generations it
+identifies (service.ledger_salts, before the watermark is scored, to test those keys under
+their recorded salt) and which generations it cites as a second basis (service.detection,
+after). Both rest on the same two look-ups: generations whose output is exactly the text
+(output hash) and generations sharing k-grams with any form of it (keys.kgrams, one hash and
+one query for every key under scheme 2). :func:`look_up` makes them once, in one read
+transaction; the basis then reuses its k-gram rows (keys.kgrams.KgramCache) for the shared
+tokens' evidence. Rows are append-only and a generation's are written in one transaction,
+so what the first transaction read stays right in the second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from detector.forms import distinct_forms
+from detector.result import Candidate
+from keys import kgrams
+from keys.errors import KeyStoreError
+from keys.kgrams import KgramCache, KgramMatch
+from keys.ledger import GenerationEntry, hash_output
+from keys.ledger_read import find_generations_by_output_hash
+from service.auth import Identity
+from service.http_errors import store_error
+from service.state import Services
+
+
+@dataclass
+class LedgerLookup:
+    """What the ledger holds for one text, in the scope of one detection."""
+
+    scope: str | None
+    """The tenant whose ledger is searched (None: every tenant's)."""
+    exact: list[GenerationEntry] = field(default_factory=list)
+    """Generations whose output is exactly the text (its output hash)."""
+    forms: list[list[int]] = field(default_factory=list)
+    """The distinct forms of the text searched for k-grams (detector.forms.distinct_forms)."""
+    kgram: list[list[KgramMatch]] = field(default_factory=list)
+    """Per form, the k-gram matches under the stored candidate keys (no shared evidence yet)."""
+    cache: KgramCache = field(default_factory=KgramCache)
+    """The rows the look-ups fetched: the basis's shared positions read them, no query again."""
+
+
+def stored_keys(candidates: Sequence[Candidate]) -> list[tuple[str, int]]:
+    """(key id, secret) of each stored candidate key, once per key (a `diverse` key is one
+    candidate per salt)."""
+    return list(dict.fromkeys((c.info.key_id, c.key.secret) for c in candidates
+                              if c.info.tenant is not None and c.info.key_id))
+
+
+def ledger_scope(services: Services, identity: Identity, tenant: str | None) -> str | None:
+    """The tenant id whose ledger a detection searches: the token's tenant, or for an admin
+    token the tenant asked for (None: every tenant)."""
+    return identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
+
+
+def look_up(services: Services, identity: Identity, tenant: str | None, candidates: Sequence[Candidate],
+            forms: Sequence[Sequence[int]], text: str | None) -> LedgerLookup:
+    """Both look-ups of one detection: ``text``'s exact copies (none when ``text`` is empty)
+    and every form's k-gram matches under the stored ``candidates``."""
+    found = LedgerLookup(scope=ledger_scope(services, identity, tenant))
+    keys = stored_keys(candidates)
+    if not text and not keys:
+        return found
+    try:
+        with services.store.transaction(write=False) as session:
+            if text:
+                found.exact = find_generations_by_output_hash(session, output_sha256=hash_output(text),
+                                                              tenant_id=found.scope)
+            if keys:
+                # Every form of the text is searched, not only the one the watermark scores best
+                # (detector.forms.merge_form_matches says why and what it costs).
+                searched = distinct_forms(forms, kgrams.K)
+                live = found.cache.prefetch(session, keys, found.scope, searched)
+                if live:
+                    found.forms = [list(tokens) for tokens in searched]
+                    found.kgram = [kgrams.find_matches(session, keys=live, token_ids=tokens, tenant_id=found.scope,
+                                                       cache=found.cache) for tokens in searched]
+    except KeyStoreError as exc:
+        raise store_error(exc) from None
+    return found

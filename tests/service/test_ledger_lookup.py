@@ -1,0 +1,92 @@
+"""One /v1/detect looks the ledger up once: the exact-copy query and one k-gram look-up of the
+text (every form, every key of the tenant) feed both the salt narrowing (service.ledger_salts)
+and the ledger basis, whose shared positions come from the same rows; a tenant whose every
+key has generations costs no query per key."""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+import pytest
+from sqlalchemy import event
+
+from keys import kgrams
+from keys.ledger import record_generation
+from keys.lifecycle import create_key
+from keys.material import detection_keys
+from service import detection
+from service.auth import authenticate
+from service.schemas import DetectBody
+from watermark.spec import WatermarkSpec
+
+from tests.service import gateway
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    # acme's key `diverse`: the salt narrowing reads the look-up too.
+    gw = gateway.start(tmp_path_factory.mktemp("lookup"), secrets=gateway.FIXED_SECRETS, modes={"acme": "diverse"})
+    try:
+        r = httpx.post(gw.url + "/v1/generate", headers={"Authorization": f"Bearer {gw.tokens['acme']}"},
+                       json={"prompt": "The function returns", "max_tokens": 120, "seed": 3}, timeout=300)
+        assert r.status_code == 200, r.text
+        services = gw.app.state.services
+        rng = random.Random(4)
+        with services.store.transaction() as session:
+            for _ in range(19):  # 20 keys in all, every one with a generation
+                create_key(session, services.store.keyring, tenant="acme", actor="test", spec=WatermarkSpec())
+        with services.store.transaction() as session:
+            for key in detection_keys(session, services.store.keyring, tenant="acme"):
+                tokens = [rng.randrange(1000) for _ in range(100)]
+                record_generation(session, tenant_id=key.tenant_id, key_id=key.key_id, key_version=key.version,
+                                  engine="local", model="tiny", spec=key.spec, prompt_tokens=3,
+                                  watermarked_tokens=len(tokens), unwatermarked_reason=None, output_text="other",
+                                  token_ids=tokens, kgram_set=kgrams.kgram_set(key.key_id, key.material.secret,
+                                                                               tokens))
+        services.key_cache.clear()
+        yield gw, r.json()
+    finally:
+        gw.stop()
+
+
+def _statements(services, body):
+    seen: list[str] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany):
+        seen.append(statement)
+
+    identity = authenticate(services, f"Bearer {served_token[0]}")
+    detection.detect(services, identity, body)  # warm: keys opened, caches filled
+    event.listen(services.store.engine, "before_cursor_execute", count)
+    try:
+        out = detection.detect(services, identity, body)
+    finally:
+        event.remove(services.store.engine, "before_cursor_execute", count)
+    return out, seen
+
+
+served_token: list[str] = []
+
+
+@pytest.mark.parametrize("edit", [False, True])
+def test_one_ledger_look_up_per_request(served, edit):
+    gw, generated = served
+    served_token[:] = [gw.tokens["acme"]]
+    services = gw.app.state.services
+    words = generated["text"].split(" ")
+    text = " ".join(w.upper() if edit and i % 5 == 0 else w for i, w in enumerate(words))
+    out, seen = _statements(services, DetectBody(text=text))
+    kgram_look_ups = [s for s in seen if "FROM ledger_kgrams" in s and ("json_each" in s or "digest IN" in s)]
+    exact_look_ups = [s for s in seen if "output_sha256" in s.partition("WHERE")[2]]
+    assert len(kgram_look_ups) == 1, kgram_look_ups  # not one per key (20), nor again for the basis
+    assert len(exact_look_ups) == 1, exact_look_ups  # not again for the salts
+    assert [m["generation_id"] for m in out["kgram_matches"]] == [generated["generation_id"]]
+    assert bool(out["ledger_matches"]) is not edit
+    # The diverse key was tested under its generation's recorded salt alone (the narrowing).
+    assert out["key"]["salt"] == generated["watermark"]["salt"] is not None
+    # The same answer as the reference path (every form and look-up on its own).
+    identity = authenticate(services, f"Bearer {gw.tokens['acme']}")
+    reference = detection.detect(services, identity, DetectBody(text=text), batched=False)
+    assert reference["kgram_matches"] == out["kgram_matches"]
+    assert reference["ledger_matches"] == out["ledger_matches"]
