@@ -223,8 +223,9 @@ class PartialEvidence:
 
 
 def partial_evidence(candidate: Candidate, scored: scoring.ScoredPositions, config: DetectorConfig,
-                     with_spans: bool) -> PartialEvidence:
-    """The key's scores and every test but Tr-GoF's exact tail."""
+                     with_spans: bool, memo: scoring.ScoreMemo | None = None) -> PartialEvidence:
+    """The key's scores and every test but Tr-GoF's exact tail. ``memo``: where the scores
+    are kept for the request's other readers (the positions ``scored`` must be the memo's)."""
     spec = candidate.key.spec
     statistic = statistic_for(candidate, config)
     # An ordinary-coin dual key under auto also tests the weighted statistic.
@@ -232,9 +233,14 @@ def partial_evidence(candidate: Candidate, scored: scoring.ScoredPositions, conf
                                                    and config.dual_statistic == "auto"
                                                    and statistic == "max"))
     dual = spec.algorithm == "dual_key_gumbel" and statistic in ("max", "weighted")
-    parts = scoring.dual_scores(candidate.key, scored) if dual else None
-    per_token = getattr(parts, statistic) if parts is not None else scoring.token_scores(
-        candidate.key, scored, statistic)
+    if memo is not None:
+        parts = memo.dual(candidate.key, scored) if dual else None
+        per_token = getattr(parts, statistic) if parts is not None else memo.token_scores(
+            candidate.key, scored, statistic)
+    else:
+        parts = scoring.dual_scores(candidate.key, scored) if dual else None
+        per_token = getattr(parts, statistic) if parts is not None else scoring.token_scores(
+            candidate.key, scored, statistic)
     total = float(per_token.sum())
     log10_sf = _log10_sf(statistic, spec.alpha)
     log10_p_sum = log10_sf(total, len(per_token))
@@ -315,10 +321,11 @@ def positions_key(spec) -> tuple[int, str]:
 
 
 def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate],
-           config: DetectorConfig | None = None, *, defer_spans: bool = False) -> "DetectionResult | Pending":
+           config: DetectorConfig | None = None, *, defer_spans: bool = False,
+           memo: scoring.ScoreMemo | None = None) -> "DetectionResult | Pending":
     """Score ``token_ids`` against every candidate key. ``defer_spans``: the :class:`Pending`
     detection before its span search (:func:`detector.forms.detect_forms` finishes only the
-    forms that can win)."""
+    forms that can win). ``memo``: keeps the scores for the request's other readers."""
     config = config or DetectorConfig()
     tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     if not candidates:
@@ -334,9 +341,10 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
         cache_key = positions_key(spec)
         scored = positions_cache.get(cache_key)
         if scored is None:
-            scored = scoring.scored_positions(tokens, spec.context_width, spec.dedup)
+            scored = (memo.positions(tokens, spec.context_width, spec.dedup) if memo is not None
+                      else scoring.scored_positions(tokens, spec.context_width, spec.dedup))
             positions_cache[cache_key] = scored
-        partial = partial_evidence(candidate, scored, config, with_spans)
+        partial = partial_evidence(candidate, scored, config, with_spans, memo)
         shares.update(partial.share)
         evidence.append(complete(partial, log10_threshold))
     per_key = tuple(key_result(e, "trgof" in shares) for e in evidence)

@@ -20,6 +20,7 @@ from typing import Callable, Sequence, TypeVar
 from detector.detect import DetectorConfig, Pending, detect
 from detector.normalize import NormalizedText, normalize_forms
 from detector.result import Candidate, DetectionResult, Span
+from detector.scoring import ScoreMemo
 
 CORRECTION = "bonferroni x{m} over the text as sent and its normalised forms"
 
@@ -69,11 +70,13 @@ def text_forms(text: str) -> tuple[list[TextForm], NormalizedText]:
 
 def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate],
                  config: DetectorConfig,
-                 run: Callable[..., DetectionResult | Pending] | None = None) -> tuple[DetectionResult, int]:
+                 run: Callable[..., DetectionResult | Pending] | None = None,
+                 memo: ScoreMemo | None = None) -> tuple[DetectionResult, int]:
     """The result for the best-scoring form (its p Bonferroni-corrected over the forms) and
     that form's index. One form is plain :func:`detector.detect.detect` (or ``run``, which
     takes the same arguments, ``defer_spans`` included: :func:`detector.multikey.detect_many`
-    for many keys).
+    for many keys). ``memo``: handed to ``run`` (the request keeps the scores for its ledger
+    basis).
 
     Each distinct form is scored up to its span search (:class:`~detector.detect.Pending`);
     the span search, the costliest step of a short text, runs only for forms that can still
@@ -86,8 +89,9 @@ def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate]
     if not forms:
         raise ValueError("no forms to score")
     run = run or detect
+    options = {} if memo is None else {"memo": memo}
     if len(forms) == 1:
-        return run(forms[0], candidates, config), 0
+        return run(forms[0], candidates, config, **options), 0
     m = len(forms)
     share = config.model_copy(update={"threshold": config.threshold / m})
     # Forms that tokenise alike (a normalisation that only touched what the tokeniser
@@ -97,7 +101,7 @@ def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate]
     for tokens in forms:
         ids = tuple(tokens)
         if ids not in pending:
-            pending[ids] = run(tokens, candidates, share, defer_spans=True)
+            pending[ids] = run(tokens, candidates, share, defer_spans=True, **options)
         per_form.append(pending[ids])
     finished: dict[int, DetectionResult] = {}
     best, best_p = -1, math.inf

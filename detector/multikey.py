@@ -260,13 +260,15 @@ def _shares(plans: Sequence[GroupPlan]) -> dict[str, float]:
 
 def detect_many(token_ids: Sequence[int] | np.ndarray, keys: KeySet | Sequence[Candidate],
                 config: DetectorConfig | None = None, *, scan: np.ndarray | None = None,
-                per_key: bool = True, defer_spans: bool = False) -> DetectionResult | Pending:
+                per_key: bool = True, defer_spans: bool = False,
+                memo: scoring.ScoreMemo | None = None) -> DetectionResult | Pending:
     """:func:`detector.detect.detect` of ``token_ids`` against every candidate in ``keys``
     (see the module docstring). ``scan``: the scan statistics [K, 4] of every candidate
     (rows of routed keys unused), computed elsewhere (a corpus scan on the GPU); by
     default the compiled CPU pass computes them. ``per_key`` False: no per-key entries
     (a corpus scan's verdicts; every other field is the same). ``defer_spans``: the
-    :class:`~detector.detect.Pending` detection before its span search, as ``detect``'s."""
+    :class:`~detector.detect.Pending` detection before its span search, as ``detect``'s;
+    ``memo``: keeps the scores of the keys computed in full for the request's other readers."""
     config = config or DetectorConfig()
     keyset = keys if isinstance(keys, KeySet) else KeySet.of(keys)
     candidates = keyset.candidates
@@ -276,7 +278,7 @@ def detect_many(token_ids: Sequence[int] | np.ndarray, keys: KeySet | Sequence[C
     check_tokens(tokens)
     m = len(candidates)
     if m == 1:  # one key is the best key: nothing to screen
-        pending = detect(tokens, candidates, config, defer_spans=True)
+        pending = detect(tokens, candidates, config, defer_spans=True, memo=memo)
         if not per_key:
             pending = dataclasses.replace(pending, per_key=())
         return pending if defer_spans else pending.result()
@@ -287,7 +289,8 @@ def detect_many(token_ids: Sequence[int] | np.ndarray, keys: KeySet | Sequence[C
     for group in keyset.groups:
         key = positions_key(group.spec)
         if key not in positions:
-            positions[key] = scoring.scored_positions(tokens, group.spec.context_width, group.spec.dedup)
+            positions[key] = (memo.positions(tokens, group.spec.context_width, group.spec.dedup) if memo is not None
+                              else scoring.scored_positions(tokens, group.spec.context_width, group.spec.dedup))
 
     # The screen: bounds from integer statistics, and their bar.
     bounds: dict[int, _Bounds] = {}
@@ -327,7 +330,7 @@ def detect_many(token_ids: Sequence[int] | np.ndarray, keys: KeySet | Sequence[C
     for index in sorted(survivors):
         candidate = candidates[index]
         partials.append((index, partial_evidence(candidate, positions[positions_key(candidate.key.spec)], config,
-                                                 with_spans)))
+                                                 with_spans, memo)))
     gate = bar
     for _, partial in partials:
         parts = list(partial.combined)

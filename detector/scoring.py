@@ -205,3 +205,37 @@ def token_scores(key: WatermarkKey, scored: ScoredPositions, statistic: Statisti
         alpha = key.spec.alpha
         return (1.0 - alpha) * exp_scores(u_a) + alpha * exp_scores(u_b)
     raise ValueError(f"unknown statistic: {statistic!r}; expected one of {list(STATISTICS)}")
+
+
+class ScoreMemo:
+    """One request's scored positions and per-token scores, by token list and key: the
+    detector fills it, the ledger basis's shared-token test reads it (the same arrays, not
+    recomputed). Holds arrays only for as long as the caller keeps it (one request); not
+    shared between threads."""
+
+    def __init__(self) -> None:
+        self._positions: dict[tuple[bytes, int, bool], ScoredPositions] = {}
+        self._scores: dict[tuple[int, WatermarkKey, str], object] = {}
+
+    def positions(self, token_ids: np.ndarray, width: int, scope: str) -> ScoredPositions:
+        """:func:`scored_positions`, once per token list, width and dedup scope."""
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        index = (tokens.tobytes(), int(width), scope == "all")
+        found = self._positions.get(index)
+        if found is None:
+            found = self._positions[index] = scored_positions(tokens, width, scope)
+        return found
+
+    def dual(self, key: WatermarkKey, scored: ScoredPositions) -> DualScores:
+        """:func:`dual_scores`, once per key and scored positions (of this memo)."""
+        return self._get((id(scored), key, "dual"), lambda: dual_scores(key, scored))
+
+    def token_scores(self, key: WatermarkKey, scored: ScoredPositions, statistic: Statistic) -> np.ndarray:
+        """:func:`token_scores`, once per key, scored positions and statistic."""
+        return self._get((id(scored), key, statistic), lambda: token_scores(key, scored, statistic))
+
+    def _get(self, index, compute):
+        found = self._scores.get(index)
+        if found is None:
+            found = self._scores[index] = compute()
+        return found

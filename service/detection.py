@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from detector.detect import DetectorConfig, statistic_for
 from detector.multikey import KeySet, detect_many
 from detector.result import Candidate
+from detector.scoring import ScoreMemo
 from detector.forms import (TextForm, detect_forms, distinct_forms, merge_form_matches, original_offsets, text_forms,
                             with_span_chars)
 from keys import kgrams
@@ -102,9 +103,11 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
     lookup = look_up(services, identity, tenant, candidates, [t for t, _ in forms], text)
     # A diverse key whose generation the ledger identifies is tested under its recorded salt.
     narrowed = narrowed_by_ledger(services, lookup, candidates, config, exact=params.text is not None)
+    memo = ScoreMemo()  # the detector's scores, read again by the ledger basis's shared-token test
     if batched:  # every key in one compiled pass, screened (detector.multikey)
         keyset = keyset_of(candidates, tenant) if narrowed is candidates else KeySet.of(narrowed)
-        result, best = detect_forms([token_ids for token_ids, _ in forms], keyset, config, run=detect_many)
+        result, best = detect_forms([token_ids for token_ids, _ in forms], keyset, config, run=detect_many,
+                                    memo=memo)
     else:
         result, best = detect_forms([token_ids for token_ids, _ in forms], narrowed, config)
     candidates = narrowed
@@ -112,7 +115,7 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
     if offsets is not None:
         result = with_span_chars(result, offsets)
     if batched:
-        matches, kgram_matches = _ledger_basis(services, lookup, candidates, config)
+        matches, kgram_matches = _ledger_basis(services, lookup, candidates, config, memo=memo)
     else:
         matches, kgram_matches = _ledger_basis(services, lookup, candidates, config, kgram=False)
         kgram_matches = _kgram_matches_per_form(services, identity, tenant, candidates, [t for t, _ in forms],
@@ -162,11 +165,12 @@ def keyset_of(candidates: list[Candidate], scope: str | None = None) -> KeySet:
 
 
 def _ledger_basis(services: Services, lookup: LedgerLookup, candidates, config, *,
-                  kgram: bool = True) -> tuple[list[dict[str, Any]], list]:
+                  kgram: bool = True, memo: ScoreMemo | None = None) -> tuple[list[dict[str, Any]], list]:
     """The ledger basis from the detection's one look-up: its exact copies as result items,
     and (``kgram``) its k-gram matches under the keys tested, with the watermark evidence of
     the shared tokens (service.ledger_evidence; their positions from the rows the look-up
-    fetched), merged over the forms, the key states read once for each list."""
+    fetched; their scores from ``memo``, the detector's), merged over the forms, the key states
+    read once for each list."""
     if not lookup.exact and not (kgram and lookup.forms):
         return [], []
     try:
@@ -175,7 +179,7 @@ def _ledger_basis(services: Services, lookup: LedgerLookup, candidates, config, 
             if not kgram or not lookup.forms:
                 return matches, []
             return matches, with_key_states(session, merge_form_matches([
-                with_shared_scores(session, found, candidates, tokens, config, cache=lookup.cache)
+                with_shared_scores(session, found, candidates, tokens, config, cache=lookup.cache, memo=memo)
                 for tokens, found in zip(lookup.forms, lookup.kgram)]))
     except KeyStoreError as exc:
         raise store_error(exc) from None

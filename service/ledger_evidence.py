@@ -73,9 +73,12 @@ def with_key_states(session, matches: Sequence[KgramMatch]) -> list[KgramMatch]:
 
 def with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Sequence[Candidate],
                        token_ids: Sequence[int], config: DetectorConfig, *,
-                       cache: kgrams.KgramCache | None) -> list[KgramMatch]:
+                       cache: kgrams.KgramCache | None,
+                       memo: scoring.ScoreMemo | None = None) -> list[KgramMatch]:
     """``matches`` with ``shared_tokens`` and ``log10_shared_p`` (:func:`with_shared_evidence`
-    without the key states: a caller merging the matches of several forms adds those once)."""
+    without the key states: a caller merging the matches of several forms adds those once).
+    ``memo``: the detection's scores (detector.scoring.ScoreMemo), read where it scored the
+    same token list under the same key, computed and kept there otherwise."""
     threshold = math.log10(config.threshold)
     # A `diverse` key is S salted candidates with one key id: the match's generation names
     # its salt in the ledger (keys.ledger_read.generation_salts), and that salt is scored.
@@ -110,8 +113,8 @@ def with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Seque
     for i in tested:
         candidate = chosen[i]
         if (candidate.info.key_id, candidate.info.salt) not in scores:
-            scores[candidate.info.key_id, candidate.info.salt] = _token_scores(tokens, candidate,
-                                                                              _statistics(candidate, config))
+            scores[candidate.info.key_id, candidate.info.salt] = _token_scores(
+                tokens, candidate, _statistics(candidate, config), memo or scoring.ScoreMemo())
     out = list(matches)
     for i in tested:
         match = out[i]
@@ -134,16 +137,20 @@ def with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Seque
     return out
 
 
-def _token_scores(tokens: np.ndarray, candidate: Candidate,
-                  statistics: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def _token_scores(tokens: np.ndarray, candidate: Candidate, statistics: list[str],
+                  memo: scoring.ScoreMemo) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The scored positions [s] of ``tokens`` [n] under the candidate's spec and, per
-    statistic, their scores [s]: the detector's own per-token terms (detector.scoring)."""
+    statistic, their scores [s]: the detector's own per-token terms (detector.scoring), from
+    ``memo`` where the detection computed them."""
     spec = candidate.key.spec
-    scored = scoring.scored_positions(tokens, spec.context_width, spec.dedup)
+    scored = memo.positions(tokens, spec.context_width, spec.dedup)
     if statistics == ["max", "weighted"]:  # both from one pass of the two keys' PRF
-        parts = scoring.dual_scores(candidate.key, scored)
+        parts = memo.dual(candidate.key, scored)
         return scored.positions, {"max": parts.max, "weighted": parts.weighted}
-    return scored.positions, {s: scoring.token_scores(candidate.key, scored, s) for s in statistics}
+    if len(statistics) == 1 and statistics[0] in ("max", "weighted") and spec.algorithm == "dual_key_gumbel":
+        # The detector scores a forced max or weighted statistic from the same one pass.
+        return scored.positions, {statistics[0]: getattr(memo.dual(candidate.key, scored), statistics[0])}
+    return scored.positions, {s: memo.token_scores(candidate.key, scored, s) for s in statistics}
 
 
 def _statistics(candidate: Candidate, config: DetectorConfig) -> list[str]:

@@ -90,3 +90,29 @@ def test_one_ledger_look_up_per_request(served, edit):
     reference = detection.detect(services, identity, DetectBody(text=text), batched=False)
     assert reference["kgram_matches"] == out["kgram_matches"]
     assert reference["ledger_matches"] == out["ledger_matches"]
+
+
+def test_the_shared_token_test_reads_the_detectors_scores(served, monkeypatch):
+    # Scores are computed once per token list and key in a request (detector.scoring.ScoreMemo):
+    # the ledger basis's shared-token test reads the detector's instead of scoring again.
+    from detector import scoring
+
+    gw, generated = served
+    services = gw.app.state.services
+    identity = authenticate(services, f"Bearer {gw.tokens['acme']}")
+    body = DetectBody(text=generated["text"])
+    detection.detect(services, identity, body)  # warm
+    computed = []
+    for name in ("dual_scores", "token_scores"):
+        original = getattr(scoring, name)
+
+        def counting(key, scored, *rest, _original=original):
+            computed.append((key, scored.positions.tobytes(), scored.tokens.tobytes(), rest))
+            return _original(key, scored, *rest)
+
+        monkeypatch.setattr(scoring, name, counting)
+    out = detection.detect(services, identity, body)
+    assert out["kgram_matches"] and out["kgram_matches"][0]["log10_shared_p"] is not None  # the test ran
+    assert computed and len(computed) == len(set(computed)), "a key's scores of one token list computed twice"
+    monkeypatch.undo()
+    assert detection.detect(services, identity, body, batched=False)["kgram_matches"] == out["kgram_matches"]
