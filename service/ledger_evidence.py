@@ -114,7 +114,7 @@ def with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Seque
         candidate = chosen[i]
         if (candidate.info.key_id, candidate.info.salt) not in scores:
             scores[candidate.info.key_id, candidate.info.salt] = _token_scores(
-                tokens, candidate, _statistics(candidate, config), memo or scoring.ScoreMemo())
+                tokens, candidate, _statistics(candidate, config), memo)
     out = list(matches)
     for i in tested:
         match = out[i]
@@ -138,11 +138,12 @@ def with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Seque
 
 
 def _token_scores(tokens: np.ndarray, candidate: Candidate, statistics: list[str],
-                  memo: scoring.ScoreMemo) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+                  memo: scoring.ScoreMemo | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The scored positions [s] of ``tokens`` [n] under the candidate's spec and, per
     statistic, their scores [s]: the detector's own per-token terms (detector.scoring), from
     ``memo`` where the detection computed them."""
     spec = candidate.key.spec
+    memo = scoring.ScoreMemo() if memo is None else memo
     scored = memo.positions(tokens, spec.context_width, spec.dedup)
     if statistics == ["max", "weighted"]:  # both from one pass of the two keys' PRF
         parts = memo.dual(candidate.key, scored)
