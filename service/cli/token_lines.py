@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from typing import Any
 
 import numpy as np
@@ -50,13 +49,14 @@ def _fast(line: str) -> dict[str, Any] | None:
     if (first[:-1] & (raw[:-1] == 48) & digit[1:]).any():  # a leading zero (JSON has none)
         return None
     if body.strip():
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # text numpy cannot read to its end is an error, not a warning
-            try:
-                tokens = np.fromstring(body, dtype=np.int64, sep=",")
-            except (ValueError, DeprecationWarning):
-                return None
-        if len(tokens) != np.count_nonzero(comma) + 1:
+        try:  # text numpy cannot read to its end: ValueError (numpy 2; older numpy warned and stopped)
+            tokens = np.fromstring(body, dtype=np.int64, sep=",")
+        except (ValueError, DeprecationWarning):
+            return None
+        # Read to its end: every number read (one per run of digits), and the commas exactly
+        # those between them (a trailing comma reads without complaint).
+        runs = np.count_nonzero(first)
+        if len(tokens) != runs or np.count_nonzero(comma) != runs - 1:
             return None
     else:
         tokens = np.zeros(0, dtype=np.int64)

@@ -25,7 +25,8 @@ OTHER = ['{"token_ids": [01, 2]}', '{"token_ids": [1, 2,]}', '{"token_ids": [1,,
          '{"k": {"token_ids": 1}, "token_ids": [2]}', '{"token_ids": [2], "k": {"token_ids": 1}}',
          '{"name": "token_ids", "token_ids": [3]}', '{"token_ids": [3], "name": "token_ids"}',
          '{"token_ids": [00]}', '{"token_ids": [1, 00]}', '{"token_ids": [0, 0, 10, 100]}', '{"token_ids": [1,\r0]}',
-         '{"token_ids": [1,\r01]}', '{"token_ids": [1 ,\t 2\x0b]}', '{"token_ids": [1/2]}', '{"token_ids": [1:2]}']
+         '{"token_ids": [1,\r01]}', '{"token_ids": [1 ,\t 2\x0b]}', '{"token_ids": [1/2]}', '{"token_ids": [1:2]}',
+         '{"token_ids": [1,2 3]}', '{"token_ids": [1 ,2 , ]}', '{"token_ids": [ , 1]}', '{"token_ids": [1,2,,]}']
 
 
 def _checked(parse, line: str):
