@@ -109,7 +109,7 @@ def _store(path: Path, count: int, spec: WatermarkSpec):
 
 def _open(store):
     from keys.material import detection_keys
-    from service.state import candidate_of
+    from service.key_scopes import candidate_of
 
     with store.transaction(write=False) as session:
         candidates = [candidate_of(k) for k in detection_keys(session, store.keyring, tenant="acme")]

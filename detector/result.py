@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from watermark.key import WatermarkKey
-from watermark.salt import SALTS
 
 
 def _p(log10_p: float) -> float:
@@ -64,8 +63,21 @@ def salted_candidates(candidates: Sequence[Candidate], known_salt: dict[str, int
             out.append(candidate)
             continue
         known = (known_salt or {}).get(candidate.info.key_id) if candidate.info.key_id else None
-        for salt in ([known] if known is not None else range(SALTS)):
-            out.append(Candidate(key=key.with_salt(salt), info=dataclasses.replace(candidate.info, salt=salt)))
+        if known is not None:
+            out.append(Candidate(key=key.with_salt(known), info=dataclasses.replace(candidate.info, salt=known)))
+            continue
+        for salted in key.salted_keys():
+            out.append(Candidate(key=salted, info=_with_salt(candidate.info, salted.salt)))
+    return out
+
+
+def _with_salt(info: KeyInfo, salt: int) -> KeyInfo:
+    """``dataclasses.replace(info, salt=salt)`` without re-running ``__init__`` (a frozen
+    dataclass sets each field through ``object.__setattr__``): a store's diverse keys make
+    16 of these a key, and this is a third of replace's cost."""
+    out = object.__new__(KeyInfo)
+    out.__dict__.update(info.__dict__)
+    out.__dict__["salt"] = salt
     return out
 
 

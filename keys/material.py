@@ -160,22 +160,61 @@ def detection_keys(session: Session, keyring: Keyring, *, tenant: str | None = N
     validated once, each secret opened under its KEK's cached cipher and checked against
     its row's check value, as :func:`open_secret` does: tens of microseconds a key less
     than one ORM row at a time (``bench/multikey.py`` measures it)."""
-    query = select(*_DETECTION_COLUMNS).join(Tenant, Tenant.id == KeyRow.tenant_id)
-    if tenant is not None:
-        query = query.where(KeyRow.tenant_id == get_tenant(session, name=tenant).id)
-    specs: dict[Any, WatermarkSpec] = {}
-    out = []
-    for (key_id, tenant_id, version, ciphertext, nonce, kek_id, spec_json, check, state, created_at, revoked_at,
-         name) in session.execute(query.order_by(Tenant.name, KeyRow.version)):
-        spec = _spec_once(specs, key_id, spec_json)
-        secret = unwrap_secret(keyring, wrapped=WrappedSecret(ciphertext=ciphertext, nonce=nonce, kek_id=kek_id),
-                               binding=KeyBinding(tenant_id=tenant_id, key_id=key_id, version=version))
-        if check_value(secret) != check:
-            raise UnwrapError(key_id)
-        out.append(StoredKey(tenant_id=tenant_id, tenant=name, key_id=key_id, version=version, state=state,
-                             fingerprint=fingerprint_of_check_value(check), spec=spec, created_at=created_at,
-                             revoked_at=revoked_at, material=WatermarkKey(secret=secret, spec=spec)))
-    return out
+    return OpenedKeys(tenant).load(session, keyring)
+
+
+class OpenedKeys:
+    """One scope's keys (tenant ``tenant``'s, or every tenant's) as :func:`detection_keys`
+    opens them, kept between loads so that loading again reopens only the rows that changed.
+
+    A service reloads its scopes every few seconds (its key cache's TTL) to see keys
+    created, rotated or revoked through other gateways; at thousands of keys, unwrapping
+    every secret again each time was most of that cost. :meth:`load` reads every row as
+    :func:`detection_keys` does and compares it, column by column, with the row its key was
+    opened from: an equal row gives back the same :class:`StoredKey` object (its secret was
+    authenticated from exactly these bytes), any other row is opened as new. So a load
+    returns exactly what a fresh open returns now (a revoked key shows revoked, a re-wrapped
+    one is unwrapped again, a vanished one is gone, a row that no longer authenticates
+    fails), and its caller can keep whatever it derived from an unchanged key by identity.
+    Not thread-safe: one caller at a time (the service holds a lock per scope)."""
+
+    def __init__(self, tenant: str | None = None) -> None:
+        self.tenant = tenant
+        self._keyring: Keyring | None = None
+        self._opened: dict[str, tuple[tuple, StoredKey]] = {}
+
+    def load(self, session: Session, keyring: Keyring) -> list[StoredKey]:
+        """The scope's keys now, ordered by tenant name then version (see the class)."""
+        query = select(*_DETECTION_COLUMNS).join(Tenant, Tenant.id == KeyRow.tenant_id)
+        if self.tenant is not None:
+            query = query.where(KeyRow.tenant_id == get_tenant(session, name=self.tenant).id)
+        # Opened under another keyring (one that may lack a KEK), nothing is reused.
+        previous = self._opened if keyring is self._keyring else {}
+        specs: dict[Any, WatermarkSpec] = {}
+        opened: dict[str, tuple[tuple, StoredKey]] = {}
+        out = []
+        for row in session.execute(query.order_by(Tenant.name, KeyRow.version)):
+            row = tuple(row)
+            found = previous.get(row[0])
+            key = found[1] if found is not None and found[0] == row else _opened_row(keyring, specs, row)
+            opened[row[0]] = (row, key)
+            out.append(key)
+        # Replaced only once every row opened: a failing row leaves the previous state as it was.
+        self._keyring, self._opened = keyring, opened
+        return out
+
+
+def _opened_row(keyring: Keyring, specs: dict[Any, WatermarkSpec], row: tuple) -> StoredKey:
+    (key_id, tenant_id, version, ciphertext, nonce, kek_id, spec_json, check, state, created_at, revoked_at,
+     name) = row
+    spec = _spec_once(specs, key_id, spec_json)
+    secret = unwrap_secret(keyring, wrapped=WrappedSecret(ciphertext=ciphertext, nonce=nonce, kek_id=kek_id),
+                           binding=KeyBinding(tenant_id=tenant_id, key_id=key_id, version=version))
+    if check_value(secret) != check:
+        raise UnwrapError(key_id)
+    return StoredKey(tenant_id=tenant_id, tenant=name, key_id=key_id, version=version, state=state,
+                     fingerprint=fingerprint_of_check_value(check), spec=spec, created_at=created_at,
+                     revoked_at=revoked_at, material=WatermarkKey(secret=secret, spec=spec))
 
 
 def _spec_once(specs: dict[Any, WatermarkSpec], key_id: str, spec_json: Any) -> WatermarkSpec:

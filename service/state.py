@@ -12,9 +12,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from detector.result import Candidate, KeyInfo, salted_candidates
+from detector.result import Candidate
 from keys.db import Store
-from keys.material import StoredKey, active_key, detection_keys
+from keys.material import StoredKey, active_key
 from keys.key_states import with_key_states
 from keys.ledger import GenerationEntry, find_generations_by_output_hash
 from keys.receipts import Signer
@@ -24,6 +24,7 @@ from service.provenance import ledger_match, receipt_statement
 from keys.tenants import get_tenant
 from service.caching import TokenCache, TTLCache
 from service.engines.base import Engine
+from service.key_scopes import KeyScopes
 from service.errors import Unavailable
 from service.metrics import Metrics
 from service.limits import TenantLimits, create_buckets
@@ -31,12 +32,6 @@ from service.settings import ServiceSettings
 from watermark.salt import SaltRotation
 
 log = logging.getLogger("hallmark.log")
-
-
-def candidate_of(stored: StoredKey) -> Candidate:
-    return Candidate(key=stored.material, info=KeyInfo(
-        tenant=stored.tenant, key_id=stored.key_id, version=stored.version, state=stored.state,
-        fingerprint=stored.fingerprint, algorithm=stored.spec.algorithm))
 
 
 @dataclass
@@ -52,6 +47,9 @@ class Services:
         ttl = settings.key_cache_seconds
         self.token_cache: TokenCache = TokenCache(ttl, settings.token_cache_entries)
         self.key_cache: TTLCache = TTLCache(ttl)
+        # What the key cache's detection scopes opened, kept across its expiries and clears:
+        # a reload reopens only the keys whose rows changed (service.key_scopes).
+        self.key_scopes = KeyScopes()
         self.buckets = create_buckets(settings, self.store)
         self.tenant_limits = TenantLimits(self.buckets, max_concurrent=settings.tenant_max_concurrent_generations,
                                           tokens_per_minute=settings.tenant_tokens_per_minute,
@@ -78,13 +76,8 @@ class Services:
         return self.key_cache.get_or_load(("active", tenant_id), load)
 
     def detection_candidates(self, tenant: str | None) -> list[Candidate]:
-        def load() -> list[Candidate]:
-            with self.store.transaction(write=False) as session:
-                # A `diverse` key is tested under each of its salts (detector.result.salted_candidates).
-                return salted_candidates([candidate_of(k) for k in
-                                          detection_keys(session, self.store.keyring, tenant=tenant)])
-
-        return self.key_cache.get_or_load(("detect", tenant), load)
+        # A `diverse` key is tested under each of its salts (detector.result.salted_candidates).
+        return self.key_cache.get_or_load(("detect", tenant), lambda: self.key_scopes.load(self.store, tenant))
 
     def tenant_id(self, name: str) -> str:
         def load() -> str:

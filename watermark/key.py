@@ -39,6 +39,7 @@ KEY_A_DOMAIN = "key_a"
 KEY_B_DOMAIN = "key_b"
 # Hallmark's extension: the keyed speculative acceptance coin (vLLM has no such key).
 KEY_COIN_DOMAIN = "hallmark_coin"
+_DUAL_TAGS = (KEY_A_DOMAIN.encode(), KEY_B_DOMAIN.encode())
 
 
 # 64 bits: stored, never shown. 24 bits: shown; about 2**40 secrets share each value.
@@ -93,6 +94,28 @@ class WatermarkKey:
     def with_salt(self, salt: int | None) -> "WatermarkKey":
         """This key under a generation's ``salt`` (None: unsalted)."""
         return dataclasses.replace(self, salt=salt)
+
+    def salted_keys(self) -> tuple["WatermarkKey", ...]:
+        """This unsalted `diverse` key under each salt, in salt order: the keys a detector
+        that does not know a text's salt tests. Equal to ``with_salt(s)`` for each s, with
+        their PRF keys (:attr:`prf_secret`, and :attr:`key_a`, :attr:`key_b` of a dual key)
+        derived here in one pass. Opening a store derives these 3 x SALTS sub-keys for every
+        diverse key; one at a time through ``with_salt`` and the cached properties, Python's
+        per-object overhead cost several times the SHA-256s themselves."""
+        if self.spec.mode != "diverse" or self.salt is not None:
+            raise ValueError("only an unsalted key in mode 'diverse' has salted keys")
+        dual = self.spec.algorithm == "dual_key_gumbel"
+        out = []
+        for salt, derived in enumerate(salts.salted_secrets(self.secret, _DUAL_TAGS if dual else ())):
+            values = {"secret": self.secret, "spec": self.spec, "salt": salt, "prf_secret": derived[0]}
+            if dual:
+                values["key_a"], values["key_b"] = derived[1], derived[2]
+            # Built without __init__: its checks passed for this key's secret and spec, and the
+            # salt comes from range(SALTS). The cached properties' values go in with the fields.
+            key = object.__new__(WatermarkKey)
+            key.__dict__.update(values)
+            out.append(key)
+        return tuple(out)
 
     # Sub-keys are derived once per key object (a SHA-256 each): detection reads them for
     # every text, and a service keeps its keys' objects in its key cache.

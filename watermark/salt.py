@@ -49,6 +49,15 @@ def salted_secret(secret: int, salt: int) -> int:
     return prf.derive_key(secret, f"{SALT_DOMAIN}{check_salt(salt)}")
 
 
+_SALT_TAGS = tuple(f"{SALT_DOMAIN}{salt}".encode() for salt in range(SALTS))
+
+
+def salted_secrets(secret: int, sub_tags: tuple[bytes, ...] = ()) -> list[tuple[int, ...]]:
+    """For each salt in order: ``(salted_secret(secret, salt), *sub-keys)``, each sub-key
+    ``prf.derive_key(salted, tag)`` for a tag of ``sub_tags``, all derived in one call."""
+    return prf.derive_keys(secret, _SALT_TAGS, sub_tags)
+
+
 def salt_for(seed: int | None, index: int = 0) -> int:
     """The salt of a generation: from the request's ``seed`` (the ``index``-th of the
     request's ``n`` choices) when given, so that a seed reproduces a text; else uniform

@@ -9,7 +9,7 @@ from keys.errors import KeyStoreError
 from keys.material import detection_keys
 from service.cli.app import CliError
 from service.cli.store import cli_store
-from service.state import candidate_of
+from service.key_scopes import candidate_of
 
 
 def stored_candidates(*, tenant: str | None) -> list[Candidate]:

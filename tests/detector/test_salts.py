@@ -39,6 +39,28 @@ def test_a_diverse_key_is_tested_under_each_salt_and_a_deterministic_one_as_it_i
     assert salted_candidates(out) == out  # already salted: unchanged
 
 
+@pytest.mark.parametrize("algorithm", sorted(DIVERSE))
+def test_salted_candidates_are_those_of_replacing_the_salt(algorithm):
+    """The fast construction (WatermarkKey.salted_keys, KeyInfo without __init__) gives what
+    dataclasses.replace gives: equal keys and infos, hashable, in salt order."""
+    import dataclasses
+
+    stored = _stored(WatermarkKey(2**63 + 5, DIVERSE[algorithm]))
+    out = salted_candidates([stored])
+    expected = [Candidate(key=stored.key.with_salt(s), info=dataclasses.replace(stored.info, salt=s))
+                for s in range(SALTS)]
+    assert out == expected
+    assert [hash(c.info) for c in out] == [hash(c.info) for c in expected]
+    assert [c.info.to_dict() for c in out] == [c.info.to_dict() for c in expected]
+    assert stored.info.salt is None  # the stored candidate's own info is untouched
+    keyset, reference = KeySet.of(out), KeySet.of(expected)
+    for group, ref in zip(keyset.groups, reference.groups):
+        assert np.array_equal(group.keys_a, ref.keys_a)
+        assert (group.keys_b is None) == (ref.keys_b is None) and (group.keys_b is None
+                                                                  or np.array_equal(group.keys_b, ref.keys_b))
+
+
+
 @pytest.mark.parametrize("algorithm", ["gumbel", "dual_key_gumbel"])
 @pytest.mark.parametrize("salt", [0, 11])
 def test_text_under_any_salt_is_detected_and_names_it(algorithm, salt):

@@ -23,7 +23,7 @@ from keys.settings import StoreSettings
 from keys.tenants import create_tenant
 from service.scan import run as scan_run
 from service.scan.verdicts import ScanSettings
-from service.state import candidate_of
+from service.key_scopes import candidate_of
 from service.tokenization import load_text_encoder
 from tests.synthetic import generate, generate_speculative, human_like
 from watermark.key import WatermarkKey

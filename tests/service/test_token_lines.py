@@ -20,7 +20,13 @@ OTHER = ['{"token_ids": [01, 2]}', '{"token_ids": [1, 2,]}', '{"token_ids": [1,,
          '{"token_ids": [1e3]}', '{"token_ids": ["1"]}', '{"token_ids": [[1]]}', '{"token_ids": [1, 2]',
          '{"note": "\\"token_ids\\": [1]", "token_ids": [2]}', '{"x": {"token_ids": [3]}}',
          '{"token_ids": [1], "token_ids": [2]}', '[1, 2]', '{"token_ids": [１]}', '{"token_ids": [1]} x',
-         '{"token_ids": [99999999999999999999]}', '{"token_ids": [4294967296]}', '{"token_ids": null}']
+         '{"token_ids": [99999999999999999999]}', '{"token_ids": [4294967296]}', '{"token_ids": null}',
+         # the key elsewhere in the line, before or after the list (the fast path counts it around the list)
+         '{"k": {"token_ids": 1}, "token_ids": [2]}', '{"token_ids": [2], "k": {"token_ids": 1}}',
+         '{"name": "token_ids", "token_ids": [3]}', '{"token_ids": [3], "name": "token_ids"}',
+         '{"token_ids": [00]}', '{"token_ids": [1, 00]}', '{"token_ids": [0, 0, 10, 100]}', '{"token_ids": [1,\r0]}',
+         '{"token_ids": [1,\r01]}', '{"token_ids": [1 ,\t 2\x0b]}', '{"token_ids": [1/2]}', '{"token_ids": [1:2]}',
+         '{"token_ids": [1,2 3]}', '{"token_ids": [1 ,2 , ]}', '{"token_ids": [ , 1]}', '{"token_ids": [1,2,,]}']
 
 
 def _checked(parse, line: str):

@@ -128,3 +128,30 @@ def test_the_compiled_scored_positions_and_uniforms_equal_numpy(seed):
                 reference = philox.uniforms_from_words_numpy(philox.words_numpy(int(key), contexts, kept))
                 assert np.array_equal(uniforms[k].view(np.int32), reference.view(np.int32)), seed
     assert dedup_compiled.scored(np.array([], dtype=np.int64), 4)[1].shape == (0, 4)
+
+
+@pytest.mark.parametrize("width", [1, 3, 4])
+def test_the_fused_dual_stream_pass_equals_two_single_passes(width, seed):
+    """_float_rs_pair (both streams in one loop) gives each stream's _words + _float_rs values,
+    bit for bit, from any start offset, for edge keys (0, 2^32, 2^64 - 1, ...)."""
+    fns = keyscan_cpu._compiled()
+    if fns is None:
+        pytest.skip("numba is not installed")
+    rng = np.random.default_rng(seed)
+    n = 777
+    contexts = rng.integers(-1, 2**32, (n, width))
+    cols = philox_compiled.context_columns(contexts)
+    tokens = rng.integers(0, 2**32, n).astype(np.uint32)
+    states = np.empty((4, n), dtype=np.uint32)
+    words = np.empty(n, dtype=np.uint32)
+    keys = _keys(rng, 12)
+    for key_a, key_b in zip(keys, keys[::-1]):
+        for start, stop in ((0, n), (5, 300), (n, n)):
+            ra = np.full(n, np.nan, dtype=np.float32)
+            rb = np.full(n, np.nan, dtype=np.float32)
+            fns["_float_rs_pair"](key_a, key_b, cols, width, tokens, start, stop, ra, rb)
+            for key, got in ((key_a, ra), (key_b, rb)):
+                expected = np.full(n, np.nan, dtype=np.float32)
+                philox_compiled.compiled()["_words"](key, cols, width, tokens, start, stop, states, words)
+                fns["_float_rs"](words, stop - start, expected)
+                assert np.array_equal(got, expected, equal_nan=True), (seed, int(key), start)

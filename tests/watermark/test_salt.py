@@ -84,3 +84,39 @@ def test_regenerations_of_one_prompt_take_the_salts_in_turn():
     assert len(rotation._next) == 2
     starts = {SaltRotation().take("k", (1,)) for _ in range(300)}
     assert starts == set(range(SALTS))  # a random start (all 16 in 300 draws: miss chance ~1e-7)
+
+
+@pytest.mark.parametrize("algorithm,coin", [("gumbel", "ordinary"), ("dual_key_gumbel", "ordinary"),
+                                            ("dual_key_gumbel", "keyed")])
+@pytest.mark.parametrize("secret", [0, 0x0123456789ABCDEF, 2**64 - 1])
+def test_salted_keys_are_with_salt_of_each_salt(algorithm, coin, secret):
+    """The one-pass family equals ``with_salt(s)`` in salt order, sub-keys included."""
+    key = WatermarkKey(secret, WatermarkSpec(algorithm=algorithm, coin=coin, mode="diverse"))
+    family = key.salted_keys()
+    assert len(family) == SALTS
+    for salt, salted in enumerate(family):
+        reference = key.with_salt(salt)
+        assert salted == reference and hash(salted) == hash(reference) and salted.salt == salt
+        assert salted.prf_secret == salted_secret(secret, salt) == reference.prf_secret
+        assert (salted.key_a, salted.key_b, salted.key_coin) == (reference.key_a, reference.key_b, reference.key_coin)
+        assert salted.scoring_keys() == reference.scoring_keys() and row_keys(salted) == row_keys(reference)
+        assert salted.fingerprint == key.fingerprint
+    assert family[0].prf_secret == GOLDEN.get((secret, 0), family[0].prf_secret)
+
+
+def test_only_an_unsalted_diverse_key_has_salted_keys():
+    with pytest.raises(ValueError, match="diverse"):
+        WatermarkKey(5, WatermarkSpec()).salted_keys()
+    with pytest.raises(ValueError, match="unsalted"):
+        WatermarkKey(5, DIVERSE, salt=3).salted_keys()
+
+
+@pytest.mark.parametrize("key", [0, 1, 2**32 + 7, 2**64 - 1])
+def test_derive_keys_is_derive_key_twice_over(key):
+    tags, subs = (b"hallmark_salt/0", b"key_a", b""), (b"key_b", b"hallmark_coin")
+    for tag, derived in zip(tags, prf.derive_keys(key, tags, subs)):
+        first = prf.derive_key(key, tag)
+        assert derived == (first, *(prf.derive_key(first, sub) for sub in subs))
+    assert prf.derive_keys(key, tags) == [(prf.derive_key(key, tag),) for tag in tags]
+    with pytest.raises(ValueError):
+        prf.derive_keys(2**64, tags)

@@ -12,11 +12,11 @@ vectors, its name in :mod:`watermark.prf.versions` and one branch in :func:`look
 
 from __future__ import annotations
 
-from watermark.prf.base import MAX_KEY, PRF, check_key, derive_key, to_signed64
+from watermark.prf.base import MAX_KEY, PRF, check_key, derive_key, derive_keys, to_signed64
 from watermark.prf.versions import NAMES, PHILOX_V1
 
-__all__ = ["MAX_KEY", "NAMES", "PHILOX_V1", "PRF", "DEFAULT", "canonical_name", "check_key", "derive_key", "lookup",
-           "to_signed64"]
+__all__ = ["MAX_KEY", "NAMES", "PHILOX_V1", "PRF", "DEFAULT", "canonical_name", "check_key", "derive_key", "derive_keys",
+           "lookup", "to_signed64"]
 
 DEFAULT = PHILOX_V1
 """The version a spec names when it names none."""

@@ -32,6 +32,21 @@ def derive_key(key: int, domain: str | bytes) -> int:
     return int.from_bytes(digest[:8], "big")
 
 
+def derive_keys(key: int, tags: tuple[bytes, ...], sub_tags: tuple[bytes, ...] = ()) -> list[tuple[int, ...]]:
+    """For each tag: ``(k, *(derive_key(k, sub) for sub in sub_tags))`` with ``k =
+    derive_key(key, tag)``, the key checked once. Opening a store derives 3 x 16 sub-keys for
+    each `diverse` key (its salted secrets, then their key A and key B); one
+    :func:`derive_key` call at a time, the calls cost several times the SHA-256s."""
+    check_key(key)
+    sha256, from_bytes = hashlib.sha256, int.from_bytes
+    raw = key.to_bytes(8, "big")
+    firsts = [sha256(tag + raw).digest()[:8] for tag in tags]  # each derived key's 8 bytes, big-endian
+    columns = [[from_bytes(first, "big") for first in firsts]]
+    for sub in sub_tags:
+        columns.append([from_bytes(sha256(sub + first).digest()[:8], "big") for first in firsts])
+    return list(zip(*columns))
+
+
 def to_signed64(key: int) -> int:
     """The int64 whose bit pattern is the unsigned 64-bit ``key`` (torch has no uint64 math)."""
     check_key(key)
