@@ -34,26 +34,18 @@ reported beside it.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
-import struct
-from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from keys import tlog
+from keys.kgram_digests import (  # noqa: F401  (re-exported: what callers read as kgrams.*)
+    DIGEST_BITS, K, V1, V2, KgramSet, digests, keyed_position_digests, kgram_key, kgram_set, position_digests)
+from keys.kgram_match import MIN_MATCHES, KgramMatch, false_match_log10  # noqa: F401  (re-exported)
 from keys.models import LedgerEntry, LedgerKgram
 
-K = 8
-"""Tokens per k-gram."""
-DIGEST_BITS = 63
-MIN_MATCHES = 2
-"""Matches below this many shared k-grams are not reported."""
-V1, V2 = 1, 2
-"""The schemes (module docstring): per watermark key; the store's one k-gram key."""
 _CHUNK = 500
 
 # Statements built once, their lists bound at execution (expanding parameters): an IN list
@@ -98,58 +90,11 @@ _STORED = select(LedgerKgram.generation_id, LedgerKgram.scheme, LedgerKgram.dige
     LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
 
 
-def kgram_key(secret: int) -> bytes:
-    """Scheme 1's k-gram HMAC key of a watermark key secret (64-bit)."""
-    return hashlib.sha256(b"hallmark-kgram-v1" + int(secret).to_bytes(8, "big")).digest()
-
-
 def store_kgram_key(session: Session) -> bytes | None:
     """Scheme 2's k-gram HMAC key: the store's (keys.log_key), None while it has no log key
     (or this process no KEK). Never logged, returned or stored apart from the log key."""
     auth = tlog.authority(session)
     return None if auth is None else auth.kgram_key
-
-
-def position_digests(token_ids: Sequence[int], secret: int, k: int = K,
-                     memo: dict[bytes, int] | None = None) -> list[int]:
-    """The scheme 1 digest (63 bits) of the k-gram starting at each position of ``token_ids``
-    [n] under the watermark key ``secret`` (n - k + 1 of them; empty if n < k). ``memo``:
-    digests of k-grams already hashed under ``secret`` (by their 4k bytes), read and extended:
-    the forms of one text (as sent, normalised) share most of their k-grams, so each distinct
-    one is hashed once."""
-    return keyed_position_digests(token_ids, kgram_key(secret), k, memo)
-
-
-def keyed_position_digests(token_ids: Sequence[int], key: bytes, k: int = K,
-                           memo: dict[bytes, int] | None = None) -> list[int]:
-    """:func:`position_digests` under the HMAC key ``key`` itself (scheme 2: the store's)."""
-    # HMAC (RFC 2104) from two SHA-256 states, the key's inner and outer padded blocks hashed
-    # once and copied per k-gram: the same digests as hmac.new(key, gram), without the hmac
-    # module's Python wrapper around each copy (most of the time at ~200 k-grams a text).
-    inner = outer = None
-    data = struct.pack(f">{len(token_ids)}I", *[int(t) & 0xFFFFFFFF for t in token_ids])
-    memo = {} if memo is None else memo
-    out = []
-    for start in range(0, len(token_ids) - k + 1):
-        gram = data[4 * start:4 * (start + k)]
-        digest = memo.get(gram)
-        if digest is None:
-            if inner is None:
-                inner, outer = _hmac_states(key)
-            mac = inner.copy()
-            mac.update(gram)
-            final = outer.copy()
-            final.update(mac.digest())
-            digest = memo[gram] = int.from_bytes(final.digest()[:8], "big") >> (64 - DIGEST_BITS)
-        out.append(digest)
-    return out
-
-
-def _hmac_states(key: bytes) -> tuple["hashlib._Hash", "hashlib._Hash"]:
-    """SHA-256 states after HMAC's inner and outer padded key blocks (a key of at most one
-    64-byte block, as both schemes' 32 bytes)."""
-    block = key.ljust(64, b"\0")
-    return (hashlib.sha256(bytes(b ^ 0x36 for b in block)), hashlib.sha256(bytes(b ^ 0x5C for b in block)))
 
 
 def _positions(at: Sequence[int], shared: set[int], skip: int) -> set[int]:
@@ -342,11 +287,6 @@ class KgramCache:
         return at, {d for d in set(at) if (generation_id, key_id) in known2[d]}
 
 
-def digests(token_ids: Sequence[int], secret: int, k: int = K) -> set[int]:
-    """Distinct scheme 1 digests of the k-grams of ``token_ids`` [n] under ``secret`` (empty if n < k)."""
-    return set(position_digests(token_ids, secret, k))
-
-
 def matched_positions(session: Session, *, key_id: str, generation_id: str, secret: int,
                       token_ids: Sequence[int], skip: int = 0, cache: KgramCache | None = None) -> set[int]:
     """Positions of ``token_ids`` [n] inside a k-gram that generation ``generation_id``
@@ -385,34 +325,6 @@ def shared_positions(session: Session, *, key_id: str, generation_ids: Sequence[
     return found
 
 
-@dataclass(frozen=True)
-class KgramSet:
-    """What a finished generation's ledger entry records and commits to (keys.ledger's
-    ``kgram_set``): its key id and its output token ids, hashed when recorded under the
-    store's k-gram key (scheme 2) or, for a store with none, the key's own (scheme 1).
-    ``secret`` never in ``repr``."""
-
-    key_id: str
-    secret: int = field(repr=False)
-    token_ids: tuple[int, ...] = field(repr=False)
-    scheme: int | None = None
-    """Force a scheme (None: 2 where the store has a k-gram key). 1: what a store recorded
-    before migration 0010 (tests and benchmarks of old data)."""
-
-    def digests(self, store_key: bytes | None) -> tuple[int, set[int]]:
-        """(scheme, distinct digests) as recorded under ``store_key`` (the store's k-gram key)."""
-        if self.scheme == V1 or (self.scheme is None and store_key is None):
-            return V1, digests(self.token_ids, self.secret)
-        if store_key is None:
-            raise ValueError("scheme 2 k-grams need the store's k-gram key (its transparency-log key)")
-        return V2, set(keyed_position_digests(self.token_ids, store_key))
-
-
-def kgram_set(key_id: str, secret: int, token_ids: Sequence[int], scheme: int | None = None) -> KgramSet:
-    """A finished generation's :class:`KgramSet`."""
-    return KgramSet(key_id, int(secret), tuple(int(t) for t in token_ids), scheme)
-
-
 def store(session: Session, *, tenant_id: str, generation_id: str, key_id: str, digests: Iterable[int],
           scheme: int = V1) -> int:
     """Insert one generation's digests under ``scheme`` in the caller's transaction (keys.ledger
@@ -422,49 +334,6 @@ def store(session: Session, *, tenant_id: str, generation_id: str, key_id: str, 
     if rows:
         session.connection().execute(_INSERT, rows)  # Core: the ORM's bulk insert costs more than the rows
     return len(rows)
-
-
-@dataclass(frozen=True)
-class KgramMatch:
-    """A generation sharing k-grams with the text under one key."""
-
-    generation_id: str
-    key_id: str
-    matched: int
-    """Distinct k-gram digests the text shares with the generation."""
-    queried: int
-    """Distinct k-gram digests of the text."""
-    stored: int
-    """Distinct k-gram digests recorded for the generation."""
-    log10_false_match_bound: float
-    """log10 of the bound on a chance (hash-collision) match this large (module docstring)."""
-    shared_tokens: int | None = None
-    """Scored tokens of the text inside the shared k-grams (None: not computed)."""
-    log10_shared_p: float | None = None
-    """log10 p of the watermark test over those tokens alone, under this key: whether the
-    shared phrases were sampled under the watermark or are text any writer could produce
-    (boilerplate the model reproduces with no choice to make; service.ledger_evidence)."""
-    key_state_at_generation: str | None = None
-    """The key's state the ledger recorded for the generation (keys.key_states)."""
-    key_state_now: str | None = None
-    """The key's state now."""
-
-    def to_dict(self) -> dict[str, object]:
-        return {"generation_id": self.generation_id, "key_id": self.key_id, "matched_kgrams": self.matched,
-                "text_kgrams": self.queried, "generation_kgrams": self.stored,
-                "share": round(self.matched / self.queried, 6) if self.queried else 0.0,
-                "log10_false_match_bound": self.log10_false_match_bound,
-                "shared_tokens": self.shared_tokens, "log10_shared_p": self.log10_shared_p,
-                "key_state_at_generation": self.key_state_at_generation, "key_state_now": self.key_state_now}
-
-
-def false_match_log10(matched: int, queried: int, stored: int, generations: int) -> float:
-    """log10 of min(1, G (Q M 2^-63)^x / x!)."""
-    if matched <= 0:
-        return 0.0
-    per_pair = math.log10(max(1, queried)) + math.log10(max(1, stored)) - DIGEST_BITS * math.log10(2.0)
-    bound = math.log10(max(1, generations)) + matched * per_pair - math.lgamma(matched + 1) / math.log(10.0)
-    return min(0.0, bound)
 
 
 def _chunks(values: list[int]) -> Iterable[list[int]]:
