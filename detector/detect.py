@@ -302,15 +302,13 @@ def finish(tokens: np.ndarray, evidence: Sequence[KeyEvidence], per_key: Sequenc
 
 def pending_result(tokens: np.ndarray, evidence: Sequence[KeyEvidence], per_key: Sequence[KeyResult] | None,
                    shares: dict[str, float], config: DetectorConfig, keys_tested: int | None = None) -> "Pending":
-    """:func:`finish` up to the span search: the best key, its Šidák-corrected whole-text p
-    and Holm's adjustment of ``per_key``."""
+    """:func:`finish` up to the span search: the best key and its Šidák-corrected whole-text
+    p. Holm's adjustment of ``per_key`` waits for :meth:`Pending.result` (a form of a text
+    that does not win never needs it: one replaced entry per key tested)."""
     if per_key is None:
         m, per_key = int(keys_tested), ()
     else:
         m = len(per_key)
-        adjusted = stats.holm_adjusted([r.log10_p_value * stats.LN10 for r in per_key])
-        per_key = tuple(dataclasses.replace(r, log10_p_adjusted=adj / stats.LN10)
-                        for r, adj in zip(per_key, adjusted))
     best = min(evidence, key=lambda e: e.log10_p)
     whole_log10_p = stats.log_sidak(best.log10_p * stats.LN10, m) / stats.LN10
     return Pending(tokens=tokens, best=best, per_key=tuple(per_key), keys_tested=m, whole_log10_p=whole_log10_p,
@@ -326,6 +324,8 @@ class Pending:
     tokens: np.ndarray
     best: KeyEvidence
     per_key: tuple[KeyResult, ...]
+    """Every key's entry before Holm's adjustment (``log10_p_adjusted`` 0: :meth:`result`
+    fills it in)."""
     keys_tested: int
     whole_log10_p: float
     """The best key's combined whole-text p, Šidák-corrected for every key tested (log10)."""
@@ -352,7 +352,22 @@ class Pending:
                                              log10_sf_lower=family.log10_sf_lower) - log10_share)
         return out
 
-    def result(self) -> DetectionResult:
+    def adjusted_per_key(self, log10_factor: float = 0.0) -> tuple[KeyResult, ...]:
+        """``per_key`` with Holm's adjustment over every key, times ``10**log10_factor``
+        (a further Bonferroni factor, :func:`detector.forms.detect_forms`'), each capped at
+        1 after each step, as two separate corrections would: one new entry per key."""
+        if not self.per_key:
+            return ()
+        adjusted = stats.holm_adjusted([r.log10_p_value * stats.LN10 for r in self.per_key])
+        if not log10_factor:
+            return tuple(dataclasses.replace(r, log10_p_adjusted=adj / stats.LN10)
+                         for r, adj in zip(self.per_key, adjusted))
+        return tuple(dataclasses.replace(r, log10_p_adjusted=min(0.0, adj / stats.LN10 + log10_factor))
+                     for r, adj in zip(self.per_key, adjusted))
+
+    def result(self, *, per_key: tuple[KeyResult, ...] | None = None) -> DetectionResult:
+        """The detection with its span search. ``per_key``: the entries to report in place
+        of :meth:`adjusted_per_key` (a caller applying a further correction to them)."""
         tokens, best, config, m = self.tokens, self.best, self.config, self.keys_tested
         log10_threshold = math.log10(config.threshold)
         global_log10_p = self.whole_log10_p
@@ -389,7 +404,7 @@ class Pending:
             total_tokens=int(len(tokens)),
             key=best.candidate.info if watermarked else None,
             keys_tested=m,
-            per_key=self.per_key,
+            per_key=self.adjusted_per_key() if per_key is None else per_key,
             spans=found,
             basis=("watermark",) if watermarked else (),
             # Under dual auto the sum share is the max statistic's sum, beside the weighted sum's.

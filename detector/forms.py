@@ -19,7 +19,7 @@ from typing import Callable, Sequence, TypeVar
 
 from detector.detect import DetectorConfig, Pending, detect
 from detector.normalize import NormalizedText, normalize_forms
-from detector.result import Candidate, DetectionResult, Span
+from detector.result import Candidate, DetectionResult, KeyResult, Span
 from detector.scoring import ScoreMemo
 
 CORRECTION = "bonferroni x{m} over the text as sent and its normalised forms"
@@ -112,11 +112,14 @@ def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate]
             if floor > best_p or (floor == best_p and i > best):
                 continue  # cannot have a smaller global p, nor an equal one at an earlier index
         if id(form) not in finished:
-            finished[id(form)] = form.result()
+            # per_key left empty: only the winner's entries are reported, adjusted once below.
+            finished[id(form)] = form.result(per_key=())
         p = finished[id(form)].log10_p_value
         if p < best_p or (p == best_p and (best < 0 or i < best)):
             best, best_p = i, p
-    return _corrected(finished[id(per_form[best])], config, m), best
+    winner = per_form[best]
+    factor = math.log10(m)
+    return _corrected(finished[id(winner)], config, m, per_key=winner.adjusted_per_key(factor)), best
 
 
 def detect_forms_exhaustive(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate],
@@ -142,13 +145,17 @@ def detect_forms_exhaustive(forms: Sequence[Sequence[int]], candidates: Sequence
     return _corrected(results[best], config, m), best
 
 
-def _corrected(result: DetectionResult, config: DetectorConfig, m: int) -> DetectionResult:
-    """The best of m forms' result with its p, per-key and span p-values multiplied by m."""
+def _corrected(result: DetectionResult, config: DetectorConfig, m: int,
+               per_key: tuple[KeyResult, ...] | None = None) -> DetectionResult:
+    """The best of m forms' result with its p, per-key and span p-values multiplied by m.
+    ``per_key``: its entries already corrected (:meth:`detector.detect.Pending.adjusted_per_key`)."""
     factor = math.log10(m)
+    if per_key is None:
+        per_key = tuple(dataclasses.replace(k, log10_p_adjusted=min(0.0, k.log10_p_adjusted + factor))
+                        for k in result.per_key)
     return dataclasses.replace(
         result, threshold=config.threshold, log10_p_value=min(0.0, result.log10_p_value + factor),
-        per_key=tuple(dataclasses.replace(k, log10_p_adjusted=min(0.0, k.log10_p_adjusted + factor))
-                      for k in result.per_key),
+        per_key=per_key,
         spans=tuple(dataclasses.replace(s, log10_p_value=min(0.0, s.log10_p_value + factor)) for s in result.spans),
         correction=f"{result.correction}; {CORRECTION.format(m=m)}")
 

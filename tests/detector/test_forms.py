@@ -209,9 +209,9 @@ def test_a_form_that_cannot_win_gets_no_span_search(monkeypatch):
     searched = []
     original = detect_module.Pending.result
 
-    def counting(self):
+    def counting(self, **options):
         searched.append(self.whole_log10_p)
-        return original(self)
+        return original(self, **options)
 
     monkeypatch.setattr(detect_module.Pending, "result", counting)
     result, form = detect_forms([human, marked, human_like(220, seed=13)], [Candidate.inline(KEY)], DetectorConfig())

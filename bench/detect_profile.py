@@ -1,0 +1,115 @@
+"""Where one `/v1/detect` request of a ~200-token text spends its CPU: in process, through
+`service.detection.detect` (what the route calls), after a warm-up.
+
+    .venv/bin/python -m bench.detect_profile [--spec dual|diverse] [--repeats 200] [--profile]
+
+A fresh SQLite store under a temp dir holds one tenant with one key: ``dual`` a
+`dual_key_gumbel` key (deterministic, vLLM's mode), ``diverse`` the default new key (`gumbel`,
+mode `diverse`: 16 salted candidates of one key id). The texts are this gateway's own
+generations (so both ledger bases, exact copy and k-grams, do their full work), detected
+with an expert token (no probe guard). Prints the median CPU ms per request and, with
+``--profile``, cProfile's top functions by cumulative time.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import cProfile  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import pstats  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spec", default="dual", choices=["dual", "diverse"])
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--texts", type=int, default=4)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--top", type=int, default=45)
+    parser.add_argument("--filter", default=None, help="also print the profile's lines matching this regex")
+    parser.add_argument("--out", default=None, help="append a JSON line with the figures")
+    args = parser.parse_args()
+
+    from fastapi.testclient import TestClient
+
+    from bench.gateway import provision_store
+    from keys.lifecycle import build_spec, import_key
+    from keys.settings import StoreSettings
+    from keys.tenants import create_tenant
+    from keys.tokens import issue_token
+    from service import detection
+    from service.app import create_app
+    from service.auth import authenticate
+    from service.schemas import DetectBody
+    from service.settings import ServiceSettings
+    from watermark.spec import WatermarkSpec
+
+    spec = WatermarkSpec(algorithm="dual_key_gumbel") if args.spec == "dual" else build_spec()
+
+    def populate(session, keyring):
+        create_tenant(session, name="bench", actor="bench")
+        import_key(session, keyring, tenant="bench", secret=0x5EED_1234_ABCD_0042, actor="bench", spec=spec)
+        return {"tenant": issue_token(session, tenant="bench", actor="bench").raw_token,
+                "expert": issue_token(session, tenant=None, actor="bench", expert=True).raw_token}
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env, tokens = provision_store(Path(tmp), populate)
+        store_settings = StoreSettings(database_url=env["HALLMARK_DATABASE_URL"], kek_file=env["HALLMARK_KEK_FILE"])
+        settings = ServiceSettings(detect_rate_per_minute=1e9, detect_burst=1_000_000_000)
+        app = create_app(settings, store_settings=store_settings)
+        with TestClient(app) as client:
+            services = app.state.services
+            texts = []
+            for seed in range(64):
+                out = client.post("/v1/generate", headers={"Authorization": f"Bearer {tokens['tenant']}"},
+                                  json={"prompt": "This module provides", "max_tokens": 200, "seed": seed}).json()
+                if len(out["token_ids"]) >= 190:
+                    texts.append(out["text"])
+                if len(texts) == args.texts:
+                    break
+            identity = authenticate(services, f"Bearer {tokens['expert']}")
+            bodies = [DetectBody(text=t) for t in texts]
+            sample = [detection.detect(services, identity, b) for b in bodies]  # warm: compiles, caches
+
+            def run():
+                for body in bodies:
+                    detection.detect(services, identity, body)
+
+            cpus = []
+            for _ in range(max(1, args.repeats // len(bodies))):
+                start = time.process_time()
+                run()
+                cpus.append((time.process_time() - start) / len(bodies))
+            row = {"spec": args.spec, "texts": len(bodies), "cpu_ms_per_request_median": round(statistics.median(cpus) * 1e3, 3),
+                   "tokens": [s["total_tokens"] for s in sample], "log10_p": [s["log10_p_value"] for s in sample],
+                   "basis": [s["basis"] for s in sample], "scored": [s.get("normalization", {}).get("scored") for s in sample],
+                   "load_average": os.getloadavg()}
+            print(json.dumps(row))
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+            if args.profile:
+                profiler = cProfile.Profile()
+                profiler.enable()
+                for _ in range(max(1, args.repeats // len(bodies))):
+                    run()
+                profiler.disable()
+                buffer = io.StringIO()
+                stats = pstats.Stats(profiler, stream=buffer)
+                stats.sort_stats("cumulative").print_stats(args.top)
+                if args.filter:  # the same, restricted to the modules named
+                    stats.sort_stats("cumulative").print_stats(args.filter, 60)
+                print(buffer.getvalue())
+
+
+if __name__ == "__main__":
+    main()
