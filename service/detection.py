@@ -73,7 +73,7 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
             text_variants, normalized = text_forms(params.text)
         else:
             text_variants = [TextForm("as_sent", params.text, None)]
-        forms = [_tokenized(services, form) for form in text_variants]
+        forms = [tokenize_with_offsets(services.engine.tokenizer(), form.text) for form in text_variants]
         form_names = [form.name for form in text_variants]
         text = params.text
     else:
@@ -113,6 +113,8 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
     candidates = narrowed
     token_ids, offsets = forms[best]
     if offsets is not None:
+        # Mapped back to the client's text for the scored form only (the others' are unused).
+        offsets = original_offsets(text_variants[best], offsets)
         result = with_span_chars(result, offsets)
     if batched:
         matches, kgram_matches = _ledger_basis(services, lookup, candidates, config, memo=memo)
@@ -134,12 +136,6 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
     out["report"] = services.sign(report_statement(out, text=params.text, token_ids=list(token_ids),
                                                    scope=scope, settings=settings))
     return out
-
-
-def _tokenized(services: Services, form: TextForm) -> tuple[list[int], list[tuple[int, int]] | None]:
-    """Token ids of one form of the text, and their character offsets in the client's text."""
-    token_ids, offsets = tokenize_with_offsets(services.engine.tokenizer(), form.text)
-    return token_ids, None if offsets is None else original_offsets(form, offsets)
 
 
 _KEYSETS: dict[str | None, tuple[list[Candidate], KeySet]] = {}

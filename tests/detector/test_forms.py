@@ -217,3 +217,83 @@ def test_a_form_that_cannot_win_gets_no_span_search(monkeypatch):
     result, form = detect_forms([human, marked, human_like(220, seed=13)], [Candidate.inline(KEY)], DetectorConfig())
     assert form == 1 and result.watermarked
     assert len(searched) == 1 and searched[0] < -6  # the watermarked form's only
+
+
+# --- one request's work: per-key entries and scores ----------------------------------------
+
+_FORM_KEYS = {"gumbel": KEY, "dual": _DUAL, "keyed": _KEYED, "diverse": _DIVERSE}
+
+
+@pytest.mark.parametrize("name", list(_FORM_KEYS))
+def test_forms_with_a_score_memo_give_the_exhaustive_result_and_record_the_detectors_scores(name, monkeypatch):
+    # Random texts (watermarked, edited, human, mixed) and random form lists, one key or
+    # several: detect_forms (spans and Holm's adjustment for the winner only, scores recorded
+    # in a memo) reports what scoring every form in full reports, and the memo holds, for
+    # each form and key computed in full, the very per-token scores the detector tests.
+    from detector import scoring
+    from detector.detect import statistic_for
+    from detector.forms import detect_forms_exhaustive
+    from detector.multikey import KeySet, detect_many
+
+    computed = []  # PRF passes of the scoring module (the memo computes through these)
+    for function in ("dual_scores", "token_scores"):
+        def counting(*args, _original=getattr(scoring, function), **kwargs):
+            computed.append(1)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(scoring, function, counting)
+    key = _FORM_KEYS[name]
+    rng = np.random.default_rng(sum(map(ord, name)))
+    cases = 0
+    for trial in range(6):
+        generating = key.with_salt(int(rng.integers(0, 16))) if key.spec.mode == "diverse" else key
+        marked, _ = generate(generating, int(rng.integers(90, 260)), seed=1000 + trial)
+        pool = _variants(marked, 200 + trial) + [[human_like(200, seed=300 + trial), human_like(180, seed=400 + trial)]]
+        others = [Candidate.inline(WatermarkKey(int(rng.integers(1, 2**62)), key.spec)) for _ in range(2)]
+        config = DetectorConfig(threshold=float(rng.choice([1e-6, 1e-3, 0.05])),
+                                test=str(rng.choice(["auto", "auto", "sum", "trgof"])),
+                                spans=bool(rng.random() < 0.8))
+        for forms in [pool[int(i)] for i in rng.choice(len(pool), size=4, replace=False)]:
+            for candidates, run in ((_candidates(key), None), (_candidates(key) + others, detect_many)):
+                keys = KeySet.of(candidates) if run is detect_many else candidates
+                memo = scoring.ScoreMemo()
+                got, got_form = detect_forms(forms, keys, config, run=run, memo=memo)
+                want, want_form = detect_forms_exhaustive(forms, keys, config, run=run)
+                assert got_form == want_form and got.to_dict() == want.to_dict(), (trial, config)
+                # The memo holds the winning form's scores under its best key: read back without
+                # running the PRF, they are the scores of a fresh computation, bit for bit.
+                best = next(c for c in candidates if c.info == (got.key or candidates[0].info))
+                if got.key is not None or run is None:
+                    spec = best.key.spec
+                    scored = memo.positions(np.asarray(forms[got_form]), spec.context_width, spec.dedup)
+                    statistic = statistic_for(best, config)
+                    before = len(computed)
+                    recorded = (getattr(memo.dual(best.key, scored), statistic) if statistic in ("max", "weighted")
+                                else memo.token_scores(best.key, scored, statistic))
+                    assert len(computed) == before  # recorded by the detector, not computed now
+                    fresh = scoring.token_scores(best.key, scoring.scored_positions(
+                        np.asarray(forms[got_form]), spec.context_width, spec.dedup), statistic)
+                    assert recorded.tolist() == fresh.tolist()
+                cases += 1
+    assert cases >= 40
+
+
+def test_only_the_winning_form_gets_holms_adjustment(monkeypatch):
+    from detector import detect as detect_module
+    from detector.forms import detect_forms_exhaustive
+
+    marked, _ = generate(KEY, 200, seed=31)
+    forms = [human_like(200, seed=32), marked, marked[:120] + human_like(80, seed=33)]
+    keys = [Candidate.inline(KEY)] + [Candidate.inline(WatermarkKey(0xB0B + i, KEY.spec)) for i in range(3)]
+    adjusted = []
+    original = detect_module.Pending.adjusted_per_key
+
+    def counting(self, *args, **kwargs):
+        adjusted.append(self.whole_log10_p)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(detect_module.Pending, "adjusted_per_key", counting)
+    got, form = detect_forms(forms, keys, DetectorConfig())
+    assert form == 1 and len(adjusted) == 1  # three forms scored, one set of per-key entries built
+    want, _ = detect_forms_exhaustive(forms, keys, DetectorConfig())
+    assert got.to_dict() == want.to_dict() and len(got.per_key) == 4
