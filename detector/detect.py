@@ -250,11 +250,12 @@ def positions_key(spec) -> tuple[int, str]:
 
 
 def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate],
-           config: DetectorConfig | None = None, *, defer_spans: bool = False,
-           memo: scoring.ScoreMemo | None = None) -> "DetectionResult | Pending":
+           config: DetectorConfig | None = None, *, defer_spans: bool = False, defer_exact: bool = False,
+           memo: scoring.ScoreMemo | None = None) -> "DetectionResult | Pending | Deferred":
     """Score ``token_ids`` against every candidate key. ``defer_spans``: the :class:`Pending`
     detection before its span search (:func:`detector.forms.detect_forms` finishes only the
-    forms that can win). ``memo``: keeps the scores for the request's other readers."""
+    forms that can win); ``defer_exact``: the :class:`Deferred` detection before Tr-GoF's
+    exact tails too. ``memo``: keeps the scores for the request's other readers."""
     config = config or DetectorConfig()
     tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     if not candidates:
@@ -264,7 +265,7 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
     with_spans = config.spans and len(tokens) >= 2 * config.span_min_length
     shares: dict[str, float] = {}
     positions_cache: dict[tuple[int, str], scoring.ScoredPositions] = {}
-    evidence: list[KeyEvidence] = []
+    partials: list[PartialEvidence] = []
     for candidate in candidates:
         spec = candidate.key.spec
         cache_key = positions_key(spec)
@@ -275,9 +276,16 @@ def detect(token_ids: Sequence[int] | np.ndarray, candidates: Sequence[Candidate
             positions_cache[cache_key] = scored
         partial = partial_evidence(candidate, scored, config, with_spans, memo)
         shares.update(partial.share)
-        evidence.append(complete(partial, log10_threshold))
-    per_key = tuple(key_result(e, "trgof" in shares) for e in evidence)
-    pending = pending_result(tokens, evidence, per_key, shares, config)
+        partials.append(partial)
+
+    def exact() -> Pending:
+        evidence = [complete(partial, log10_threshold) for partial in partials]
+        per_key = tuple(key_result(e, "trgof" in shares) for e in evidence)
+        return pending_result(tokens, evidence, per_key, shares, config)
+
+    if defer_exact:
+        return Deferred(tokens, config, len(candidates), partials, exact)
+    pending = exact()
     return pending if defer_spans else pending.result()
 
 
@@ -341,16 +349,7 @@ class Pending:
         (inf when no window can pass): the span search's own screen, without exact tails."""
         if not self.with_spans:
             return math.inf
-        log10_threshold = math.log10(self.config.threshold)
-        out = math.inf
-        for family in self.best.span_families:
-            log10_share = math.log10(SPANS_SHARE * family.fraction)
-            out = min(out, spans.lower_bound(self.best.scored.positions, family.scores, len(self.tokens),
-                                             min_length=self.config.span_min_length,
-                                             family_size_factor=self.keys_tested,
-                                             log10_threshold=log10_threshold + log10_share,
-                                             log10_sf_lower=family.log10_sf_lower) - log10_share)
-        return out
+        return _span_lower(self.best, len(self.tokens), self.config, self.keys_tested)
 
     def adjusted_per_key(self, log10_factor: float = 0.0) -> tuple[KeyResult, ...]:
         """``per_key`` with Holm's adjustment over every key, times ``10**log10_factor``
@@ -412,3 +411,70 @@ class Pending:
                 f"{'max' if name == 'sum' and 'weighted' in shares else name} {w:.3g}" for name, w in shares.items())
                         + f"; sidak over {m} key(s) tested; spans union-bound over windows x keys"),
         )
+
+
+def _span_lower(evidence: "KeyEvidence | PartialEvidence", total: int, config: DetectorConfig, m: int) -> float:
+    """A lower bound on the weighted log10 p of every span that a search over ``evidence``'s
+    span families can report (inf when no window can pass): the search's own screen."""
+    log10_threshold = math.log10(config.threshold)
+    out = math.inf
+    for family in evidence.span_families:
+        log10_share = math.log10(SPANS_SHARE * family.fraction)
+        out = min(out, spans.lower_bound(evidence.scored.positions, family.scores, total,
+                                         min_length=config.span_min_length, family_size_factor=m,
+                                         log10_threshold=log10_threshold + log10_share,
+                                         log10_sf_lower=family.log10_sf_lower) - log10_share)
+    return out
+
+
+def combined_lower(partial: PartialEvidence) -> float:
+    """A lower bound on the combined log10 p that :func:`complete` gives ``partial``, without
+    Tr-GoF's exact tail: its lower bound stands in for it (the exact tail and the union bound
+    that :func:`complete` may put in its place are both at least that); a Tr-GoF p that is
+    never an exact tail (:meth:`PartialEvidence.needs_exact_tail` false) is computed as
+    :func:`complete` computes it."""
+    parts = list(partial.combined)
+    if partial.gof is not None:
+        s, n, _, _ = partial.gof
+        tail = partial.trgof_lower() if partial.needs_exact_tail() else trgof.log10_sf(s, n)
+        parts.append(tail - math.log10(partial.share["trgof"]))
+    return min(0.0, min(parts))
+
+
+LOWER_MARGIN = 1e-9
+"""log10 slack given to :meth:`Deferred.whole_lower`: Šidák's correction is computed in two
+branches (stats.log_sidak), so a bound a few ulps below a key's p could round above the
+corrected p; the slack keeps the bound a bound (it only makes a screen finish more)."""
+
+
+class Deferred:
+    """A detection before Tr-GoF's exact tails and its span search (``defer_exact`` of
+    :func:`detect` and :func:`detector.multikey.detect_many`): lower bounds on its global p
+    from the keys that can be its best, and :meth:`pending`, the detection as ``defer_spans``
+    gives it (the exact tails computed once, on the first call, exactly as without deferring).
+    :func:`detector.forms.detect_forms` completes only the forms that can win."""
+
+    def __init__(self, tokens: np.ndarray, config: DetectorConfig, keys_tested: int,
+                 partials: Sequence[PartialEvidence], exact) -> None:
+        self.tokens, self.config, self.keys_tested = tokens, config, keys_tested
+        self.partials = tuple(partials)
+        """The keys that can be the best (every key, or the screen's survivors)."""
+        self._exact = exact
+        self._pending: Pending | None = None
+
+    def pending(self) -> Pending:
+        if self._pending is None:
+            self._pending = self._exact()
+        return self._pending
+
+    def whole_lower(self) -> float:
+        """At most :attr:`Pending.whole_log10_p` of :meth:`pending`."""
+        best = min(combined_lower(p) for p in self.partials)
+        return stats.log_sidak(best * stats.LN10, self.keys_tested) / stats.LN10 - LOWER_MARGIN
+
+    def span_lower(self) -> float:
+        """At most :meth:`Pending.span_lower` of :meth:`pending`: the least over every key
+        that can be the best (whichever is, its spans are searched)."""
+        if not (self.config.spans and len(self.tokens) >= 2 * self.config.span_min_length):
+            return math.inf
+        return min(_span_lower(p, len(self.tokens), self.config, self.keys_tested) for p in self.partials)

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
-from detector.detect import DetectorConfig, Pending, detect
+from detector.detect import Deferred, DetectorConfig, Pending, detect
 from detector.normalize import NormalizedText, normalize_forms
 from detector.result import Candidate, DetectionResult, KeyResult, Span
 from detector.scoring import ScoreMemo
@@ -74,18 +74,22 @@ def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate]
                  memo: ScoreMemo | None = None) -> tuple[DetectionResult, int]:
     """The result for the best-scoring form (its p Bonferroni-corrected over the forms) and
     that form's index. One form is plain :func:`detector.detect.detect` (or ``run``, which
-    takes the same arguments, ``defer_spans`` included: :func:`detector.multikey.detect_many`
-    for many keys). ``memo``: handed to ``run`` (the request keeps the scores for its ledger
-    basis).
+    takes the same arguments, ``defer_exact`` included: :func:`detector.multikey.detect_many`
+    for many keys).
 
-    Each distinct form is scored up to its span search (:class:`~detector.detect.Pending`);
-    the span search, the costliest step of a short text, runs only for forms that can still
-    win: a form whose whole-text p and lower bound on its spans' p (the search's own screen)
-    both exceed the best global p found so far cannot be the best (ties go to the earlier
-    form, as before). The chosen form and every number reported are those of scoring every
-    form in full (:func:`detect_forms_exhaustive`, which tests/detector/test_forms.py
-    compares this with). Tr-GoF's exact tail runs inside each form's whole-text p, where
-    :func:`detector.detect.complete` gates it."""
+    Each distinct form is scored up to Tr-GoF's exact tails and its span search
+    (:class:`~detector.detect.Deferred`), the costliest steps of a short text, which then run
+    only for forms that can still win. Forms are visited by a lower bound on their whole-text
+    p (Tr-GoF's lower bound standing in for its exact tail, over the keys that can be the
+    form's best); a form whose lower bounds on its whole-text p and on its spans' p (the span
+    search's own screen) both exceed the best global p found so far cannot be the best (ties
+    go to the earlier form, as before) and is left there; otherwise its exact tails are
+    computed (exactly as without deferring), the same test runs on its exact whole-text p,
+    and only then its span search. The chosen form and every number reported are those of
+    scoring every form in full (:func:`detect_forms_exhaustive`, which
+    tests/detector/test_forms.py compares this with).
+
+    ``memo``: handed to ``run`` (the request keeps the scores for its ledger basis)."""
     if not forms:
         raise ValueError("no forms to score")
     run = run or detect
@@ -96,30 +100,43 @@ def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate]
     share = config.model_copy(update={"threshold": config.threshold / m})
     # Forms that tokenise alike (a normalisation that only touched what the tokeniser
     # ignores) share one detection: detect is a pure function of the token ids.
-    pending: dict[tuple[int, ...], Pending] = {}
-    per_form = []
+    deferred: dict[tuple[int, ...], Deferred] = {}
+    per_form: list[Deferred] = []
     for tokens in forms:
         ids = tuple(tokens)
-        if ids not in pending:
-            pending[ids] = run(tokens, candidates, share, defer_spans=True, **options)
-        per_form.append(pending[ids])
+        if ids not in deferred:
+            deferred[ids] = run(tokens, candidates, share, defer_exact=True, **options)
+        per_form.append(deferred[ids])
+    lower = {id(form): form.whole_lower() for form in deferred.values()}
     finished: dict[int, DetectionResult] = {}
     best, best_p = -1, math.inf
-    for i in sorted(range(m), key=lambda i: (per_form[i].whole_log10_p, i)):
+
+    def cannot_win(i: int, whole: float, span_lower: Callable[[], float]) -> bool:
+        """Whether form i, whose whole-text p is at least ``whole`` and spans' p at least
+        ``span_lower()``, has neither a smaller global p than the best nor an equal one at an
+        earlier index (the span bound is computed only when the whole text cannot win)."""
+        if whole < best_p or (whole == best_p and i < best):
+            return False
+        floor = min(whole, span_lower())
+        return floor > best_p or (floor == best_p and i > best)
+
+    for i in sorted(range(m), key=lambda i: (lower[id(per_form[i])], i)):
         form = per_form[i]
         if best >= 0 and id(form) not in finished:
-            floor = min(form.whole_log10_p, form.span_lower())
-            if floor > best_p or (floor == best_p and i > best):
-                continue  # cannot have a smaller global p, nor an equal one at an earlier index
+            if cannot_win(i, lower[id(form)], form.span_lower):
+                continue  # without its exact tails
+            pending = form.pending()
+            if cannot_win(i, pending.whole_log10_p, pending.span_lower):
+                continue  # without its span search
         if id(form) not in finished:
             # per_key left empty: only the winner's entries are reported, adjusted once below.
-            finished[id(form)] = form.result(per_key=())
+            finished[id(form)] = form.pending().result(per_key=())
         p = finished[id(form)].log10_p_value
         if p < best_p or (p == best_p and (best < 0 or i < best)):
             best, best_p = i, p
     winner = per_form[best]
     factor = math.log10(m)
-    return _corrected(finished[id(winner)], config, m, per_key=winner.adjusted_per_key(factor)), best
+    return _corrected(finished[id(winner)], config, m, per_key=winner.pending().adjusted_per_key(factor)), best
 
 
 def detect_forms_exhaustive(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate],

@@ -37,7 +37,7 @@ from typing import Sequence
 import numpy as np
 
 from detector import screen, scoring, stats
-from detector.detect import (DetectorConfig, KeyEvidence, Pending, check_tokens, complete, detect, key_result,
+from detector.detect import (Deferred, DetectorConfig, KeyEvidence, Pending, check_tokens, complete, detect, key_result,
                              partial_evidence, pending_result, positions_key, statistic_for, weights)
 from detector.result import Candidate, DetectionResult, KeyResult
 from watermark import jit, keyscan, keyscan_cpu
@@ -260,14 +260,16 @@ def _shares(plans: Sequence[GroupPlan]) -> dict[str, float]:
 
 def detect_many(token_ids: Sequence[int] | np.ndarray, keys: KeySet | Sequence[Candidate],
                 config: DetectorConfig | None = None, *, scan: np.ndarray | None = None,
-                per_key: bool = True, defer_spans: bool = False,
-                memo: scoring.ScoreMemo | None = None) -> DetectionResult | Pending:
+                per_key: bool = True, defer_spans: bool = False, defer_exact: bool = False,
+                memo: scoring.ScoreMemo | None = None) -> DetectionResult | Pending | Deferred:
     """:func:`detector.detect.detect` of ``token_ids`` against every candidate in ``keys``
     (see the module docstring). ``scan``: the scan statistics [K, 4] of every candidate
     (rows of routed keys unused), computed elsewhere (a corpus scan on the GPU); by
     default the compiled CPU pass computes them. ``per_key`` False: no per-key entries
     (a corpus scan's verdicts; every other field is the same). ``defer_spans``: the
     :class:`~detector.detect.Pending` detection before its span search, as ``detect``'s;
+    ``defer_exact``: the :class:`~detector.detect.Deferred` one before Tr-GoF's exact tails
+    too (its bounds over the keys left after the screen, which hold the best);
     ``memo``: keeps the scores of the keys computed in full for the request's other readers."""
     config = config or DetectorConfig()
     keyset = keys if isinstance(keys, KeySet) else KeySet.of(keys)
@@ -278,6 +280,10 @@ def detect_many(token_ids: Sequence[int] | np.ndarray, keys: KeySet | Sequence[C
     check_tokens(tokens)
     m = len(candidates)
     if m == 1:  # one key is the best key: nothing to screen
+        if defer_exact:
+            inner = detect(tokens, candidates, config, defer_exact=True, memo=memo)
+            return inner if per_key else Deferred(
+                tokens, config, m, inner.partials, lambda: dataclasses.replace(inner.pending(), per_key=()))
         pending = detect(tokens, candidates, config, defer_spans=True, memo=memo)
         if not per_key:
             pending = dataclasses.replace(pending, per_key=())
@@ -337,15 +343,21 @@ def detect_many(token_ids: Sequence[int] | np.ndarray, keys: KeySet | Sequence[C
         if partial.gof is not None:
             parts.append(partial.trgof_union() - math.log10(partial.share["trgof"]))
         gate = min(gate, min(parts, default=0.0))
-    evidence: list[KeyEvidence] = []
-    for index, partial in partials:
-        screen_lower = None
-        if partial.needs_exact_tail():
-            s, n, _, _ = partial.gof
-            screen_lower = max(partial.trgof_lower(), screen.log10_trgof_lower(s, n))
-        e = complete(partial, log10_threshold, log10_gate=gate, log10_screen_lower=screen_lower)
-        evidence.append(e)
-        entries[index] = key_result(e, "trgof" in shares)
-    pending = (pending_result(tokens, evidence, None, shares, config, keys_tested=m) if not per_key
-               else pending_result(tokens, evidence, [entries[i] for i in range(m)], shares, config))
+
+    def exact() -> Pending:
+        evidence: list[KeyEvidence] = []
+        for index, partial in partials:
+            screen_lower = None
+            if partial.needs_exact_tail():
+                s, n, _, _ = partial.gof
+                screen_lower = max(partial.trgof_lower(), screen.log10_trgof_lower(s, n))
+            e = complete(partial, log10_threshold, log10_gate=gate, log10_screen_lower=screen_lower)
+            evidence.append(e)
+            entries[index] = key_result(e, "trgof" in shares)
+        return (pending_result(tokens, evidence, None, shares, config, keys_tested=m) if not per_key
+                else pending_result(tokens, evidence, [entries[i] for i in range(m)], shares, config))
+
+    if defer_exact:
+        return Deferred(tokens, config, m, [partial for _, partial in partials], exact)
+    pending = exact()
     return pending if defer_spans else pending.result()

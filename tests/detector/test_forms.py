@@ -230,7 +230,7 @@ def test_forms_with_a_score_memo_give_the_exhaustive_result_and_record_the_detec
     # several: detect_forms (spans and Holm's adjustment for the winner only, scores recorded
     # in a memo) reports what scoring every form in full reports, and the memo holds, for
     # each form and key computed in full, the very per-token scores the detector tests.
-    from detector import scoring
+    from detector import scoring, trgof
     from detector.detect import statistic_for
     from detector.forms import detect_forms_exhaustive
     from detector.multikey import KeySet, detect_many
@@ -242,24 +242,41 @@ def test_forms_with_a_score_memo_give_the_exhaustive_result_and_record_the_detec
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(scoring, function, counting)
+    tails = []  # Tr-GoF's exact tails computed (the crossing probability's recursion)
+    original = trgof._crossing_exact
+
+    def counting_tails(boundaries, n):
+        tails.append(n)
+        return original(boundaries, n)
+
+    monkeypatch.setattr(trgof, "_crossing_exact", counting_tails)
     key = _FORM_KEYS[name]
     rng = np.random.default_rng(sum(map(ord, name)))
     cases = 0
     for trial in range(6):
         generating = key.with_salt(int(rng.integers(0, 16))) if key.spec.mode == "diverse" else key
         marked, _ = generate(generating, int(rng.integers(90, 260)), seed=1000 + trial)
-        pool = _variants(marked, 200 + trial) + [[human_like(200, seed=300 + trial), human_like(180, seed=400 + trial)]]
+        # Heavily edited forms too, where Tr-GoF's exact tail decides (and is deferred).
+        heavy = [int(rng.integers(1, 2000)) if rng.random() < 0.5 else t for t in marked]
+        half = len(heavy) // 2
+        pool = _variants(marked, 200 + trial) + [
+            [human_like(200, seed=300 + trial), human_like(180, seed=400 + trial)],
+            [heavy[:half] + human_like(half, seed=500 + trial), heavy], [heavy, heavy[:half]],
+            [heavy, [int(rng.integers(1, 2000)) if rng.random() < 0.3 else t for t in heavy]]]
         others = [Candidate.inline(WatermarkKey(int(rng.integers(1, 2**62)), key.spec)) for _ in range(2)]
         config = DetectorConfig(threshold=float(rng.choice([1e-6, 1e-3, 0.05])),
                                 test=str(rng.choice(["auto", "auto", "sum", "trgof"])),
                                 spans=bool(rng.random() < 0.8))
-        for forms in [pool[int(i)] for i in rng.choice(len(pool), size=4, replace=False)]:
+        for forms in [pool[int(i)] for i in rng.choice(len(pool), size=5, replace=False)] + pool[-3:]:
             for candidates, run in ((_candidates(key), None), (_candidates(key) + others, detect_many)):
                 keys = KeySet.of(candidates) if run is detect_many else candidates
                 memo = scoring.ScoreMemo()
+                tails.clear()
                 got, got_form = detect_forms(forms, keys, config, run=run, memo=memo)
+                got_tails = len(tails)
                 want, want_form = detect_forms_exhaustive(forms, keys, config, run=run)
                 assert got_form == want_form and got.to_dict() == want.to_dict(), (trial, config)
+                assert got_tails <= len(tails) - got_tails  # Tr-GoF's exact tails: never more
                 # The memo holds the winning form's scores under its best key: read back without
                 # running the PRF, they are the scores of a fresh computation, bit for bit.
                 best = next(c for c in candidates if c.info == (got.key or candidates[0].info))
@@ -275,7 +292,7 @@ def test_forms_with_a_score_memo_give_the_exhaustive_result_and_record_the_detec
                         np.asarray(forms[got_form]), spec.context_width, spec.dedup), statistic)
                     assert recorded.tolist() == fresh.tolist()
                 cases += 1
-    assert cases >= 40
+    assert cases >= 90
 
 
 def test_only_the_winning_form_gets_holms_adjustment(monkeypatch):
@@ -297,3 +314,31 @@ def test_only_the_winning_form_gets_holms_adjustment(monkeypatch):
     assert form == 1 and len(adjusted) == 1  # three forms scored, one set of per-key entries built
     want, _ = detect_forms_exhaustive(forms, keys, DetectorConfig())
     assert got.to_dict() == want.to_dict() and len(got.per_key) == 4
+
+
+def test_trgofs_exact_tail_only_for_forms_that_can_win(monkeypatch):
+    # A heavily edited text (Tr-GoF's exact tail runs: its bound is below the sum's p) and
+    # a form of it whose second half is another text: the weaker form's exact tail would run
+    # too if it were scored in full, but its lower bound already loses to the first's p.
+    from detector import trgof
+    from detector.forms import detect_forms_exhaustive
+
+    marked, _ = generate(KEY, 240, seed=1)
+    rng = np.random.default_rng(1)
+    edited = [int(rng.integers(1, 2000)) if rng.random() < 0.5 else t for t in marked]
+    forms = [edited[:120] + human_like(120, seed=51), edited]
+    tails = []  # Tr-GoF's exact tails computed (the crossing probability's recursion)
+    original = trgof._crossing_exact
+
+    def counting(boundaries, n):
+        tails.append(n)
+        return original(boundaries, n)
+
+    monkeypatch.setattr(trgof, "_crossing_exact", counting)
+    got, form = detect_forms(forms, [Candidate.inline(KEY)], DetectorConfig())
+    assert form == 1 and len(tails) == 1
+    tails.clear()
+    want, want_form = detect_forms_exhaustive(forms, [Candidate.inline(KEY)], DetectorConfig())
+    assert len(tails) == 2  # scored in full, both forms need the exact tail
+    assert want_form == form and got.to_dict() == want.to_dict()
+    assert got.per_key[0].log10_p_trgof is not None and got.per_key[0].log10_p_trgof < -5
