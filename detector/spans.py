@@ -226,7 +226,7 @@ def refine(hits: list[SpanHit], positions: np.ndarray, scores: np.ndarray, total
         if in_hi <= in_lo or hi <= lo:
             out.append(hit)
             continue
-        region = scores[lo:hi].tolist()
+        region = np.asarray(scores[lo:hi], dtype=np.float64)
         best_range = (int(in_lo), int(in_hi))
         seen = {best_range}
         for _ in range(REFINE_ROUNDS):
@@ -250,14 +250,16 @@ def refine(hits: list[SpanHit], positions: np.ndarray, scores: np.ndarray, total
     return widened
 
 
-def _max_subarray(values: list[float], cut: float, offset: int) -> tuple[int, int] | None:
-    """[first, last) (plus ``offset``) of the stretch of ``values`` maximising sum(v - cut);
-    None if no value exceeds ``cut``."""
+def _max_subarray(values: np.ndarray, cut: float, offset: int) -> tuple[int, int] | None:
+    """[first, last) (plus ``offset``) of the stretch of ``values`` [n] (float64) maximising
+    sum(v - cut); None if no value exceeds ``cut``."""
     best, best_range, running, run_start = 0.0, None, 0.0, 0
-    for i, value in enumerate(values):
+    # The differences in one vectorised step (the same IEEE subtraction as per element); the
+    # running sum stays a sequential loop, so every comparison sees the same floats as before.
+    for i, step in enumerate((values - cut).tolist()):
         if running <= 0.0:
             running, run_start = 0.0, i
-        running += value - cut
+        running += step
         if running > best:
             best, best_range = running, (offset + run_start, offset + i + 1)
     return best_range
