@@ -308,6 +308,16 @@ def finish(tokens: np.ndarray, evidence: Sequence[KeyEvidence], per_key: Sequenc
     return pending_result(tokens, evidence, per_key, shares, config, keys_tested).result()
 
 
+def with_adjusted(entry: KeyResult, log10_p_adjusted: float) -> KeyResult:
+    """``dataclasses.replace(entry, log10_p_adjusted=...)`` at a fifth of its cost: a copy of
+    every field (whatever fields KeyResult has) with the one changed. A many-key detection
+    builds one per key tested (10,000 replace calls were ~55 ms)."""
+    out = object.__new__(KeyResult)
+    out.__dict__.update(entry.__dict__)
+    out.__dict__["log10_p_adjusted"] = log10_p_adjusted  # frozen: set like its __init__ does
+    return out
+
+
 def pending_result(tokens: np.ndarray, evidence: Sequence[KeyEvidence], per_key: Sequence[KeyResult] | None,
                    shares: dict[str, float], config: DetectorConfig, keys_tested: int | None = None) -> "Pending":
     """:func:`finish` up to the span search: the best key and its Šidák-corrected whole-text
@@ -359,9 +369,8 @@ class Pending:
             return ()
         adjusted = stats.holm_adjusted([r.log10_p_value * stats.LN10 for r in self.per_key])
         if not log10_factor:
-            return tuple(dataclasses.replace(r, log10_p_adjusted=adj / stats.LN10)
-                         for r, adj in zip(self.per_key, adjusted))
-        return tuple(dataclasses.replace(r, log10_p_adjusted=min(0.0, adj / stats.LN10 + log10_factor))
+            return tuple(with_adjusted(r, adj / stats.LN10) for r, adj in zip(self.per_key, adjusted))
+        return tuple(with_adjusted(r, min(0.0, adj / stats.LN10 + log10_factor))
                      for r, adj in zip(self.per_key, adjusted))
 
     def result(self, *, per_key: tuple[KeyResult, ...] | None = None) -> DetectionResult:

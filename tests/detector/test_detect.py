@@ -187,3 +187,20 @@ def test_bonferroni_weights_sum_to_one(test, with_spans, dual_auto):
     assert math.isclose(sum(share.values()), 1.0, rel_tol=1e-12)
     if dual_auto and test == "auto" and with_spans:
         assert share == pytest.approx({"sum": 0.15, "weighted": 0.45, "trgof": 0.15, "spans": 0.25})
+
+
+def test_a_per_key_entry_with_its_adjusted_p_is_dataclasses_replace():
+    import dataclasses
+
+    from detector.detect import with_adjusted
+
+    key = WatermarkKey(0xA11CE, WatermarkSpec(algorithm="dual_key_gumbel"))
+    tokens, _ = generate(key, 120, seed=3)
+    keys = [Candidate.inline(key)] + [Candidate.inline(WatermarkKey(0xB0B + i, key.spec)) for i in range(3)]
+    for entry in detect(tokens, keys).per_key:
+        made = with_adjusted(entry, -3.25)
+        assert made == dataclasses.replace(entry, log10_p_adjusted=-3.25) and made.to_dict() == {
+            **entry.to_dict(), "log10_p_adjusted": -3.25}
+        assert entry.log10_p_adjusted != -3.25 or made is not entry  # a copy, the entry unchanged
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            made.log10_p_adjusted = 0.0
