@@ -438,14 +438,17 @@ def _span_lower(evidence: "KeyEvidence | PartialEvidence", total: int, config: D
 
 def combined_lower(partial: PartialEvidence) -> float:
     """A lower bound on the combined log10 p that :func:`complete` gives ``partial``, without
-    Tr-GoF's exact tail: its lower bound stands in for it (the exact tail and the union bound
-    that :func:`complete` may put in its place are both at least that); a Tr-GoF p that is
+    Tr-GoF's exact tail: a lower bound on it stands in for it (the exact tail and the union
+    bound that :func:`complete` may put in its place are both at least that); a Tr-GoF p that is
     never an exact tail (:meth:`PartialEvidence.needs_exact_tail` false) is computed as
     :func:`complete` computes it."""
     parts = list(partial.combined)
     if partial.gof is not None:
-        s, n, _, _ = partial.gof
-        tail = partial.trgof_lower() if partial.needs_exact_tail() else trgof.log10_sf(s, n)
+        s, n, index, at = partial.gof
+        # The bound's first term (at most the bound, and a fraction of its cost): the form's
+        # bound is taken on every form, most of which never need Tr-GoF's tail at all.
+        tail = (trgof.log_sf_lower_first_term(n, index, at) / trgof.LN10 if partial.needs_exact_tail()
+                else trgof.log10_sf(s, n))
         parts.append(tail - math.log10(partial.share["trgof"]))
     return min(0.0, min(parts))
 
