@@ -230,7 +230,7 @@ def test_forms_with_a_score_memo_give_the_exhaustive_result_and_record_the_detec
     # several: detect_forms (spans and Holm's adjustment for the winner only, scores recorded
     # in a memo) reports what scoring every form in full reports, and the memo holds, for
     # each form and key computed in full, the very per-token scores the detector tests.
-    from detector import scoring, trgof
+    from detector import scoring
     from detector.detect import statistic_for
     from detector.forms import detect_forms_exhaustive
     from detector.multikey import KeySet, detect_many
@@ -242,14 +242,7 @@ def test_forms_with_a_score_memo_give_the_exhaustive_result_and_record_the_detec
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(scoring, function, counting)
-    tails = []  # Tr-GoF's exact tails computed (the crossing probability's recursion)
-    original = trgof._crossing_exact
-
-    def counting_tails(boundaries, n):
-        tails.append(n)
-        return original(boundaries, n)
-
-    monkeypatch.setattr(trgof, "_crossing_exact", counting_tails)
+    tails = _counted_exact_tails(monkeypatch)
     key = _FORM_KEYS[name]
     rng = np.random.default_rng(sum(map(ord, name)))
     cases = 0
@@ -320,21 +313,13 @@ def test_trgofs_exact_tail_only_for_forms_that_can_win(monkeypatch):
     # A heavily edited text (Tr-GoF's exact tail runs: its bound is below the sum's p) and
     # a form of it whose second half is another text: the weaker form's exact tail would run
     # too if it were scored in full, but its lower bound already loses to the first's p.
-    from detector import trgof
     from detector.forms import detect_forms_exhaustive
 
     marked, _ = generate(KEY, 240, seed=1)
     rng = np.random.default_rng(1)
     edited = [int(rng.integers(1, 2000)) if rng.random() < 0.5 else t for t in marked]
     forms = [edited[:120] + human_like(120, seed=51), edited]
-    tails = []  # Tr-GoF's exact tails computed (the crossing probability's recursion)
-    original = trgof._crossing_exact
-
-    def counting(boundaries, n):
-        tails.append(n)
-        return original(boundaries, n)
-
-    monkeypatch.setattr(trgof, "_crossing_exact", counting)
+    tails = _counted_exact_tails(monkeypatch)
     got, form = detect_forms(forms, [Candidate.inline(KEY)], DetectorConfig())
     assert form == 1 and len(tails) == 1
     tails.clear()
@@ -342,3 +327,19 @@ def test_trgofs_exact_tail_only_for_forms_that_can_win(monkeypatch):
     assert len(tails) == 2  # scored in full, both forms need the exact tail
     assert want_form == form and got.to_dict() == want.to_dict()
     assert got.per_key[0].log10_p_trgof is not None and got.per_key[0].log10_p_trgof < -5
+
+
+def _counted_exact_tails(monkeypatch) -> list[int]:
+    """The list Tr-GoF's exact tails (the crossing probability's recursion) are counted into,
+    one entry (the n) per tail computed from now on."""
+    from detector import trgof
+
+    tails: list[int] = []
+    original = trgof._crossing_exact
+
+    def counting(boundaries, n):
+        tails.append(n)
+        return original(boundaries, n)
+
+    monkeypatch.setattr(trgof, "_crossing_exact", counting)
+    return tails
