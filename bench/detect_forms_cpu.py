@@ -19,11 +19,11 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+from bench import rows  # noqa: E402
 
 
 def main() -> None:
@@ -68,10 +68,7 @@ def main() -> None:
             per_round.append((time.process_time() - start) / args.repeats * 1e3)
         row["cpu_ms_per_call"][name] = round(statistics.median(per_round), 4)
     row["load_average"] = os.getloadavg()
-    print(json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    rows.emit(row, args.out)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import tempfile
 from pathlib import Path
 
 import psutil
 
-from bench import detect_http
+from bench import detect_http, rows
 from bench.gateway import REPO, Gateway
 
 
@@ -65,10 +64,7 @@ def main() -> None:
            "requests_per_second": len(latencies) / args.seconds,
            "server_cpu_ms_per_request": round(spent / max(1, len(latencies)) * 1e3, 3),
            "load_average_1min_before": round(load, 2), "workers": args.workers, "clients": args.clients}
-    print(json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    rows.emit(row, args.out)
 
 
 if __name__ == "__main__":

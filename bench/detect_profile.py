@@ -20,12 +20,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import cProfile  # noqa: E402
 import io  # noqa: E402
-import json  # noqa: E402
 import pstats  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+from bench import rows  # noqa: E402
 
 
 def main() -> None:
@@ -93,10 +93,7 @@ def main() -> None:
                    "tokens": [s["total_tokens"] for s in sample], "log10_p": [s["log10_p_value"] for s in sample],
                    "basis": [s["basis"] for s in sample], "scored": [s.get("normalization", {}).get("scored") for s in sample],
                    "load_average": os.getloadavg()}
-            print(json.dumps(row))
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            rows.emit(row, args.out)
             if args.profile:
                 profiler = cProfile.Profile()
                 profiler.enable()
