@@ -54,10 +54,10 @@ def replicas(tmp_path_factory):
         process = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port),
                                     "--draft-model", ""], cwd=REPO, env=environment, stdout=log, stderr=log)
         processes.append((process, f"http://127.0.0.1:{port}", tmp / f"gateway{i}.log"))
-    for process, base, _ in processes:
+    for process, base, log_path in processes:
         deadline = time.monotonic() + 240
         while True:
-            assert process.poll() is None, "a gateway exited"
+            assert process.poll() is None, f"a gateway exited: {log_path.read_text(errors='replace')[-3000:]}"
             try:
                 if httpx.get(base + "/readyz", timeout=2).status_code == 200:
                     break
