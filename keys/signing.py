@@ -272,7 +272,15 @@ def ensure_signing_key(session: Session, keyring: Keyring, *, actor: str) -> Non
             _may_write(session)
         except InvalidTransition:
             raise NoSigningKey() from None
-        create_signing_key(session, keyring, actor=actor)
+        try:
+            create_signing_key(session, keyring, actor=actor)
+        except InvalidTransition:
+            # Another replica starting at the same moment committed the first key between
+            # the check above and create_signing_key's locked one: that key serves both.
+            # (Two inserts racing past both checks collide on uq_signing_keys_one_active
+            # instead: ConcurrentChange, and the caller retries.)
+            if _active(session) is None:
+                raise
 
 
 def list_signing_keys(session: Session) -> list[SigningKeyInfo]:

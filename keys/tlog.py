@@ -179,6 +179,9 @@ def ensure_log(session: Session, keyring: Keyring, *, actor: str, origin: str | 
     if found is not None:
         return found, 0
     size, _ = read_head(session, None, lock=True)
+    found = load_log_key(session, keyring)  # another replica may have created it while we waited
+    if found is not None:
+        return found, 0
     if size:
         raise LogKeyError(f"the log has {size} leaves but the store has no log key: its log_keys row was "
                           "deleted; restore it from a backup (a new key would start a log no witness trusts)")
