@@ -10,6 +10,18 @@ import numpy as np
 import pytest
 
 from service.cli.token_lines import parse_line
+from watermark import jit
+
+
+@pytest.fixture(autouse=True, params=["numpy", "compiled"])
+def reading(request, monkeypatch):
+    """Every test on both readings of the list: numpy's (before numba is loaded) and the
+    compiled pass (service.cli.token_lines_compiled, once it is)."""
+    compiled = request.param == "compiled"
+    if compiled:
+        assert jit.load(), "numba is a dependency"
+    monkeypatch.setattr(jit, "loaded", lambda: compiled)
+    return request.param
 
 VALID = ['{"token_ids": [1, 2, 3], "key": {"secret": 5}}', '{"key": {"secret": "0x5"}, "token_ids":[0,4294967295]}',
          '{"token_ids": []}', '{"token_ids": [ ]}', '{"token_ids":\n[7,\t8 ,9]}', '{"token_ids": [0]}',
@@ -26,7 +38,9 @@ OTHER = ['{"token_ids": [01, 2]}', '{"token_ids": [1, 2,]}', '{"token_ids": [1,,
          '{"name": "token_ids", "token_ids": [3]}', '{"token_ids": [3], "name": "token_ids"}',
          '{"token_ids": [00]}', '{"token_ids": [1, 00]}', '{"token_ids": [0, 0, 10, 100]}', '{"token_ids": [1,\r0]}',
          '{"token_ids": [1,\r01]}', '{"token_ids": [1 ,\t 2\x0b]}', '{"token_ids": [1/2]}', '{"token_ids": [1:2]}',
-         '{"token_ids": [1,2 3]}', '{"token_ids": [1 ,2 , ]}', '{"token_ids": [ , 1]}', '{"token_ids": [1,2,,]}']
+         '{"token_ids": [1,2 3]}', '{"token_ids": [1 ,2 , ]}', '{"token_ids": [ , 1]}', '{"token_ids": [1,2,,]}',
+         '{"token_ids": [,]}', '{"token_ids": [0 ]}', '{"token_ids": [12345678901]}', '{"token_ids": [4294967295, 04]}',
+         '{"token_ids": [1,]', '{"token_ids": [é]}', '{"token_ids": [1]}\n', '{"token_ids":[\r\n]}']
 
 
 def _checked(parse, line: str):
@@ -68,3 +82,14 @@ def test_random_lines_and_a_long_one():
         assert got["key"] == {"secret": 1}
     long = list(range(0, 200_000, 3))
     assert parse_line(json.dumps({"token_ids": long}))["token_ids"].tolist() == long
+
+
+def test_random_bodies_read_as_json_loads_reads_them():
+    """Random byte strings over the characters a list body may hold, and a few it may not:
+    whatever json.loads makes of the line, parse_line makes of it too."""
+    rng = random.Random(11)
+    alphabet = ["0", "1", "7", "9", ",", " ", "\t", "\n", "\r", "-", ".", "e", "x", "4294967295", "4294967296"]
+    for _ in range(3000):
+        body = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
+        line = '{"token_ids": [' + body + '], "key": {"secret": 1}}'
+        assert _checked(parse_line, line) == _checked(json.loads, line), line
