@@ -15,6 +15,13 @@ committed (an expert's audit event exists before the expert sees the result), wh
 serves other requests. A write that raises (a budget used up, the probe guard refusing) rolls
 back its own savepoint only and hands its exception to its own request; a failed commit
 fails every write of the group, none of which then took effect.
+
+A group holds each row it locks (a budget) until its commit, so two replicas' groups can
+lock the same rows in opposite orders, which a single request's write never does (it locks
+its budgets in one order): PostgreSQL then aborts one of the statements as a deadlock. A
+write that lost such a race (ConcurrentChange), or whose whole group did, took no effect and
+is run again alone, in its own transaction, up to :data:`RETRIES` times: a request never
+gets an error that other requests' grouping caused.
 """
 
 from __future__ import annotations
@@ -22,15 +29,19 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any, Callable
 
 from keys.db import translate_error
+from keys.errors import ConcurrentChange
 
 log = logging.getLogger("hallmark.access")
 
 MAX_GROUP = 64
 """Writes committed together at most (bounds one transaction's length)."""
+RETRIES = 3
+"""Times a write that lost a race with another transaction (ConcurrentChange) is run again alone."""
 
 
 class GroupCommit:
@@ -69,26 +80,41 @@ class GroupCommit:
                     break
             self._commit(group)
 
-    def _commit(self, group: list[tuple[Callable[[Any], Any], Future]]) -> None:
-        outcomes: list[tuple[Future, bool, Any]] = []
+    def _commit(self, group: list[tuple[Callable[[Any], Any], Future]], attempt: int = 0) -> None:
+        outcomes: list[tuple[Callable[[Any], Any], Future, bool, Any]] = []
         try:
             with self.store.transaction() as session:
                 for write, future in group:
                     try:
                         with session.begin_nested():
-                            outcomes.append((future, True, write(session)))
+                            outcomes.append((write, future, True, write(session)))
                     except Exception as exc:  # this write's own refusal or fault: its savepoint is gone
                         mapped = translate_error(exc, self.store.url)
-                        outcomes.append((future, False, mapped if mapped is not None else exc))
+                        outcomes.append((write, future, False, mapped if mapped is not None else exc))
         except BaseException as exc:  # the commit itself: nothing of the group took effect
             mapped = translate_error(exc, self.store.url)
             failure = mapped if mapped is not None else exc
+            if isinstance(failure, ConcurrentChange) and attempt < RETRIES:
+                self._again(group, attempt)
+                return
             log.warning("a group of %d detection writes failed to commit: %s", len(group), type(failure).__name__)
             for _, future in group:
                 future.set_exception(failure)
             return
-        for future, ok, value in outcomes:
+        lost = []
+        for write, future, ok, value in outcomes:
             if ok:
                 future.set_result(value)
+            elif isinstance(value, ConcurrentChange) and attempt < RETRIES:
+                lost.append((write, future))
             else:
                 future.set_exception(value)
+        if lost:
+            self._again(lost, attempt)
+
+    def _again(self, writes: list[tuple[Callable[[Any], Any], Future]], attempt: int) -> None:
+        """Each of ``writes`` (none took effect) again, alone; the other transaction of the
+        race has committed or is about to (a deadlock's survivor goes on once its victim aborts)."""
+        time.sleep(0.005 * (attempt + 1))
+        for item in writes:
+            self._commit([item], attempt + 1)

@@ -102,3 +102,49 @@ def test_a_failed_commit_fails_every_write_of_its_group_and_none_takes_effect(st
     assert writes.submit(_audit("api:after")).result(10) == "api:after"  # the thread carries on
     with store.transaction(write=False) as session:
         assert session.scalar(select(func.count()).select_from(AuditEvent)) == 1
+
+
+@pytest.mark.postgres
+def test_two_replicas_groups_that_deadlock_lose_no_write():
+    """Two gateways' groups lock the same two rows in opposite orders (a budget each write
+    locks, held to the group's commit): PostgreSQL aborts one statement as a deadlock. The
+    write it aborted is run again in its own transaction, so every request's write commits
+    and none gets an error that another request caused."""
+    from sqlalchemy import text
+
+    from tests.keys.conftest import reachable_pg_server
+
+    pg = reachable_pg_server()
+    postgres_url = pg.url_for(pg.create_database())
+    engine = create_store_engine(postgres_url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    store = open_store(StoreSettings(database_url=postgres_url, kek=SecretStr(Kek.generate().to_base64())),
+                       require_kek=True)
+    try:
+        with store.transaction() as session:
+            session.execute(text("INSERT INTO rate_limit_buckets (name, level, updated) VALUES ('x', 0, 0), ('y', 0, 0)"))
+        both_hold_one = threading.Barrier(2)
+
+        def lock(name: str, then_wait: bool):
+            def write(session):
+                session.execute(text("UPDATE rate_limit_buckets SET level = level + 1 WHERE name = :n"), {"n": name})
+                if then_wait:
+                    both_hold_one.wait(10)
+                return name
+            return write
+
+        replicas, futures = [GroupCommit(store), GroupCommit(store)], []
+        gates = [threading.Event(), threading.Event()]
+        for replica, gate, (first, second) in zip(replicas, gates, [("x", "y"), ("y", "x")]):
+            replica.submit(lambda session, gate=gate: gate.wait(10))  # holds the thread: the next two form one group
+            futures += [replica.submit(lock(first, True)), replica.submit(lock(second, False))]
+        for gate in gates:
+            gate.set()
+        assert [f.result(30) for f in futures] == ["x", "y", "y", "x"]
+        with store.transaction(write=False) as session:
+            levels = dict(session.execute(text("SELECT name, level FROM rate_limit_buckets")).all())
+        assert levels == {"x": 2, "y": 2}
+    finally:
+        store.close()
+        pg.close()
