@@ -282,9 +282,22 @@ def _forge(stack, url):
     return {"verify": ["not in the log: inserted"], "uncited": ["a forged generation"], "no_rebuild": True}
 
 
+def _middle_with_kgrams(stack: Stack, tenant: str = "acme") -> dict:
+    """The middle one of ``tenant``'s generations long enough to have recorded k-grams (the
+    keys are random, so a generation may stop after a few tokens and record none)."""
+    from keys.kgrams import K
+
+    def kgrams(ids: list[int]) -> int:
+        return len({tuple(ids[i:i + K]) for i in range(len(ids) - K + 1)})
+
+    mine = [g for g in stack.generations if g["tenant"] == tenant and kgrams(g["token_ids"]) >= 5]
+    assert mine, "no generation of this stack recorded k-grams"
+    return mine[len(mine) // 2]
+
+
 @case("delete k-gram rows")
 def _delete_kgrams(stack, url):
-    target = _middle(stack)
+    target = _middle_with_kgrams(stack)
     if stack.service_url:  # the gateway's role may not: refused
         service = make_url(url).set(username=make_url(stack.service_url).username)
         engine = create_engine(service.render_as_string(hide_password=False))
@@ -293,8 +306,9 @@ def _delete_kgrams(stack, url):
                 connection.execute(text("DELETE FROM ledger_kgrams"))
         engine.dispose()
     with owner(url) as connection:
-        connection.execute(text("DELETE FROM ledger_kgrams WHERE id IN (SELECT id FROM ledger_kgrams "
-                                "WHERE generation_id = :g ORDER BY id LIMIT 5)"), {"g": target["id"]})
+        deleted = connection.execute(text("DELETE FROM ledger_kgrams WHERE id IN (SELECT id FROM ledger_kgrams "
+                                          "WHERE generation_id = :g ORDER BY id LIMIT 5)"), {"g": target["id"]})
+        assert deleted.rowcount == 5  # the tampering happened (a no-op would make the case vacuous)
     return {"verify": ["k-gram rows of generation " + target["id"]], "kgrams_uncited": target}
 
 
