@@ -14,7 +14,9 @@ once. The request awaits its write's future, so its answer still leaves only aft
 committed (an expert's audit event exists before the expert sees the result), while the loop
 serves other requests. A write that raises (a budget used up, the probe guard refusing) rolls
 back its own savepoint only and hands its exception to its own request; a failed commit
-fails every write of the group, none of which then took effect.
+fails every write of the group, none of which then took effect. A write whose request was
+cancelled while it waited still runs (a charge after the work is not escaped by hanging up);
+its outcome goes nowhere, and the rest of its group is answered as usual.
 
 A group holds each row it locks (a budget) until its commit, so two replicas' groups can
 lock the same rows in opposite orders, which a single request's write never does (it locks
@@ -30,7 +32,7 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, Callable
 
 from keys.db import translate_error
@@ -99,16 +101,14 @@ class GroupCommit:
                 return
             log.warning("a group of %d detection writes failed to commit: %s", len(group), type(failure).__name__)
             for _, future in group:
-                future.set_exception(failure)
+                _resolve(future, False, failure)
             return
         lost = []
         for write, future, ok, value in outcomes:
-            if ok:
-                future.set_result(value)
-            elif isinstance(value, ConcurrentChange) and attempt < RETRIES:
+            if not ok and isinstance(value, ConcurrentChange) and attempt < RETRIES:
                 lost.append((write, future))
             else:
-                future.set_exception(value)
+                _resolve(future, ok, value)
         if lost:
             self._again(lost, attempt)
 
@@ -118,3 +118,16 @@ class GroupCommit:
         time.sleep(0.005 * (attempt + 1))
         for item in writes:
             self._commit([item], attempt + 1)
+
+
+def _resolve(future: Future, ok: bool, value: Any) -> None:
+    """Hand ``future`` its write's outcome, unless its request was cancelled meanwhile (its
+    awaiting task cancelled the future): the write ran all the same, and the group's other
+    futures must still be resolved, so a cancelled one is never an error here."""
+    try:
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+    except InvalidStateError:  # cancelled: nobody waits for this outcome
+        pass

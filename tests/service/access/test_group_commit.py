@@ -63,6 +63,24 @@ def test_writes_waiting_together_share_one_commit_and_each_gets_its_result(store
     assert len(commits) <= 2  # the blocker's group, then the twenty queued behind it
 
 
+def test_a_request_cancelled_while_its_write_waits_holds_up_no_other_write(store):
+    """A request cancelled while its write waits in the queue (its awaiting task cancelled:
+    a client gone, a shutdown) cancels the write's future. The write still runs and commits
+    (a charge after the work must not be escaped by hanging up), and every other write of its
+    group still gets its result: before, setting the cancelled future's result raised in the
+    group's thread and left the writes after it waiting forever."""
+    writes = GroupCommit(store)
+    gate = threading.Event()
+    writes.submit(lambda session: gate.wait(10))
+    gone = writes.submit(_audit("api:gone"))
+    after = [writes.submit(_audit(f"api:{i}")) for i in range(3)]
+    assert gone.cancel()
+    gate.set()
+    assert [f.result(10) for f in after] == ["api:0", "api:1", "api:2"]
+    assert _audited(store) == ["api:gone", "api:0", "api:1", "api:2"]
+    assert writes.submit(_audit("api:later")).result(10) == "api:later"
+
+
 def test_a_refused_write_rolls_back_alone(store):
     writes = GroupCommit(store)
     gate = threading.Event()
