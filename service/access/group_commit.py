@@ -80,7 +80,14 @@ class GroupCommit:
                     group.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            self._commit(group)
+            try:
+                self._commit(group)
+            except BaseException as exc:  # noqa: BLE001 - a fault here must not strand the group's requests
+                # The type only: a database error's text can quote the statement's parameters.
+                log.error("the detection writes' thread failed on a group of %d: %s", len(group), type(exc).__name__)
+                for _, future in group:
+                    if not future.done():
+                        _resolve(future, False, exc)
 
     def _commit(self, group: list[tuple[Callable[[Any], Any], Future]], attempt: int = 0) -> None:
         outcomes: list[tuple[Callable[[Any], Any], Future, bool, Any]] = []

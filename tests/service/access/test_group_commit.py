@@ -81,6 +81,23 @@ def test_a_request_cancelled_while_its_write_waits_holds_up_no_other_write(store
     assert writes.submit(_audit("api:later")).result(10) == "api:later"
 
 
+def test_a_fault_of_the_writes_thread_fails_its_group_and_the_thread_carries_on(store, monkeypatch):
+    writes = GroupCommit(store)
+    commit = writes._commit
+    faults = iter([RuntimeError("unexpected")])
+
+    def faulty(group, attempt=0):
+        fault = next(faults, None)
+        if fault is not None:
+            raise fault
+        return commit(group, attempt)
+
+    monkeypatch.setattr(writes, "_commit", faulty)
+    with pytest.raises(RuntimeError, match="unexpected"):
+        writes.submit(_audit("api:lost")).result(10)
+    assert writes.submit(_audit("api:next")).result(10) == "api:next"
+
+
 def test_a_refused_write_rolls_back_alone(store):
     writes = GroupCommit(store)
     gate = threading.Event()
