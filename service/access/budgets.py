@@ -3,10 +3,14 @@
 A budget is a bucket in the store's ``rate_limit_buckets`` table (one row each, updated under
 its row lock on PostgreSQL, inside SQLite's write transaction): it holds up to ``per_day``
 units and refills at ``per_day`` a day. A detection is admitted while its principal's level is
-positive (:meth:`Budgets.admit`, before any work), and is then charged what it actually cost
-(:meth:`Budgets.charge`, the tokens scored), which may take the level below zero: the next
-detection waits until the debt is refilled. So one request can overrun a budget by at most one
-text (bounded by the tier's character limit), and a budget counts tokens, not requests.
+positive (:meth:`Budgets.admit`, before any work), and admission takes a reservation at once,
+an estimate of what the text will cost, in the same locked write; when the work is done the
+difference to what it actually cost (the tokens scored) is charged or refunded. The level may
+go below zero: the next detection waits until the debt is refilled. Because every admission
+charges before the next one reads, detections sent at once are admitted one after another
+against a falling level, as if sent in turn: the budget is overrun by at most about one text
+(bounded by the tier's character limit), whatever the concurrency, and counts tokens, not
+requests.
 
 Times come from the database's clock on PostgreSQL (replicas' clocks never matter).
 """
@@ -57,21 +61,22 @@ class Budgets:
 
     def admit(self, session, budgets: list[Budget]) -> tuple[Budget, float] | None:
         """The first budget that is used up and the seconds until it is positive again, or
-        None when every one admits (nothing is charged)."""
+        None when every one admits. The rows stay locked to the write's end, so the caller's
+        reservation (:meth:`charge`, in the same write) lands before another replica reads."""
         connection = session.connection()
-        for budget in budgets:
-            level, _ = self._level(connection, budget, lock=False)
+        for budget in sorted(budgets, key=lambda b: b.name):  # locked, in charge's order
+            level, _ = self._level(connection, budget, lock=True)
             if level < 1.0:  # a whole unit (a token, an evidence use) left
                 return budget, (1.0 - level) / budget.rate if budget.rate > 0 else float("inf")
         return None
 
     def charge(self, session, budgets: list[Budget], cost: float) -> None:
         """Take ``cost`` from every budget (the level may go below zero, down to minus one
-        day's budget)."""
+        day's budget; a negative cost refunds, up to a full bucket)."""
         connection = session.connection()
         for budget in sorted(budgets, key=lambda b: b.name):  # one lock order: no deadlock between replicas
             level, now = self._level(connection, budget, lock=True)
-            level = max(-budget.per_day, level - cost)
+            level = min(budget.per_day, max(-budget.per_day, level - cost))
             connection.execute(text("UPDATE rate_limit_buckets SET level = :level, updated = :now "
                                     "WHERE name = :name"), {"level": level, "now": now, "name": "access:" + budget.name})
 

@@ -9,10 +9,14 @@
    ``evidence`` scope), then the per-token request rate (429 before the probe guard counts the
    query: a refused request is not one of its family's checks);
 4. in one write: the principal's budgets admit (429 ``detection_budget_exhausted``), the
-   probe guard places the query (429 ``probe_guard``), the evidence budget takes one use;
+   probe guard places the query (429 ``probe_guard``), the token budgets take a reservation
+   (:func:`reservation`: the text's UTF-8 bytes or its token ids, at most the token limit)
+   and the evidence budget one use; concurrent requests are so admitted against a falling
+   level, one after another (service.access.budgets);
 5. the core (:func:`service.detection.detect`) at full precision;
-6. in one write: the tokens scored are charged, and an expert's request or an evidence use
-   is audited (no text, no text hash);
+6. in one write: the difference between the tokens scored and the reservation is charged
+   (or refunded), and an expert's request or an evidence use is audited (no text, no text
+   hash); a request that fails between 4 and 6 gets its reservation back;
 7. the tier's answer (:mod:`service.access.shape`), its report re-signed.
 
 The writes (4, 6) go through :mod:`service.access.group_commit`: committed with other
@@ -139,14 +143,32 @@ async def _call(inline: bool, fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args) if inline else await asyncio.to_thread(fn, *args)
 
 
-async def _admit(services, access: Access, who: Principal, body: DetectBody, evidence: bool, inline: bool) -> None:
+@dataclass
+class Charge:
+    """A request's token reservation, and whether it was settled against the actual cost."""
+
+    reserved: float = 0.0
+    settled: bool = False
+
+
+def reservation(settings, body: DetectBody) -> float:
+    """What admission takes from the token budgets before the work: the token ids sent, or a
+    text's UTF-8 bytes (the bundled byte-level tokenizer makes at most one token a byte), at
+    most the detection token limit. Settling charges or refunds the difference."""
+    if body.text is None:
+        return float(len(body.token_ids or ()))
+    return float(min(settings.max_detect_tokens, len(body.text.encode("utf-8", "surrogatepass"))))
+
+
+async def _admit(services, access: Access, who: Principal, body: DetectBody, evidence: bool, inline: bool) -> Charge:
     settings = services.settings
     budgets = _budgets(settings, who)
     evidence_budget = [Budget(f"evidence:{who.key}", settings.evidence_per_day)] if evidence and who.tier == TENANT \
         else []
     guarded = who.tier in (PUBLIC, TENANT)
+    charge = Charge(reserved=reservation(settings, body) if budgets else 0.0)
     if not budgets and not evidence_budget and not guarded:
-        return
+        return charge
     sketch = await _call(inline, _sketch_of, access.secret, body, settings.probe_kgram) if guarded else None
 
     def admit(session) -> None:
@@ -167,22 +189,26 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
                     f"24 hours; a text family may be checked {settings.probe_family_per_day} times a day (probe guard: repeated checks of "
                     "one edited text are how a detector is turned against the watermark)",
                     headers=retry_after(3600), code="probe_guard")
+        if budgets and charge.reserved:
+            access.budgets.charge(session, budgets, charge.reserved)
         if evidence_budget:
             access.budgets.charge(session, evidence_budget, 1.0)
 
     await _write(access, admit)
+    return charge
 
 
 async def _settle(services, access: Access, who: Principal, identity: Identity | None, tokens: int, *,
-                  evidence: bool, verdict: str) -> None:
+                  evidence: bool, verdict: str, charge: Charge) -> None:
     budgets = _budgets(services.settings, who)
     audit = who.tier == EXPERT or (evidence and who.tier == TENANT)
+    charge.settled = True
     if not budgets and not audit:
         return
 
     def settle(session) -> None:
-        if budgets:
-            access.budgets.charge(session, budgets, float(tokens))
+        if budgets and float(tokens) != charge.reserved:
+            access.budgets.charge(session, budgets, float(tokens) - charge.reserved)
         if audit:
             record_audit(session, actor=f"api:{identity.token_id}",
                          action="detection.expert" if who.tier == EXPERT else "detection.evidence",
@@ -217,19 +243,34 @@ async def answer(services, identity: Identity | None, body: DetectBody, who: Pri
     check_size(settings, tier, body)
     evidence = _check_options(tier, identity, body)
     _check_rate(services, identity, who)
-    await _admit(services, access, who, body, evidence, inline)
-    if tier == PUBLIC:
-        return await _public(services, access, who, body, inline)
-    full = await _core(access, who, inline, detection.detect, services, identity, body)
-    tokens = int(full.get("total_tokens") or 0)
-    await _settle(services, access, who, identity, tokens, evidence=evidence,
-                  verdict="watermarked" if full.get("watermarked") else "not_watermarked")
+    charge = await _admit(services, access, who, body, evidence, inline)
+    try:
+        if tier == PUBLIC:
+            return await _public(services, access, who, body, inline, charge)
+        full = await _core(access, who, inline, detection.detect, services, identity, body)
+        tokens = int(full.get("total_tokens") or 0)
+        await _settle(services, access, who, identity, tokens, evidence=evidence,
+                      verdict="watermarked" if full.get("watermarked") else "not_watermarked", charge=charge)
+    except Exception:
+        if not charge.settled and charge.reserved:
+            await _refund(access, who, services.settings, charge)
+        raise
     if tier in (EXPERT, OPERATOR):
         shown = shape.full_answer(full, tier)
         return shown  # the core's report already states the full result
     shown = shape.tenant_answer(full, evidence=evidence)
     shown["report"] = shape.resign(services, full.get("report"), shown, tier)
     return shown
+
+
+async def _refund(access: Access, who: Principal, settings, charge: Charge) -> None:
+    """Give back the reservation of a request that failed before its answer (no result left)."""
+    budgets = _budgets(settings, who)
+    charge.settled = True
+    try:
+        await _write(access, lambda session: access.budgets.charge(session, budgets, -charge.reserved))
+    except Exception:  # noqa: BLE001 - the request's own error is what its caller sees
+        log.warning("could not refund a failed detection's token reservation")
 
 
 def _check_rate(services, identity: Identity | None, who: Principal) -> None:
@@ -249,11 +290,12 @@ async def _core(access: Access, who: Principal, inline: bool, fn: Callable[..., 
     return await asyncio.to_thread(fn, *args)
 
 
-async def _public(services, access: Access, who: Principal, body: DetectBody, inline: bool) -> dict[str, Any]:
+async def _public(services, access: Access, who: Principal, body: DetectBody, inline: bool,
+                  charge: Charge) -> dict[str, Any]:
     settings = services.settings
     tokens = len((await _call(inline, detection.tokenize_with_offsets, services.engine.tokenizer(), body.text))[0])
     if tokens < settings.public_min_tokens:
-        await _settle(services, access, who, None, tokens, evidence=False, verdict="too_short")
+        await _settle(services, access, who, None, tokens, evidence=False, verdict="too_short", charge=charge)
         shown = shape.public_answer(None, tokens=tokens, min_tokens=settings.public_min_tokens,
                                     provider=settings.provider_name, attributed=set())
         shown["report"] = await _call(inline, _too_short_report, services, body, shown)
@@ -261,7 +303,7 @@ async def _public(services, access: Access, who: Principal, body: DetectBody, in
     full = await _core(access, who, inline, detection.detect, services, _public_identity(who), body)
     tokens = int(full.get("total_tokens") or tokens)
     await _settle(services, access, who, None, tokens, evidence=False,
-                  verdict="watermarked" if full.get("watermarked") else "not_watermarked")
+                  verdict="watermarked" if full.get("watermarked") else "not_watermarked", charge=charge)
     attributed = await _call(inline, _attributed, services)
     shown = shape.public_answer(full, tokens=tokens, min_tokens=settings.public_min_tokens,
                                 provider=settings.provider_name, attributed=attributed)
