@@ -86,7 +86,8 @@ _SEARCHED_BY_KEY = select(LedgerEntry.key_id, func.count()).where(
 _IN_STORE = select(func.count()).select_from(LedgerEntry).where(*_FINISHED)
 _IN_TENANT = _IN_STORE.where(LedgerEntry.tenant_id == bindparam("tenant_id"))
 _INSERT = LedgerKgram.__table__.insert()
-_STORED = select(LedgerKgram.generation_id, LedgerKgram.scheme, LedgerKgram.digest).where(
+_STORED = select(LedgerKgram.generation_id, LedgerKgram.scheme, LedgerKgram.digest, LedgerKgram.key_id,
+                 LedgerKgram.tenant_id).where(
     LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
 
 
@@ -254,11 +255,13 @@ class KgramCache:
         missing = [g for g in dict.fromkeys(generation_ids) if g not in self._stored]
         if missing:
             found: dict[str, list[tuple[int, int]]] = {g: [] for g in missing}
+            labels: dict[str, set[tuple[str, str]]] = {g: set() for g in missing}
             for chunk in _chunks_of(missing):
-                for generation_id, scheme, digest in session.connection().execute(
+                for generation_id, scheme, digest, key_id, tenant_id in session.connection().execute(
                         _STORED, {"generation_ids": chunk}):
                     found[generation_id].append((int(scheme), int(digest)))
-            authentic = tlog.logged_kgrams(session, found)
+                    labels[generation_id].add((key_id, tenant_id))
+            authentic = tlog.logged_kgrams(session, found, labels)
             self._stored.update((g, len({d for _, d in found[g]}) if g in authentic else None) for g in missing)
         return {g: c for g, c in self._stored.items() if c is not None}
 
@@ -400,7 +403,9 @@ def _matches_v2(session: Session, keys: Sequence[tuple[str, int]], token_ids: Se
     counts: dict[tuple[str, str], int] = {}
     seen: set[str] = set()
     for digest in query:
-        for generation_id, key_id in rows[digest]:
+        # Distinct rows: a row copied by someone without the log key counts once (and its
+        # generation is no longer authentic: KgramCache.stored).
+        for generation_id, key_id in set(rows[digest]):
             seen.add(generation_id)
             if key_id in wanted:
                 counts[key_id, generation_id] = counts.get((key_id, generation_id), 0) + 1
@@ -436,7 +441,7 @@ def _matches_v1(session: Session, keys: Sequence[tuple[str, int]], token_ids: Se
         rows = cache.rows(session, key_id, tenant_id, query)
         counts: dict[str, int] = {}
         for digest in query:
-            for generation_id in rows[digest]:
+            for generation_id in set(rows[digest]):
                 counts[generation_id] = counts.get(generation_id, 0) + 1
         # Ties keep the generation ids' order (what SQLite's GROUP BY gave before, for any database).
         hits = {g: counts[g] for g in sorted(counts) if counts[g] >= MIN_MATCHES}

@@ -84,9 +84,12 @@ def audit_log(session: Session, auth: LogAuthority | None, *, pinned: list[tuple
     names = dict(session.execute(select(Tenant.id, Tenant.name)).all())
     entries = {row.id: row for row in session.scalars(select(LedgerEntry))}
     kgram_sets: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for generation_id, scheme, digest in session.execute(
-            select(LedgerKgram.generation_id, LedgerKgram.scheme, LedgerKgram.digest)):
+    kgram_labels: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for generation_id, scheme, digest, key_id, tenant_id in session.execute(
+            select(LedgerKgram.generation_id, LedgerKgram.scheme, LedgerKgram.digest, LedgerKgram.key_id,
+                   LedgerKgram.tenant_id)):
         kgram_sets[generation_id].append((int(scheme), int(digest)))
+        kgram_labels[generation_id].add((key_id, tenant_id))
     leaves = list(session.scalars(select(LogLeaf).order_by(LogLeaf.idx)))
     hashes: list[bytes] = []
     seen_entries: set[int] = set()
@@ -115,14 +118,19 @@ def audit_log(session: Session, auth: LogAuthority | None, *, pinned: list[tuple
         seen_entries.add(row.id)
         recomputed = entry_hash(entry_fields(row))
         commitment = EMPTY_KGRAMS
+        relabelled = False
         if row.kind == "finished":
-            commitment = kgram_rows_commitment(kgram_sets.get(row.generation_id, ()))
+            stored = kgram_sets.get(row.generation_id, [])
+            commitment = kgram_rows_commitment(stored)
             committed_kgrams.add(row.generation_id)
+            # The commitment covers the digests; each row once, under the entry's key and tenant.
+            relabelled = len(set(stored)) != len(stored) or \
+                not kgram_labels.get(row.generation_id, set()) <= {(row.key_id, row.tenant_id)}
         at = f"{where}, tenant {names.get(row.tenant_id, row.tenant_id)!r} seq {row.seq}"
         if recomputed != row.entry_hash or merkle.leaf_hash(entry_leaf(recomputed, leaf.kgrams_sha256 or EMPTY_KGRAMS)) \
                 != leaf.leaf_hash:
             problem(f"{at}: the entry differs from what the log holds (modified, or replaced and re-chained)")
-        elif commitment != leaf.kgrams_sha256:
+        elif commitment != leaf.kgrams_sha256 or relabelled:
             problem(f"{at}: the k-gram rows of generation {row.generation_id} differ from the set the log "
                     "committed to (rows deleted, inserted, moved or relabelled)")
         if leaf.tenant_id != row.tenant_id:

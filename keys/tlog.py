@@ -389,14 +389,21 @@ def logged_entries(session: Session, rows: Sequence[LedgerEntry]) -> dict[int, L
     return {r.id: leaves[r.id] for r in rows if r.id in leaves and _entry_leaf_ok(auth, r, leaves[r.id])}
 
 
-def logged_kgrams(session: Session, digests: dict[str, list[tuple[int, int]]]) -> set[str]:
+def logged_kgrams(session: Session, digests: dict[str, list[tuple[int, int]]],
+                  labels: dict[str, set[tuple[str, str]]] | None = None) -> set[str]:
     """Of the generations in ``digests`` (generation id -> every k-gram row stored for it, as
     (scheme, digest)), those whose stored digests are exactly the set, under its scheme, their
-    logged ``finished`` entry committed to: rows added, removed, moved or relabelled (scheme)
-    by someone without the log key disqualify the generation."""
+    logged ``finished`` entry committed to, each row once: rows added, removed, copied, moved
+    or relabelled (scheme) by someone without the log key disqualify the generation.
+    ``labels`` (generation id -> the (key id, tenant id) pairs its rows carry): a row must
+    carry its logged entry's key and tenant. The commitment covers digests only, and under
+    scheme 2 a digest is the same under every key, so a row relabelled to another key or
+    tenant would otherwise still match the commitment."""
     if not digests:
         return set()
     rows = session.connection().execute(_FINISHED_OF, {"generation_ids": list(digests)}).all()
     leaves = logged_entries(session, rows)
     return {r.generation_id for r in rows
-            if r.id in leaves and leaves[r.id].kgrams_sha256 == kgram_rows_commitment(digests[r.generation_id])}
+            if r.id in leaves and leaves[r.id].kgrams_sha256 == kgram_rows_commitment(digests[r.generation_id])
+            and len(set(digests[r.generation_id])) == len(digests[r.generation_id])
+            and (labels is None or labels.get(r.generation_id, set()) <= {(r.key_id, r.tenant_id)})}

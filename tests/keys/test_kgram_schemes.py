@@ -173,6 +173,36 @@ def test_tampered_rows_of_either_scheme_are_never_cited(store, setup, database_u
     assert any(target in p and "k-gram rows" in p for p in problems), problems
 
 
+@pytest.mark.parametrize("tamper", ["to the other tenant and key", "to the other key only", "one row copied"])
+@pytest.mark.parametrize("scheme", [kgrams.V1, kgrams.V2])
+def test_rows_relabelled_to_another_key_or_copied_are_never_cited(store, setup, database_url, tamper, scheme):
+    """The log commits to a generation's digests; the rows' key and tenant, and each row being
+    there once, are checked against its logged entry too. Under scheme 2 a digest is the same
+    under every key, so rows relabelled to another tenant's key would otherwise be cited in
+    that tenant's detections (found by review: its generation id in the other tenant's
+    answer), and a copied row would count twice (one shared k-gram reported as 32)."""
+    acme, acme_key, beta, beta_key = setup
+    rng = random.Random(17)
+    tokens = [rng.randrange(50_000) for _ in range(120)]
+    target = _gen(store, acme, acme_key, tokens, scheme=scheme)
+    acme_keys = [(acme_key.key_id, acme_key.material.secret)]
+    beta_keys = [(beta_key.key_id, beta_key.material.secret)]
+    g = {"g": target, "k": beta_key.key_id, "t": beta.id}
+    if tamper == "to the other tenant and key":
+        _owner_sql(database_url, "UPDATE ledger_kgrams SET key_id = :k, tenant_id = :t WHERE generation_id = :g", g)
+    elif tamper == "to the other key only":
+        _owner_sql(database_url, "UPDATE ledger_kgrams SET key_id = :k WHERE generation_id = :g", g)
+    else:
+        _owner_sql(database_url, "INSERT INTO ledger_kgrams (tenant_id, generation_id, key_id, digest, scheme) "
+                                 "SELECT tenant_id, generation_id, key_id, digest, scheme FROM ledger_kgrams "
+                                 "WHERE id IN (SELECT min(id) FROM ledger_kgrams WHERE generation_id = :g)", g)
+    with store.transaction(write=False) as session:
+        for keys, scope in [(beta_keys, beta.id), (beta_keys, None), (acme_keys, acme.id)]:
+            assert kgrams.find_matches(session, keys=keys, token_ids=tokens, tenant_id=scope) == [], (keys, scope)
+        problems = audit_log(session, tlog.authority(session)).problems
+    assert any(target in p and "k-gram rows" in p for p in problems), problems
+
+
 def test_kek_rotation_keeps_scheme_2_matching(store, setup, database_url):
     acme, acme_key, _, _ = setup
     rng = random.Random(14)
