@@ -12,9 +12,13 @@ the KEK, 8 bytes each, at most ``_MAX_HASHES`` of them chosen by a fixed rule so
 keep the same 8-grams), the principal's keyed hash, the family's id and the time. No text,
 no text hash, no address. Rows older than 24 hours are deleted on every guarded query.
 
-The k-grams are of words (Unicode word characters after NFKC and case folding), computed
-before any tokenisation: cheap, and independent of the tokenizer, so the guard runs before
-the detector does any work.
+The k-grams are of words (Unicode word characters after the detector's own normalisation,
+detector.normalize: invisible characters and bidi controls removed, homoglyphs mapped, NFKC;
+then case folding), computed before any tokenisation: cheap, and independent of the
+tokenizer, so the guard runs before the detector does any work. Normalising as the detector
+does matters: a variant with zero-width characters inside its words (or look-alike letters)
+gets the same verdict as the original, so it must fall in the original's family (before, such
+variants shared 5-9 % of their k-grams with it and each started a family of its own).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import delete, select
 
+from detector.normalize import normalize
 from keys.models import ProbeQuery
 
 K = 4
@@ -66,7 +71,7 @@ class Sketch:
 
 
 def sketch(secret: bytes, text: str, k: int = K) -> Sketch:
-    words = _WORD.findall(unicodedata.normalize("NFKC", text).casefold())
+    words = _WORD.findall(unicodedata.normalize("NFKC", normalize(text).text).casefold())
     grams = [" ".join(words[i:i + k]) for i in range(max(1, len(words) - k + 1))] if words else [""]
     hashes = {int.from_bytes(hmac.new(secret, g.encode("utf-8"), hashlib.sha256).digest()[:8], "little")
               for g in grams}

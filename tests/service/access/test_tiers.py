@@ -8,6 +8,7 @@ import concurrent.futures
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 import time
@@ -227,6 +228,42 @@ def test_concurrent_queries_of_one_family_are_admitted_exactly_to_the_limit(tier
     codes = sorted(r.status_code for r in responses)
     assert codes == [200] * 10 + [429] * 4, codes
     assert {r.json()["error"]["code"] for r in responses if r.status_code == 429} == {"probe_guard"}
+
+
+LIGHTHOUSE = (
+    "The lighthouse keeper kept a ledger of every ship that passed, written in a careful hand that "
+    "leaned a little further to the left each winter. In spring the supply boat brought flour, lamp "
+    "oil and letters from a sister who lived inland and had never seen the sea; in autumn it brought "
+    "nothing at all for weeks, and the keeper learned to bake with what the gulls left alone. When the "
+    "light was finally automated, the ledger went to the town museum, where children read the names "
+    "of the ships aloud and tried to guess which ones had come home and which had not, and the old "
+    "keeper came every Sunday to correct their pronunciation of the foreign ones."
+)
+
+
+def _hidden(text: str, seed: int) -> str:
+    """``text`` with zero-width spaces inside about half of its words and a few Latin letters
+    swapped for Cyrillic look-alikes: what a prober sends to dodge a word-based family while
+    the detector (which removes and maps both) sees the same text."""
+    rng = random.Random(seed)
+    words = []
+    for word in text.split(" "):
+        if len(word) > 1 and rng.random() < 0.5:
+            word = word[:1] + "\u200b" + word[1:]
+        words.append(word.replace("o", "\u043e") if rng.random() < 0.2 else word)
+    return " ".join(words)
+
+
+def test_invisible_characters_and_look_alike_letters_do_not_start_a_new_text_family(tiers):
+    """The probe guard's families are of the text as the detector reads it (its normalisation):
+    variants that differ only in zero-width characters and homoglyphs, each scored exactly like
+    the original, join the original's family and are refused past the limit (10 here)."""
+    headers = _auth(tiers, "globex")
+    answers = [tiers.client.post("/v1/detect", json={"text": LIGHTHOUSE if i == 0 else _hidden(LIGHTHOUSE, i)},
+                                 headers=headers) for i in range(12)]
+    assert [r.status_code for r in answers] == [200] * 10 + [429] * 2, [r.status_code for r in answers]
+    assert {r.json()["error"]["code"] for r in answers[10:]} == {"probe_guard"}
+    assert len({r.json()["log10_p_value"] for r in answers[:10]}) == 1  # the detector saw one text
 
 
 def test_an_expert_answer_leaves_only_after_its_audit_event_committed(tiers):
