@@ -32,7 +32,7 @@ import unicodedata
 from array import array
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, text
 
 from detector.normalize import normalize
 from keys.models import ProbeQuery
@@ -104,6 +104,13 @@ def guard(session, *, principal: str, query: Sketch, per_day: int, min_share: fl
     """Place ``query`` in a family of ``principal``'s recent queries; record it if the family
     is under ``per_day`` (then ``admitted``), else record nothing."""
     now = time.time() if now is None else now
+    if session.get_bind().dialect.name == "postgresql":
+        # One placement at a time per principal across replicas (SQLite's write transaction
+        # already serialises them): two replicas reading the family's count at once would
+        # both admit its last query.
+        lock = int.from_bytes(hashlib.sha256(b"hallmark-probe:" + principal.encode()).digest()[:8], "big",
+                              signed=True)
+        session.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": lock})
     session.execute(delete(ProbeQuery).where(ProbeQuery.created < now - WINDOW_S))
     rows = session.execute(
         select(ProbeQuery.family, ProbeQuery.hashes).where(ProbeQuery.principal == principal,
