@@ -157,13 +157,18 @@ class Charge:
     settled: bool = False
 
 
-def reservation(settings, body: DetectBody) -> float:
+def reservation(settings, body: DetectBody, budgets: list[Budget]) -> float:
     """What admission takes from the token budgets before the work: the token ids sent, or a
     text's UTF-8 bytes (the bundled byte-level tokenizer makes at most one token a byte), at
-    most the detection token limit. Settling charges or refunds the difference."""
+    most the detection token limit and at most the smallest budget's day. Settling charges or
+    refunds the difference. The last bound keeps the whole reservation within what a budget
+    can take (admitted at a level of at least 1, it never meets charge's floor of minus one
+    day), so a refund never gives back more than was taken."""
     if body.text is None:
-        return float(len(body.token_ids or ()))
-    return float(min(settings.max_detect_tokens, len(body.text.encode("utf-8", "surrogatepass"))))
+        estimate = float(len(body.token_ids or ()))
+    else:
+        estimate = float(min(settings.max_detect_tokens, len(body.text.encode("utf-8", "surrogatepass"))))
+    return min([estimate] + [budget.per_day for budget in budgets])
 
 
 async def _admit(services, access: Access, who: Principal, body: DetectBody, evidence: bool, inline: bool) -> Charge:
@@ -172,7 +177,7 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
     evidence_budget = [Budget(f"evidence:{who.key}", settings.evidence_per_day)] if evidence and who.tier == TENANT \
         else []
     guarded = who.tier in (PUBLIC, TENANT)
-    charge = Charge(reserved=reservation(settings, body) if budgets else 0.0)
+    charge = Charge(reserved=reservation(settings, body, budgets) if budgets else 0.0)
     if not budgets and not evidence_budget and not guarded:
         return charge
     sketch = await _call(inline, _sketch_of, access.secret, body, settings.probe_kgram,
@@ -209,8 +214,8 @@ async def _settle(services, access: Access, who: Principal, identity: Identity |
                   evidence: bool, verdict: str, charge: Charge) -> None:
     budgets = _budgets(services.settings, who)
     audit = who.tier == EXPERT or (evidence and who.tier == TENANT)
-    charge.settled = True
     if not budgets and not audit:
+        charge.settled = True
         return
 
     def settle(session) -> None:
@@ -224,6 +229,7 @@ async def _settle(services, access: Access, who: Principal, identity: Identity |
                                   "evidence": evidence, "verdict": verdict})
 
     await _write(access, settle)
+    charge.settled = True  # only once committed: a settle that failed leaves the refund to answer()
 
 
 def _attributed(services) -> set[str]:
@@ -258,9 +264,9 @@ async def answer(services, identity: Identity | None, body: DetectBody, who: Pri
         tokens = int(full.get("total_tokens") or 0)
         await _settle(services, access, who, identity, tokens, evidence=evidence,
                       verdict="watermarked" if full.get("watermarked") else "not_watermarked", charge=charge)
-    except Exception:
+    except BaseException:  # a cancelled request too (CancelledError): its admission committed all the same
         if not charge.settled and charge.reserved:
-            await _refund(access, who, services.settings, charge)
+            _refund(access, who, services.settings, charge)
         raise
     if tier in (EXPERT, OPERATOR):
         shown = shape.full_answer(full, tier)
@@ -270,14 +276,20 @@ async def answer(services, identity: Identity | None, body: DetectBody, who: Pri
     return shown
 
 
-async def _refund(access: Access, who: Principal, settings, charge: Charge) -> None:
-    """Give back the reservation of a request that failed before its answer (no result left)."""
+def _refund(access: Access, who: Principal, settings, charge: Charge) -> None:
+    """Give back the reservation of a request that failed (or was cancelled) before its answer
+    left: queued, not awaited (a cancelled task may not await again), ahead of any later
+    write of this process."""
     budgets = _budgets(settings, who)
     charge.settled = True
-    try:
-        await _write(access, lambda session: access.budgets.charge(session, budgets, -charge.reserved))
-    except Exception:  # noqa: BLE001 - the request's own error is what its caller sees
-        log.warning("could not refund a failed detection's token reservation")
+
+    def failed(future) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            log.warning("could not refund a failed detection's token reservation: %s",
+                        type(future.exception()).__name__)
+
+    access.writes.submit(lambda session: access.budgets.charge(session, budgets, -charge.reserved)
+                         ).add_done_callback(failed)
 
 
 def _check_rate(services, identity: Identity | None, who: Principal) -> None:

@@ -38,6 +38,55 @@ def budgeted(tmp_path_factory):
     gateway.stop()
 
 
+def test_a_request_that_fails_after_admission_gets_its_reservation_back(budgeted):
+    """A detection refused by the core (409: a statistic the tenant's dual key cannot give)
+    after admission reserved its text's bytes: the reservation is refunded, so five such
+    requests of 900 bytes against a budget of 1,000 all get their 409, not a 429."""
+    text = " ".join(f"failure{i:03d}" for i in range(90))[:900]
+    headers = {"Authorization": f"Bearer {budgeted.tokens['acme']}"}
+    with httpx.Client(base_url=budgeted.url, timeout=120, headers=headers) as client:
+        codes = [client.post("/v1/detect", json={"text": f"{text} {i}", "statistic": "routed"}).status_code
+                 for i in range(5)]
+    assert codes == [409] * 5, codes
+
+
+def test_a_refund_never_gives_back_more_than_was_taken(tmp_path):
+    """A reservation is at most the smallest budget's day, so admission (at a level of at
+    least 1) never meets the floor of minus one day, and settling refunds exactly what it
+    took: a 20,000-emoji text (80,000 bytes) admitted with 1 token left does not refill the
+    bucket (before: the reservation was clamped at -20,000, the refund was not, and the
+    level came back full)."""
+    from keys import migrate
+    from keys.db import create_store_engine, open_store
+    from keys.kek import Kek
+    from keys.settings import StoreSettings
+    from pydantic import SecretStr
+    from service.access.budgets import Budget, Budgets
+    from service.access.gate import reservation
+    from service.schemas import DetectBody
+    from service.settings import ServiceSettings
+
+    url = f"sqlite:///{tmp_path / 'hallmark.db'}"
+    engine = create_store_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    store = open_store(StoreSettings(database_url=url, kek=SecretStr(Kek.generate().to_base64())), require_kek=True)
+    try:
+        budgets, mine = Budgets(store), [Budget("public:test", 20_000.0), Budget("public:all", 5_000_000.0)]
+        with store.transaction() as session:
+            budgets.charge(session, mine, 19_999.0)
+        reserved = reservation(ServiceSettings(), DetectBody(text="\U0001F600" * 20_000), mine)
+        assert reserved == 20_000.0
+        with store.transaction() as session:
+            assert budgets.admit(session, mine) is None
+            budgets.charge(session, mine, reserved)
+        with store.transaction() as session:
+            budgets.charge(session, mine, 40_000.0 - reserved)  # settled: 40,000 tokens scored
+        assert budgets.level(mine[0]) < 1.0  # in debt, not refilled
+    finally:
+        store.close()
+
+
 def test_a_tenant_budget_holds_against_twenty_detections_at_once(budgeted):
     texts = _texts(20, 60, 1)
     answers = asyncio.run(_all_at_once(budgeted.url, "/v1/detect", texts,
