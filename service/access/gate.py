@@ -124,16 +124,10 @@ def _check_options(tier: str, identity: Identity | None, body: DetectBody) -> bo
     return True
 
 
-def _sketch_of(secret: bytes, body: DetectBody, k: int, tokenizer: Callable[[], Any]) -> probe.Sketch:
+def _sketch_of(secret: bytes, body: DetectBody, k: int) -> probe.Sketch:
     if body.text is not None:
         return probe.sketch(secret, body.text, k)
-    # Token ids as the text they decode to (as the exact-copy look-up reads them), so that a
-    # text and its token ids are one family, not two with a daily limit each.
-    try:
-        text = tokenizer().decode(list(body.token_ids), skip_special_tokens=True)
-    except Exception:  # noqa: BLE001 - ids this tokenizer cannot decode: their digits, as before
-        text = " ".join(map(str, body.token_ids))
-    return probe.sketch(secret, text, k)
+    return probe.sketch(secret, " ".join(map(str, body.token_ids)), k)
 
 
 async def _write(access: Access, write: Callable[[Any], Any]) -> Any:
@@ -180,8 +174,7 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
     charge = Charge(reserved=reservation(settings, body, budgets) if budgets else 0.0)
     if not budgets and not evidence_budget and not guarded:
         return charge
-    sketch = await _call(inline, _sketch_of, access.secret, body, settings.probe_kgram,
-                         services.engine.tokenizer) if guarded else None
+    sketch = await _call(inline, _sketch_of, access.secret, body, settings.probe_kgram) if guarded else None
 
     def admit(session) -> None:
         short = access.budgets.admit(session, budgets + evidence_budget)

@@ -266,27 +266,6 @@ def test_invisible_characters_and_look_alike_letters_do_not_start_a_new_text_fam
     assert len({r.json()["log10_p_value"] for r in answers[:10]}) == 1  # the detector saw one text
 
 
-WORKSHOP = (
-    "The bicycle workshop under the railway arches opened at seven, when the first trains shook dust "
-    "from the brick vault onto the benches. Its owner repaired anything with wheels: prams, delivery "
-    "carts, a wheelchair whose owner raced it down the hill every Saturday, and once a cannon from the "
-    "town museum that needed its carriage rebuilt before a parade. Apprentices came and went, most of "
-    "them students, and each one left a tool hung on the wall with a name tag, so that by the end the "
-    "wall was a record of every summer the workshop had been open."
-)
-
-
-def test_a_text_and_its_token_ids_are_one_text_family(tiers):
-    """Token ids are placed in a family by the text they decode to: a prober alternating text
-    and token ids of one text gets one daily limit (10 here), not two."""
-    headers = _auth(tiers, "acme")
-    tokenizer = tiers.app.state.services.engine.tokenizer()
-    bodies = [{"text": variant(WORKSHOP, i)} if i % 2 else
-              {"token_ids": tokenizer.encode(variant(WORKSHOP, i), add_special_tokens=False)} for i in range(12)]
-    statuses = [tiers.client.post("/v1/detect", json=body, headers=headers).status_code for body in bodies]
-    assert statuses == [200] * 10 + [429] * 2, statuses
-
-
 def test_an_expert_answer_leaves_only_after_its_audit_event_committed(tiers):
     before = len(_audit(tiers, "detection.expert"))
     answered = 0
