@@ -75,15 +75,18 @@ def sqlite_file(url: URL) -> Path | None:
 
 
 def create_store_engine(url: str | URL, *, busy_timeout_ms: int = 5000) -> Engine:
-    """An engine with the store's per-connection settings (no connection is made yet)."""
+    """An engine with the store's per-connection settings (no connection is made yet).
+    Its errors never carry their statement's parameters (``hide_parameters``): those are
+    texts, digests, wrapped key material and token hashes, and an unexpected database error
+    reaches the log with its message and traceback."""
     parsed = parse_url(url) if isinstance(url, str) else url
     if parsed.get_backend_name() == "postgresql":
         connect_args: dict[str, Any] = {}
         if "connect_timeout" not in parsed.query:
             connect_args["connect_timeout"] = 5
-        return create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
+        return create_engine(parsed, pool_pre_ping=True, connect_args=connect_args, hide_parameters=True)
 
-    engine = create_engine(parsed, connect_args={"timeout": busy_timeout_ms / 1000})
+    engine = create_engine(parsed, connect_args={"timeout": busy_timeout_ms / 1000}, hide_parameters=True)
 
     @event.listens_for(engine, "connect")
     def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:

@@ -191,3 +191,18 @@ def test_head_revision_is_the_latest_migration():
         downs = revisions[at]
         at = downs[0] if downs else None
     assert chain[-1] == "0001" and len(chain) == len(revisions)
+
+
+def test_a_database_error_never_carries_its_statements_parameters(database_url):
+    """An unexpected database error reaches the log with its message (service.http_errors'
+    500 handler logs its traceback): the statement's parameters (texts, digests, wrapped key
+    material, token hashes) are not in it."""
+    engine = create_store_engine(database_url)
+    marker = "hm_secret_marker_6f1c"
+    try:
+        with engine.connect() as connection, pytest.raises(Exception) as caught:
+            connection.execute(text("SELECT :value FROM no_such_table"), {"value": marker})
+        assert "no_such_table" in str(caught.value)  # the error itself still says what failed
+        assert marker not in str(caught.value) and marker not in repr(caught.value)
+    finally:
+        engine.dispose()
