@@ -45,11 +45,14 @@ def states_at_generation(session: Session, generation_ids: Iterable[str]) -> dic
     return dict(session.connection().execute(_AT_GENERATION, {"ids": ids}).all())
 
 
-def with_key_states(session: Session, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_key_states(session: Session, items: list[dict[str, Any]],
+                    now: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """``items`` (generation records or ledger matches: dicts with ``key_id`` and the ledger's
     ``key_state``) with ``key_state_at_generation`` (the ledger's ``key_state``, whose
-    meaning is unchanged) and ``key_state_now`` (None for a generation without a key)."""
-    now = current_states(session, (item.get("key_id") for item in items))
+    meaning is unchanged) and ``key_state_now`` (None for a generation without a key).
+    ``now``: :func:`current_states` of the items' keys, read already (none: read here)."""
+    if now is None:
+        now = current_states(session, (item.get("key_id") for item in items))
     for item in items:
         item["key_state_at_generation"] = item.get("key_state")
         item["key_state_now"] = now.get(item.get("key_id")) if item.get("key_id") else None

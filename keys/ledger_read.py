@@ -350,13 +350,16 @@ SALT_DETAIL = "salt"
 hence by its transparency-log leaf; entries without it hash exactly as before."""
 
 
+# Built once, the ids bound at execution (the Core path: detection reads it for every ledger match).
+_SALTS = select(Row.generation_id, Row.details).where(Row.generation_id.in_(bindparam("ids", expanding=True)))
+
+
 def generation_salts(session: Session, generation_ids: Sequence[str]) -> dict[str, int]:
     """generation id -> the salt its entries record (only generations that record one)."""
     if not generation_ids:
         return {}
     out: dict[str, int] = {}
-    query = select(Row.generation_id, Row.details).where(Row.generation_id.in_(list(dict.fromkeys(generation_ids))))
-    for generation_id, details in session.execute(query):
+    for generation_id, details in session.connection().execute(_SALTS, {"ids": list(dict.fromkeys(generation_ids))}):
         salt = details.get(SALT_DETAIL) if isinstance(details, dict) else None
         if isinstance(salt, int) and not isinstance(salt, bool):
             out[generation_id] = salt

@@ -165,18 +165,21 @@ def _ledger_basis(services: Services, lookup: LedgerLookup, candidates, config, 
     """The ledger basis from the detection's one look-up: its exact copies as result items,
     and (``kgram``) its k-gram matches under the keys tested, with the watermark evidence of
     the shared tokens (service.ledger_evidence; their positions from the rows the look-up
-    fetched; their scores from ``memo``, the detector's), merged over the forms, the key states
-    read once for each list."""
+    fetched; their scores from ``memo``, the detector's), merged over the forms, the salts and
+    key states those the look-up read (so usually no query here)."""
     if not lookup.exact and not (kgram and lookup.forms):
         return [], []
     try:
         with services.store.transaction(write=False) as session:
-            matches = with_entry_states(session, [ledger_match(e) for e in lookup.exact])
+            now = lookup.now if all(e.key_id is None or e.key_id in lookup.now for e in lookup.exact) else None
+            matches = with_entry_states(session, [ledger_match(e) for e in lookup.exact], now=now)
             if not kgram or not lookup.forms:
                 return matches, []
             return matches, with_key_states(session, merge_form_matches([
-                with_shared_scores(session, found, candidates, tokens, config, cache=lookup.cache, memo=memo)
-                for tokens, found in zip(lookup.forms, lookup.kgram)]))
+                with_shared_scores(session, found, candidates, tokens, config, cache=lookup.cache, memo=memo,
+                                   salts=lookup.salts)
+                for tokens, found in zip(lookup.forms, lookup.kgram)]), at_generation=lookup.at_generation,
+                now=lookup.now)
     except KeyStoreError as exc:
         raise store_error(exc) from None
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -61,12 +61,17 @@ def with_shared_evidence(session, matches: Sequence[KgramMatch], candidates: Seq
     return with_key_states(session, with_shared_scores(session, matches, candidates, token_ids, config, cache=cache))
 
 
-def with_key_states(session, matches: Sequence[KgramMatch]) -> list[KgramMatch]:
-    """``matches`` with each one's key state at generation and now (two queries in all)."""
+def with_key_states(session, matches: Sequence[KgramMatch], *, at_generation: Mapping[str, str | None] | None = None,
+                    now: Mapping[str, str] | None = None) -> list[KgramMatch]:
+    """``matches`` with each one's key state at generation and now (two queries in all, none
+    for what ``at_generation`` and ``now`` hold already: :func:`keys.key_states.states_at_generation`
+    and :func:`keys.key_states.current_states` of these matches, read in the look-up)."""
     if not matches:
         return list(matches)
-    at_generation = key_states.states_at_generation(session, (m.generation_id for m in matches))
-    now = key_states.current_states(session, (m.key_id for m in matches))
+    if at_generation is None or any(m.generation_id not in at_generation for m in matches):
+        at_generation = key_states.states_at_generation(session, (m.generation_id for m in matches))
+    if now is None or any(m.key_id not in now for m in matches):
+        now = key_states.current_states(session, (m.key_id for m in matches))
     return [dataclasses.replace(m, key_state_at_generation=at_generation.get(m.generation_id),
                                 key_state_now=now.get(m.key_id)) for m in matches]
 
@@ -74,11 +79,14 @@ def with_key_states(session, matches: Sequence[KgramMatch]) -> list[KgramMatch]:
 def with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Sequence[Candidate],
                        token_ids: Sequence[int], config: DetectorConfig, *,
                        cache: kgrams.KgramCache | None,
-                       memo: scoring.ScoreMemo | None = None) -> list[KgramMatch]:
+                       memo: scoring.ScoreMemo | None = None,
+                       salts: Mapping[str, int] | None = None) -> list[KgramMatch]:
     """``matches`` with ``shared_tokens`` and ``log10_shared_p`` (:func:`with_shared_evidence`
     without the key states: a caller merging the matches of several forms adds those once).
     ``memo``: the detection's scores (detector.scoring.ScoreMemo), read where it scored the
-    same token list under the same key, computed and kept there otherwise."""
+    same token list under the same key, computed and kept there otherwise. ``salts``: the
+    salts of these matches' generations (keys.ledger_read.generation_salts), read already
+    in the look-up (none: read here)."""
     threshold = math.log10(config.threshold)
     # A `diverse` key is S salted candidates with one key id: the match's generation names
     # its salt in the ledger (keys.ledger_read.generation_salts), and that salt is scored.
@@ -92,7 +100,8 @@ def with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Seque
             tested.append(i)
     if not tested:
         return list(matches)
-    salts = generation_salts(session, [matches[i].generation_id for i in tested])
+    if salts is None:
+        salts = generation_salts(session, [matches[i].generation_id for i in tested])
     chosen: dict[int, Candidate] = {}
     for i in tested:
         options = by_key[matches[i].key_id]

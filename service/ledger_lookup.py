@@ -7,8 +7,9 @@ after). Both rest on the same two look-ups: generations whose output is exactly 
 (output hash) and generations sharing k-grams with any form of it (keys.kgrams, one hash and
 one query for every key under scheme 2). :func:`look_up` makes them once, in one read
 transaction; the basis then reuses its k-gram rows (keys.kgrams.KgramCache) for the shared
-tokens' evidence. Rows are append-only and a generation's are written in one transaction,
-so what the first transaction read stays right in the second.
+tokens' evidence, and the salts and key states of what it found, read in the same
+transaction, so that the basis usually needs no query at all. Rows are append-only and a
+generation's are written in one transaction, so what the look-up read stays right after it.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from typing import Sequence
 
 from detector.forms import distinct_forms
 from detector.result import Candidate
-from keys import kgrams
+from keys import key_states, kgrams
 from keys.errors import KeyStoreError
 from keys.kgrams import KgramCache, KgramMatch
 from keys.ledger import GenerationEntry, hash_output
-from keys.ledger_read import find_generations_by_output_hash
+from keys.ledger_read import find_generations_by_output_hash, generation_salts
 from service.auth import Identity
 from service.http_errors import store_error
 from service.state import Services
@@ -42,6 +43,13 @@ class LedgerLookup:
     """Per form, the k-gram matches under the stored candidate keys (no shared evidence yet)."""
     cache: KgramCache = field(default_factory=KgramCache)
     """The rows the look-ups fetched: the basis's shared positions read them, no query again."""
+    salts: dict[str, int] | None = None
+    """The salt each found generation (exact or k-gram) records, for those that record one
+    (keys.ledger_read.generation_salts); None: not read."""
+    at_generation: dict[str, str | None] = field(default_factory=dict)
+    """The key state each k-gram match's generation recorded (keys.key_states.states_at_generation)."""
+    now: dict[str, str] = field(default_factory=dict)
+    """The state now of each found generation's key (keys.key_states.current_states)."""
 
 
 def stored_keys(candidates: Sequence[Candidate]) -> list[tuple[str, int]]:
@@ -55,6 +63,18 @@ def ledger_scope(services: Services, identity: Identity, tenant: str | None) -> 
     """The tenant id whose ledger a detection searches: the token's tenant, or for an admin
     token the tenant asked for (None: every tenant)."""
     return identity.tenant_id if not identity.admin else (None if tenant is None else services.tenant_id(tenant))
+
+
+def _with_facts(session, found: LedgerLookup) -> None:
+    """The salts and key states of what ``found`` holds, one query each (none when it holds
+    nothing): the salt narrowing and the basis read them instead of querying again."""
+    generations = [e.id for e in found.exact] + [m.generation_id for ms in found.kgram for m in ms]
+    found.salts = generation_salts(session, generations)  # {} without a query when there are none
+    if not generations:
+        return
+    found.at_generation = key_states.states_at_generation(session, (m.generation_id for ms in found.kgram for m in ms))
+    found.now = key_states.current_states(session, [e.key_id for e in found.exact]
+                                          + [m.key_id for ms in found.kgram for m in ms])
 
 
 def look_up(services: Services, identity: Identity, tenant: str | None, candidates: Sequence[Candidate],
@@ -79,6 +99,7 @@ def look_up(services: Services, identity: Identity, tenant: str | None, candidat
                     found.forms = [list(tokens) for tokens in searched]
                     found.kgram = [kgrams.find_matches(session, keys=live, token_ids=tokens, tenant_id=found.scope,
                                                        cache=found.cache) for tokens in searched]
+            _with_facts(session, found)
     except KeyStoreError as exc:
         raise store_error(exc) from None
     return found

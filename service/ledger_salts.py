@@ -50,11 +50,14 @@ def narrowed_by_ledger(services: Services, lookup: LedgerLookup, candidates: Seq
                 found[match.generation_id] = match.key_id
     if not found:
         return candidates
-    try:
-        with services.store.transaction(write=False) as session:
-            salts = generation_salts(session, list(found))
-    except KeyStoreError as exc:
-        raise store_error(exc) from None
+    if lookup.salts is not None:  # read in the look-up, for every generation it found
+        salts = {g: lookup.salts[g] for g in found if g in lookup.salts}
+    else:
+        try:
+            with services.store.transaction(write=False) as session:
+                salts = generation_salts(session, list(found))
+        except KeyStoreError as exc:
+            raise store_error(exc) from None
     known: dict[str, set[int]] = {}
     for generation_id, salt in salts.items():
         known.setdefault(found[generation_id], set()).add(salt)

@@ -1,7 +1,7 @@
 """One /v1/detect looks the ledger up once: the exact-copy query and one k-gram look-up of the
 text (every form, every key of the tenant) feed both the salt narrowing (service.ledger_salts)
-and the ledger basis, whose shared positions come from the same rows; a tenant whose every
-key has generations costs no query per key."""
+and the ledger basis, whose shared positions come from the same rows and whose salts and key
+states the look-up read once; a tenant whose every key has generations costs no query per key."""
 
 from __future__ import annotations
 
@@ -81,6 +81,19 @@ def test_one_ledger_look_up_per_request(served, edit):
     exact_look_ups = [s for s in seen if "output_sha256" in s.partition("WHERE")[2]]
     assert len(kgram_look_ups) == 1, kgram_look_ups  # not one per key (20), nor again for the basis
     assert len(exact_look_ups) == 1, exact_look_ups  # not again for the salts
+    # The salts and key states of what it found: read once, in the look-up, not by the
+    # narrowing, each form's shared-token test and each basis again.
+    def reading(*columns):
+        return [s for s in seen if [c.strip() for c in s.partition("FROM")[0].removeprefix("SELECT").split(",")]
+                == list(columns)]
+
+    salt_reads = reading("ledger_entries.generation_id", "ledger_entries.details")
+    state_reads = reading("watermark_keys.id", "watermark_keys.state")
+    at_generation_reads = reading("ledger_entries.generation_id", "ledger_entries.key_state")
+    assert len(salt_reads) == 1 and len(state_reads) == 1 and len(at_generation_reads) == 1, (
+        salt_reads, state_reads, at_generation_reads)
+    assert out["kgram_matches"][0]["key_state_now"] == "active"
+    assert out["kgram_matches"][0]["key_state_at_generation"] == "active"
     assert [m["generation_id"] for m in out["kgram_matches"]] == [generated["generation_id"]]
     assert bool(out["ledger_matches"]) is not edit
     # The diverse key was tested under its generation's recorded salt alone (the narrowing).
