@@ -124,10 +124,19 @@ def _check_options(tier: str, identity: Identity | None, body: DetectBody) -> bo
     return True
 
 
-def _sketch_of(secret: bytes, body: DetectBody, k: int) -> probe.Sketch:
+def _sketch_of(services, secret: bytes, body: DetectBody, k: int) -> probe.Sketch:
     if body.text is not None:
         return probe.sketch(secret, body.text, k)
-    return probe.sketch(secret, " ".join(map(str, body.token_ids)), k)
+    return probe.sketch_of_ids(secret, body.token_ids, _decoded(services, body.token_ids), k)
+
+
+def _decoded(services, token_ids) -> str | None:
+    """The text ``token_ids`` decode to, as detection decodes them (None: ids outside the
+    vocabulary, which detection refuses, 422)."""
+    vocab = getattr(services.engine, "vocab_size", None)
+    if not token_ids or vocab is None or not all(0 <= t < vocab for t in token_ids):
+        return None
+    return services.engine.tokenizer().decode(list(token_ids), skip_special_tokens=True)
 
 
 async def _write(access: Access, write: Callable[[Any], Any]) -> Any:
@@ -174,7 +183,7 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
     charge = Charge(reserved=reservation(settings, body, budgets) if budgets else 0.0)
     if not budgets and not evidence_budget and not guarded:
         return charge
-    sketch = await _call(inline, _sketch_of, access.secret, body, settings.probe_kgram) if guarded else None
+    sketch = await _call(inline, _sketch_of, services, access.secret, body, settings.probe_kgram) if guarded else None
 
     def admit(session) -> None:
         short = access.budgets.admit(session, budgets + evidence_budget)

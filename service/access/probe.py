@@ -31,6 +31,7 @@ import time
 import unicodedata
 from array import array
 from dataclasses import dataclass
+from typing import Sequence
 
 from sqlalchemy import delete, select, text
 
@@ -70,9 +71,14 @@ class Sketch:
         return cls(data[0], frozenset(values))
 
 
+def words(text: str) -> list[str]:
+    """The words a sketch is made of (module docstring: the detector's normalisation, NFKC, case folded)."""
+    return _WORD.findall(unicodedata.normalize("NFKC", normalize(text).text).casefold())
+
+
 def sketch(secret: bytes, text: str, k: int = K) -> Sketch:
-    words = _WORD.findall(unicodedata.normalize("NFKC", normalize(text).text).casefold())
-    grams = [" ".join(words[i:i + k]) for i in range(max(1, len(words) - k + 1))] if words else [""]
+    found = words(text)
+    grams = [" ".join(found[i:i + k]) for i in range(max(1, len(found) - k + 1))] if found else [""]
     hashes = {int.from_bytes(hmac.new(secret, g.encode("utf-8"), hashlib.sha256).digest()[:8], "little")
               for g in grams}
     level = 0
@@ -81,6 +87,18 @@ def sketch(secret: bytes, text: str, k: int = K) -> Sketch:
         mask = (1 << level) - 1
         hashes = {h for h in hashes if h & mask == 0}
     return Sketch(level, frozenset(hashes))
+
+
+def sketch_of_ids(secret: bytes, token_ids: Sequence[int], decoded: str | None, k: int = K) -> Sketch:
+    """Token ids' sketch: that of the text they decode to (``decoded``, None: they do not
+    decode) when it has at least ``k`` words, so that a text and its token ids are one family
+    (two families would let a prober alternate them for twice a family's daily limit). Ids
+    whose text has fewer words (wordless or short lists) are sketched by their digits
+    instead: as text, every such list would make one k-gram (the empty or the only one) and
+    unrelated lists would share a family."""
+    if decoded is not None and len(words(decoded)) >= k:
+        return sketch(secret, decoded, k)
+    return sketch(secret, " ".join(map(str, token_ids)), k)
 
 
 def share(query: Sketch, other: Sketch) -> float:

@@ -35,7 +35,8 @@ HUMAN = ("The committee met on Tuesday to review the budget. After a long discus
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    gateway = gw.start(tmp_path_factory.mktemp("reports"), secrets=gw.FIXED_SECRETS, max_tokens_cap=256)
+    gateway = gw.start(tmp_path_factory.mktemp("reports"), secrets=gw.FIXED_SECRETS, max_tokens_cap=256,
+                       probe_family_per_day=1_000)  # one text (as text and as token ids) checked many times
     yield gateway
     gateway.stop()
 

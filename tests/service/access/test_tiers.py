@@ -346,3 +346,34 @@ def test_a_text_that_could_exceed_the_token_limit_is_refused_by_its_size_before_
     response = tiers.client.post("/v1/detect", json={"text": text}, headers=_auth(tiers, "expert"))
     assert response.status_code == 413 and "165000 bytes" in response.json()["error"]["message"]
     assert time.perf_counter() - started < 2.0
+
+
+GARDEN = (
+    "Every spring the allotment society drew lots for the plots nearest the tap, and every spring "
+    "the same three gardeners complained that the draw was rigged. The secretary, who grew nothing "
+    "but onions, kept the lots in a biscuit tin and shook it with great ceremony in front of the "
+    "shed. One year the tin went missing, and the plots were assigned by a race around the pond "
+    "instead, which the youngest member won by cutting across the strawberry beds."
+)
+
+
+def test_a_text_and_its_token_ids_are_one_text_family(tiers):
+    """Token ids are sketched as the text they decode to, so a prober alternating a text and
+    its token ids gets one family's limit (10 here), not two. Ids whose text has no words
+    keep their digits' sketch: unrelated wordless lists stay apart."""
+    headers = _auth(tiers, "acme")
+    tokenizer = tiers.app.state.services.engine.tokenizer()
+    ids = tokenizer.encode(GARDEN, add_special_tokens=False)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == GARDEN
+    bodies = [{"text": variant(GARDEN, i)} if i % 2 == 0 else
+              {"token_ids": tokenizer.encode(variant(GARDEN, i), add_special_tokens=False)} for i in range(12)]
+    answers = [tiers.client.post("/v1/detect", json=body, headers=headers) for body in bodies]
+    assert [r.status_code for r in answers] == [200] * 10 + [429] * 2, [r.status_code for r in answers]
+    assert {r.json()["error"]["code"] for r in answers[10:]} == {"probe_guard"}
+    # Twelve wordless lists (punctuation), each its own family: none refused.
+    marks = ["!", "?", ";", ":", "(", ")", "[", "]", "{", "}", "<", ">"]
+    lists = [tokenizer.encode(mark * 3, add_special_tokens=False) for mark in marks]
+    assert len({tuple(x) for x in lists}) == len(marks)
+    statuses = [tiers.client.post("/v1/detect", json={"token_ids": x}, headers=_auth(tiers, "globex")).status_code
+                for x in lists]
+    assert statuses == [200] * len(marks), statuses
