@@ -18,7 +18,8 @@ then case folding), computed before any tokenisation: cheap, and independent of 
 tokenizer, so the guard runs before the detector does any work. Normalising as the detector
 does matters: a variant with zero-width characters inside its words (or look-alike letters)
 gets the same verdict as the original, so it must fall in the original's family (before, such
-variants shared 5-9 % of their k-grams with it and each started a family of its own).
+variants shared 5-9 % of their k-grams with it and each started a family of its own). Token
+ids are sketched as the text they decode to (:func:`sketch_of_ids`), for the same reason.
 """
 
 from __future__ import annotations
