@@ -158,6 +158,8 @@ class Charge:
 
     reserved: float = 0.0
     settled: bool = False
+    evidence: bool = False
+    """Whether admission took one use of the evidence budget (given back if no answer leaves)."""
 
 
 def reservation(settings, body: DetectBody, budgets: list[Budget]) -> float:
@@ -209,6 +211,7 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
             access.budgets.charge(session, evidence_budget, 1.0)
 
     await _write(access, admit)
+    charge.evidence = bool(evidence_budget)
     return charge
 
 
@@ -267,7 +270,7 @@ async def answer(services, identity: Identity | None, body: DetectBody, who: Pri
         await _settle(services, access, who, identity, tokens, evidence=evidence,
                       verdict="watermarked" if full.get("watermarked") else "not_watermarked", charge=charge)
     except BaseException:  # a cancelled request too (CancelledError): its admission committed all the same
-        if not charge.settled and charge.reserved:
+        if not charge.settled and (charge.reserved or charge.evidence):
             _refund(access, who, services.settings, charge)
         raise
     if tier in (EXPERT, OPERATOR):
@@ -279,19 +282,25 @@ async def answer(services, identity: Identity | None, body: DetectBody, who: Pri
 
 
 def _refund(access: Access, who: Principal, settings, charge: Charge) -> None:
-    """Give back the reservation of a request that failed (or was cancelled) before its answer
-    left: queued, not awaited (a cancelled task may not await again), ahead of any later
-    write of this process."""
-    budgets = _budgets(settings, who)
+    """Give back the reservation (and the evidence use) of a request that failed (or was
+    cancelled) before its answer left: queued, not awaited (a cancelled task may not await
+    again), ahead of any later write of this process."""
+    budgets = _budgets(settings, who) if charge.reserved else []
+    evidence_budget = [Budget(f"evidence:{who.key}", settings.evidence_per_day)] if charge.evidence else []
     charge.settled = True
+
+    def refund(session) -> None:
+        if budgets:
+            access.budgets.charge(session, budgets, -charge.reserved)
+        if evidence_budget:
+            access.budgets.charge(session, evidence_budget, -1.0)
 
     def failed(future) -> None:
         if not future.cancelled() and future.exception() is not None:
-            log.warning("could not refund a failed detection's token reservation: %s",
+            log.warning("could not refund a failed detection's reservation: %s",
                         type(future.exception()).__name__)
 
-    access.writes.submit(lambda session: access.budgets.charge(session, budgets, -charge.reserved)
-                         ).add_done_callback(failed)
+    access.writes.submit(refund).add_done_callback(failed)
 
 
 def _check_rate(services, identity: Identity | None, who: Principal) -> None:

@@ -377,3 +377,27 @@ def test_a_text_and_its_token_ids_are_one_text_family(tiers):
     statuses = [tiers.client.post("/v1/detect", json={"token_ids": x}, headers=_auth(tiers, "globex")).status_code
                 for x in lists]
     assert statuses == [200] * len(marks), statuses
+
+
+def test_a_detection_that_fails_after_admission_gives_its_evidence_use_back(tiers):
+    """Admission takes one use of the evidence budget before the work; a request that then
+    fails (here token ids outside the vocabulary, 422 from the detector) gets no evidence, so
+    its use is given back: the budget (3 a day here) still answers three evidence requests."""
+    from keys.tokens import grant_scope, issue_token
+
+    store = open_store(tiers.store_settings, require_kek=True)
+    try:
+        with store.transaction() as session:
+            # globex: the evidence budget is the tenant's, and acme's is spent by the test above.
+            issued = issue_token(session, tenant="globex", actor="test")
+            grant_scope(session, token_id=issued.info.token_id, scope="evidence", actor="test")
+    finally:
+        store.close()
+    headers = {"Authorization": f"Bearer {issued.raw_token}"}
+    failed = [tiers.client.post("/v1/detect", json={"token_ids": [10 ** 9 + i], "evidence": True}, headers=headers)
+              for i in range(4)]
+    assert [r.status_code for r in failed] == [422] * 4, [r.text for r in failed]
+    # No wait: a refund is queued ahead of any later write of the gateway (gate._refund).
+    statuses = [tiers.client.post("/v1/detect", json={"text": text, "evidence": True}, headers=headers).status_code
+                for text in (variant(GARDEN, 100 + i) for i in range(4))]  # one family, under its limit
+    assert statuses == [200, 200, 200, 429], statuses
