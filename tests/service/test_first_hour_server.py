@@ -200,7 +200,7 @@ def test_the_readmes_curl_commands_run_as_written(server):
     generated, detected, record = answers
     assert generated["text"] and generated["watermark"]["watermarked_tokens"] > 0
     assert detected["tier"] == "tenant" and isinstance(detected["watermarked"], bool)
-    assert record["generation_id"] == generated["generation_id"] and record["tenant"] == "demo"
+    assert record["id"] == generated["generation_id"] and record["tenant"] == "demo"
 
 
 def test_the_readmes_openai_example_runs_as_written(server):
