@@ -446,7 +446,10 @@ def test_a_text_over_the_evidence_limit_is_still_checked(server, browser):
     browser.find_element(By.ID, "check-submit").click()
     _wait(browser, lambda d: d.find_element(By.ID, "verdict-title").text)
     assert browser.find_element(By.ID, "verdict-title").text == "Not watermarked"
-    assert "heat map is left out" in browser.find_element(By.ID, "explain").text
+    note = browser.find_element(By.ID, "heat-note").text
+    assert note.startswith("No per-token scores (the heat map) for this check: evidence was asked for ") and \
+        "the limit is 400 (HALLMARK_MAX_EVIDENCE_TOKENS)" in note and "leave 'evidence' out" not in note, note
+    assert not browser.find_element(By.ID, "heat-toggle").is_displayed()
     assert not browser.find_element(By.ID, "error").is_displayed()
     assert browser.execute_script("return document.getElementById('heat').textContent") == HUMAN * 6
 

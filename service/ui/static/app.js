@@ -30,19 +30,14 @@ function fact(dl, term, value) {
   dl.append(el("dt", { text: term }), el("dd", {}, value === null || value === undefined ? "—" : value));
 }
 
-function when(iso) {
-  if (!iso) return "—";
-  const d = new Date(iso);
-  return isNaN(d) ? iso : d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "medium" });
-}
-
 // A p-value from its log10, readable at any size: "p = 0.31", "p = 3.2 × 10⁻⁴³" (10 and a <sup>).
-// `bounded`: the tenant tier's p, rounded up to a power of ten, is a bound: "p ≤ 10⁻⁴³".
+// `bounded`: the tenant tier's p, rounded up to a power of ten, is a bound: "p ≤ 10⁻⁴³". Rounded
+// up to 10⁰ it says only that p is above 0.1 (the power below was not reached), not "p ≤ 1".
 function pValue(log10p, bounded = false) {
   if (log10p === null || log10p === undefined) return document.createTextNode("p unknown");
   if (bounded) {
     const exponent = Math.round(log10p);
-    if (exponent >= 0) return document.createTextNode("p ≤ 1");
+    if (exponent >= 0) return document.createTextNode("p > 0.1");
     return el("span", { "aria-label": `p at most 10 to the ${exponent}` },
       "p ≤ 10", el("sup", { text: String(exponent).replace("-", "−") }));
   }
@@ -62,7 +57,7 @@ function tenTo(exponent) { return "10" + Array.from(String(exponent), (c) => SUP
 
 function pText(log10p, bounded = false) {
   if (log10p === null || log10p === undefined) return "p unknown";
-  if (bounded) return Math.round(log10p) >= 0 ? "p ≤ 1" : "p ≤ " + tenTo(Math.round(log10p));
+  if (bounded) return Math.round(log10p) >= 0 ? "p > 0.1" : "p ≤ " + tenTo(Math.round(log10p));
   if (log10p <= -307) return "p < " + tenTo(-307);
   if (log10p > -3) return "p = " + Math.pow(10, log10p).toPrecision(2);
   let exponent = Math.floor(log10p);
@@ -85,7 +80,8 @@ function thresholdNode(threshold) {
   return el("span", { "aria-label": `10 to the ${Math.round(e)}` }, "10", el("sup", { text: String(Math.round(e)).replace("-", "−") }));
 }
 
-function shortTime(iso) {
+// Every time on the page in one form, the viewer's local time: "2026-12-07 05:10:29".
+function when(iso) {
   if (!iso) return "—";
   const d = new Date(iso);
   if (isNaN(d)) return iso;
@@ -134,7 +130,30 @@ function clearTokenResults() {
 }
 
 class ApiError extends Error {
-  constructor(status, message, type) { super(message); this.status = status; this.type = type; }
+  // `code`: the error's stable code (`probe_guard`, ...); `retryAfter`: seconds, from Retry-After.
+  constructor(status, message, type, code, retryAfter) {
+    super(message);
+    this.status = status; this.type = type; this.code = code; this.retryAfter = retryAfter;
+  }
+}
+
+// Retry-After as seconds: a number of seconds or an HTTP date (RFC 9110); null when absent.
+function retryAfterSeconds(response) {
+  const value = response.headers.get("Retry-After");
+  if (!value) return null;
+  if (/^\d+$/.test(value.trim())) return Number(value);
+  const at = Date.parse(value);
+  return isNaN(at) ? null : Math.max(0, (at - Date.now()) / 1000);
+}
+
+// "Try again in about 45 minutes (after 14:05)." from a Retry-After in seconds.
+function retryText(seconds) {
+  if (seconds === null || seconds === undefined) return "";
+  const at = new Date(Date.now() + seconds * 1000);
+  const pad = (n) => String(n).padStart(2, "0");
+  const span = seconds < 90 ? `${Math.max(1, Math.round(seconds))} seconds` :
+    seconds < 90 * 60 ? `${Math.round(seconds / 60)} minutes` : `${Math.round(seconds / 3600)} hours`;
+  return ` Try again in about ${span} (after ${pad(at.getHours())}:${pad(at.getMinutes())}).`;
 }
 
 async function api(method, path, body) {
@@ -162,7 +181,7 @@ async function readJson(response) {
   if (!response.ok) {
     const err = payload && payload.error;
     const message = err && err.message ? err.message : (text || response.statusText || "request failed");
-    throw new ApiError(response.status, message, err && err.type);
+    throw new ApiError(response.status, message, err && err.type, err && err.code, retryAfterSeconds(response));
   }
   return payload;
 }
@@ -173,8 +192,11 @@ function showError(exc) {
   if (!exc) { box.hidden = true; return; }
   const status = exc.status ? `${exc.status}` : "";
   const hint = exc.status === 401 ? " Check the API token at the top of the page." :
-    exc.status === 403 ? " This token is not allowed to do that." : "";
+    exc.status === 403 ? " This token is not allowed to do that." :
+    exc.status === 429 ? retryText(exc.retryAfter) : "";
   box.append(el("span", { class: "error-status", text: status }), (exc.message || String(exc)) + hint);
+  // What else can be done (a caller's advice, e.g. Check's: detect on the gateway's machine).
+  if (exc.advice) box.append(el("span", { class: "error-advice" }, ...exc.advice));
   box.hidden = false;
 }
 
@@ -394,7 +416,7 @@ async function loadRecent(offset) {
   for (const g of items) {
     const link = el("a", { href: "#record", text: g.id.slice(0, 12) + "…", title: g.id });
     link.addEventListener("click", () => { $("record-id").value = g.id; busy($("record-submit"), () => lookUp(g.id)); });
-    body.append(el("tr", {}, el("td", { class: "nowrap", text: shortTime(g.created_at) }), el("td", {}, link), el("td", { text: g.tenant }),
+    body.append(el("tr", {}, el("td", { class: "nowrap", text: when(g.created_at) }), el("td", {}, link), el("td", { text: g.tenant }),
       el("td", { text: g.key_version ?? "—" }), el("td", { class: "num", text: g.output_tokens }),
       el("td", { text: g.watermarked ? `${g.watermarked_tokens}` : `no (${g.unwatermarked_reason || "—"})` })));
   }
@@ -429,12 +451,14 @@ async function loadKeys() {
       "aria-label": `Revoke key version ${k.version}`, onclick: () => revokeKey(k) });
     body.append(el("tr", { "data-key": k.key_id }, el("td", { class: "num", text: k.version }), el("td", {}, el("code", { text: k.key_id })),
       el("td", {}, el("span", { class: "state state-" + k.state, text: k.state })), el("td", { text: k.spec.algorithm }),
-      el("td", {}, el("code", { text: k.fingerprint })), el("td", { class: "nowrap", text: shortTime(k.created_at) }), el("td", {}, revoke)));
+      // The stored spec leaves `mode` out for `deterministic` keys (written before modes existed).
+      el("td", { text: k.spec.mode || "deterministic" }),
+      el("td", {}, el("code", { text: k.fingerprint })), el("td", { class: "nowrap", text: when(k.created_at) }), el("td", {}, revoke)));
   }
   const { events } = await api("GET", "/v1/admin/audit?limit=50&tenant=" + encodeURIComponent(tenant));
   const audit = clear($("audit-table").tBodies[0]);
   for (const e of events.slice().reverse()) {
-    audit.append(el("tr", {}, el("td", { class: "nowrap", text: shortTime(e.occurred_at) }), el("td", { text: e.actor }),
+    audit.append(el("tr", {}, el("td", { class: "nowrap", text: when(e.occurred_at) }), el("td", { text: e.actor }),
       el("td", {}, el("code", { text: e.action })), el("td", {}, e.key_id ? el("code", { text: e.key_id }) : "—"),
       el("td", { class: "details", text: detailsText(e.details) })));
   }

@@ -21,24 +21,42 @@ async function check() {
   const text = $("check-text").value;
   if (!text.trim()) throw new ApiError(0, "paste a text (or drop a file) to check", "empty");
   if (!token()) {  // no token: the public check (service/access), which answers in words
-    const { payload, raw } = await apiRaw("POST", "/v1/public/detect", { text });
+    const { payload, raw } = await detectCall("/v1/public/detect", { text });
     renderPublicResult(payload);
     showReport(raw, text);
     return;
   }
   let response;
+  let withheld = null;
   try {
-    response = await apiRaw("POST", "/v1/detect", { text, evidence: true });
+    response = await detectCall("/v1/detect", { text, evidence: true });
   } catch (exc) {
-    // Per-token evidence is capped (HALLMARK_MAX_EVIDENCE_TOKENS, 413): check a longer text
-    // without it rather than not at all (a text over the detection limit fails again, and says so).
-    // A tenant token without the evidence scope gets 403 for evidence: the same, without it.
+    // Per-token evidence is capped (HALLMARK_MAX_EVIDENCE_TOKENS, 413) and needs a token allowed
+    // it (403, before anything is counted): check without it rather than not at all, and say why
+    // there is no heat map (a text over the detection limit fails again, and says so).
     if (!(exc instanceof ApiError) || (exc.status !== 413 && exc.status !== 403)) throw exc;
-    response = await apiRaw("POST", "/v1/detect", { text });
+    withheld = exc.message;
+    response = await detectCall("/v1/detect", { text });
   }
   const { payload: result, raw } = response;
-  renderResult(text, result);
+  renderResult(text, result, withheld);
   showReport(raw, text);
+}
+
+// A detection request; a 429 (the probe guard's limit on one text's checks, a daily budget, the
+// request rate) is shown with its message, when to retry (Retry-After) and what checks without
+// a limit: `hallmark detect`, which reads the store directly (issue 34, item 2).
+async function detectCall(path, body) {
+  try {
+    return await apiRaw("POST", path, body);
+  } catch (exc) {
+    if (exc instanceof ApiError && exc.status === 429) {
+      const scope = me && me.tenant ? `--tenant ${me.tenant}` : "--all-tenants";
+      exc.advice = [" Where this gateway runs (its store and KEK on that machine), ",
+                    el("code", { text: `hallmark detect ${scope} --text-file FILE` }), " checks a text without this limit."];
+    }
+    throw exc;
+  }
 }
 
 // The signed report must be about the text on screen and sign the result shown: otherwise the
@@ -58,17 +76,59 @@ function showReport(raw, text) {
   });
 }
 
+// ---------------------------------------------------------------- the verdict
+
+// The answer's verdict: the API's `verdict` where it gives one (the signed report's), else what
+// its fields say. Any verdict the page does not know is shown in words, never dropped.
+function verdictOf(result) {
+  if (result.verdict) return result.verdict;
+  if (result.watermarked) return "watermarked";
+  return (result.basis || []).includes("ledger") ? "recorded" : "not_watermarked";
+}
+
+const VERDICT_TITLES = {
+  watermarked: "Watermarked", recorded: "Recorded as generated", not_watermarked: "Not watermarked",
+  too_short: "Too short to say", not_tested: "Not tested", key_revoked: "Watermark of a revoked key",
+  passes_lenient_threshold: "Passes a lenient threshold only",
+};
+
+function verdictTitle(verdict) {
+  const words = String(verdict || "no verdict").replaceAll("_", " ");
+  return VERDICT_TITLES[verdict] || words.charAt(0).toUpperCase() + words.slice(1);
+}
+
+function verdictClass(verdict, key) {
+  if (verdict === "key_revoked" || (verdict === "watermarked" && key && key.state === "revoked")) return "revoked";
+  return verdict === "watermarked" || verdict === "recorded" ? "yes" : "no";
+}
+
+function keyName(k) {
+  const who = k.tenant ? `tenant ${k.tenant}` : "an inline key";
+  return `${who}, ${k.version !== null && k.version !== undefined ? `key v${k.version}` : `key ${k.key_id}`}`;
+}
+
 function verdictWords(result) {
+  const verdict = verdictOf(result);
   const k = result.key;
-  const scored = `${result.scored_tokens} of ${result.total_tokens} tokens scored`;
-  if (result.watermarked && k) {
-    const who = k.tenant ? `tenant ${k.tenant}` : "an inline key";
-    const version = k.version !== null && k.version !== undefined ? `key v${k.version}` : `key ${k.key_id}`;
-    return { cls: k.state === "revoked" ? "revoked" : "yes", title: `Watermarked by ${who}, ${version} (${k.state})`, scored };
+  let title = verdictTitle(verdict);
+  if (verdict === "watermarked" && k) title = `Watermarked by ${keyName(k)} (${k.state})`;
+  else if (verdict === "key_revoked" && k) title = `Watermark of a revoked key: ${keyName(k)}`;
+  else if (verdict === "recorded") {
+    const edited = bestKgramMatch(result);
+    const exact = (result.ledger_matches || [])[0];
+    if (edited) title = `Edited copy of generation ${edited.generation_id}`;
+    else if (exact) title = `Recorded: generation ${exact.generation_id}`;
   }
-  const match = bestKgramMatch(result);
-  if (match) return { cls: "yes", title: `Edited copy of generation ${match.generation_id}`, scored };
-  return { cls: "no", title: "Not watermarked", scored };
+  return { verdict, cls: verdictClass(verdict, k), title };
+}
+
+// "p ≤ 10⁻¹³⁰, 153 of 153 tokens scored (threshold 10⁻⁶)."; without a p (a tier that withholds
+// it), the confidence band the answer gives instead, if any.
+function verdictDetail(result) {
+  const detail = clear($("verdict-detail"));
+  if (typeof result.log10_p_value === "number") detail.append(pValue(result.log10_p_value, result.tier === "tenant"), ", ");
+  else if (result.confidence && result.confidence !== "none") detail.append(`${result.confidence} confidence, `);
+  detail.append(`${result.scored_tokens} of ${result.total_tokens} tokens scored (threshold `, thresholdNode(result.threshold), ").");
 }
 
 // The k-gram match the verdict can rest on (the API marks it `passes` and puts "ledger" in
@@ -77,6 +137,57 @@ function bestKgramMatch(result) {
   if (!(result.basis || []).includes("ledger")) return null;
   return (result.kgram_matches || []).find((m) => m.passes) || null;
 }
+
+// ---------------------------------------------------------------- keys, not salts
+
+// A `diverse` key is tested under each of its salts: the API lists one `per_key` row (and counts
+// one in `keys_tested`) a salt. The page counts keys as keys and tests as tests (issue 34, item 5).
+function keyGroups(rows) {
+  const groups = new Map();
+  for (const r of rows) {
+    const id = `${r.tenant}/${r.key_id}/${r.version}/${r.key_id ? "" : r.fingerprint}`;
+    if (!groups.has(id)) groups.set(id, []);
+    groups.get(id).push(r);
+  }
+  return groups;
+}
+
+// {keys, tests, states} of a result: keys null where the answer has no per-key rows to tell
+// keys from salts (a tier that withholds the table).
+function testCounts(result) {
+  const rows = Array.isArray(result.per_key) ? result.per_key : [];
+  const tests = Math.max(result.keys_tested || 0, rows.length);
+  if (!rows.length) return { keys: null, tests, states: {} };
+  const states = {};
+  const groups = keyGroups(rows);
+  for (const group of groups.values()) states[group[0].state] = (states[group[0].state] || 0) + 1;
+  return { keys: groups.size, tests, states };
+}
+
+const plural = (n, word, many = word + "s") => `${n} ${n === 1 ? word : many}`;
+
+// "1 key tested under 16 salts (active)", "3 keys tested (18 tests with their salts; 2 verify-only,
+// 1 revoked)": the states of the keys the result lists, not every state there could be.
+function keysTested(result) {
+  const { keys, tests, states } = testCounts(result);
+  if (keys === null) return `${plural(tests, "test")} (each key, a diverse key under each of its salts)`;
+  const names = Object.keys(states);
+  const stateWords = names.length === 1 ? `${keys === 1 ? "" : "all "}${names[0]}` :
+    names.map((name) => `${states[name]} ${name}`).join(", ");
+  if (tests === keys) return `${plural(keys, "key")} tested (${stateWords})`;
+  if (keys === 1) return `1 key tested under ${tests} salts (${stateWords})`;
+  return `${plural(keys, "key")} tested (${tests} tests with their salts; ${stateWords})`;
+}
+
+// What the global p is corrected for: "the 3 keys tested", "16 tests (1 key under each of its 16 salts)".
+function correctedFor(result) {
+  const { keys, tests } = testCounts(result);
+  if (keys === null) return plural(tests, "test");
+  if (tests === keys) return `the ${plural(keys, "key")} tested`;
+  return `${tests} tests (${keys === 1 ? `1 key under each of its ${tests} salts` : `${keys} keys, each diverse key under each of its salts`})`;
+}
+
+// ---------------------------------------------------------------- what the answer means
 
 function normalisationNote(result) {
   const n = result.normalization;
@@ -89,10 +200,25 @@ function normalisationNote(result) {
   return `The text was also scored after normalising it against tokenisation tricks (${parts.join(", ") || "changed"}); the verdict rests on ${form}, which scored best (its p is multiplied by the number of forms tried). Offsets and highlights refer to the text as pasted.`;
 }
 
+// What this token's answer leaves out for this text (a tier may withhold the p-value, the spans
+// and the per-key table: service/access), said once instead of drawn as if absent.
+function withheldNote(result) {
+  if (result.tier !== "tenant") return null;
+  const missing = [];
+  if (typeof result.log10_p_value !== "number") missing.push("the p-value");
+  if (!Array.isArray(result.spans)) missing.push("the watermarked stretches");
+  if (!Array.isArray(result.per_key)) missing.push("the per-key table");
+  if (!missing.length) return null;
+  const list = missing.length === 1 ? missing[0] : `${missing.slice(0, -1).join(", ")} and ${missing[missing.length - 1]}`;
+  return `This token's answer for this text leaves out ${list} (its access tier, tenant: see Detection access in the documentation); the verdict and the signed report stand without ${missing.length === 1 ? "it" : "them"}.`;
+}
+
 function explain(result) {
   const items = [];
   const note = normalisationNote(result);
   if (note) items.push(note);
+  const withheld = withheldNote(result);
+  if (withheld) items.push(withheld);
   const skipped = result.total_tokens - result.scored_tokens;
   const reasons = {};
   for (const t of (result.evidence && result.evidence.tokens) || []) {
@@ -100,28 +226,39 @@ function explain(result) {
   }
   const reasonText = Object.entries(reasons).map(([r, n]) => `${n} ${r.replaceAll("_", " ")}`).join(", ");
   const because = reasonText ? ` (${reasonText})` : "";
-  if (!result.evidence) {
-    items.push("The server gave no per-token scores for this text (it is longer than it scores token by token, or this token lacks the evidence scope), so the heat map is left out; the verdict covers the whole text.");
-  }
+  const drawn = drawnSpans(result).length;
   const scope = me && me.admin && !me.tenant ? "any tenant" : `tenant ${(me && me.tenant) || "yours"}`;
+  const bounded = result.tier === "tenant";
+  const verdict = verdictOf(result);
+  const k = result.key;
+  if (verdict === "key_revoked" || (result.watermarked && k && k.state === "revoked")) {
+    items.push("This key was revoked as compromised: whoever holds it could have produced this text, so the watermark no longer proves where it came from.");
+  }
   if (result.watermarked) {
-    const k = result.key;
-    if (k && k.state === "revoked") {
-      items.push("This key was revoked as compromised: whoever holds it could have produced this text, so the watermark no longer proves where it came from.");
-    } else if (k && k.state === "verify-only") {
+    if (k && k.state === "verify-only") {
       items.push("The key is verify-only: it was the active key earlier and has since been rotated; its text is still detected.");
     }
-    items.push(`The chance that text without this watermark scores this high is below the threshold ${thresholdText(result.threshold)} (corrected for the ${result.keys_tested} key${result.keys_tested === 1 ? "" : "s"} tested).`);
+    items.push(`The chance that text without this watermark scores this high is below the threshold ${thresholdText(result.threshold)}, corrected for ${correctedFor(result)}.`);
     if (skipped > 0) items.push(`${skipped} token${skipped === 1 ? " was" : "s were"} not scored${because}: a repeated context carries no new evidence.`);
     if (result.decided_by === "span") items.push("The whole text is not significant on its own; a stretch of it is (underlined below): part of the text is generated, the rest probably not.");
-    if (result.spans && result.spans.length) items.push(`${result.spans.length} watermarked stretch${result.spans.length === 1 ? " is" : "es are"} underlined in the text below.`);
+    if (drawn) items.push(`${drawn} watermarked stretch${drawn === 1 ? " is" : "es are"} underlined in the text below.`);
     return items;
   }
   const match = bestKgramMatch(result);
   if (match) {
-    items.push(`The watermark alone is not significant here (${pText(result.log10_p_value, result.tier === "tenant")}), but ${match.matched_kgrams} of the text's ${match.text_kgrams} eight-token sequences match the keyed fingerprints recorded for generation ${match.generation_id} (${Math.round(match.share * 100)} %): the text is an edited copy of it. A chance collision this large has probability below ${boundText(match.log10_false_match_bound)}, and the ${match.shared_tokens} shared tokens carry this key's watermark (${pText(match.log10_shared_p, result.tier === "tenant")}), so they were generated, not written independently.`);
+    const p = typeof result.log10_p_value === "number" ? ` (${pText(result.log10_p_value, bounded)})` : "";
+    const shared = typeof match.log10_shared_p === "number" ?
+      `, and the ${match.shared_tokens} shared tokens carry this key's watermark (${pText(match.log10_shared_p, bounded)}), so they were generated, not written independently` : "";
+    const bound = typeof match.log10_false_match_bound === "number" ?
+      ` A chance collision this large has probability below ${boundText(match.log10_false_match_bound)}${shared}.` : "";
+    items.push(`The watermark alone is not significant here${p}, but ${match.matched_kgrams} of the text's ${match.text_kgrams} eight-token sequences match the keyed fingerprints recorded for generation ${match.generation_id} (${Math.round(match.share * 100)} %): the text is an edited copy of it.${bound}`);
     items.push("Shared phrases are what the match measures: a text that quotes a generation word for word matches it too.");
     return items;
+  }
+  if (!["not_watermarked", "recorded", "key_revoked"].includes(verdict)) {
+    // A verdict the page has no words of its own for: the signed report's.
+    const words = result.report && result.report.statement && result.report.statement.verdict_text;
+    if (words) items.push(`The signed report says: ${words}.`);
   }
   if (result.total_tokens === 0) return ["The text is empty after tokenisation: there is nothing to score."];
   if (result.scored_tokens < 50) {
@@ -130,123 +267,14 @@ function explain(result) {
   if (result.total_tokens >= 20 && skipped / result.total_tokens > 0.3) {
     items.push(`Too repetitive: ${skipped} of ${result.total_tokens} tokens repeat an earlier context${because} and are not counted.`);
   }
+  if (verdict === "key_revoked") return items;
   items.push(`No key of ${scope} matches: ${keysTested(result)}; the best score was not significant.`);
-  if (result.spans && result.spans.length) items.push(`${result.spans.length} stretch${result.spans.length === 1 ? "" : "es"} of the text nevertheless pass on their own (underlined below): part of it may be generated.`);
+  if (drawn) items.push(`${drawn} stretch${drawn === 1 ? "" : "es"} of the text nevertheless pass on their own (underlined below): part of it may be generated.`);
   items.push("“Not watermarked” means no evidence of these keys’ watermark, not proof that a person wrote it: another model’s text, or text edited heavily enough, looks the same.");
   return items;
 }
 
-// "1 key tested (active)", "3 keys tested (2 verify-only, 1 revoked)": the states of the keys
-// the result lists, not every state there could be.
-// A diverse key is tested under each of its 16 salts (one row per salt): counted once, with
-// "under their salts" saying why the detector's count is larger.
-function keysTested(result) {
-  const n = result.keys_tested;
-  const rows = result.per_key || [];
-  let states = "";
-  let keys = n;
-  let salted = "";
-  if (n && rows.length === n) {
-    const seen = new Map();
-    for (const r of rows) seen.set(`${r.tenant}/${r.key_id}/${r.version}`, r.state);
-    if (seen.size < n && rows.some((r) => r.salt !== undefined && r.salt !== null)) {
-      keys = seen.size;
-      salted = `, ${n} with their salts`;
-    }
-    const counts = {};
-    for (const state of seen.values()) counts[state] = (counts[state] || 0) + 1;
-    const names = Object.keys(counts);
-    states = names.length === 1 ? ` (${keys === 1 ? "" : "all "}${names[0]})` :
-      ` (${names.map((name) => `${counts[name]} ${name}`).join(", ")})`;
-  }
-  return `${keys} key${keys === 1 ? "" : "s"} tested${salted}${states}`;
-}
-
-function heatClass(t) {
-  if (!t.scored) return "skipped";
-  const s = t.score;
-  return s < 0.5 ? "h0" : s < 1 ? "h1" : s < 2 ? "h2" : s < 3 ? "h3" : s < 5 ? "h4" : "h5";
-}
-
-// What a token's score says, in words: the heat map's tooltip, its keyboard readout, the table.
-function tokenNote(t) {
-  return t.scored ? `score ${t.score.toFixed(2)}` : `not scored (${(t.reason || "").replaceAll("_", " ")})`;
-}
-
-function quoted(piece) { return `“${piece.replace(/\n/g, "↵")}”`; }
-
-let heatRows = [];  // [{t, piece, inSpan}] of the last checked text, for the per-token table
-
-function renderHeat(text, result) {
-  const box = clear($("heat"));
-  const chars = Array.from(text); // code points, as the API's character offsets count them
-  const tokens = ((result.evidence && result.evidence.tokens) || []).filter((t) => t.char_start !== undefined);
-  const spans = (result.spans || []).filter((s) => s.char_start !== undefined && s.char_start !== null);
-  const spanOf = (t) => spans.findIndex((s) => t.char_start >= s.char_start && t.char_end <= s.char_end);
-  let cursor = 0;
-  let current = box;
-  let currentSpan = -1;
-  const slice = (a, b) => chars.slice(a, b).join("");
-  heatRows = [];
-  for (const t of tokens) {
-    const start = Math.max(t.char_start, cursor);
-    const end = t.char_end;
-    const which = spanOf(t);
-    if (which !== currentSpan) {
-      current = which >= 0 ? box.appendChild(el("mark", { class: "wm-span", title: `watermarked span, ${spans[which].scored_tokens} tokens scored` })) : box;
-      currentSpan = which;
-    }
-    if (start > cursor) current.append(slice(cursor, start));
-    if (end <= start) continue; // a token inside a character already shown (byte-level pieces)
-    const piece = slice(start, end);
-    // The title is the tooltip on hover and, when the token has focus, its accessible
-    // description (its name is its text): what a screen reader reads after the token.
-    current.append(el("span", { class: "tok " + heatClass(t), title: `${quoted(piece)} token ${t.index}: ${tokenNote(t)}`,
-                                "data-score": t.scored ? t.score : null, "data-index": t.index,
-                                "data-row": heatRows.length, tabindex: "-1" }, piece));
-    heatRows.push({ t, piece, inSpan: which >= 0 });
-    cursor = end;
-  }
-  if (cursor < chars.length) box.append(slice(cursor, chars.length));
-  const first = box.querySelector(".tok");
-  // One tab stop: the first token (then the last one visited), or the box itself when it has
-  // no tokens (it may still scroll).
-  if (first) { first.tabIndex = 0; box.removeAttribute("tabindex"); } else box.tabIndex = 0;
-  $("heat-readout").hidden = !first;
-  $("heat-readout").textContent = first ? "Tab into the text, then use ← and → (Home, End) to read each token's score here." : "";
-  $("token-details").hidden = !first;
-  if ($("token-details").open) renderTokenTable();
-}
-
-function showToken(span) {
-  const row = heatRows[Number(span.dataset.row)];
-  if (row) $("heat-readout").textContent = `Token ${row.t.index}, ${quoted(row.piece)}: ${tokenNote(row.t)}${row.inSpan ? ", in a watermarked span" : ""}.`;
-}
-
-// Roving focus over the tokens (one tab stop; ←/→ move, Home/End jump), the score shown
-// below the text for keyboard users as well as on hover.
-function onHeatKey(event) {
-  const from = event.target.closest && event.target.closest(".tok");
-  if (!from) return;
-  const all = Array.from($("heat").querySelectorAll(".tok"));
-  const at = all.indexOf(from);
-  const to = { ArrowRight: at + 1, ArrowLeft: at - 1, Home: 0, End: all.length - 1 }[event.key];
-  if (to === undefined || to < 0 || to >= all.length) return;
-  event.preventDefault();
-  from.tabIndex = -1;
-  all[to].tabIndex = 0;
-  all[to].focus();
-}
-
-function renderTokenTable() {
-  const body = clear($("token-table").tBodies[0]);
-  for (const { t, piece, inSpan } of heatRows) {
-    body.append(el("tr", {},
-      el("td", { class: "num", text: t.index }), el("td", {}, el("code", { class: "piece", text: quoted(piece) })),
-      el("td", { class: "num", text: t.scored ? t.score.toFixed(2) : "—" }),
-      el("td", { text: [t.scored ? "" : tokenNote(t), inSpan ? "in a watermarked span" : ""].filter(Boolean).join("; ") })));
-  }
-}
+// ---------------------------------------------------------------- the ledger
 
 // The key's state at generation and now, each named (a key revoked since reads "revoked now").
 function keyStates(m) {
@@ -272,30 +300,25 @@ function kgramShortfall(m, threshold, bounded) {
   return `the shared tokens do not carry the watermark (${pText(m.log10_shared_p, bounded)}): phrases written without the key's choices, such as boilerplate, are shared by any text`;
 }
 
+// Whose generation a match is: the match's tenant, else the tenant of the key it names among
+// the keys tested, else (a tenant's own ledger) the token's tenant.
+function ownerOf(result, m) {
+  if (m.tenant) return m.tenant;
+  const row = (result.per_key || []).find((r) => r.key_id === m.key_id) ||
+    (result.key && result.key.key_id === m.key_id ? result.key : null);
+  return (row && row.tenant) || (me && me.tenant) || null;
+}
+
+// Exact copies first, then edited copies (k-gram matches that pass), then generations that
+// share phrases without being copies (issue 34, item 7); each names its tenant.
 function renderLedger(result) {
+  $("ledger-title").textContent = "Provenance ledger";
   const box = clear($("ledger"));
-  const matches = result.ledger_matches || [];
-  const kgrams = (result.kgram_matches || []).filter((m) => !matches.some((x) => x.generation_id === m.generation_id));
-  for (const m of kgrams) {
-    const share = `${m.matched_kgrams} of ${m.text_kgrams} eight-token sequences shared (${Math.round(m.share * 100)} %)`;
-    const states = keyStates(m) ? `; key ${keyStates(m)}` : "";
-    // Only a match the API says passes is a copy; any other is its share and why it is not enough.
-    box.append(m.passes ?
-      el("div", { class: "match kgram-match" },
-        el("strong", { text: "Edited copy of generation " }), recordLink(m.generation_id),
-        el("div", { class: "hint" }, `${share}, chance-collision bound ${boundText(m.log10_false_match_bound)}${states}`)) :
-      el("div", { class: "match kgram-weak" },
-        el("span", { text: "Shares phrases with generation " }), recordLink(m.generation_id),
-        el("div", { class: "hint" }, `${share}: not enough to call it a copy: ${kgramShortfall(m, result.threshold, result.tier === "tenant")}${states}`)));
-  }
-  if (!matches.length && kgrams.some((m) => m.passes)) return;
-  if (!matches.length) {
-    box.append(el("p", {}, "No ledger record holds exactly this text. ",
-      result.watermarked ? "The watermark is still evidence: the text may have been edited, trimmed or re-formatted after generation." :
-        "Only exact copies of a generation's output are found in the ledger."));
-    return;
-  }
-  for (const m of matches) {
+  const exact = result.ledger_matches || [];
+  const kgrams = (result.kgram_matches || []).filter((m) => !exact.some((x) => x.generation_id === m.generation_id));
+  const copies = kgrams.filter((m) => m.passes);
+  const weak = kgrams.filter((m) => !m.passes);
+  for (const m of exact) {
     const entry = m.ledger ? el("div", { class: "hint" }, "ledger entry ", el("code", { text: `#${m.ledger.seq}` }), " hash ",
       el("code", { text: m.ledger.entry_hash.slice(0, 16) + "…", title: m.ledger.entry_hash })) : null;
     const states = keyStates(m) ? ` (${keyStates(m)})` : "";
@@ -304,56 +327,88 @@ function renderLedger(result) {
       el("div", { class: "hint" }, `tenant ${m.tenant}, key v${m.key_version ?? "—"}${states}, ${m.engine} / ${m.model}, ${m.watermarked_tokens} watermarked tokens, ${when(m.created_at)}${m.status ? `, ${m.status.replace("_", " ")}` : ""}`),
       entry));
   }
-}
-
-function renderPerKey(result) {
-  const body = clear($("per-key").tBodies[0]);
-  const bounded = result.tier === "tenant";
-  for (const r of result.per_key || []) {
-    body.append(el("tr", {},
-      el("td", { text: r.tenant ?? "—" }), el("td", {}, el("code", { text: r.key_id ?? r.fingerprint })),
-      el("td", { text: r.version ?? "—" }), el("td", {}, el("span", { class: "state state-" + r.state, text: r.state })),
-      el("td", { text: r.statistic }), el("td", { class: "num", text: r.scored_tokens }),
-      el("td", {}, pValue(r.log10_p_value, bounded)), el("td", {}, pValue(r.log10_p_adjusted, bounded))));
+  const kgramCard = (m, cls, lead, why) => {
+    const share = `${m.matched_kgrams} of ${m.text_kgrams} eight-token sequences shared (${Math.round(m.share * 100)} %)`;
+    const owner = ownerOf(result, m);
+    const states = keyStates(m) ? `; key ${keyStates(m)}` : "";
+    return el("div", { class: `match ${cls}` }, el(cls === "kgram-match" ? "strong" : "span", { text: lead }),
+      recordLink(m.generation_id), el("div", { class: "hint" }, `${owner ? `tenant ${owner}; ` : ""}${share}${why}${states}`));
+  };
+  for (const m of copies) {
+    const bound = typeof m.log10_false_match_bound === "number" ? `, chance-collision bound ${boundText(m.log10_false_match_bound)}` : "";
+    box.append(kgramCard(m, "kgram-match", "Edited copy of generation ", bound));
+  }
+  if (!exact.length && !copies.length) {
+    const none = "No ledger record holds this text or an edited copy of it.";
+    box.append(el("p", {}, none, result.watermarked ?
+      " The watermark is still evidence: the text may have been edited, trimmed or re-formatted after generation." :
+      weak.length ? " These generations share some of its phrases, not enough to call it a copy:" : ""));
+  } else if (weak.length) {
+    box.append(el("p", {}, "Other generations share some of its phrases, not enough to call it a copy:"));
+  }
+  for (const m of weak) {
+    box.append(kgramCard(m, "kgram-weak", "Shares phrases with generation ",
+      `: not enough to call it a copy: ${kgramShortfall(m, result.threshold, result.tier === "tenant")}`));
   }
 }
 
+// One row per key (its best salt's numbers), however many salts it was tested under.
+function renderPerKey(result) {
+  const rows = Array.isArray(result.per_key) ? result.per_key : [];
+  $("per-key-panel").hidden = !rows.length;
+  const body = clear($("per-key").tBodies[0]);
+  const bounded = result.tier === "tenant";
+  const p = (r) => (typeof r.log10_p_value === "number" ? r.log10_p_value : 0);
+  for (const group of keyGroups(rows).values()) {
+    const r = group.reduce((best, row) => (p(row) < p(best) ? row : best));
+    const salts = group.length > 1 ? `${group.length}, best ${r.salt}` : r.salt !== undefined && r.salt !== null ? `only ${r.salt}` : "—";
+    body.append(el("tr", {},
+      el("td", { text: r.tenant ?? "—" }), el("td", {}, el("code", { text: r.key_id ?? r.fingerprint })),
+      el("td", { text: r.version ?? "—" }), el("td", {}, el("span", { class: "state state-" + r.state, text: r.state })),
+      el("td", { text: salts }), el("td", { text: r.statistic }), el("td", { class: "num", text: r.scored_tokens }),
+      el("td", {}, pValue(r.log10_p_value, bounded)), el("td", {}, pValue(r.log10_p_adjusted, bounded))));
+  }
+  $("per-key-summary").textContent = rows.length ? `Every key tested: ${keysTested(result)}` : "Every key tested";
+}
+
+// ---------------------------------------------------------------- rendering
+
 // The public tier's answer: the verdict in words, a confidence band, the basis; no scores,
-// spans or keys, so the heat map and the key table are hidden.
+// spans or keys, so the text and the key table are hidden and the ledger panel holds only
+// the signed report.
 function renderPublicResult(result) {
   const verdict = $("verdict");
-  const yes = result.verdict === "watermarked" || result.verdict === "recorded";
-  verdict.className = "verdict " + (yes ? "yes" : "no");
+  verdict.className = "verdict " + verdictClass(result.verdict, null);
   verdict.removeAttribute("data-signed");
-  const title = { watermarked: "Watermarked", recorded: "Recorded as generated", not_watermarked: "Not watermarked",
-                  too_short: "Too short to say" }[result.verdict] || result.verdict;
+  const title = verdictTitle(result.verdict);
   $("verdict-title").textContent = result.tenant ? `${title} (${result.tenant})` : title;
-  const detail = clear($("verdict-detail"));
-  detail.append(`Public check: ${result.confidence} confidence, ${result.tokens} tokens` +
-                (result.basis.length ? `, resting on the ${result.basis.join(" and the ")}` : "") + ".");
+  const band = result.confidence && result.confidence !== "none" ? `, ${result.confidence} confidence` : "";
+  const basis = (result.basis || []).length ? `, resting on the ${result.basis.join(" and the ")}` : "";
+  clear($("verdict-detail")).append(`Public check of ${result.tokens} tokens${band}${basis}.`);
   const list = clear($("explain"));
-  list.append(el("li", { text: result.verdict_text.charAt(0).toUpperCase() + result.verdict_text.slice(1) + "." }));
-  list.append(el("li", { text: "The public check gives a verdict and a confidence band only. With an API token the page shows the p-value, the watermarked stretches and the key." }));
+  const words = result.verdict_text || "";
+  if (words) list.append(el("li", { text: words.charAt(0).toUpperCase() + words.slice(1) + "." }));
+  list.append(el("li", { text: "The public check gives a verdict in words and a confidence band only. With an API token the page shows what that token's access tier allows: the key and the ledger's records, and where the tier gives them the p-value and the watermarked stretches." }));
   $("heat-panel").hidden = true;
   $("per-key-panel").hidden = true;
+  $("ledger-title").textContent = "Signed report";
   clear($("ledger"));
   $("check-result").hidden = false;
   verdict.focus();
 }
 
-function renderResult(text, result) {
+// `withheld`: the server's refusal of the per-token evidence the page asked for (or null).
+function renderResult(text, result, withheld) {
   $("heat-panel").hidden = false;
-  $("per-key-panel").hidden = false;
   const words = verdictWords(result);
   const verdict = $("verdict");
   verdict.className = "verdict " + words.cls;
   verdict.removeAttribute("data-signed");
   $("verdict-title").textContent = words.title;
-  const detail = clear($("verdict-detail"));
-  detail.append(pValue(result.log10_p_value, result.tier === "tenant"), `, ${words.scored} (threshold `, thresholdNode(result.threshold), ").");
+  verdictDetail(result);
   const list = clear($("explain"));
   for (const item of explain(result)) list.append(el("li", { text: item }));
-  renderHeat(text, result);
+  renderText(text, result, withheld);
   renderLedger(result);
   renderPerKey(result);
   $("check-result").hidden = false;
