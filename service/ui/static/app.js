@@ -151,8 +151,9 @@ function retryText(seconds) {
   if (seconds === null || seconds === undefined) return "";
   const at = new Date(Date.now() + seconds * 1000);
   const pad = (n) => String(n).padStart(2, "0");
-  const span = seconds < 90 ? `${Math.max(1, Math.round(seconds))} seconds` :
-    seconds < 90 * 60 ? `${Math.round(seconds / 60)} minutes` : `${Math.round(seconds / 3600)} hours`;
+  const count = (n, unit) => `${n} ${unit}${n === 1 ? "" : "s"}`;
+  const span = seconds < 90 ? count(Math.max(1, Math.round(seconds)), "second") :
+    seconds < 90 * 60 ? count(Math.round(seconds / 60), "minute") : count(Math.round(seconds / 3600), "hour");
   return ` Try again in about ${span} (after ${pad(at.getHours())}:${pad(at.getMinutes())}).`;
 }
 

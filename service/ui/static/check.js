@@ -171,7 +171,9 @@ const plural = (n, word, many = word + "s") => `${n} ${n === 1 ? word : many}`;
 function keysTested(result) {
   const { keys, tests, states } = testCounts(result);
   if (keys === null) return `${plural(tests, "test")} (each key, a diverse key under each of its salts)`;
-  const names = Object.keys(states);
+  const order = ["active", "verify-only", "revoked"];
+  const rank = (name) => (order.includes(name) ? order.indexOf(name) : order.length);
+  const names = Object.keys(states).sort((a, b) => rank(a) - rank(b));
   const stateWords = names.length === 1 ? `${keys === 1 ? "" : "all "}${names[0]}` :
     names.map((name) => `${states[name]} ${name}`).join(", ");
   if (tests === keys) return `${plural(keys, "key")} tested (${stateWords})`;
