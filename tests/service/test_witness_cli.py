@@ -123,6 +123,50 @@ def test_receipts_verify_offline_with_their_log_proof(tmp_path):
     assert pinned_elsewhere.returncode == 1 and "key set rejected" in pinned_elsewhere.stderr
 
 
+def test_receipts_and_reports_verify_with_a_log_key_pinned_on_first_use(tmp_path, cli, monkeypatch):
+    """Issue 34, item 6: `hallmark receipt verify` needed --trust-log-key and no "Try it" step
+    made that file; given a detection report it did not point to `report verify`. Now
+    `hallmark ledger pin --url` pins the gateway's log key once (trust on first use, said so),
+    both verifying commands use the pin, a log that offers another key under the pinned name
+    is refused, and each command given the other's document names the right one."""
+    import httpx
+
+    known = tmp_path / "config" / "known-logs"
+    monkeypatch.setenv("HALLMARK_KNOWN_LOGS", str(known))
+    running = gateway.start(tmp_path)
+    try:
+        out = _generate(running.url, running.tokens["acme"], "The function returns", 5)
+        detected = httpx.post(running.url + "/v1/detect", json={"text": out["text"]}, timeout=300,
+                              headers={"Authorization": f"Bearer {running.tokens['acme']}"}).json()
+        (tmp_path / "out.json").write_text(json.dumps(out))
+        (tmp_path / "detect.json").write_text(json.dumps(detected))
+        receipt = ("receipt", "verify", str(tmp_path / "out.json"), "--url", running.url)
+        report = ("report", "verify", str(tmp_path / "detect.json"), "--url", running.url)
+        refused = cli.fails(*receipt).stderr
+        assert f"pin it once with `hallmark ledger pin --url {running.url}`" in refused and "--trust-log-key" in refused
+        assert not known.exists()
+        pinned = cli.ok("ledger", "pin", "--url", running.url).stdout
+        log_key = httpx.get(running.url + "/.well-known/hallmark-keys.json").json()["log"]["vkey"]
+        assert pinned.startswith("pinned on first use") and log_key in pinned and "compare it with" in pinned
+        assert known.read_text() == log_key + "\n" and oct(known.stat().st_mode & 0o777) == "0o600"
+        assert cli.ok("ledger", "pin", "--url", running.url, "--json").json()["pinned_now"] is False
+        assert known.read_text() == log_key + "\n"
+        assert cli.ok(*receipt).stdout.startswith(f"ok: receipt of generation {out['generation_id']}")
+        assert cli.ok(*report).stdout.startswith("ok: detection report of ")
+        # Each command given the other's document says which one checks it.
+        wrong = cli.fails("receipt", "verify", str(tmp_path / "detect.json"), "--url", running.url).stderr
+        assert "holds a detection report, not a generation receipt" in wrong and "`hallmark report verify " in wrong
+        wrong = cli.fails("report", "verify", str(tmp_path / "out.json"), "--url", running.url).stderr
+        assert "holds a generation receipt, not a detection report" in wrong and "`hallmark receipt verify " in wrong
+        # Another key under the pinned log's name: pinning refuses it, verifying rejects the key set.
+        origin = log_key.split("+", 1)[0]
+        known.write_text(NoteSigner(origin, Ed25519PrivateKey.generate()).verifier.vkey + "\n")
+        assert "now offers another key than the one pinned" in cli.fails("ledger", "pin", "--url", running.url).stderr
+        assert "key set rejected" in cli.fails(*receipt).stderr
+    finally:
+        running.stop()
+
+
 def _published(url: str) -> int:
     """The size of the log's latest published checkpoint."""
     import httpx
