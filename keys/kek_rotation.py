@@ -41,10 +41,15 @@ class KekDependant(Protocol):
     """Secrets a package built on the store keeps sealed under the store's KEK, in its own
     rows (the ledger's: ``ledger.sealed.KEK_DEPENDANTS``). Rotation and status ask it."""
 
-    name: str
-    """Its rows in ``kek status`` (``signing_keys``)."""
-    audit_name: str
-    """Its count in the ``kek.rotated`` audit event (``rewrapped_signing_keys``)."""
+    @property
+    def name(self) -> str:
+        """Its rows in ``kek status`` (``signing_keys``)."""
+        ...
+
+    @property
+    def audit_name(self) -> str:
+        """Its count in the ``kek.rotated`` audit event (``rewrapped_signing_keys``)."""
+        ...
 
     def count_by_kek(self, session: Session) -> dict[str, int]:
         """How many of its rows each KEK id seals (:func:`count_by_kek`)."""

@@ -39,7 +39,6 @@ from keys import clock
 from keys.audit import record_audit
 from keys.errors import InvalidInput, InvalidTransition, KeyStoreError, UnwrapError
 from keys.kek import Kek, Keyring
-from keys.kek_rotation import count_by_kek
 from keys.material import check_wrapping_kek
 from keys.models import LogLeaf
 from keys.models import SigningKey as Row
@@ -114,21 +113,13 @@ def rewrap_signing_key(row: Row, current: Keyring, new: Kek) -> None:
     row.kek_id = new.id
 
 
-class SealedSigningKeys:
-    """The signing keys as KEK rotation and ``kek status`` ask for them
-    (:class:`keys.kek_rotation.KekDependant`; the ledger's are ``ledger.sealed``)."""
-
-    name = "signing_keys"
-    audit_name = "rewrapped_signing_keys"
-
-    def count_by_kek(self, session: Session) -> dict[str, int]:
-        return count_by_kek(session, Row)
-
-    def rewrap(self, session: Session, current: Keyring, new: Kek) -> int:
-        rows = list(session.scalars(select(Row).order_by(Row.id).with_for_update()))
-        for row in rows:
-            rewrap_signing_key(row, current, new)
-        return len(rows)
+def rewrap_signing_keys(session: Session, current: Keyring, new: Kek) -> int:
+    """Re-seal every signing key under ``new``, rows locked (KEK rotation: ledger.sealed);
+    how many."""
+    rows = list(session.scalars(select(Row).order_by(Row.id).with_for_update()))
+    for row in rows:
+        rewrap_signing_key(row, current, new)
+    return len(rows)
 
 
 # --- what the log says about each key --------------------------------------------------------

@@ -38,7 +38,6 @@ from keys.audit import record_audit
 from keys.db import Store
 from keys.errors import KekError, KeyStoreError
 from keys.kek import Kek, Keyring
-from keys.kek_rotation import count_by_kek
 from keys.models import LogKey
 from ledger.log.note import NoteSigner, Verifier
 
@@ -176,16 +175,3 @@ def rewrap_log_key(session: Session, current: Keyring, new: Kek) -> int:
     row.kek_id = new.id
     return 1
 
-
-class SealedLogKey:
-    """The log key as KEK rotation and ``kek status`` ask for it
-    (:class:`keys.kek_rotation.KekDependant`; the ledger's are ``ledger.sealed``)."""
-
-    name = "log_key"
-    audit_name = "rewrapped_log_keys"
-
-    def count_by_kek(self, session: Session) -> dict[str, int]:
-        return count_by_kek(session, LogKey)
-
-    def rewrap(self, session: Session, current: Keyring, new: Kek) -> int:
-        return rewrap_log_key(session, current, new)
