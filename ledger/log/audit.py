@@ -15,7 +15,7 @@ Recomputes, from the rows, everything the log commits to and compares:
 Without the KEK the MACs are not checked (said in the report); the rest still is. What no
 audit of the database alone can see: a rollback of every table to an earlier consistent
 state (the log, its checkpoints and the entries together). Only someone holding a later
-checkpoint (a witness, a receipt) sees that; README "Verifying Hallmark's evidence".
+checkpoint (a witness, a receipt) sees that; docs/how-to/verify.md.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def _record(store, cli, tenant: str, key_id: str, key: WatermarkKey, tokens: lis
 
 
 def test_detect_reports_the_ledgers_evidence_as_the_api_does(cli, store):
-    """README: `hallmark detect --json` has the API's result schema, ledger evidence included:
+    """docs/reference/result-schema.md: `hallmark detect --json` has the API's result schema, ledger evidence included:
     the exact copy's record (ledger_matches) and, for an edited copy, the generations sharing
     its 8-token runs (kgram_matches), with "ledger" in basis. Before, the CLI left both out."""
     from service.tokenization import load_tokenizer

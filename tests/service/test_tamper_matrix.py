@@ -2,7 +2,7 @@
 PostgreSQL with the separated roles, against a stack populated through a running gateway.
 
 Each case clones the populated database and tampers with it as one of the threat model's
-actors could (tests/service/tamper.py, README "Verifying Hallmark's evidence"):
+actors could (tests/service/tamper.py, docs/how-to/verify.md):
 
 - as the database owner or the gateway's role, without the KEK or the log key: `hallmark
   ledger verify` exits 1 naming it, and detection never cites the tampered entry (the log
@@ -10,7 +10,7 @@ actors could (tests/service/tamper.py, README "Verifying Hallmark's evidence"):
 - as the operator holding the log key, covering the tracks by rebuilding the log and signing
   it anew: the witness holding the earlier checkpoint exits 1 (fork or rollback), and so does
   `ledger verify --checkpoint <witness state>`; plain `ledger verify` cannot see it (the
-  operator's rewrite is self-consistent: README says so plainly).
+  operator's rewrite is self-consistent: docs/concepts/threat-model.md says so plainly).
 
 Truncation is also done the owner's best way: cut the tail and restore a head row saved
 earlier (authentic, consistent): only a holder of a later checkpoint sees it.
@@ -345,7 +345,7 @@ def test_tampering_is_reported(stack, name, cli, tmp_path):
     # ... and the log itself is untouched: the witness agrees, every receipt still verifies.
     assert _witness(cli, stack, url, tmp_path).exit_code == 0
     if expect.get("no_rebuild"):
-        return  # appending a false new entry is what actor e *can* do (README says so plainly)
+        return  # appending a false new entry is what actor e *can* do (docs/concepts/threat-model.md says so plainly)
     # Actor e covers the tracks: rebuilds the log over the tampered rows with the log key and
     # signs it. Self-consistent, so plain verify passes; the witness and its checkpoint do not.
     rebuild_log(url, stack.kek_file)
