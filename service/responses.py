@@ -30,7 +30,7 @@ class LedgerPosition(_Body):
 
 
 class SignedDocument(_Body):
-    """A statement and its Ed25519 signature (keys.receipts): a receipt or a detection report,
+    """A statement and its Ed25519 signature (ledger.receipts): a receipt or a detection report,
     verifiable offline against /.well-known/hallmark-keys.json (`hallmark receipt verify`,
     `hallmark report verify`)."""
 

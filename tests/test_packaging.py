@@ -89,3 +89,19 @@ def test_an_editable_install_warns_of_nothing(tmp_path):
     wheel = zipfile.ZipFile(tmp_path / "out" / run.stdout.strip().splitlines()[-1])
     [pth] = [n for n in wheel.namelist() if n.endswith(".pth")]
     assert Path(wheel.read(pth).decode().strip()).resolve() == tmp_path.resolve()
+
+
+def test_every_source_package_is_packaged():
+    """Issue 32 moved the ledger and its transparency log out of keys/ into ledger/ and
+    ledger/log/: a fresh install must package them, like every package the gateway imports
+    (setuptools' find list; a package it misses imports from a checkout and fails installed)."""
+    from setuptools import find_packages
+
+    from tests.test_imports import PACKAGES
+
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    packaged = set(find_packages(where=str(REPO), include=find["include"]))
+    sources = {".".join(path.parent.relative_to(REPO).parts) for top in PACKAGES
+               for path in (REPO / top).rglob("__init__.py")}
+    assert {"ledger", "ledger.log"} <= sources
+    assert sources - packaged == set()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from service.cli.app import CliError
 
 if TYPE_CHECKING:
-    from keys.note import Verifier
+    from ledger.log.note import Verifier
 
 
 def read_text(path: Path, what: str) -> str:
@@ -32,8 +32,8 @@ def trusted_log_key(path: Optional[Path]):
     ``ledger checkpoint --json`` output); None when not given."""
     if path is None:
         return None
-    from keys.keyset import read_log_key
-    from keys.receipts import ReceiptInvalid
+    from ledger.keyset import read_log_key
+    from ledger.receipts import ReceiptInvalid
 
     try:
         return read_log_key(read_text(path, "trusted log key file"))
@@ -51,7 +51,7 @@ def known_logs() -> Path:
 
 
 def _pins() -> list["Verifier"]:
-    from keys.note import NoteError, Verifier
+    from ledger.log.note import NoteError, Verifier
 
     path = known_logs()
     if not path.exists():

@@ -45,8 +45,8 @@ def test_detect_unknown_tenant_is_one_line(cli):
 
 
 def _record(store, cli, tenant: str, key_id: str, key: WatermarkKey, tokens: list[int], text: str) -> str:
-    from keys import kgrams
-    from keys.ledger import record_generation
+    from ledger import kgrams
+    from ledger.entries import record_generation
 
     tenant_id = next(t["id"] for t in cli.ok("tenants", "list", "--json").json() if t["name"] == tenant)
     with store.transaction() as session:

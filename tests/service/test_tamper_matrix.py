@@ -28,8 +28,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from keys.kgrams import find_matches
-from keys.ledger import find_generations_by_output_hash, hash_output
+from ledger.kgrams import find_matches
+from ledger.entries import find_generations_by_output_hash, hash_output
 from tests.keys.conftest import Cli
 from tests.service import gateway
 from tests.service.tamper import Stack, entries, insert_entry, owner, rebuild_log, rechain
@@ -114,7 +114,7 @@ def _postgres_stack(server, tmp: Path):
     from keys.db import open_store
     from keys.roles import grant_service_role
     from keys.settings import StoreSettings
-    from keys.signing import create_signing_key
+    from ledger.signing import create_signing_key
     from service.app import create_app
     from service.settings import ServiceSettings
 
@@ -273,7 +273,7 @@ def _forge(stack, url):
         forged = dict(last, generation_id="f" * 32, seq=last["seq"] + 1, prev_hash=last["entry_hash"],
                       output_sha256=hash_output("a forged generation"))
         forged.pop("id")
-        from keys.chain import entry_fields, entry_hash
+        from ledger.chain import entry_fields, entry_hash
         from tests.service.tamper import _aware
 
         forged["entry_hash"] = entry_hash(entry_fields(type("Row", (), _aware(forged))))
@@ -285,7 +285,7 @@ def _forge(stack, url):
 def _middle_with_kgrams(stack: Stack, tenant: str = "acme") -> dict:
     """The middle one of ``tenant``'s generations long enough to have recorded k-grams (the
     keys are random, so a generation may stop after a few tokens and record none)."""
-    from keys.kgrams import K
+    from ledger.kgrams import K
 
     def kgrams(ids: list[int]) -> int:
         return len({tuple(ids[i:i + K]) for i in range(len(ids) - K + 1)})
@@ -414,7 +414,7 @@ def test_a_forged_generation_is_never_cited_by_the_running_gateway(tmp_path):
         forged_text = "A paragraph a person wrote, now claimed as a watermarked generation."
         with owner(running.store_settings.database_url) as connection:
             last = entries(connection, "acme")[-1]
-            from keys.chain import entry_fields, entry_hash
+            from ledger.chain import entry_fields, entry_hash
             from tests.service.tamper import _aware
 
             forged = dict(last, generation_id="e" * 32, seq=last["seq"] + 1, prev_hash=last["entry_hash"],

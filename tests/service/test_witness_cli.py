@@ -1,7 +1,7 @@
 """`hallmark ledger witness`, `ledger checkpoint` and the https rule of verifying commands:
 the first run stores, later runs extend only through a verified consistency proof, and a
 rollback, a fork, a bad signature or a failed proof exits 1 with one line and keeps the
-state. Against a running gateway (--url); tests/keys/test_witness.py has the database's
+state. Against a running gateway (--url); tests/ledger/log/test_witness.py has the database's
 rollbacks, forks, failed proofs and split views."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from keys.note import NoteSigner
+from ledger.log.note import NoteSigner
 from tests.keys.conftest import Cli
 from tests.service import gateway
 from tests.service.test_tamper_matrix import _generate
@@ -171,7 +171,7 @@ def _published(url: str) -> int:
     """The size of the log's latest published checkpoint."""
     import httpx
 
-    from keys.note import Checkpoint
+    from ledger.log.note import Checkpoint
 
     note = httpx.get(url + "/v1/ledger/checkpoint").text
     return Checkpoint.parse_text(note.split("\n\n")[0] + "\n").size
