@@ -293,7 +293,7 @@ def test_generate_then_check_shows_watermarked_with_spans(server, browser):
     assert generation_id in browser.find_element(By.ID, "ledger").text
     _wait(browser, lambda d: d.find_element(By.ID, "report-status").get_attribute("data-verified"), 30)
     assert browser.find_element(By.ID, "report-status").get_attribute("data-verified") == "true"
-    _shot(browser, "check")
+    _shot(browser, "check-evidence")  # docs/ui-check.png, the demo token's view: test_ui_first_hour.py
     _no_console_errors(browser)
 
     browser.find_element(By.CSS_SELECTOR, f"#ledger a[data-id='{generation_id}']").click()
@@ -491,6 +491,9 @@ def test_the_api_reference_works_offline(server, browser):
     browser.get(f"{server.url}/docs")
     _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".swagger-ui .info .title"), 60)
     assert "Hallmark" in browser.find_element(By.CSS_SELECTOR, ".swagger-ui .info .title").text
+    # Issue 34, item 10: the reference opens with what the service is and how to present a token.
+    description = browser.find_element(By.CSS_SELECTOR, ".swagger-ui .info .description").text
+    assert "watermark" in description and "Authorization: Bearer" in description, description
     _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".opblock-summary-path"), 60)
     paths = {e.text for e in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")}
     assert "/v1/detect" in {p.replace("\u200b", "") for p in paths}
