@@ -26,15 +26,18 @@ import time
 from collections import deque
 from typing import AsyncIterator, Callable
 
+import numpy as np
 import torch
 
 from service.model_paths import BUNDLED_MODELS, resolve_model_path
 from service.engines.base import EngineBusy, EngineFailure, Event, Finished, GenerationRequest, WatermarkPlan
 from service.engines.local.outbox import Outbox
+from service.engines.local.outputs import OutputTable
 from service.engines.local.request import RequestState
 from service.engines.local.rows import DedupSlots, HostDedup, RowTable
 from service.engines.local.runner import Group, load_model
 from service.engines.local.static_runner import StaticGroup
+from service.engines.local.streamer import Streamer
 from service.engines.local.telemetry import EngineTelemetry, StepReport
 from service.engines.local.scheduler import SpeculativeGroups, plain_step, process, sample_next, sample_rows, \
     speculative_step
@@ -51,7 +54,8 @@ class LocalEngine:
                  max_batch: int = 16, speculative_k: int = 4, max_queue: int = 256,
                  restart_delay: float = 1.0, max_restarts: int = 3, on_fatal=None,
                  static_cache: bool | None = None, cuda_graphs: bool = True, cpu_threads: int | None = None,
-                 speculative_blocks: bool | None = None, pipeline_blocks: bool = True) -> None:
+                 speculative_blocks: bool | None = None, pipeline_blocks: bool = True,
+                 streamer_thread: bool | None = None, pipeline_depth: int = 1) -> None:
         # Reported as the bundled model's real name ("bundled" is only an alias for it).
         self.model_name = BUNDLED_MODELS.get(model, model)
         self.draft_name = draft_model
@@ -69,12 +73,19 @@ class LocalEngine:
         self.speculative_blocks = speculative_blocks
         # Graph-replayed blocks run one ahead of the host (spec_block.SpeculativeBlocks.step).
         self.pipeline_blocks = pipeline_blocks
+        self.pipeline_depth = pipeline_depth
+        # Requests' text made on a thread of its own (streamer.py); None = on CUDA, where the
+        # step loop's time is the GPU's idle time.
+        self.streamer_thread = streamer_thread
         self._blocks = None
         self._ready = False
         self._tokenizer = None
         self._waiting: deque[RequestState] = deque()
         self._running: list[RequestState] = []
-        self._pending: dict[int, list[int]] = {}  # draft tokens not yet fed, per request
+        self._running_rows = np.zeros(0, dtype=np.int64)  # their OutputTable rows
+        self._cancelling = threading.Event()  # a request was cancelled: the next retire looks
+        self._outputs: OutputTable | None = None  # every admitted request's tokens (outputs.py)
+        self._members: dict[str, list[RequestState]] = {}  # per group: its rows in order (step cache)
         self._wake = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -89,6 +100,7 @@ class LocalEngine:
         self.step_hooks: list[Callable[[StepReport], None]] = []
         self.telemetry: EngineTelemetry | None = None
         self._outbox = Outbox()
+        self._streamer = Streamer(threaded=False, after_pass=self._outbox.flush)
         self._tables: dict[str, tuple] = {}  # per group: (RowTable, dedup) of its current rows
         self._dedup_slots: DedupSlots | None = None  # the GPU deduper's request slots (CUDA)
 
@@ -121,6 +133,8 @@ class LocalEngine:
             torch.set_num_threads(self.cpu_threads)  # the warm-up below runs on this thread
         self.max_context_tokens = int(getattr(target.config, "max_position_embeddings", 2048))
         static = self.static_cache if self.static_cache is not None else device.type == "cuda"
+        self._outputs = OutputTable(self.max_batch, self.max_context_tokens)
+        self._streamer.threaded = self.streamer_thread if self.streamer_thread is not None else device.type == "cuda"
 
         def group(model):
             if static:  # preallocated KV cache; decode/verify forwards replayed as CUDA graphs on CUDA
@@ -161,9 +175,9 @@ class LocalEngine:
         if blocks and self.spec is not None and isinstance(self.spec_target, StaticGroup):
             from service.engines.local.spec_block import SpeculativeBlocks
 
-            self._blocks = SpeculativeBlocks(self.spec.draft, self.spec_target, self.k, self._dedup_slots,
-                                             graphs=self.cuda_graphs, pipeline=self.pipeline_blocks)
-            self._blocks.after_send = self._outbox.flush
+            self._blocks = SpeculativeBlocks(self.spec.draft, self.spec_target, self.k, self._outputs, self._streamer,
+                                             self._dedup_slots, graphs=self.cuda_graphs, pipeline=self.pipeline_blocks,
+                                             depth=self.pipeline_depth)
         self._warm_up()
         for group in self._groups():  # capture every decode/verify graph now, not at request time
             if isinstance(group, StaticGroup) and group.graphs_enabled:
@@ -188,8 +202,9 @@ class LocalEngine:
             plan = WatermarkPlan(key=WatermarkKey(1, WatermarkSpec(algorithm=algorithm)), key_id="warmup",
                                  version=0, fingerprint="")
             state = RequestState(GenerationRequest("warmup", tuple(self.tokenizer().encode("Warm up")), 3,
-                                                   watermark=plan), self.tokenizer(), frozenset(), sink)
-            self._admit(state)
+                                                   watermark=plan), self.tokenizer(), frozenset(), sink,
+                                 streamer=self._streamer)
+            self._admit([state])
             while not state.finished:
                 self._step()
             self._retire()
@@ -233,7 +248,8 @@ class LocalEngine:
         self.check(request)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        state = RequestState(request, self.tokenizer(), self.eos_ids, sink=self._outbox.sink(loop, queue))
+        state = RequestState(request, self.tokenizer(), self.eos_ids, sink=self._outbox.sink(loop, queue),
+                             streamer=self._streamer)
         with self._wake:
             if not self.ready:
                 raise EngineFailure("the engine is not running (restarting after a failure); retry shortly")
@@ -252,6 +268,7 @@ class LocalEngine:
         finally:
             if not state.finished:
                 state.cancelled.set()
+                self._cancelling.set()
                 with self._wake:
                     self._wake.notify_all()
 
@@ -270,8 +287,10 @@ class LocalEngine:
             self._waiting.clear()
         for state in lost:
             state.fail(EngineFailure(f"the engine failed ({type(failure).__name__}); retry"))
+            state.detach()
+        self._streamer.wait(30)
         self._outbox.flush()
-        self._running = []
+        self._set_running([])
         self._reset_groups()
         now = time.monotonic()
         self._deaths = [t for t in self._deaths if now - t < 600] + [now]
@@ -299,38 +318,105 @@ class LocalEngine:
                 admitted = []
                 while self._waiting and len(self._running) + len(admitted) < self.max_batch:
                     admitted.append(self._waiting.popleft())
+            live = []
             for state in admitted:
                 if state.cancelled.is_set():
                     state.finish("cancelled")
-                    continue
-                self._admit_contained(state)
+                else:
+                    live.append(state)
+            if live:
+                self._admit_all(live)
             try:
                 self._step_contained()
             except Exception as exc:  # a model failure fails every running request, not the server
                 log.exception("engine step failed")
                 for state in self._running:
                     state.fail(exc)
-                self._running = []
+                    state.detach()
+                self._set_running([])
                 self._reset_groups()
             self._retire()
             self._outbox.flush()
+        self._streamer.wait(30)
         self._outbox.flush()
+
+    # ------------------------------------------------------------------ admission
+
+    def _admit_all(self, states: list[RequestState]) -> None:
+        """Admit requests together (prefills back to back, one draw of their first tokens,
+        one join per group); if that fails, each alone, so that only a failing one fails."""
+        self._drain_blocks()
+        if len(states) > 1:
+            snapshot = self._snapshot()
+            try:
+                self._admit(states)
+                return
+            except Exception as exc:  # noqa: BLE001 - find whose admission fails, one by one
+                log.warning("admitting %d requests together failed (%s); admitting them one by one",
+                            len(states), type(exc).__name__)
+                self._restore(snapshot)
+                for state in states:
+                    self._forget(state)
+        for state in states:
+            self._admit_contained(state)
+
+    def _forget(self, state: RequestState) -> None:
+        """Undo a request's admission (it has not emitted anything that was kept)."""
+        if state in self._running:
+            self._set_running([s for s in self._running if s is not state])
+        if self._dedup_slots is not None:
+            self._dedup_slots.close(state.rid)
+        state.detach()
 
     def _admit_contained(self, state: RequestState) -> None:
         """Admit one request; if its prefill or first draw fails, only it fails."""
         self._drain_blocks()
         snapshot = self._snapshot()
         try:
-            self._admit(state)
+            self._admit([state])
         except Exception as exc:  # noqa: BLE001 - this request's own failure
             log.warning("request %s failed at admission: %s", state.request.request_id, exc)
             self._restore(snapshot)
-            if state in self._running:
-                self._running.remove(state)
-            self._pending.pop(id(state), None)
-            if self._dedup_slots is not None:
-                self._dedup_slots.close(state.rid)
+            self._forget(state)
             state.fail(exc)
+
+    def _admit(self, states: list[RequestState]) -> None:
+        """Prefill ``states`` (each alone, back to back), draw their first tokens together,
+        join them to their groups. A request that ends at its first token joins too and
+        leaves at the next retire."""
+        self._drain_blocks()
+        for state in states:
+            state.rid = state.request.request_id + f"#{id(state)}"
+            state.attach(self._outputs)
+        groups = [self.spec_target if self._uses_speculation(s) else self.plain for s in states]
+        prefills, ahead = [], {}
+        for state, group in zip(states, groups):
+            prefills.append(group.prefill(list(state.request.prompt_ids), ahead=ahead.get(id(group), 0)))
+            ahead[id(group)] = ahead.get(id(group), 0) + 1
+        sample_next(torch.stack([logits for _, _, logits in prefills]), states)
+        spec_states = []
+        for group in (self.plain, self.spec_target):
+            members = [(s, p) for s, g, p in zip(states, groups, prefills) if g is group]
+            if members:
+                group.join_many([s.rid for s, _ in members], [p[0] for _, p in members], [p[1] for _, p in members],
+                                [len(s.request.prompt_ids) for s, _ in members])
+            if group is self.spec_target:
+                spec_states = [s for s, _ in members]
+        if spec_states:
+            drafts = [self.spec.draft.prefill(list(s.request.prompt_ids), ahead=i) for i, s in enumerate(spec_states)]
+            self.spec.draft.join_many([s.rid for s in spec_states], [d[0] for d in drafts], [d[1] for d in drafts],
+                                      [len(s.request.prompt_ids) for s in spec_states])
+            rows = np.array([s.row for s in spec_states], dtype=np.int64)
+            self._outputs.set_pending(rows, self._outputs.last_tokens(rows), np.zeros_like(rows),
+                                      np.ones_like(rows))
+            if self._dedup_slots is not None:
+                for state in spec_states:
+                    self._dedup_slots.open(state)
+        self._set_running(self._running + states)
+        if any(s.finished for s in states):
+            self._retire()
+
+    # ------------------------------------------------------------------ steps
 
     def _step_contained(self) -> None:
         """One step; a row whose own sampling fails is removed and the step retried."""
@@ -368,20 +454,26 @@ class LocalEngine:
         return [g for g in (self.plain, self.spec_target, self.spec.draft if self.spec else None) if g is not None]
 
     def _snapshot(self) -> list:
-        """Each group's state, restorable after a failed step (see Group.snapshot)."""
-        return [(group, group.snapshot()) for group in self._groups()]
+        """Each group's state and the rows' outputs, restorable after a failed step (see
+        Group.snapshot; the OutputTable's counters are copied, its tokens beyond the
+        restored lengths are rewritten)."""
+        out = self._outputs
+        saved = [(out.length.copy(), out.routes.copy(), out.drafted.copy(), out.accepted.copy(),
+                  out.pending.copy(), out.pending_count.copy())]
+        return saved + [(group, group.snapshot()) for group in self._groups()]
 
     def _drain_blocks(self) -> None:
-        """Take the speculative block in flight (before rows join or leave the groups)."""
-        drained = self._blocks.drain() if self._blocks is not None else None
-        if drained is not None:
-            for state, pending in zip(*drained):
-                self._pending[id(state)] = pending
+        """Take the speculative blocks in flight (before rows join or leave the groups)."""
+        if self._blocks is not None:
+            self._blocks.drain()
 
     def _restore(self, saved: list) -> None:
         if self._blocks is not None:
             self._blocks.abandon()
-        for group, state in saved:
+        out = self._outputs
+        (out.length[:], out.routes[:], out.drafted[:], out.accepted[:], out.pending[:],
+         out.pending_count[:]) = saved[0]
+        for group, state in saved[1:]:
             group.restore(state)
         if self._dedup_slots is not None:  # undo a commit the failed step made on the device
             self._dedup_slots.resync(self._running)
@@ -392,8 +484,8 @@ class LocalEngine:
         for group in (self.plain, self.spec_target, self.spec.draft if self.spec else None):
             if group is not None:
                 group.keep([])
-        self._pending.clear()
         self._tables.clear()
+        self._members.clear()
         if self._dedup_slots is not None:
             for rid in list(self._dedup_slots.slot_of):
                 self._dedup_slots.close(rid)
@@ -401,58 +493,55 @@ class LocalEngine:
     def _uses_speculation(self, state: RequestState) -> bool:
         return self.spec is not None and (state.request.watermark is None or state.dual_key)
 
-    def _admit(self, state: RequestState) -> None:
-        self._drain_blocks()
-        rid = state.request.request_id + f"#{id(state)}"
-        state.rid = rid
-        prompt = list(state.request.prompt_ids)
-        group = self.spec_target if self._uses_speculation(state) else self.plain
-        cache, mask, logits = group.prefill(prompt)
-        sample_next(logits.unsqueeze(0), [state])
-        if state.finished:
-            return
-        group.join(rid, cache, mask, len(prompt))
-        if group is self.spec_target:
-            d_cache, d_mask, _ = self.spec.draft.prefill(prompt)
-            self.spec.draft.join(rid, d_cache, d_mask, len(prompt))
-            self._pending[id(state)] = [state.last_token]
-            if self._dedup_slots is not None:
-                self._dedup_slots.open(state)
-        self._running.append(state)
+    def _rows_of(self, name: str, group) -> list[RequestState]:
+        """The running requests of a group in its row order (rebuilt when rows join or leave)."""
+        rows = self._members.get(name)
+        if rows is None:
+            order = {rid: i for i, rid in enumerate(group.ids)}
+            rows = sorted((s for s in self._running if s.rid in order), key=lambda s: order[s.rid])
+            self._members[name] = rows
+        return rows
 
     def _step(self) -> None:
-        plain_order = {rid: i for i, rid in enumerate(self.plain.ids)}
-        spec_order = {rid: i for i, rid in enumerate(self.spec_target.ids)} if self.spec is not None else {}
-        plain = sorted((s for s in self._running if s.rid in plain_order), key=lambda s: plain_order[s.rid])
-        spec = sorted((s for s in self._running if s.rid in spec_order), key=lambda s: spec_order[s.rid])
+        plain = self._rows_of("plain", self.plain)
+        spec = self._rows_of("spec", self.spec_target) if self.spec is not None else []
+        plain_table = self._table("plain", plain) if plain else None
+        spec_table = self._table("spec", spec) if spec else None
         report = None
         if self.step_hooks:  # lengths before the step
-            report = StepReport(tuple(len(s.request.prompt_ids) + len(s.output) for s in plain),
-                                tuple(len(s.request.prompt_ids) + len(s.output) for s in spec), self.k)
+            report = StepReport(self._lengths(plain_table), self._lengths(spec_table), self.k)
         if plain:
-            plain_step(self.plain, plain, self._table("plain", plain)[0])
+            plain_step(self.plain, plain, plain_table[0])
         if spec:
-            table, dedup = self._table("spec", spec)
-            pending = [self._pending[id(s)] for s in spec]
+            table, dedup = spec_table
             if self._blocks is not None:
-                self._blocks.step(spec, pending, table, dedup)
+                self._blocks.step(spec, table, dedup)
             else:
+                out = self._outputs
+                pending = [out.pending[s.row, :out.pending_count[s.row]].tolist() for s in spec]
                 speculative_step(self.spec, spec, pending, table, dedup)
-            for s, p in zip(spec, pending):
-                self._pending[id(s)] = p
+                for s, p in zip(spec, pending):
+                    out.pending[s.row, :len(p)] = p
+                    out.pending_count[s.row] = len(p)
         if report is not None:
             self._run_hooks(report)
 
+    def _lengths(self, cached) -> np.ndarray:
+        """[B] prompt + output tokens of a group's rows (the telemetry's step report)."""
+        if cached is None:
+            return np.zeros(0, dtype=np.int64)
+        table = cached[0]
+        return table.prompt_lengths + self._outputs.length[table.out_rows]
+
     def _table(self, name: str, rows: list[RequestState]) -> tuple:
         """The group's RowTable and dedup for these rows, rebuilt only when its rows change."""
-        ids = tuple(s.rid for s in rows)
         cached = self._tables.get(name)
-        if cached is None or cached[0].ids != ids:
+        if cached is None or cached[1] is not rows:
             table = RowTable.build(rows, self.device, self.k)
             slots = self._dedup_slots if name == "spec" else None
-            cached = (table, slots.for_rows(rows) if slots is not None else HostDedup(rows))
+            cached = (table, rows, slots.for_rows(rows) if slots is not None else HostDedup(rows))
             self._tables[name] = cached
-        return cached
+        return cached[0], cached[2]
 
     def _run_hooks(self, report: StepReport) -> None:
         # A failing hook must not fail (and so roll back and repeat) a step that has emitted tokens.
@@ -462,25 +551,35 @@ class LocalEngine:
             except Exception:  # noqa: BLE001 - telemetry never takes generation down
                 log.exception("engine step hook failed")
 
+    def _set_running(self, states: list[RequestState]) -> None:
+        """The running requests (a new list whenever they change: the caches key on it)."""
+        self._running = states
+        self._members.clear()
+        self._running_rows = np.array([s.row for s in states], dtype=np.int64)
+
     def _retire(self) -> None:
-        for state in self._running:
-            if state.cancelled.is_set() and not state.finished:
-                state.finish("cancelled")
+        """Let finished and cancelled requests leave (a look at the table's flags while none
+        has: no loop over the rows)."""
+        if self._cancelling.is_set():
+            self._cancelling.clear()
+            for state in self._running:
+                if state.cancelled.is_set() and not state.finished:
+                    state.finish("cancelled")
+        if not self._outputs.done[self._running_rows].any():
+            return
+        self._drain_blocks()  # its rows may finish too
         alive = [s for s in self._running if not s.finished]
-        if len(alive) != len(self._running):
-            self._drain_blocks()  # its rows may finish too
-            alive = [s for s in self._running if not s.finished]
-            ids = {s.rid for s in alive}
-            self.plain.keep([i for i in self.plain.ids if i in ids])
-            if self.spec is not None:
-                self.spec_target.keep([i for i in self.spec_target.ids if i in ids])
-                self.spec.draft.keep([i for i in self.spec.draft.ids if i in ids])
-            for s in self._running:
-                if s.finished:
-                    self._pending.pop(id(s), None)
-                    if self._dedup_slots is not None:
-                        self._dedup_slots.close(s.rid)
-            self._running = alive
+        ids = {s.rid for s in alive}
+        self.plain.keep([i for i in self.plain.ids if i in ids])
+        if self.spec is not None:
+            self.spec_target.keep([i for i in self.spec_target.ids if i in ids])
+            self.spec.draft.keep([i for i in self.spec.draft.ids if i in ids])
+        for s in self._running:
+            if s.finished:
+                if self._dedup_slots is not None:
+                    self._dedup_slots.close(s.rid)
+                s.detach()
+        self._set_running(alive)
 
 
 # Below this many parameters a CPU decode step is a chain of operations too small to share:

@@ -27,12 +27,15 @@ batch runs the same function eagerly, with the filters applied to its real rows.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from service.engines.local.outputs import RUNNING, STOPPED, OutputTable
 from service.engines.local.request import RequestState
-from service.engines.local.rows import HostDedup, RowTable, right_aligned
+from service.engines.local.rows import HostDedup, RowTable
 from service.engines.local.static_runner import BUCKETS, StaticGroup, _step
 from watermark import dispatch, stream
 from watermark.processing import MIN_TEMPERATURE
@@ -203,43 +206,45 @@ class BlockCounts:
     graph_replays: int = 0
     eager_blocks: int = 0
     captures: int = 0
-    # Host seconds per phase of the steps (perf_counter, no synchronisation added):
-    # inputs packed and copied; replay (or eager launches) returned; last step's text sent;
-    # waiting for and reading back the outputs; tokens taken and bookkeeping.
+    skipped: int = 0
+    """Chained launches not made: every row was sure to finish in the blocks in flight."""
+    # Host seconds per phase of the steps (perf_counter, no synchronisation added): inputs
+    # packed and copied; replay (or eager launches) returned; waiting for and reading back
+    # the outputs; tokens taken (arrays), posted to the streamer, finished rows ended.
     seconds_prepare: float = 0.0
     seconds_launch: float = 0.0
-    seconds_send_text: float = 0.0
     seconds_wait_read: float = 0.0
     seconds_take: float = 0.0
 
 
 class SpeculativeBlocks:
     """The speculative group's blocks over StaticGroups: graph replays on CUDA (one per
-    bucket x fed x window, captured at load), the same function eagerly elsewhere."""
+    bucket x fed x window, captured at load), the same function eagerly elsewhere.
 
-    def __init__(self, draft: StaticGroup, target: StaticGroup, k: int, dedup_slots=None, graphs: bool = True,
-                 defer_text: bool | None = None, pipeline: bool = True) -> None:
+    The host side of a block is flat in rows: its inputs are packed from the engine's
+    OutputTable with array operations, its tokens taken into it the same way, and its text
+    made by the streamer thread; only rows that end (and rows with stop strings, which are
+    taken one by one) cost Python per row."""
+
+    def __init__(self, draft: StaticGroup, target: StaticGroup, k: int, outputs: OutputTable, streamer,
+                 dedup_slots=None, graphs: bool = True, pipeline: bool = True, depth: int = 1) -> None:
         self.draft, self.target, self.k = draft, target, k
-        # Detokenise a step's text while the GPU runs the next one (RequestState.emit_block
-        # defer); None = on CUDA, where the wait for the GPU would otherwise be idle.
-        self.defer_text = defer_text if defer_text is not None else target.device.type == "cuda"
+        self.outputs = outputs
+        self.streamer = streamer
         self.device = target.device
         self.dedup_slots = dedup_slots  # rows.DedupSlots (CUDA) or None (HostDedup)
         self.graphs_enabled = graphs and self.device.type == "cuda" and dedup_slots is not None
-        # Graph replays run one block ahead of the host (step); False: each block is taken
-        # before the call returns.
+        # Graph replays run ``depth`` blocks ahead of the host (step); pipeline False: each
+        # block is taken before the call returns.
         self.pipeline = pipeline
-        self._inflight: _InFlight | None = None
+        self.depth = depth
+        self._inflight: deque[_InFlight] = deque()
         self.slots = min(draft.cache.slots, target.cache.slots)
         self._buffers: dict[int, _Buffers] = {}
         self._graphs: dict[tuple[int, int, int], tuple] = {}
         self._stream = None
         self._pool = None
         self.counts = BlockCounts()
-        # Called once the last step's text is sent, before waiting for the GPU: the engine
-        # hands the events over then (Outbox.flush), so that the event loop takes them while
-        # this thread waits without the GIL.
-        self.after_send = None
 
     # ------------------------------------------------------------------ buffers and graphs
 
@@ -264,11 +269,11 @@ class SpeculativeBlocks:
     def windows(self) -> tuple[int, ...]:
         return self.target.windows
 
-    def _window(self, fed: int, ahead: bool = False) -> int:
-        """The column window of a block; ``ahead``: chained behind a block not yet taken
-        (whose rows advance by at most k + 1 columns in either cache)."""
-        extra = self.k + 1 if ahead else 0
-        need = max(max(self.draft.lengths) + fed + self.k, max(self.target.lengths) + self.k + 2) + extra
+    def _window(self, fed: int, ahead: int = 0) -> int:
+        """The column window of a block; ``ahead``: blocks in flight before it, not taken yet
+        (each advances a row by at most k + 1 columns in either cache)."""
+        need = max(int(self.draft.lengths.max()) + fed + self.k, int(self.target.lengths.max()) + self.k + 2)
+        need += ahead * (self.k + 1)
         return next((w for w in self.target.windows if w >= need), self.target.columns)
 
     def _graph_process(self, bufs: _Buffers):
@@ -336,64 +341,68 @@ class SpeculativeBlocks:
     # ------------------------------------------------------------------ a step
 
     @torch.inference_mode()
-    def step(self, rows: list[RequestState], pending: list[list[int]], table: RowTable, dedup) -> None:
+    def step(self, rows: list[RequestState], table: RowTable, dedup) -> None:
         """One draft-then-verify block for every row (as ``scheduler.speculative_step``;
-        ``dedup``: the rows' rows.DeviceDedup, or HostDedup where no GPU deduper runs).
+        ``table``: the rows' RowTable, whose ``out_rows`` are their OutputTable rows;
+        ``dedup``: their rows.DeviceDedup, or HostDedup where no GPU deduper runs).
 
-        Pipelined on CUDA graphs: a launched block is taken (read back, its tokens emitted)
-        by the next call, after that call has launched the following block, chained to it
-        on the device (its inputs are the ones the last block wrote, see :func:`block`), so
-        the GPU runs one block while the host takes the one before. The groups' states
+        Pipelined on CUDA graphs: a launched block is taken (read back, its tokens taken)
+        by a later call, after that call has launched the following block, chained to it on
+        the device (its inputs are the ones the last block wrote, see :func:`block`), so
+        the GPU runs the next blocks while the host takes one. The groups' states
         (``next_pos``, ``valid``, ``lengths``) are those of the last block taken; the
-        buffers run ahead. A row that finishes in a taken block has its chained block's
+        buffers run ahead. A row that finishes in a taken block has its chained blocks'
         tokens dropped (its dedup slot and cache row are closed or rewritten before anyone
-        reads them) and the chained block is taken at once, so rows leave with nothing in
+        reads them) and the chained blocks are taken at once, so rows leave with nothing in
         flight; the engine calls :meth:`drain` before rows join or leave otherwise."""
         counts = self.counts
         t0 = time.perf_counter()
-        ids = tuple(r.rid for r in rows)
         inflight = self._inflight
-        if inflight is not None and inflight.ids != ids:
+        if inflight and inflight[0].table is not table:
             raise RuntimeError("rows joined or left with a speculative block in flight (drain first)")
         bucket = self._bucket(len(rows))
         bufs = self._bufs(bucket)
         plain = _unfiltered(table)
-        chained = None
-        if inflight is not None and plain and bufs.table is table and bufs.dedup is dedup:
-            key = (bucket, 2, self._window(2, ahead=True))
-            chained = self._graphs.get(key) if key[2] < self.target.columns else None
-        if chained is not None:  # launch the next block now, take the last one while it runs
-            t1 = time.perf_counter()
-            self._inflight = self._launch(chained, rows, pending, 2, bufs)
-            t2 = time.perf_counter()
-            self._send_text(rows)
-            t3 = time.perf_counter()
-            finished = self._take(inflight, pending, counts)
-            if finished:  # rows leave after this step: take the chained block now (its tokens, or none)
-                self._take(self._inflight, pending, counts)
-                self._inflight = None
-            counts.seconds_prepare += t1 - t0
-            counts.seconds_launch += t2 - t1
-            counts.seconds_send_text += t3 - t2
-            return
-        if inflight is not None:  # not chainable (top-k rows, the cache's end): take it first
-            self._inflight = None
-            if self._take(inflight, pending, counts):
+        if inflight and plain and bufs.table is table and bufs.dedup is dedup:
+            launched, launching = False, 0.0
+            while len(inflight) <= self.depth and not self._all_end_in_flight(table, len(inflight)):
+                key = (bucket, 2, self._window(2, ahead=len(inflight)))
+                chained = self._graphs.get(key) if key[2] < self.target.columns else None
+                if chained is None:
+                    break
+                t1 = time.perf_counter()
+                inflight.append(self._launch(chained, rows, table, 2, bufs))
+                launching += time.perf_counter() - t1
+                launched = True
+            if launched or self._all_end_in_flight(table, len(inflight)):
+                counts.skipped += not launched
+                counts.seconds_launch += launching
+                counts.seconds_prepare += time.perf_counter() - t0 - launching
+                if self._take(inflight.popleft()):  # rows leave after this step: take the rest now
+                    self.drain()
+                return
+        # Not chainable (top-k rows, the cache's end, new rows): take what is in flight first.
+        while inflight:
+            if self._take(inflight.popleft()):
+                self.drain()
                 return  # finished rows leave before the next block
-        self._launch_packed(rows, pending, table, dedup, bufs, bucket, plain, t0)
+        self._launch_packed(rows, table, dedup, bufs, bucket, plain, t0)
 
-    def _launch_packed(self, rows, pending, table, dedup, bufs, bucket, plain, t0) -> None:
+    def _all_end_in_flight(self, table: RowTable, blocks: int) -> bool:
+        """Whether every row is sure to end within ``blocks`` blocks in flight (each takes
+        at least one token from every row still running): then another block is waste."""
+        if blocks == 0:
+            return False
+        rows = table.out_rows
+        return bool(((self.outputs.max_tokens[rows] - self.outputs.length[rows]) <= blocks).all())
+
+    def _launch_packed(self, rows, table, dedup, bufs, bucket, plain, t0) -> None:
         """A block whose inputs the host packs (after a join, a leave, a rollback, an eager
-        batch): launched, then taken by the next call (graphs) or at once (eager)."""
+        batch): launched, then taken by a later call (graphs) or at once (eager)."""
         k, batch, counts = self.k, len(rows), self.counts
         if bufs.table is not table or bufs.dedup is not dedup:
             bufs.load_rows(table, dedup)
-        fed = max(len(p) for p in pending)
-        values = [[len(r.output), r.last_token] + right_aligned(r.dedup.context, CONTEXT)
-                  + [0] * (2 - len(p)) + list(p) + [0] * (2 - len(p)) + [1] * len(p)
-                  for r, p in zip(rows, pending)]
-        values += [[0] * (2 + CONTEXT + 4)] * (bucket - batch)
-        host = torch.tensor(values, dtype=torch.int64)
+        host, fed = self._pack(table, bucket)
         if self.device.type == "cuda":
             host = host.pin_memory()
         bufs.step.copy_(host, non_blocking=True)
@@ -403,36 +412,52 @@ class SpeculativeBlocks:
         key = (bucket, fed, window)
         t1 = time.perf_counter()
         if self.graphs_enabled and plain and key in self._graphs:
-            launched = self._launch(self._graphs[key], rows, pending, fed, bufs)
+            launched = self._launch(self._graphs[key], rows, table, fed, bufs)
         else:
             process = self._graph_process(bufs) if plain else self._table_process(bufs, table, batch)
             outputs = block(bufs, self.draft, self.target, k, fed, window, process, self._dedup(bufs, dedup))
-            launched = self._record(outputs, rows, pending, fed, bufs)
+            launched = self._record(outputs, rows, table, fed, bufs)
             self.counts.eager_blocks += 1
             self.draft.eager_forwards += k
             self.target.eager_forwards += 1
         t2 = time.perf_counter()
-        self._send_text(rows)
-        t3 = time.perf_counter()
-        if self.pipeline and launched.graph:
-            self._inflight = launched
-        else:
-            self._take(launched, pending, counts)
         counts.seconds_prepare += t1 - t0
         counts.seconds_launch += t2 - t1
-        counts.seconds_send_text += t3 - t2
+        if self.pipeline and launched.graph:
+            self._inflight.append(launched)
+        elif self._take(launched):
+            self.drain()
 
-    def _launch(self, captured, rows, pending, fed: int, bufs: _Buffers) -> _InFlight:
+    def _pack(self, table: RowTable, bucket: int) -> tuple[torch.Tensor, int]:
+        """The block's inputs [bucket, 2 + CONTEXT + 4] from the OutputTable (as the block
+        itself writes them for the next one: position, last token, the committed context
+        right-aligned, the draft's pending inputs left-padded to two and which are live),
+        and how many inputs the draft is fed (1 or 2)."""
+        out, rows = self.outputs, table.out_rows
+        count = out.pending_count[rows]
+        two = count == 2
+        values = np.zeros((bucket, 2 + CONTEXT + 4), dtype=np.int64)
+        n = len(rows)
+        values[:n, 0] = out.length[rows]
+        values[:n, 1] = out.last_tokens(rows)
+        values[:n, 2:2 + CONTEXT] = out.contexts(rows, table.widths_host, CONTEXT)
+        values[:n, 2 + CONTEXT] = np.where(two, out.pending[rows, 0], 0)
+        values[:n, 3 + CONTEXT] = np.where(two, out.pending[rows, 1], out.pending[rows, 0])
+        values[:n, 4 + CONTEXT] = two
+        values[:n, 5 + CONTEXT] = 1
+        return torch.from_numpy(values), int(count.max())
+
+    def _launch(self, captured, rows, table, fed: int, bufs: _Buffers) -> _InFlight:
         graph, outputs = captured
         graph.replay()
         self.counts.graph_replays += 1
         self.draft.graph_replays += self.k
         self.target.graph_replays += 1
-        launched = self._record(outputs, rows, pending, fed, bufs)
+        launched = self._record(outputs, rows, table, fed, bufs)
         launched.graph = True
         return launched
 
-    def _record(self, outputs, rows, pending, fed: int, bufs: _Buffers) -> _InFlight:
+    def _record(self, outputs, rows, table, fed: int, bufs: _Buffers) -> _InFlight:
         """The block's outputs copied behind it: tokens into pinned memory (read by
         :meth:`_take`), the groups' new states into tensors of their own (a replay's outputs
         live in the graph's memory, which the next replay reuses)."""
@@ -447,65 +472,65 @@ class SpeculativeBlocks:
             event.record(torch.cuda.current_stream(out.device))
         else:
             host, event = out.clone(), None
-        return _InFlight(tuple(r.rid for r in rows), list(rows), pending, fed, host, event, states, bufs)
+        return _InFlight(table, rows, fed, host, event, states, bufs)
 
-    def _send_text(self, rows) -> None:
-        for row in rows:  # the last taken step's deferred text, detokenised while the GPU runs
-            row.send_text()
-        if self.defer_text and self.after_send is not None:
-            self.after_send()
-
-    def _take(self, launched: _InFlight, pending: list[list[int]], counts: BlockCounts) -> bool:
-        """Read a launched block back (the step's one synchronisation) and emit its tokens;
-        the groups take its states. ``pending`` (aligned with its rows) is updated. Returns
-        whether any row finished (rows already finished take nothing)."""
-        k, fed = self.k, launched.fed
+    def _take(self, launched: _InFlight) -> bool:
+        """Read a launched block back (the step's one synchronisation) and take its tokens
+        for every row at once; the groups take its states. Returns whether any row has
+        finished (rows already finished take nothing)."""
+        k, fed, counts, out_table = self.k, launched.fed, self.counts, self.outputs
         t3 = time.perf_counter()
         if launched.event is not None:
             launched.event.synchronize()
-        out = launched.host.tolist()
+        out = launched.host.numpy()
         t4 = time.perf_counter()
         self.draft.next_pos, self.draft.valid, self.target.next_pos, self.target.valid = launched.states
         launched.bufs.d_state = (self.draft.next_pos, self.draft.valid)
         launched.bufs.t_state = (self.target.next_pos, self.target.valid)
-        accepted = [row[-1] for row in out]
-        self.draft.lengths = [n + fed + k - 1 - max(0, k - 1 - a) for n, a in zip(self.draft.lengths, accepted)]
-        self.target.lengths = [n + a + 1 for n, a in zip(self.target.lengths, accepted)]
-        finished = False
-        for b, row in enumerate(launched.rows):
-            if row.finished:
+        accepted = out[:, -1]
+        self.draft.lengths = self.draft.lengths + fed + k - 1 - np.maximum(0, k - 1 - accepted)
+        self.target.lengths = self.target.lengths + accepted + 1
+        rows = launched.table.out_rows
+        done = out_table.done[rows]
+        one_by_one = out_table.one_by_one[rows] & ~done
+        fast = ~done & ~one_by_one
+        tokens, routes, drawn = out[:, :k + 1], out[:, k + 1:2 * k + 2], out[:, 2 * k + 2:3 * k + 2]
+        live = rows[~done]
+        out_table.drafted[live] += k
+        out_table.accepted[live] += accepted[~done]
+        full = accepted == k  # all drafts accepted: the draft has not seen the last one nor the bonus
+        last = np.take_along_axis(tokens, accepted[:, None], axis=1)[:, 0]
+        out_table.set_pending(live, np.where(full, drawn[:, k - 1], last)[~done],
+                              np.where(full, tokens[:, k], 0)[~done], np.where(full, 2, 1)[~done])
+        finished = bool(done.any())
+        index = np.flatnonzero(fast)
+        if len(index):
+            taken, why = out_table.take(rows[index], tokens[index], routes[index], accepted[index] + 1)
+            self.streamer.block(launched.rows, index, tokens[index].copy(), taken,
+                                out_table.routes[rows[index]].copy())
+            for i in np.flatnonzero(why != RUNNING).tolist():
+                launched.rows[index[i]].finish("stop" if why[i] == STOPPED else "length")
                 finished = True
-                continue
-            a = accepted[b]
-            tokens, routes, drawn = out[b][:k + 1], out[b][k + 1:2 * k + 2], out[b][2 * k + 2:3 * k + 2]
-            row.drafted += k
-            row.accepted += a
-            if row.emit_block(tokens[:a + 1], routes[:a + 1], defer=self.defer_text):
-                pending[b] = []
+        for b in np.flatnonzero(one_by_one).tolist():
+            a = int(accepted[b])
+            if launched.rows[b].emit_block(tokens[b, :a + 1].tolist(), routes[b, :a + 1].tolist()):
                 finished = True
-                continue
-            # The draft has seen pending + drafts[:k-1]; it still needs what it has not seen.
-            pending[b] = drawn[min(a, k - 1):a] + [tokens[a]]
         counts.seconds_wait_read += t4 - t3
         counts.seconds_take += time.perf_counter() - t4
         return finished
 
-    def drain(self) -> tuple[list[RequestState], list[list[int]]] | None:
-        """Take the block in flight, if any (before rows join or leave): returns its rows
-        and their updated pending draft inputs, for the engine to keep."""
-        launched, self._inflight = self._inflight, None
-        if launched is None:
-            return None
-        pending = launched.pending
-        self._take(launched, pending, self.counts)
-        return launched.rows, pending
+    def drain(self) -> None:
+        """Take the blocks in flight, if any (before rows join or leave)."""
+        while self._inflight:
+            self._take(self._inflight.popleft())
 
     def abandon(self) -> None:
-        """Forget the block in flight (a failed step: the engine restores the groups and the
-        GPU deduper's history lengths; what the block wrote beyond them is rewritten)."""
-        if self._inflight is not None and self._inflight.event is not None:
-            self._inflight.event.synchronize()
-        self._inflight = None
+        """Forget the blocks in flight (a failed step: the engine restores the groups and the
+        GPU deduper's history lengths; what the blocks wrote beyond them is rewritten)."""
+        for launched in self._inflight:
+            if launched.event is not None:
+                launched.event.synchronize()
+        self._inflight.clear()
         for bufs in self._buffers.values():  # they ran ahead: reload from the restored groups
             bufs.d_state = bufs.t_state = None
 
@@ -514,9 +539,8 @@ class SpeculativeBlocks:
 class _InFlight:
     """A launched block the host has not taken yet."""
 
-    ids: tuple[str, ...]
+    table: RowTable
     rows: list[RequestState]
-    pending: list[list[int]]
     fed: int
     host: torch.Tensor
     """[B, 3k + 3] int64 (pinned on CUDA): tokens, routes, drafts, accepted."""

@@ -13,12 +13,13 @@ references restores a failed step (later writes land beyond the restored live re
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from service.engines.local.model import StaticCache, forward as static_forward
 from watermark.transfer import host_tensor, to_device
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # Column windows: a step reads only the first W columns of the cache (every live column of
 # its rows lies below W - 1; column W - 1 is the window's scratch), so the indexer's scores,
 # its top-k and the masks cost O(W), not O(context); attention visits each query's own
@@ -41,7 +42,7 @@ class StaticGroup:
         self.ids: list[str] = []
         self.next_pos = torch.zeros((0,), dtype=torch.int64, device=device)  # [B] live tokens = next column
         self.valid = torch.zeros((0, self.columns), dtype=torch.bool, device=device)  # [B, T]
-        self.lengths: list[int] = []  # per row, an upper bound of its live tokens (host-side)
+        self.lengths = np.zeros(0, dtype=np.int64)  # per row, an upper bound of its live tokens (host-side)
         self.windows = tuple(w for w in WINDOWS if w < self.columns) + (self.columns,)
         self.graphs_enabled = graphs and device.type == "cuda"
         self._graphs: dict[tuple[int, int], tuple] = {}
@@ -63,12 +64,13 @@ class StaticGroup:
     # ------------------------------------------------------------------ rows
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int], padded: bool | None = None):
-        """Run one prompt alone into the next free slot; returns (slot, valid [1, T], last
-        logits [V] float32). ``padded`` (default: where a prefill graph exists) pads the
-        prompt to the next of PREFILL_LENGTHS and runs it as the decode steps do (padding
-        inputs write only the scratch column), replayed as a CUDA graph on CUDA."""
-        row = len(self.ids)
+    def prefill(self, prompt_ids: list[int], padded: bool | None = None, ahead: int = 0):
+        """Run one prompt alone into the next free slot (``ahead``: the slot after that many
+        prefills that have not joined yet, see :meth:`join_many`); returns (slot, valid
+        [1, T], last logits [V] float32). ``padded`` (default: where a prefill graph exists)
+        pads the prompt to the next of PREFILL_LENGTHS and runs it as the decode steps do
+        (padding inputs write only the scratch column), replayed as a CUDA graph on CUDA."""
+        row = len(self.ids) + ahead
         if row >= self.cache.slots:
             raise RuntimeError(f"the static KV cache has {self.cache.slots} slots, all in use")
         if len(prompt_ids) >= self.scratch:
@@ -109,15 +111,26 @@ class StaticGroup:
         if slot != len(self.ids):
             raise RuntimeError("a prefilled slot must join before the next prefill")
         self.ids = self.ids + [request_id]
-        self.lengths = self.lengths + [next_pos]
+        self.lengths = np.append(self.lengths, next_pos)
         self.next_pos = torch.cat([self.next_pos, host_tensor([next_pos], torch.int64, self.device)])
         self.valid = torch.cat([self.valid, valid])
+
+    def join_many(self, request_ids: list[str], slots: list, valids: list[torch.Tensor], next_pos: list[int]) -> None:
+        """:meth:`join` for several prefills in slot order, with one copy each of the rows'
+        positions and masks."""
+        if list(slots) != list(range(len(self.ids), len(self.ids) + len(slots))):
+            raise RuntimeError("prefilled slots must join in order, before the next prefill")
+        self.ids = self.ids + list(request_ids)
+        self.lengths = np.append(self.lengths, next_pos)
+        self.next_pos = torch.cat([self.next_pos, host_tensor(next_pos, torch.int64, self.device)])
+        self.valid = torch.cat([self.valid, *valids])
 
     def keep(self, keep_ids: list[str]) -> None:
         """Drop every row not in ``keep_ids`` (order preserved); kept rows move to slots 0..n-1."""
         if keep_ids == self.ids:
             return
-        rows = [self.ids.index(i) for i in keep_ids]
+        where = {rid: i for i, rid in enumerate(self.ids)}
+        rows = [where[i] for i in keep_ids]
         if rows:
             index = host_tensor(rows, torch.int64, self.device)
             if rows != list(range(len(rows))):
@@ -129,11 +142,11 @@ class StaticGroup:
         else:
             self.next_pos = self.next_pos[:0]
             self.valid = self.valid[:0]
-        self.lengths = [self.lengths[r] for r in rows]
+        self.lengths = self.lengths[rows]
         self.ids = list(keep_ids)
 
     def snapshot(self):
-        return (list(self.ids), self.next_pos, self.valid, list(self.lengths))
+        return (list(self.ids), self.next_pos, self.valid, self.lengths.copy())
 
     def restore(self, saved) -> None:
         self.ids, self.next_pos, self.valid, self.lengths = saved
@@ -147,9 +160,9 @@ class StaticGroup:
         if live is None:
             live = torch.ones_like(input_ids)
         live = live.to(torch.int64)
-        need = max(self.lengths) + n + 1  # live columns below W - 1 after this step
+        need = int(self.lengths.max()) + n + 1  # live columns below W - 1 after this step
         window = next((w for w in self.windows if w >= need), self.columns)
-        self.lengths = [length + n for length in self.lengths]
+        self.lengths = self.lengths + n
         bucket = next((b for b in BUCKETS if b >= batch), None)
         if self.graphs_enabled and bucket is not None and bucket <= self.cache.slots:
             logits, next_pos, valid = self._replay(bucket, window, input_ids, live)
@@ -231,7 +244,7 @@ class StaticGroup:
         count moves back and those columns stop being valid; they are rewritten next step.
         ``counts`` [B] int64 is a host tensor; ``on_device``, the same counts already on the
         device (the scheduler's), spares a copy."""
-        self.lengths = [length - c for length, c in zip(self.lengths, counts.tolist())]  # host bounds
+        self.lengths = self.lengths - counts.numpy()  # host bounds
         next_pos = self.next_pos - (to_device(counts, self.device) if on_device is None else on_device)
         cols = torch.arange(self.columns, device=self.device).unsqueeze(0)
         self.valid = self.valid & (cols < next_pos.unsqueeze(1))

@@ -152,7 +152,7 @@ def test_speculative_blocks_give_the_scheduler_step_tokens():
     steps = _engine("cpu", static_cache=True, speculative_blocks=False)
     try:
         assert blocks._blocks is not None and steps._blocks is None  # noqa: SLF001
-        blocks._blocks.defer_text = True  # noqa: SLF001 - as on CUDA: text sent one step later
+        blocks._streamer.threaded = True  # noqa: SLF001 - as on CUDA: text made on the streamer thread
         requests = _requests(blocks.tokenizer(), tokens=40)
         requests[3] = dataclasses.replace(requests[3], top_k=50)  # top-k: the eager fallback's filters
         batched = _run(blocks, requests)
@@ -235,23 +235,31 @@ def test_long_outputs_are_batch_independent_in_bf16():
 def test_a_block_writes_the_next_blocks_inputs():
     """What a block writes into its step buffer for the next block (spec_block.block's last
     lines, which chained launches on CUDA run from) is exactly what the host packs from
-    the tokens it took: checked before every packed block whose rows are the last block's."""
+    the tokens it took (SpeculativeBlocks._pack, from the OutputTable's arrays), and both
+    are what each request's own state says (its length, last token, dedup context and the
+    draft's pending inputs): checked before every packed block whose rows are the last
+    block's."""
     from service.engines.local.rows import right_aligned
     from service.engines.local.spec_block import CONTEXT
 
     engine = _engine("cpu", static_cache=True, speculative_blocks=True)
     blocks = engine._blocks  # noqa: SLF001
+    out = engine._outputs  # noqa: SLF001
     original, seen, checked = blocks._launch_packed, {}, []  # noqa: SLF001
 
-    def spy(rows, pending, table, dedup, bufs, *args):
+    def spy(rows, table, dedup, bufs, *args):
         ids = tuple(r.rid for r in rows)
+        expected = []
+        for r in rows:
+            pending = out.pending[r.row, :out.pending_count[r.row]].tolist()
+            expected.append([r.length, r.last_token] + right_aligned(r.dedup.context, CONTEXT)
+                            + [0] * (2 - len(pending)) + pending + [0] * (2 - len(pending)) + [1] * len(pending))
+        packed, fed = blocks._pack(table, len(rows))  # noqa: SLF001
+        assert packed.tolist() == expected and fed == max(out.pending_count[table.out_rows])
         if seen.get(id(bufs)) == ids and bufs.table is table:
-            expected = [[len(r.output), r.last_token] + right_aligned(r.dedup.context, CONTEXT)
-                        + [0] * (2 - len(p)) + list(p) + [0] * (2 - len(p)) + [1] * len(p)
-                        for r, p in zip(rows, pending)]
             assert bufs.step[:len(rows)].tolist() == expected
             checked.append(len(rows))
-        original(rows, pending, table, dedup, bufs, *args)
+        original(rows, table, dedup, bufs, *args)
         seen[id(bufs)] = ids
 
     blocks._launch_packed = spy  # noqa: SLF001
