@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -45,6 +46,8 @@ from watermark import stream
 from watermark.processing import validate_sampling
 
 log = logging.getLogger("hallmark.engine.local")
+SWITCH_INTERVAL_CUDA = 0.001
+"""Seconds: the interpreter's thread switch interval with the engine on CUDA (LocalEngine.switch_interval)."""
 
 
 class LocalEngine:
@@ -55,7 +58,8 @@ class LocalEngine:
                  restart_delay: float = 1.0, max_restarts: int = 3, on_fatal=None,
                  static_cache: bool | None = None, cuda_graphs: bool = True, cpu_threads: int | None = None,
                  speculative_blocks: bool | None = None, pipeline_blocks: bool = True,
-                 streamer_thread: bool | None = None, pipeline_depth: int = 1) -> None:
+                 streamer_thread: bool | None = None, pipeline_depth: int = 1,
+                 switch_interval: float | None = None) -> None:
         # Reported as the bundled model's real name ("bundled" is only an alias for it).
         self.model_name = BUNDLED_MODELS.get(model, model)
         self.draft_name = draft_model
@@ -77,6 +81,11 @@ class LocalEngine:
         # Requests' text made on a thread of its own (streamer.py); None = on CUDA, where the
         # step loop's time is the GPU's idle time.
         self.streamer_thread = streamer_thread
+        # The interpreter's thread switch interval while the engine runs on CUDA (None: 1 ms
+        # there, unchanged on the CPU; 0: unchanged). The step loop waits for the GPU with
+        # the GIL released; taking it back from a busy event loop or streamer thread waits
+        # up to this long, while the GPU may run dry. Python's default is 5 ms.
+        self.switch_interval = switch_interval
         self._blocks = None
         self._ready = False
         self._tokenizer = None
@@ -213,6 +222,10 @@ class LocalEngine:
         if self._thread is not None:
             return
         await asyncio.to_thread(self.load)
+        interval = self.switch_interval if self.switch_interval is not None else \
+            (SWITCH_INTERVAL_CUDA if self.device.type == "cuda" else 0)
+        if interval:
+            sys.setswitchinterval(interval)
         self._stop = False
         self._start_thread()
 
