@@ -37,7 +37,7 @@ from service.engines.local.outputs import OutputTable
 from service.engines.local.request import RequestState
 from service.engines.local.rows import DedupSlots, HostDedup, RowTable
 from service.engines.local.runner import Group, load_model
-from service.engines.local.static_runner import StaticGroup
+from service.engines.local.static_runner import StaticGroup, check_batched_prefill, prefill_all
 from service.engines.local.streamer import Streamer
 from service.engines.local.telemetry import EngineTelemetry, StepReport
 from service.engines.local.scheduler import SpeculativeGroups, plain_step, process, sample_next, sample_rows, \
@@ -59,7 +59,7 @@ class LocalEngine:
                  static_cache: bool | None = None, cuda_graphs: bool = True, cpu_threads: int | None = None,
                  speculative_blocks: bool | None = None, pipeline_blocks: bool = True,
                  streamer_thread: bool | None = None, pipeline_depth: int = 1,
-                 switch_interval: float | None = None) -> None:
+                 switch_interval: float | None = None, batched_prefill: bool | None = None) -> None:
         # Reported as the bundled model's real name ("bundled" is only an alias for it).
         self.model_name = BUNDLED_MODELS.get(model, model)
         self.draft_name = draft_model
@@ -86,6 +86,9 @@ class LocalEngine:
         # the GIL released; taking it back from a busy event loop or streamer thread waits
         # up to this long, while the GPU may run dry. Python's default is 5 ms.
         self.switch_interval = switch_interval
+        # Admission prefills many prompts in one forward (static groups on CUDA) where a
+        # check at load finds every row's logits equal to its own prefill's; False: never.
+        self.batched_prefill = batched_prefill
         self._blocks = None
         self._ready = False
         self._tokenizer = None
@@ -198,6 +201,11 @@ class LocalEngine:
                 group.capture_all(widths)
         if self._blocks is not None:
             self._blocks.capture_all()
+        for group in self._groups():  # prefill many prompts in one forward where that changes no logits
+            if isinstance(group, StaticGroup) and group.graphs_enabled and self.batched_prefill is not False:
+                group.batched_prefill = check_batched_prefill(group)
+                log.info("batched prefill on %s: %s", group.model.config.model_type,
+                         "on" if group.batched_prefill else "off (a row's logits differ from its own prefill's)")
         if self.telemetry is None:  # after the warm-up, so that its steps are not counted
             self.telemetry = EngineTelemetry.attach(self)
         self._ready = True
@@ -402,10 +410,11 @@ class LocalEngine:
             state.rid = state.request.request_id + f"#{id(state)}"
             state.attach(self._outputs)
         groups = [self.spec_target if self._uses_speculation(s) else self.plain for s in states]
-        prefills, ahead = [], {}
-        for state, group in zip(states, groups):
-            prefills.append(group.prefill(list(state.request.prompt_ids), ahead=ahead.get(id(group), 0)))
-            ahead[id(group)] = ahead.get(id(group), 0) + 1
+        prefills: list = [None] * len(states)
+        for group in (self.plain, self.spec_target):
+            index = [i for i, g in enumerate(groups) if g is group]
+            for i, prefill in zip(index, prefill_all(group, [list(states[i].request.prompt_ids) for i in index])):
+                prefills[i] = prefill
         sample_next(torch.stack([logits for _, _, logits in prefills]), states)
         spec_states = []
         for group in (self.plain, self.spec_target):
@@ -416,7 +425,7 @@ class LocalEngine:
             if group is self.spec_target:
                 spec_states = [s for s, _ in members]
         if spec_states:
-            drafts = [self.spec.draft.prefill(list(s.request.prompt_ids), ahead=i) for i, s in enumerate(spec_states)]
+            drafts = prefill_all(self.spec.draft, [list(s.request.prompt_ids) for s in spec_states])
             self.spec.draft.join_many([s.rid for s in spec_states], [d[0] for d in drafts], [d[1] for d in drafts],
                                       [len(s.request.prompt_ids) for s in spec_states])
             rows = np.array([s.row for s in spec_states], dtype=np.int64)

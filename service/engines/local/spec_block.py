@@ -307,7 +307,7 @@ class SpeculativeBlocks:
         self._stream = torch.cuda.Stream(dev)
         self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.stream(self._stream):
-            reduction.workspace(dev, 1 << 12, 1 << 16, 1 << 22)  # ample for any bucket: never regrown
+            reduction.workspace(dev, 1 << 14, 1 << 18, 1 << 22)  # ample for any bucket (1,024 x 5 rows): never regrown
         buckets = [b for b in BUCKETS if b <= self.slots]
         for bucket in reversed(buckets):
             for fed in (1, 2):

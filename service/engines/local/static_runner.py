@@ -13,11 +13,15 @@ references restores a failed step (later writes land beyond the restored live re
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
 from service.engines.local.model import StaticCache, forward as static_forward
 from watermark.transfer import host_tensor, to_device
+
+log = logging.getLogger("hallmark.engine.local")
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # Column windows: a step reads only the first W columns of the cache (every live column of
@@ -30,6 +34,9 @@ WINDOWS = (128, 256, 512, 1024)
 # prompts run eagerly). An eager prefill of the bundled target took ~9 ms on the H200:
 # 16 requests arriving together spent ~0.3 s there, as long as their whole decode.
 PREFILL_LENGTHS = (16, 32, 64, 128, 256, 512)
+# Padded tokens of one batched prefill at most (rows x length): the matmuls then have at
+# most as many rows as a verify step of the largest checked bucket has (256 x (k + 1)).
+PREFILL_TOKENS = 1280
 
 
 class StaticGroup:
@@ -45,6 +52,7 @@ class StaticGroup:
         self.lengths = np.zeros(0, dtype=np.int64)  # per row, an upper bound of its live tokens (host-side)
         self.windows = tuple(w for w in WINDOWS if w < self.columns) + (self.columns,)
         self.graphs_enabled = graphs and device.type == "cuda"
+        self.batched_prefill = False  # prefill_many at admission (check_batched_prefill)
         self._graphs: dict[tuple[int, int], tuple] = {}
         self.eager_forwards = self.graph_replays = self.compactions = 0
         self.indexer_layers = model.config.num_hidden_layers if model.config.model_type == "deepseek_v32" else 0
@@ -96,12 +104,40 @@ class StaticGroup:
                 self.eager_forwards += 1
                 outputs = _prefill_step(self.model, self.cache, inputs[0:1], inputs[1:2], inputs[2, :1],
                                         self._window(length))
-            return row, valid, outputs[0, n - 1].float()
+            # A copy: the graph's output buffer is the next replay's (admission prefills back to back).
+            return row, valid, outputs[0, n - 1].to(torch.float32, copy=True)
         ids = torch.tensor([prompt_ids], dtype=torch.int64, device=self.device)
         cols = torch.arange(n, device=self.device).unsqueeze(0)
         self.eager_forwards += 1
         logits = static_forward(self.model, _Rows(self.cache, row, self.columns), ids, cols, cols, valid)
         return row, valid, logits[0, -1].float()
+
+    @torch.inference_mode()
+    def prefill_many(self, prompts: list[list[int]], ahead: int = 0) -> list[tuple]:
+        """:meth:`prefill` for several prompts in one forward (rows padded to the next of
+        PREFILL_LENGTHS, into the next free slots in order, ``ahead`` as there), eagerly:
+        one launch of each kernel for all of them instead of one prefill graph each. Each
+        row's logits equal its own prefill's where every kernel is row-invariant, which
+        :func:`check_batched_prefill` tests bit for bit on this device, for every shape
+        admission can give it, before the engine uses it."""
+        first = len(self.ids) + ahead
+        count, longest = len(prompts), max(len(p) for p in prompts)
+        length = next((m for m in PREFILL_LENGTHS if m >= longest), None)
+        if first + count > self.cache.slots:
+            raise RuntimeError(f"the static KV cache has {self.cache.slots} slots, all in use")
+        if length is None or self._window(length) >= self.columns:
+            raise ValueError(f"prompts of {longest} tokens are prefilled one by one")
+        ids = [list(p) + [0] * (length - len(p)) for p in prompts]
+        live = [[1] * len(p) + [0] * (length - len(p)) for p in prompts]
+        inputs = host_tensor(ids + live, torch.int64, self.device)
+        zeros = torch.zeros((count,), dtype=torch.int64, device=self.device)
+        none = torch.zeros((count, self.columns), dtype=torch.bool, device=self.device)
+        logits, _, valid = _step(self.model, self.cache, inputs[:count], inputs[count:], zeros, none,
+                                 self._window(length), first=first)
+        self.eager_forwards += 1
+        lengths = host_tensor([len(p) - 1 for p in prompts], torch.int64, self.device)
+        last = logits.gather(1, lengths.view(-1, 1, 1).expand(-1, 1, logits.shape[-1]))[:, 0].to(torch.float32)
+        return [(first + b, valid[b:b + 1], last[b]) for b in range(count)]
 
     def _window(self, length: int) -> int:
         """The column window of a prefill padded to ``length`` (its scratch column above it)."""
@@ -259,11 +295,11 @@ def _prefill_step(model, cache, input_ids, live, slot, window: int):
     return _step(model, cache, input_ids, live, next_pos, valid, window, slot)[0]
 
 
-def _step(model, cache, input_ids, live, next_pos, valid, window: int, slot=None):
+def _step(model, cache, input_ids, live, next_pos, valid, window: int, slot=None, first: int = 0):
     """Fixed-shape step over the first ``window`` columns (column window - 1 is scratch):
     columns/positions from the rows' counts, valid updated, forward run.
     Returns (logits [B, n, V], next_pos [B], valid [B, T]) as new tensors. ``slot`` [1]
-    (prefill, B = 1) writes that cache row instead of row 0."""
+    (prefill, B = 1) writes that cache row instead of row 0; ``first``: rows from that one."""
     total = valid.shape[1]
     scratch = window - 1
     valid = valid[:, :window]
@@ -273,7 +309,7 @@ def _step(model, cache, input_ids, live, next_pos, valid, window: int, slot=None
     written = torch.zeros_like(valid).scatter(1, columns, live > 0)
     written[:, scratch] = False
     valid = valid | written
-    rows = _Rows(cache, 0, window) if slot is None else _SlotRows(cache, slot, window)
+    rows = _Rows(cache, first, window) if slot is None else _SlotRows(cache, slot, window)
     logits = static_forward(model, rows, input_ids, positions, columns, valid)
     return logits, next_pos + live.sum(dim=1), torch.nn.functional.pad(valid, (0, total - window))
 
@@ -307,3 +343,58 @@ class _SlotRows:
         tensor = self.cache.layers[layer][name]
         tensor.index_put_((self.slot.view(1, 1).expand_as(columns), columns), values.to(tensor.dtype))
         return tensor[:, :self.window].index_select(0, self.slot)
+
+
+def prefill_all(group, prompts: list[list[int]]) -> list[tuple]:
+    """Each prompt's prefill into the group's next free slots, in order: (slot, valid [1, T],
+    last logits [V] float32) each. Batched (:meth:`StaticGroup.prefill_many`, chunks of at
+    most PREFILL_TOKENS padded tokens) where the group's check allowed it, else one by one
+    (a dynamic group's prefill returns its own cache in place of a slot)."""
+    out: list[tuple] = []
+    chunk: list[list[int]] = []
+
+    def flush() -> None:
+        if chunk:
+            out.extend(group.prefill_many(chunk, ahead=len(out)) if len(chunk) > 1 else
+                       [group.prefill(chunk[0], ahead=len(out))])
+            chunk.clear()
+
+    for prompt in prompts:
+        length = next((m for m in PREFILL_LENGTHS if m >= len(prompt)), None)
+        if not getattr(group, "batched_prefill", False) or length is None:
+            flush()
+            out.append(group.prefill(prompt, ahead=len(out)))
+            continue
+        padded = max([length] + [next(m for m in PREFILL_LENGTHS if m >= len(p)) for p in chunk])
+        if chunk and (len(chunk) + 1) * padded > PREFILL_TOKENS:
+            flush()
+        chunk.append(prompt)
+    flush()
+    return out
+
+
+@torch.inference_mode()
+def check_batched_prefill(group: StaticGroup, seed: int = 0) -> bool:
+    """Whether :meth:`StaticGroup.prefill_many` gives every row its own prefill's logits, bit
+    for bit, on this device, for every shape :func:`prefill_all` can give it: each padded
+    length L of PREFILL_LENGTHS and each count 2 .. PREFILL_TOKENS / L of prompts (random
+    ids, lengths 1 .. L, the first exactly L). Run at load, with no row joined (it writes
+    free slots only); a few hundred forwards."""
+    if len(group.ids):
+        raise RuntimeError("check batched prefill before any row joins")
+    g = torch.Generator().manual_seed(seed)
+    vocab = group.model.config.vocab_size
+    for length in PREFILL_LENGTHS:
+        most = min(PREFILL_TOKENS // length, group.cache.slots)
+        if most < 2 or group._window(length) >= group.columns:
+            continue
+        lengths = [length] + torch.randint(1, length + 1, (most - 1,), generator=g).tolist()
+        prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+        alone = [group.prefill(p, ahead=i)[2] for i, p in enumerate(prompts)]
+        for count in range(2, most + 1):
+            together = group.prefill_many(prompts[:count])
+            if not all(torch.equal(alone[i], together[i][2]) for i in range(count)):
+                log.warning("batched prefill changes logits (%d prompts of up to %d tokens); prefilling one by one",
+                            count, length)
+                return False
+    return True
