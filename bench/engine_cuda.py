@@ -306,6 +306,8 @@ async def main_async() -> dict:
               "python": sys.version.split()[0], "engine_options": options,
               "startup_seconds": round(time.perf_counter() - t, 2),
               "command": "python bench/engine_cuda.py " + " ".join(sys.argv[1:])}
+    groups = {"plain": engine.plain, "speculative_target": engine.spec_target, "speculative_draft": engine.spec.draft}
+    result["batched_prefill"] = {name: getattr(g, "batched_prefill", None) for name, g in groups.items()}
     print("started", json.dumps(result), flush=True)
     tok = engine.tokenizer()
     if ARGS.parity_out or ARGS.parity_check:

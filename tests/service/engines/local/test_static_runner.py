@@ -269,3 +269,34 @@ def test_a_block_writes_the_next_blocks_inputs():
         assert len(checked) > 10 and max(checked) > 1
     finally:
         _stop(engine)
+
+
+@pytest.mark.slow
+@torch.inference_mode()
+def test_batched_prefills_fill_slots_in_order_with_each_prompts_logits():
+    """prefill_all with batching on (as a CUDA group whose load-time check passed): prompts
+    go to the next free slots in order, in chunks of at most PREFILL_TOKENS padded tokens
+    (long prompts one by one between them), each with its own prefill's valid columns and
+    last logits (float32 on the CPU: to 1e-4; bit for bit is what the CUDA check demands)."""
+    from service.engines.local.runner import load_model
+    from service.engines.local.static_runner import PREFILL_TOKENS, StaticGroup, prefill_all
+    from service.model_paths import resolve_model_path
+
+    device = torch.device("cpu")
+    model = load_model(resolve_model_path("hallmark-tiny-draft"), device)
+    batched = StaticGroup(model, device, slots=100, context=700, graphs=False)
+    single = StaticGroup(model, device, slots=100, context=700, graphs=False)
+    batched.batched_prefill = True
+    g = torch.Generator().manual_seed(3)
+    lengths = [16] * 85 + [600] + [3, 20, 7]  # 85 x 16 > PREFILL_TOKENS: two chunks, then a long one alone
+    prompts = [torch.randint(3, 8000, (n,), generator=g).tolist() for n in lengths]
+    calls = []
+    original = batched.prefill_many
+    batched.prefill_many = lambda chunk, ahead=0: calls.append((len(chunk), ahead)) or original(chunk, ahead)
+    out = prefill_all(batched, prompts)
+    assert [slot for slot, _, _ in out] == list(range(len(prompts)))
+    assert all(n * 16 <= PREFILL_TOKENS for n, _ in calls) and sum(n for n, _ in calls) == len(prompts) - 1
+    for i, ((slot, valid, logits), prompt) in enumerate(zip(out, prompts)):
+        slot_s, valid_s, logits_s = single.prefill(prompt, ahead=i)
+        assert slot == slot_s and torch.equal(valid, valid_s), i
+        torch.testing.assert_close(logits, logits_s, atol=1e-4, rtol=1e-4)
