@@ -207,6 +207,8 @@ def main() -> None:
                 "ledger_writes_per_group": round(writes / max(groups, 1), 2), "rounds": rounds}
             print(json.dumps({"requests": n, **{k: v for k, v in result["sizes"][n].items() if k != "rounds"}}),
                   flush=True)
+            if args.out:  # what is done so far
+                Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     finally:
         client.stdin.close()
         client.wait(60)
