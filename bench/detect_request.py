@@ -22,7 +22,7 @@ generation (so the edited text has a k-gram match and the watermarked one an exa
 the provider's case, every key with generations, whose k-gram look-ups the request then
 pays in full (stores ``<algorithm>-<K>-g<N>.db``, made once). With the per-key k-gram
 scheme (scheme 1) that was a keyed hash of the text and one query per key; with the
-store's one k-gram key (scheme 2, keys.kgrams) one of each for every key.
+store's one k-gram key (scheme 2, ledger.kgrams) one of each for every key.
 ``kgram_ms_per_key_with_generations``: one scheme 1 hashing of the text, for comparison.
 ``--no-http`` skips the gateway process.
 
@@ -75,7 +75,7 @@ def main() -> None:
 
     from fastapi.testclient import TestClient
 
-    from keys import kgrams
+    from ledger import kgrams
     from keys.tokens import issue_token
     from service import detection
     from service.app import create_app
@@ -180,8 +180,8 @@ def _record_generations(store, per_key: int, seed: int) -> None:
     the gateway records them (entry, k-grams, log leaf); once per store."""
     from sqlalchemy import func, select
 
-    from keys import kgrams
-    from keys.ledger import record_generation
+    from ledger import kgrams
+    from ledger.entries import record_generation
     from keys.material import detection_keys
     from keys.models import LedgerEntry
 
@@ -204,8 +204,8 @@ def _record_generations(store, per_key: int, seed: int) -> None:
 
 def _record_owner_text(services, path: Path, candidate, tokens: list[int]) -> None:
     """The watermarked text as its key's generation (once per store: a marker file beside it)."""
-    from keys import kgrams
-    from keys.ledger import record_generation
+    from ledger import kgrams
+    from ledger.entries import record_generation
 
     marker = path.with_suffix(".owner")
     if marker.exists():

@@ -5,7 +5,7 @@ soak's load, log on and log off measured in one run.
    watermarked generation (200 tokens, its k-grams, one transaction), in alternating blocks
    with the log on and off (``store.sequencing``), on SQLite and on PostgreSQL. The cost of
    the log is the difference of the blocks' medians; the time of the log's own append
-   (:func:`keys.tlog.append_entry`: head lock and MAC check, leaf, subtrees, head) is
+   (:func:`ledger.log.tlog.append_entry`: head lock and MAC check, leaf, subtrees, head) is
    timed apart as well.
 2. Under load: two gateway processes on one PostgreSQL database, one with the log (and
    checkpoints published every 256 entries / 30 s, the defaults) and one without
@@ -58,8 +58,9 @@ def per_entry(url: str, tmp: Path, blocks: int, per_block: int) -> dict:
     """Median seconds per entry with the log on and off, and of the log's append alone."""
     import random
 
-    from keys import kgrams, tlog
-    from keys.ledger import record_generation
+    from ledger import kgrams
+    from ledger.log import tlog
+    from ledger.entries import record_generation
     from keys.material import active_key
 
     store, tenant_id, key = _store(url, tmp)
@@ -169,7 +170,7 @@ def render(args, result: dict) -> str:
              "## Per ledger entry (in process)", "",
              "A finished watermarked generation of 200 tokens with its k-grams, one transaction each, in "
              "alternating blocks with the log on and off (the first block, which creates the log, not counted); "
-             "medians of the blocks' per-entry times. *log append* is keys.tlog.append_entry alone.", "",
+             "medians of the blocks' per-entry times. *log append* is ledger.log.tlog.append_entry alone.", "",
              "| database | entry, log on (ms) | entry, log off (ms) | difference (ms) | log append median (ms) | log append p99 (ms) |",
              "|---|---:|---:|---:|---:|---:|"]
     for db, r in result["per_entry"].items():

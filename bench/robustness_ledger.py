@@ -9,8 +9,8 @@ seeds), so its cells compare with robustness.md's. Per edited text:
 - ``auto``: ``detector.detect.detect`` with the default config (span-aware verdict), TPR at
   p <= 1e-6: the watermark basis alone.
 - ``ledger``: every generated text recorded in a real SQLite key store (its key imported,
-  its ledger entry and k-gram digests written by ``keys.ledger`` / ``keys.kgrams``, as the
-  gateway does); the edited copy looked up by ``keys.kgrams.find_matches`` under its key;
+  its ledger entry and k-gram digests written by ``ledger.entries`` / ``ledger.kgrams``, as the
+  gateway does); the edited copy looked up by ``ledger.kgrams.find_matches`` under its key;
   a hit is a match to its own generation with false-match bound <= 1e-6 (the gateway's
   ledger-basis rule). ``verdict``: either basis (what ``/v1/detect`` reports in ``basis``).
 - ``oracle`` (substitution only; not a detector): the exact sum test restricted to the
@@ -41,10 +41,10 @@ from detector import scoring
 from detector.detect import DetectorConfig, detect
 from detector.result import Candidate
 from detector.stats import gamma_log10_sf
-from keys import kgrams
+from ledger import kgrams
 from keys.db import open_store
 from keys.kek import Kek
-from keys.ledger import record_generation
+from ledger.entries import record_generation
 from keys.lifecycle import import_key
 from keys.settings import StoreSettings
 from keys.tenants import create_tenant

@@ -5,7 +5,7 @@ look-ups, each request to one of the gateways in service. Meanwhile a key rotati
 30 s (round robin over the tenants, through the admin API), one revocation (a verify-only
 key), one staged KEK rotation and one restart of the PostgreSQL server.
 
-The staged KEK rotation is the README's procedure: ``hallmark kek generate`` a new KEK; a
+The staged KEK rotation is the documented procedure (docs/concepts/keys.md, KEKs): ``hallmark kek generate`` a new KEK; a
 rolling restart gives each gateway ``HALLMARK_KEK_FILE=<new>`` and
 ``HALLMARK_KEK_PREVIOUS_FILE=<old>`` (a gateway leaves the clients' rotation, drains,
 restarts and rejoins, so the other one serves meanwhile); ``hallmark kek rotate`` re-wraps
@@ -300,7 +300,7 @@ async def _rolling_restart(pool: Pool, env: dict[str, str], tmp: Path, stats: St
 
 
 async def staged_kek_rotation(pool: Pool, env: dict[str, str], tmp: Path, stats: Stats, t0: float) -> None:
-    """The README's staged rollout of a new KEK under load (see the module docstring)."""
+    """The documented staged rollout of a new KEK under load (see the module docstring)."""
     begin = time.monotonic() - t0
     old_file, new_file = Path(env["HALLMARK_KEK_FILE"]), tmp / "kek-new.key"
     steps = []

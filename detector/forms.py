@@ -192,7 +192,7 @@ Match = TypeVar("Match")
 
 
 def merge_form_matches(per_form: Sequence[Sequence[Match]]) -> list[Match]:
-    """Ledger k-gram matches found in each of m forms of one text (``keys.kgrams.KgramMatch``,
+    """Ledger k-gram matches found in each of m forms of one text (``ledger.kgrams.KgramMatch``,
     with their shared tokens' evidence) merged: per generation and key, the strongest (a tested
     match by its shared tokens' p, then the collision bound), with its collision bound and
     shared-token p multiplied by m (Bonferroni over the forms searched). Best first.

@@ -145,7 +145,7 @@ class Store:
         self.engine = engine
         self.url = engine.url
         # Sessions know their store: the ledger's look-ups reach the log key through it
-        # (keys.tlog.authority) to cite only entries the log holds as written.
+        # (ledger.log.tlog.authority) to cite only entries the log holds as written.
         info = {"hallmark.store": self}
         self.sessions: sessionmaker[Session] = sessionmaker(engine, expire_on_commit=False, info=info)
         # SQLite: take the write lock at BEGIN, so concurrent writers queue on the busy
@@ -153,7 +153,10 @@ class Store:
         self._write_sessions: sessionmaker[Session] = sessionmaker(
             engine.execution_options(**{_BEGIN_OPTION: "IMMEDIATE"}), expire_on_commit=False, info=info
         )
-        self._log: Any = None
+        self.opened: dict[str, Any] = {}
+        """Secrets that packages built on the store opened with its keyring, kept for the
+        store's life under their own names (the transparency-log key: :func:`ledger.log.key.
+        store_log_key`). The store holds them without knowing them: it never imports them."""
         self.sequencing = True
         """False only in a benchmark's control arm: ledger entries are written without
         transparency-log leaves (never cited by detection, and no receipt carries a proof)."""
@@ -162,25 +165,6 @@ class Store:
     def keyring(self) -> Keyring:
         """The KEK keyring from the settings; :class:`~keys.errors.KekError` if unusable."""
         return load_keyring(self.settings)
-
-    def log_authority(self, session: Session | None) -> Any:
-        """The store's transparency-log key, opened with the keyring once it exists
-        (:class:`keys.log_key.LogAuthority`); None while the store has none or this process
-        holds no KEK. ``session``: where to read it when it is not opened yet (None: only
-        what is opened already)."""
-        if self._log is None and session is not None:
-            from keys.errors import KekError
-            from keys.log_key import load_log_key
-
-            try:
-                self._log = load_log_key(session, self.keyring)
-            except KekError:
-                return None
-        return self._log
-
-    def forget_log(self) -> None:
-        """Drop the cached log key (it was just created: the next use reads it committed)."""
-        self._log = None
 
     @contextmanager
     def transaction(self, *, write: bool = True) -> Iterator[Session]:

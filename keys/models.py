@@ -217,7 +217,7 @@ class LedgerEntry(Base):
     ``finish_reason``). Every entry carries the whole record (tenant, key, spec, counts and
     hashes of the output so far), so each one stands alone as evidence. ``seq`` counts a
     tenant's entries from 1 and ``prev_hash`` is the previous entry's ``entry_hash``
-    (:mod:`keys.chain` documents the canonical encoding). Append-only: the ORM refuses
+    (:mod:`ledger.chain` documents the canonical encoding). Append-only: the ORM refuses
     updates and deletes, and the migration adds database triggers that refuse them to plain
     SQL as well.
     """
@@ -336,7 +336,7 @@ class LogHead(Base):
 
 
 class LogLeaf(Base):
-    """One leaf of the log: a ledger entry or a signing-key event (keys.tlog)."""
+    """One leaf of the log: a ledger entry or a signing-key event (ledger.log.tlog)."""
 
     __tablename__ = "log_leaves"
     __table_args__ = (CheckConstraint("kind IN ('entry', 'signing_key')", name="kind_known"),)
@@ -425,7 +425,7 @@ def _refuse_bulk_audit_change(state: ORMExecuteState) -> None:
 
 
 class LedgerKgram(Base):
-    """Keyed hashes of a recorded generation's token k-grams (see :mod:`keys.kgrams`): lets
+    """Keyed hashes of a recorded generation's token k-grams (see :mod:`ledger.kgrams`): lets
     detection match an edited copy to its generation without storing text or token ids.
     Each digest is an HMAC under a key held only wrapped under the KEK (``scheme``: derived
     from the generation's watermark key secret, or the store's one k-gram key), so the rows
@@ -436,7 +436,7 @@ class LedgerKgram(Base):
         Index("ix_ledger_kgrams_key_digest", "key_id", "digest"),
         # Scheme 2's one look-up per text: every tenant (digest), or one (digest, tenant_id).
         Index("ix_ledger_kgrams_digest_tenant", "digest", "tenant_id"),
-        # Which keys have scheme 1 rows (keys.kgrams.KgramCache.v1_keys): empty on a store
+        # Which keys have scheme 1 rows (ledger.kgrams.KgramCache.v1_keys): empty on a store
         # that never recorded any, so the question costs nothing there. SQLite's predicate
         # only (partial_unique_index says why); migration 0010 gives PostgreSQL the same.
         Index("ix_ledger_kgrams_v1_key", "key_id", sqlite_where=text("scheme = 1")),
@@ -450,4 +450,4 @@ class LedgerKgram(Base):
     digest: Mapped[int] = mapped_column(BigInteger())
     """The first 63 bits of HMAC-SHA256(k-gram key, k token ids as 4-byte big-endian)."""
     scheme: Mapped[int] = mapped_column(SmallInteger(), default=1, server_default="1")
-    """Which k-gram key: 1, the generation's watermark key's; 2, the store's (keys.kgrams)."""
+    """Which k-gram key: 1, the generation's watermark key's; 2, the store's (ledger.kgrams)."""

@@ -20,9 +20,9 @@ from fastapi import FastAPI
 from detector import trgof
 from keys.db import Store, open_store
 from keys.errors import ConcurrentChange
-from keys.ledger import recover_interrupted
-from keys.signing import ensure_signing_key
-from keys.tlog import ensure_log
+from ledger.entries import recover_interrupted
+from ledger.signing import ensure_signing_key
+from ledger.log.tlog import ensure_log
 from keys.settings import StoreSettings
 from service.engines.base import Engine
 from service import http_errors, openapi

@@ -14,7 +14,7 @@ from detector.result import Candidate
 from detector.scoring import ScoreMemo
 from detector.forms import (TextForm, detect_forms, distinct_forms, merge_form_matches, original_offsets, text_forms,
                             with_span_chars)
-from keys import kgrams
+from ledger import kgrams
 from keys.errors import KeyStoreError, UnknownTenant
 from keys.key_states import with_key_states as with_entry_states
 from service import evidence

@@ -24,10 +24,11 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from keys import clock, kgrams
+from keys import clock
+from ledger import kgrams
 from keys.errors import KeyRevoked, KeyStoreError
-from keys.ledger import (CHECKPOINT_TOKENS, GenerationEntry, checkpoint_generation, finish_generation,
-                         record_generation, start_generation)
+from ledger.entries import (CHECKPOINT_TOKENS, GenerationEntry, checkpoint_generation, finish_generation,
+                            record_generation, start_generation)
 from service.auth import Identity, resolve_tenant
 from service.engines.base import (Delta, EngineBusy, EngineFailure, Finished, GenerationRequest, RouteCounts,
                                   WatermarkPlan)
@@ -35,7 +36,7 @@ from service.errors import BadRequest, Conflict, Forbidden, Unavailable, Unproce
 from service.http_errors import store_error
 from service.limits import GenerationLease
 from service.state import Services
-from keys.ledger_read import SALT_DETAIL
+from ledger.read import SALT_DETAIL
 from watermark.key import WatermarkKey
 from watermark.processing import validate_sampling
 from watermark import prf
@@ -77,7 +78,7 @@ class Outcome:
     ledger: dict[str, Any] | None = None
     """The ledger entry written for this output: ``{"seq": int, "entry_hash": str}``."""
     receipt: dict[str, Any] | None = None
-    """The signed receipt (:mod:`keys.receipts`); None only when no signing key exists."""
+    """The signed receipt (:mod:`ledger.receipts`); None only when no signing key exists."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"generation_id": self.generation_id, "text": self.text, "token_ids": list(self.token_ids),
@@ -168,7 +169,7 @@ def _generation_key(services: Services, key: WatermarkKey, key_id: str, params: 
 
 
 def _salt_details(prepared: _Prepared, details: dict | None) -> dict | None:
-    """The ledger entry's ``details`` with the generation's salt (keys.ledger_read.SALT_DETAIL)."""
+    """The ledger entry's ``details`` with the generation's salt (ledger.read.SALT_DETAIL)."""
     salt = prepared.plan.key.salt if prepared.plan is not None else None
     if salt is None:
         return details
@@ -289,7 +290,7 @@ async def _record(services: Services, prepared: _Prepared, done: Finished, start
 
 def _kgram_set(prepared: _Prepared, token_ids) -> kgrams.KgramSet | None:
     """The k-grams of watermarked output, hashed, recorded and committed to with its
-    finished entry (:mod:`keys.kgrams`, :mod:`keys.leaves`): lets detection match an edited
+    finished entry (:mod:`ledger.kgrams`, :mod:`ledger.log.leaves`): lets detection match an edited
     copy to this generation, and only as the log holds it."""
     plan = prepared.plan
     if plan is None or plan.key_id is None:
@@ -507,7 +508,7 @@ async def stream(services: Services, identity: Identity, params: GenerateParams)
     Validation happens first, then the ledger's ``started`` entry is committed, so a bad
     request or an unwritable ledger fails before any streaming starts. While streaming, a
     ``checkpoint`` entry is committed before a delta would leave more than
-    :data:`~keys.ledger.CHECKPOINT_TOKENS` sent tokens uncovered, so a process killed at any
+    :data:`~ledger.entries.CHECKPOINT_TOKENS` sent tokens uncovered, so a process killed at any
     point leaves a record of all but at most that many of the tokens it sent. Whatever ends
     the stream (the engine's end, an engine or remote failure, the deadline, the client
     leaving) writes the ``finished`` entry with its reason."""

@@ -1,7 +1,7 @@
 """The ledger as a second basis of a detection: exact copies and shared k-grams.
 
 A recorded generation whose output is exactly the text is an exact copy. Shared k-grams
-(:mod:`keys.kgrams`) show an edited copy only when the shared phrases could not have been
+(:mod:`ledger.kgrams`) show an edited copy only when the shared phrases could not have been
 written independently: their chance-collision bound says the digests really match, not that
 the text was copied. The bundled model reproduces pydoc boilerplate ("Methods defined
 here:", "Data descriptors defined here: ... dictionary for instance variables") with no
@@ -34,9 +34,10 @@ from detector import scoring
 from detector.detect import DetectorConfig, statistic_for
 from detector.result import Candidate
 from detector.stats import gamma_log10_sf, weighted_gamma_log10_sf
-from keys import key_states, kgrams
-from keys.kgrams import KgramMatch
-from keys.ledger_read import generation_salts
+from keys import key_states
+from ledger import kgrams
+from ledger.kgrams import KgramMatch
+from ledger.read import generation_salts
 
 SHARED_LEVEL = 1e-3
 """Level of the watermark test over a match's shared tokens (before the Bonferroni split)."""
@@ -57,7 +58,7 @@ def with_shared_evidence(session, matches: Sequence[KgramMatch], candidates: Seq
     """``matches`` with ``shared_tokens`` and ``log10_shared_p`` filled in for the (at most
     :data:`MAX_TESTED`) best whose collision bound passes the threshold, and each match's
     key state at generation and now (:mod:`keys.key_states`). ``cache``: the one
-    :func:`keys.kgrams.find_matches` filled for these matches, in the same transaction."""
+    :func:`ledger.kgrams.find_matches` filled for these matches, in the same transaction."""
     return with_key_states(session, with_shared_scores(session, matches, candidates, token_ids, config, cache=cache))
 
 
@@ -85,11 +86,11 @@ def with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Seque
     without the key states: a caller merging the matches of several forms adds those once).
     ``memo``: the detection's scores (detector.scoring.ScoreMemo), read where it scored the
     same token list under the same key, computed and kept there otherwise. ``salts``: the
-    salts of these matches' generations (keys.ledger_read.generation_salts), read already
+    salts of these matches' generations (ledger.read.generation_salts), read already
     in the look-up (none: read here)."""
     threshold = math.log10(config.threshold)
     # A `diverse` key is S salted candidates with one key id: the match's generation names
-    # its salt in the ledger (keys.ledger_read.generation_salts), and that salt is scored.
+    # its salt in the ledger (ledger.read.generation_salts), and that salt is scored.
     by_key: dict[str, dict[int | None, Candidate]] = {}
     for c in candidates:
         if c.info.key_id:

@@ -1,7 +1,7 @@
 """The transparency log's public answers (no token): the latest published checkpoint and
 proofs. Hashes only: a proof names leaf indexes and hashes, never a text, a tenant or a
 generation id (a leaf's hash is that of an entry's canonical hash and k-gram commitment,
-keys.leaves, which only the entry's owner, holding its receipt, can name)."""
+ledger.log.leaves, which only the entry's owner, holding its receipt, can name)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import binascii
 import re
 from typing import Any
 
-from keys import tlog
+from ledger.log import tlog
 from keys.errors import KeyStoreError
 from service.errors import NotFound, Unprocessable
 from service.http_errors import store_error

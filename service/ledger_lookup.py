@@ -4,9 +4,9 @@ A detection asks the ledger two things of the same text: which `diverse` keys' g
 identifies (service.ledger_salts, before the watermark is scored, to test those keys under
 their recorded salt) and which generations it cites as a second basis (service.detection,
 after). Both rest on the same two look-ups: generations whose output is exactly the text
-(output hash) and generations sharing k-grams with any form of it (keys.kgrams, one hash and
+(output hash) and generations sharing k-grams with any form of it (ledger.kgrams, one hash and
 one query for every key under scheme 2). :func:`look_up` makes them once, in one read
-transaction; the basis then reuses its k-gram rows (keys.kgrams.KgramCache) for the shared
+transaction; the basis then reuses its k-gram rows (ledger.kgrams.KgramCache) for the shared
 tokens' evidence, and the salts and key states of what it found, read in the same
 transaction, so that the basis usually needs no query at all. Rows are append-only and a
 generation's are written in one transaction, so what the look-up read stays right after it.
@@ -19,11 +19,12 @@ from typing import Sequence
 
 from detector.forms import distinct_forms
 from detector.result import Candidate
-from keys import key_states, kgrams
+from keys import key_states
+from ledger import kgrams
 from keys.errors import KeyStoreError
-from keys.kgrams import KgramCache, KgramMatch
-from keys.ledger import GenerationEntry, hash_output
-from keys.ledger_read import find_generations_by_output_hash, generation_salts
+from ledger.kgrams import KgramCache, KgramMatch
+from ledger.entries import GenerationEntry, hash_output
+from ledger.read import find_generations_by_output_hash, generation_salts
 from service.auth import Identity
 from service.http_errors import store_error
 from service.state import Services
@@ -45,7 +46,7 @@ class LedgerLookup:
     """The rows the look-ups fetched: the basis's shared positions read them, no query again."""
     salts: dict[str, int] | None = None
     """The salt each found generation (exact or k-gram) records, for those that record one
-    (keys.ledger_read.generation_salts); None: not read."""
+    (ledger.read.generation_salts); None: not read."""
     at_generation: dict[str, str | None] = field(default_factory=dict)
     """The key state each k-gram match's generation recorded (keys.key_states.states_at_generation)."""
     now: dict[str, str] = field(default_factory=dict)

@@ -2,7 +2,7 @@
 
 A `diverse` key's generation ran under one of 16 salts (watermark.salt), recorded with its
 ledger entries. When the ledger identifies the text's generation (an exact copy, by output
-hash, or shared k-grams whose chance-collision bound passes the threshold, keys.kgrams), the
+hash, or shared k-grams whose chance-collision bound passes the threshold, ledger.kgrams), the
 detector tests that key under the recorded salt(s) only, instead of all 16 with Šidák's
 correction over them (up to log10 16 = 1.2 in log10 p; bench/results/diversity.md).
 
@@ -22,7 +22,7 @@ from typing import Sequence
 from detector.detect import DetectorConfig
 from detector.result import Candidate
 from keys.errors import KeyStoreError
-from keys.ledger_read import generation_salts
+from ledger.read import generation_salts
 from service.http_errors import store_error
 from service.ledger_lookup import LedgerLookup
 from service.state import Services

@@ -1,7 +1,7 @@
 """The statements the gateway signs: generation receipts and detection reports.
 
-The encoding and the signature are :mod:`keys.receipts`'; the report format is
-:mod:`keys.reports`'; this module decides what a statement says. A receipt attests one
+The encoding and the signature are :mod:`ledger.receipts`'; the report format is
+:mod:`ledger.reports`'; this module decides what a statement says. A receipt attests one
 ledger entry (the generation's ``finished`` entry); a detection report says what was
 checked, as the EU AI Act Art. 50 Code of Practice asks: the text's and token ids' hashes,
 the detector (version and configuration hash), the time, whose keys and how many, the
@@ -17,11 +17,11 @@ from typing import Any, Sequence
 
 from detector.detect import DetectorConfig
 from detector.result import Candidate
-from keys import kgrams
-from keys.chain import hash_token_ids, timestamp
-from keys.ledger import GenerationEntry
-from keys.receipts import RECEIPT_TYPE, REPORT_TYPE
-from keys.reports import LENIENT_ABOVE, REPORT_VERSION, SCOPES, detector_identity, verdict_of
+from ledger import kgrams
+from ledger.chain import hash_token_ids, timestamp
+from ledger.entries import GenerationEntry
+from ledger.receipts import RECEIPT_TYPE, REPORT_TYPE
+from ledger.reports import LENIENT_ABOVE, REPORT_VERSION, SCOPES, detector_identity, verdict_of
 from service.ledger_evidence import MAX_TESTED, SHARED_LEVEL
 
 DETECTOR_VERSION = "hallmark-detector/2"
@@ -38,7 +38,7 @@ def ledger_match(entry: GenerationEntry) -> dict[str, Any]:
            "model": entry.model, "watermarked_tokens": entry.watermarked_tokens, "status": entry.status,
            "ledger": {"seq": entry.seq, "entry_hash": entry.entry_hash}, "created_at": entry.created_at.isoformat()}
     salt = (entry.details or {}).get("salt")
-    if salt is not None:  # a `diverse` key's generation: the salt it ran under (keys.ledger_read.SALT_DETAIL)
+    if salt is not None:  # a `diverse` key's generation: the salt it ran under (ledger.read.SALT_DETAIL)
         out["salt"] = salt
     return out
 
@@ -47,7 +47,7 @@ RECEIPT_VERSION = 2
 
 
 def receipt_statement(entry: GenerationEntry, *, fingerprint: str | None) -> dict[str, Any]:
-    """The receipt of ``entry`` (format: :mod:`keys.receipts`): version 2 names the entry's
+    """The receipt of ``entry`` (format: :mod:`ledger.receipts`): version 2 names the entry's
     k-gram commitment and its leaf in the transparency log, when the write that returned
     ``entry`` logged it."""
     share = round(entry.watermarked_tokens / entry.output_tokens, 6) if entry.output_tokens else 0.0
@@ -100,7 +100,7 @@ all-tenant scan); ``scope`` states how many keys were tested."""
 def report_statement(shown: dict[str, Any], *, text: str | None, token_ids: Sequence[int],
                      scope: dict[str, Any], settings: dict[str, Any],
                      now: datetime | None = None) -> dict[str, Any]:
-    """The detection report (format: :mod:`keys.reports`) of a ``/v1/detect`` result as
+    """The detection report (format: :mod:`ledger.reports`) of a ``/v1/detect`` result as
     its caller is shown it.
 
     ``shown``: the response body the caller gets (any access tier's shape; it needs

@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from keys import tlog
+from ledger.log import tlog
 from keys.errors import KeyStoreError
-from keys.ledger_read import get_generation, latest_row
+from ledger.read import get_generation, latest_row
 from keys.models import KeyRow
 from service.errors import Conflict, NotFound, Unavailable
 from service.http_errors import store_error

@@ -30,7 +30,7 @@ class LedgerPosition(_Body):
 
 
 class SignedDocument(_Body):
-    """A statement and its Ed25519 signature (keys.receipts): a receipt or a detection report,
+    """A statement and its Ed25519 signature (ledger.receipts): a receipt or a detection report,
     verifiable offline against /.well-known/hallmark-keys.json (`hallmark receipt verify`,
     `hallmark report verify`)."""
 
@@ -116,7 +116,7 @@ class ModelList(_Body):
 
 
 class DetectResponse(_Body):
-    """The verdict and its evidence (README, "Detection")."""
+    """The verdict and its evidence (docs/concepts/detection.md)."""
 
     watermarked: bool
     """The global p-value is at most `threshold`, or the ledger is a basis (`basis`)."""
@@ -255,7 +255,7 @@ class AuditLog(_Body):
 
 
 class PublicDetectResponse(_Body):
-    """The public tier's answer (README, "Detection access"): words and a band, no numbers of the test."""
+    """The public tier's answer (docs/concepts/detection-access.md): words and a band, no numbers of the test."""
 
     tier: str
     """`public`."""

@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 EMPTY_DISABLES = {"draft_model": "HALLMARK_DRAFT_MODEL"}
-"""Settings an empty variable turns off (None), as README says: ``HALLMARK_DRAFT_MODEL=``
+"""Settings an empty variable turns off (None), as docs/reference/configuration.md says: ``HALLMARK_DRAFT_MODEL=``
 disables speculation. Every other empty variable is ignored (``env_ignore_empty``), so that
 ``HALLMARK_PORT=`` keeps the default instead of failing to parse."""
 
@@ -92,7 +92,7 @@ class ServiceSettings(BaseSettings):
 
     detect_burst: int = Field(default=60, ge=1)
 
-    # Detection access tiers (service/access; README "Detection access").
+    # Detection access tiers (service/access; docs/concepts/detection-access.md).
     public_detect: bool = True
     """Whether POST /v1/public/detect (and the page's Check without a token) answers."""
     public_max_chars: int = Field(default=20_000, ge=1)

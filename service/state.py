@@ -16,10 +16,11 @@ from detector.result import Candidate
 from keys.db import Store
 from keys.material import StoredKey, active_key
 from keys.key_states import with_key_states
-from keys.ledger import GenerationEntry, find_generations_by_output_hash
-from keys.receipts import Signer
-from keys import tlog
-from keys.signing import NoSigningKey, active_signer, public_keyset
+from ledger.entries import GenerationEntry, find_generations_by_output_hash
+from ledger.receipts import Signer
+from ledger.log import tlog
+from ledger.log.key import store_log_key
+from ledger.signing import NoSigningKey, active_signer, public_keyset
 from service.provenance import ledger_match, receipt_statement
 from keys.tenants import get_tenant
 from service.access.group_commit import GroupCommit
@@ -115,7 +116,7 @@ class Services:
 
     def log_authority(self):
         """The store's log key (opened once; the gateway's start made sure there is one)."""
-        cached = self.store.log_authority(None)
+        cached = store_log_key(self.store, None)
         if cached is not None:
             return cached
         with self.store.transaction(write=False) as session:

@@ -15,18 +15,21 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("watermark", "detector", "keys", "service", "migrations")
+PACKAGES = ("watermark", "detector", "keys", "ledger", "service", "migrations")
 
 # Which packages each package may import (besides itself).
 ALLOWED = {
     "watermark": set(),
     "detector": {"watermark"},
     "keys": {"watermark"},
-    "service": {"keys", "detector", "watermark"},
+    # The ledger and its transparency log build on the key store; the key store never imports
+    # them (KEK rotation asks them through keys.kek_rotation.KekDependant, passed in).
+    "ledger": {"keys", "watermark"},
+    "service": {"keys", "ledger", "detector", "watermark"},
     "migrations": {"keys"},
 }
-# keys -> watermark: the spec, the key conventions and the validation-error formatter only
-# (never samplers, tensors, kernels).
+# keys and ledger -> watermark: the spec, the key conventions and the validation-error
+# formatter only (never samplers, tensors, kernels).
 KEYS_MAY_USE = ("watermark.spec", "watermark.key", "watermark.prf", "watermark.prf.base",
                 "watermark.validation")
 
@@ -121,9 +124,23 @@ def test_dependencies_point_one_way():
             other = dep.split(".")[0]
             if other != top and other not in ALLOWED[top]:
                 wrong.append(f"{module} -> {dep}")
-            if top == "keys" and other == "watermark" and dep not in KEYS_MAY_USE:
-                wrong.append(f"{module} -> {dep} (keys uses the spec and key types only)")
+            if top in ("keys", "ledger") and other == "watermark" and dep not in KEYS_MAY_USE:
+                wrong.append(f"{module} -> {dep} ({top} uses the spec and key types only)")
     assert wrong == []
+
+
+def test_the_key_store_never_imports_the_ledger():
+    """Issue 32: the ledger and the log left keys/ for their own package; the three calls that
+    would point back up (KEK rotation re-wrapping the signing and log keys, the store loading
+    the log key) now ask the ledger through what the caller passes in. Lazy imports count."""
+    graph = import_graph()
+    assert any(m.startswith("ledger.log.") for m in graph) and "ledger.sealed" in graph
+    back = sorted(f"{module} -> {dep}" for module, deps in graph.items() if module.split(".")[0] == "keys"
+                  for dep in deps if dep.split(".")[0] == "ledger")
+    assert back == []
+    # Loading the key store (its rotation included) loads no ledger module either.
+    loaded = _loaded_after("import keys.db, keys.kek_rotation, keys.material, keys.lifecycle, keys.key_states")
+    assert not {m for m in loaded if m == "ledger" or m.startswith("ledger.")}
 
 
 def test_detector_never_imports_torch_in_its_source():

@@ -59,3 +59,19 @@ def test_make_run_installs_the_openai_client():
     optional = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     pinned = [req for extra in extras if extra for req in optional.get(extra, [])]
     assert any(re.match(r"openai==", req) for req in pinned), (extras, pinned)
+
+
+def test_every_source_package_is_packaged():
+    """Issue 32 moved the ledger and its transparency log out of keys/ into ledger/ and
+    ledger/log/: a fresh install must package them, like every package the gateway imports
+    (setuptools' find list; a package it misses imports from a checkout and fails installed)."""
+    from setuptools import find_packages
+
+    from tests.test_imports import PACKAGES
+
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    packaged = set(find_packages(where=str(REPO), include=find["include"]))
+    sources = {".".join(path.parent.relative_to(REPO).parts) for top in PACKAGES
+               for path in (REPO / top).rglob("__init__.py")}
+    assert {"ledger", "ledger.log"} <= sources
+    assert sources - packaged == set()

@@ -1,4 +1,4 @@
-"""Ledger retrieval: keyed hashes of each generation's token k-grams (keys/kgrams.py).
+"""Ledger retrieval: keyed hashes of each generation's token k-grams (ledger/kgrams.py).
 
 Revision ID: 0006_kgrams
 Revises: 0005_ledger_chain

@@ -1,4 +1,4 @@
-"""The ledger as a transparency log (keys/tlog.py): the log key, the log's head, leaves,
+"""The ledger as a transparency log (ledger/log/tlog.py): the log key, the log's head, leaves,
 complete subtrees and published checkpoints; revocation of signing keys.
 
 Revision ID: 0008_transparency_log

@@ -1,4 +1,4 @@
-"""One k-gram key per store (keys/kgrams.py scheme 2): a ``scheme`` column on ledger_kgrams
+"""One k-gram key per store (ledger/kgrams.py scheme 2): a ``scheme`` column on ledger_kgrams
 (1, the per-watermark-key digests every row so far holds) and the indexes scheme 2's one
 look-up per text needs: by digest (and tenant), and which keys still have scheme 1 rows.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from keys.reports import verdict_of
+from ledger.reports import verdict_of
 from service.access.tiers import EXPERT, OPERATOR, PUBLIC, TENANT
 from service.provenance import REPORT_OMITS, _jsonable, _verdict_text
 

@@ -134,7 +134,7 @@ def _log_key(settings, store) -> Check | None:
     """The transparency log's key opens under the configured KEK (None: nothing to check)."""
     from keys.errors import KeyStoreError
     from keys.kek import load_keyring
-    from keys.log_key import load_log_key
+    from ledger.log.key import load_log_key
 
     if store is None:
         return None

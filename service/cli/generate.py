@@ -46,7 +46,7 @@ async def _run(services, params: list, *, tenant: str, needs_key: bool) -> list[
     tenant_id = services.tenant_id(tenant)
     if needs_key:
         services.active_key(tenant_id)
-    from keys.signing import ensure_signing_key
+    from ledger.signing import ensure_signing_key
 
     with services.store.transaction() as session:  # receipts need a signing key
         ensure_signing_key(session, services.store.keyring, actor="cli:generate")
@@ -77,7 +77,7 @@ def generate(
     import asyncio
 
     from keys.errors import KeyStoreError
-    from keys.ledger import hash_output
+    from ledger.entries import hash_output
     from service.cli.store import cli_store
     from service.errors import ServiceError
     from service.generation import GenerateParams

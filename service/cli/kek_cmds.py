@@ -19,12 +19,14 @@ def kek_rotate(new_kek_file: Path = typer.Option(..., "--new-kek-file", help="Fi
     from keys.audit import default_actor
     from keys.kek import read_kek_file
     from keys.kek_rotation import rotate_kek
+    from ledger.sealed import KEK_DEPENDANTS
     from service.cli.progress import note
 
     new = read_kek_file(new_kek_file)
     note("re-wrapping every key under the new KEK in one transaction...", as_json=as_json)
     with cli_store(require_kek=True) as store, store.transaction() as session:
-        result = rotate_kek(session, current=store.keyring, new=new, actor=default_actor())
+        result = rotate_kek(session, current=store.keyring, new=new, actor=default_actor(),
+                            dependants=KEK_DEPENDANTS)
     emit({"previous_kek_ids": list(result.previous_kek_ids), "new_kek_id": result.new_kek_id,
           "rewrapped_keys": result.rewrapped}, as_json,
          f"re-wrapped {result.rewrapped} key(s) under KEK {result.new_kek_id}; set "

@@ -42,8 +42,9 @@ def ledger_verify(tenant: Optional[str] = typer.Option(None, "--tenant", help="O
     """Walk the hash chain(s) and audit the transparency log against the ledger; exit 1
     naming what was modified, deleted, inserted, reordered or cut off."""
     from keys.errors import KekError
-    from keys.ledger import verify_chain
-    from keys.log_audit import audit_log
+    from ledger.entries import verify_chain
+    from ledger.log.audit import audit_log
+    from ledger.log.key import store_log_key
     from keys.tenants import get_tenant
 
     pinned = [(f"checkpoint {path}", _pinned_checkpoint(path)) for path in checkpoint]
@@ -52,7 +53,7 @@ def ledger_verify(tenant: Optional[str] = typer.Option(None, "--tenant", help="O
         tenant_id = get_tenant(session, name=tenant).id if tenant is not None else None
         report = verify_chain(session, tenant_id=tenant_id)
         try:
-            auth = store.log_authority(session)
+            auth = store_log_key(store, session)
         except KekError:
             auth = None
         log = audit_log(session, auth, pinned=pinned, log_key=log_key)
@@ -82,7 +83,7 @@ def ledger_init(origin: Optional[str] = typer.Option(None, "--origin", help="The
                 as_json: bool = JSON_OPTION) -> None:
     """Create the transparency log's key (as the database owner, with the KEK), adopt the
     ledger's existing entries and signing keys as its first leaves, publish a checkpoint."""
-    from keys import tlog
+    from ledger.log import tlog
     from keys.audit import default_actor
 
     with cli_store(require_kek=True) as store, store.transaction() as session:
@@ -95,7 +96,7 @@ def ledger_init(origin: Optional[str] = typer.Option(None, "--origin", help="The
 
 
 def _checkpoint_json(note: str, log_key: Any) -> dict[str, Any]:
-    from keys.note import open_checkpoint
+    from ledger.log.note import open_checkpoint
 
     checkpoint = open_checkpoint(note, log_key)
     return {"origin": checkpoint.origin, "size": checkpoint.size, "root": base64.b64encode(checkpoint.root).decode(),
@@ -107,8 +108,8 @@ def _checkpoint_json(note: str, log_key: Any) -> dict[str, Any]:
 def ledger_checkpoint(as_json: bool = JSON_OPTION) -> None:
     """Print the latest published checkpoint (a C2SP signed note; --json adds its fields
     and the log key to pin)."""
-    from keys import tlog
-    from keys.log_key import log_verifier
+    from ledger.log import tlog
+    from ledger.log.key import log_verifier
 
     with cli_store() as store, store.transaction(write=False) as session:
         found = tlog.latest_checkpoint(session)
@@ -124,7 +125,7 @@ def ledger_checkpoint(as_json: bool = JSON_OPTION) -> None:
 def _log_source(url: Optional[str]):
     """(checkpoint note, consistency fetcher, the server's own log key) from a gateway
     (``url``) or from the database."""
-    from keys.note import Verifier
+    from ledger.log.note import Verifier
 
     if url is not None:
         from service.cli.remote import fetch
@@ -139,8 +140,8 @@ def _log_source(url: Optional[str]):
         offered = (keyset.get("log") or {}).get("vkey") if isinstance(keyset, dict) else None
         return note, consistency, Verifier.parse(offered) if isinstance(offered, str) else None
 
-    from keys import tlog
-    from keys.log_key import log_verifier
+    from ledger.log import tlog
+    from ledger.log.key import log_verifier
 
     def consistency_db(old: int, new: int) -> list[bytes]:
         with cli_store() as store, store.transaction(write=False) as session:
@@ -163,7 +164,7 @@ def ledger_witness(state: Path = typer.Option(..., "--state", help="This witness
     """Fetch the log's checkpoint and the consistency proof from the one this witness saw
     last; keep the new one only if both verify. Exit 1 with one line on a rollback, a fork,
     a bad signature or a failed proof (the state is kept)."""
-    from keys.witness import WitnessError, advance, compare, load_state, save_state
+    from ledger.log.witness import WitnessError, advance, compare, load_state, save_state
 
     try:
         old = load_state(state)

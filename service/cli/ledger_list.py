@@ -35,7 +35,7 @@ def ledger_list(tenant: Optional[str] = typer.Option(None, "--tenant", help="Onl
                 as_json: bool = JSON_OPTION) -> None:
     """Generations in the ledger, newest first (never their text: the ledger holds hashes)."""
     from keys.key_states import with_key_states
-    from keys.ledger import MAX_OFFSET, list_generations
+    from ledger.entries import MAX_OFFSET, list_generations
     from keys.tenants import get_tenant
 
     if offset > MAX_OFFSET:

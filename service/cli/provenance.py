@@ -59,10 +59,10 @@ def _keyset(keys: Optional[Path], url: Optional[str]) -> dict[str, Any]:
 
 
 def trusted_keyset(keys: Optional[Path], url: Optional[str], trust_log_key: Optional[Path]):
-    """The key set's keys that the pinned log holds (keys.keyset.trusted_keys); what every
+    """The key set's keys that the pinned log holds (ledger.keyset.trusted_keys); what every
     verifying command (receipts, reports) checks signatures with."""
-    from keys.keyset import trusted_keys
-    from keys.receipts import ReceiptInvalid
+    from ledger.keyset import trusted_keys
+    from ledger.receipts import ReceiptInvalid
     from service.cli.trust import trusted_log_key
 
     if url is not None:  # checked before the log key, so a bad URL fails first whatever else is given
@@ -88,7 +88,7 @@ def receipt_verify(receipt: Path = typer.Argument(..., help="The receipt (JSON; 
                    as_json: bool = JSON_OPTION) -> None:
     """Verify a receipt offline: the signature by a key the pinned log holds, within its
     window; the entry's inclusion in the log; and (with --text) the text."""
-    from keys.receipts import ReceiptInvalid, verify_receipt
+    from ledger.receipts import ReceiptInvalid, verify_receipt
 
     document = _load_json(receipt, "receipt")
     if isinstance(document, dict) and "statement" not in document:
@@ -128,7 +128,7 @@ def _signing_line(info: Any) -> str:
 @_domain_errors
 def signing_create(as_json: bool = JSON_OPTION) -> None:
     """Create the first signing key (the gateway also creates one at start if none exists)."""
-    from keys.signing import create_signing_key
+    from ledger.signing import create_signing_key
 
     with cli_store(require_kek=True) as store, store.transaction() as session:
         info = create_signing_key(session, store.keyring, actor=_actor())
@@ -139,7 +139,7 @@ def signing_create(as_json: bool = JSON_OPTION) -> None:
 @_domain_errors
 def signing_rotate(as_json: bool = JSON_OPTION) -> None:
     """Retire the active signing key (it stays published) and make a new one active."""
-    from keys.signing import rotate_signing_key
+    from ledger.signing import rotate_signing_key
 
     with cli_store(require_kek=True) as store, store.transaction() as session:
         new, retired = rotate_signing_key(session, store.keyring, actor=_actor())
@@ -154,7 +154,7 @@ def signing_revoke(kid: str = typer.Argument(..., help="The signing key's id (sk
                    as_json: bool = JSON_OPTION) -> None:
     """Revoke a signing key (its private key is compromised): verifiers refuse everything it
     signed. Revoking the active key makes a new one active."""
-    from keys.signing import revoke_signing_key
+    from ledger.signing import revoke_signing_key
 
     with cli_store(require_kek=True) as store, store.transaction() as session:
         revoked, new = revoke_signing_key(session, store.keyring, kid=kid, reason=reason, actor=_actor())
@@ -166,7 +166,7 @@ def signing_revoke(kid: str = typer.Argument(..., help="The signing key's id (sk
 @_domain_errors
 def signing_list(as_json: bool = JSON_OPTION) -> None:
     """Every signing key, retired ones too."""
-    from keys.signing import list_signing_keys
+    from ledger.signing import list_signing_keys
 
     with cli_store() as store, store.transaction(write=False) as session:
         infos = list_signing_keys(session)
@@ -179,7 +179,7 @@ def signing_export_public(
     as_json: bool = typer.Option(False, "--json", help="Accepted for uniformity: the output is always JSON."),
 ) -> None:
     """Print the public key set (what /.well-known/hallmark-keys.json serves)."""
-    from keys.signing import public_keyset
+    from ledger.signing import public_keyset
 
     with cli_store(require_kek=True) as store, store.transaction(write=False) as session:
         typer.echo(json.dumps(public_keyset(session), indent=2))
@@ -194,14 +194,16 @@ def kek_status_command(as_json: bool = JSON_OPTION) -> None:
     """Keys per KEK id (watermark and signing keys), and which KEKs this process holds.
     During a staged rollout: all keys under the new KEK means the previous one can go."""
     from keys.kek_rotation import kek_status
+    from ledger.sealed import KEK_DEPENDANTS
 
     with cli_store(require_kek=True) as store, store.transaction(write=False) as session:
-        status = kek_status(session, store.keyring)
+        status = kek_status(session, store.keyring, KEK_DEPENDANTS)
     lines = [f"configured KEKs: {', '.join(status.configured)} (first wraps)"]
-    for kek_id in sorted({*status.watermark_keys, *status.signing_keys}):
+    signing = status.sealed["signing_keys"]
+    for kek_id in sorted({*status.watermark_keys, *signing}):
         where = "configured" if kek_id in status.configured else "NOT configured: cannot be opened"
         lines.append(f"KEK {kek_id}: {status.watermark_keys.get(kek_id, 0)} watermark key(s), "
-                     f"{status.signing_keys.get(kek_id, 0)} signing key(s) ({where})")
+                     f"{signing.get(kek_id, 0)} signing key(s) ({where})")
     emit(status.to_dict(), as_json, "\n".join(lines))
 
 

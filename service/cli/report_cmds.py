@@ -1,5 +1,5 @@
 """``hallmark report verify``: check a signed detection report offline, as ``receipt verify``
-checks a receipt (the format: :mod:`keys.reports`).
+checks a receipt (the format: :mod:`ledger.reports`).
 
 No database and no KEK: only the report, the public keys (a ``hallmark-keys.json`` file or
 a gateway's https URL), the log key the verifier pinned and, optionally, the text or token
@@ -58,15 +58,15 @@ def report_verify(
     """Verify a detection report offline: signature and signing key, the format's own
     consistency (detector id, verdict against threshold), and with --text-file or
     --token-ids-file that it is about that input. Prints what the report says was checked."""
-    from keys.reports import verify_report
-    from keys.receipts import ReceiptInvalid
+    from ledger.reports import verify_report
+    from ledger.receipts import ReceiptInvalid
 
     document = _report_of(_load_json(report, "report"))
     text = _read_text(text_file) if text_file is not None else None
     token_ids = _read_token_ids(token_ids_file) if token_ids_file is not None else None
     try:
         # Keys as the pinned log holds them: a key it does not hold, a revoked one, or a report
-        # dated outside its key's window is refused (keys.keyset, keys.receipts.check_window).
+        # dated outside its key's window is refused (ledger.keyset, ledger.receipts.check_window).
         check = verify_report(document, trusted_keyset(keys, url, trust_log_key), text=text, token_ids=token_ids)
     except ReceiptInvalid as exc:
         raise CliError(f"report rejected: {exc}") from None

@@ -110,6 +110,19 @@ def serve_command(
            device=device)
 
 
+def try_it_line(host: str, port: int, token: str | None) -> str:
+    """The banner's line that README's "Try it" starts from: one ``export`` that names this
+    server's URL (whatever the port) and, on first run, the token, so every later command
+    reads ``$HALLMARK_URL`` and ``$TOKEN`` instead of a hard-coded port."""
+    # A server listening on every interface is reached through loopback from this machine.
+    client_host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    url = f"http://{display(client_host, port)}"
+    if token:
+        return f"README's \"Try it\", in another shell: `export HALLMARK_URL={url} TOKEN={token}`"
+    return (f"README's \"Try it\", in another shell: `export HALLMARK_URL={url}`, "
+            "and `export TOKEN=` the token you saved")
+
+
 def _bootstrap_demo() -> str | None:
     """Migrate the database and, on first run, create the demo tenant, its key and a token.
     Returns the new raw token (printed once), or None when the tenant already existed."""
@@ -177,5 +190,6 @@ def quickstart_command(
     url = f"http://{display(host, port)}"
     typer.echo(f"serving on {url} (local engine, model hallmark-tiny-dsv32) once the model is loaded: "
                f"the page is {url}/ui, the API reference {url}/docs")
+    typer.echo(try_it_line(host, port, token))
     typer.echo(invocation.banner_line())
     _serve(host, port, sockets=sockets)

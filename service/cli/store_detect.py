@@ -32,9 +32,9 @@ def add_ledger_evidence(result: dict[str, Any], *, tenant: str | None, text: str
     forms (token ids [n] each: as given and normalised, detector.forms) under the stored
     candidate keys, scoped to ``tenant`` (None: every tenant)."""
     from detector.forms import distinct_forms, merge_form_matches
-    from keys import kgrams
+    from ledger import kgrams
     from keys.key_states import with_key_states
-    from keys.ledger import find_generations_by_output_hash, hash_output
+    from ledger.entries import find_generations_by_output_hash, hash_output
     from keys.tenants import get_tenant
     from service.ledger_evidence import with_ledger_basis, with_shared_evidence
     from service.provenance import ledger_match

@@ -20,8 +20,8 @@ def trusted_log_key(path: Optional[Path]):
     ``ledger checkpoint --json`` output); None when not given."""
     if path is None:
         return None
-    from keys.keyset import read_log_key
-    from keys.receipts import ReceiptInvalid
+    from ledger.keyset import read_log_key
+    from ledger.receipts import ReceiptInvalid
 
     try:
         return read_log_key(read_text(path, "trusted log key file"))

@@ -44,7 +44,7 @@ async def detect_route(body: DetectBody, services: ServicesDep, identity: Detect
     token: of one tenant, or of all): the verdict, the winning key, watermarked spans, the
     ledger's exact and edited copies, and a signed detection report. A tenant token gets the
     tenant tier's answer (p-values to a whole power of ten; per-token evidence only with the
-    `evidence` scope); admin and expert tokens the full result (README, "Detection access").
+    `evidence` scope); admin and expert tokens the full result (docs/concepts/detection-access.md).
     The tier is in the `X-Hallmark-Access-Tier` header."""
     return await _answer(services, identity, body, None)
 

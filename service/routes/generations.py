@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query
 from pydantic import BeforeValidator
 
 from keys.key_states import with_key_states
-from keys.ledger import MAX_OFFSET, get_generation, list_generations
+from ledger.entries import MAX_OFFSET, get_generation, list_generations
 from service import receipts
 from service.auth import resolve_tenant
 from service.errors import NotFound

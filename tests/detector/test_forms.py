@@ -71,7 +71,7 @@ def test_text_forms_are_distinct_and_keep_indentation_apart():
 
 
 def test_ledger_matches_of_every_form_merge_per_generation_at_m_times_their_bounds():
-    from keys.kgrams import KgramMatch
+    from ledger.kgrams import KgramMatch
 
     def match(generation, bound, shared=None):
         return KgramMatch(generation_id=generation, key_id="k", matched=5, queried=100, stored=100,

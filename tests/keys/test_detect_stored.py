@@ -45,8 +45,8 @@ def test_detect_unknown_tenant_is_one_line(cli):
 
 
 def _record(store, cli, tenant: str, key_id: str, key: WatermarkKey, tokens: list[int], text: str) -> str:
-    from keys import kgrams
-    from keys.ledger import record_generation
+    from ledger import kgrams
+    from ledger.entries import record_generation
 
     tenant_id = next(t["id"] for t in cli.ok("tenants", "list", "--json").json() if t["name"] == tenant)
     with store.transaction() as session:
@@ -59,7 +59,7 @@ def _record(store, cli, tenant: str, key_id: str, key: WatermarkKey, tokens: lis
 
 
 def test_detect_reports_the_ledgers_evidence_as_the_api_does(cli, store):
-    """README: `hallmark detect --json` has the API's result schema, ledger evidence included:
+    """docs/reference/result-schema.md: `hallmark detect --json` has the API's result schema, ledger evidence included:
     the exact copy's record (ledger_matches) and, for an edited copy, the generations sharing
     its 8-token runs (kgram_matches), with "ledger" in basis. Before, the CLI left both out."""
     from service.tokenization import load_tokenizer

@@ -19,11 +19,12 @@ from keys.db import open_store
 from keys.errors import KekError, KeyStoreError
 from keys.kek import Kek, Keyring, load_keyring
 from keys.kek_rotation import kek_status, rotate_kek
+from ledger.sealed import KEK_DEPENDANTS
 from keys.lifecycle import create_key, rotate_key
 from keys.material import detection_keys
 from keys.models import KeyRow, SigningKey
 from keys.settings import StoreSettings
-from keys.signing import active_signer, create_signing_key
+from ledger.signing import active_signer, create_signing_key
 from keys.tenants import create_tenant
 
 ACTOR = "test"
@@ -68,7 +69,7 @@ def test_a_key_written_across_the_rotations_start_is_rewrapped(postgres_url):
         def rotation() -> None:
             try:
                 with store.transaction() as session:
-                    rotate_kek(session, current=store.keyring, new=new, actor=ACTOR)
+                    rotate_kek(session, current=store.keyring, new=new, actor=ACTOR, dependants=KEK_DEPENDANTS)
             except BaseException as exc:  # noqa: BLE001
                 errors.append(exc)
 
@@ -128,7 +129,7 @@ def test_rotation_under_concurrent_tenant_and_key_writers(postgres_url):
             thread.start()
         time.sleep(0.3)
         with store.transaction() as session:
-            result = rotate_kek(session, current=store.keyring, new=new, actor=ACTOR)
+            result = rotate_kek(session, current=store.keyring, new=new, actor=ACTOR, dependants=KEK_DEPENDANTS)
         time.sleep(0.3)
         stop.set()
         for thread in threads:
@@ -154,16 +155,16 @@ def test_staged_rollout_previous_kek_unwraps_only(store, kek, database_url, tmp_
     assert staged.ids == (new.id, kek.id) and staged.primary.id == new.id
     with store.transaction(write=False) as session:
         assert len(detection_keys(session, staged)) == 1  # before the rotation: opens via previous
-        status = kek_status(session, staged)
+        status = kek_status(session, staged, KEK_DEPENDANTS)
         assert status.watermark_keys == {kek.id: 1} and status.to_dict()["unopenable"] == []
     with store.transaction() as session:
         with pytest.raises(KekError, match="not the KEK"):
             create_key(session, staged, tenant="acme", actor=ACTOR)  # would split the store
     with store.transaction() as session:
-        rotate_kek(session, current=staged, new=new, actor=ACTOR)
+        rotate_kek(session, current=staged, new=new, actor=ACTOR, dependants=KEK_DEPENDANTS)
     with store.transaction(write=False) as session:
         assert len(detection_keys(session, staged)) == 1
-        assert kek_status(session, Keyring([kek])).to_dict()["unopenable"] == [new.id]
+        assert kek_status(session, Keyring([kek]), KEK_DEPENDANTS).to_dict()["unopenable"] == [new.id]
     with store.transaction() as session:
         create_key(session, staged, tenant="acme", actor=ACTOR)  # now fine, under the new KEK
     with store.transaction() as session:

@@ -9,6 +9,7 @@ from keys.audit import list_audit
 from keys.errors import KekError, UnwrapError
 from keys.kek import Kek, Keyring
 from keys.kek_rotation import rotate_kek
+from ledger.sealed import KEK_DEPENDANTS
 from keys.lifecycle import create_key, rotate_key
 from keys.material import detection_keys
 from keys.models import KeyRow
@@ -39,7 +40,7 @@ def test_rotation_rewraps_everything_and_retires_the_old_kek(store, populated):
     new = Kek.generate()
     before = _rows(store)
     with store.transaction() as session:
-        result = rotate_kek(session, current=old, new=new, actor=ACTOR)
+        result = rotate_kek(session, current=old, new=new, actor=ACTOR, dependants=KEK_DEPENDANTS)
     assert result.rewrapped == 3 and result.previous_kek_ids == (old.primary.id,)
     after = _rows(store)
     assert set(after) == set(before)
@@ -68,7 +69,8 @@ def test_rotation_with_the_wrong_current_kek_changes_nothing(store, populated, d
     before = snapshot(database_url)
     with pytest.raises(KekError, match="KEK"):
         with store.transaction() as session:
-            rotate_kek(session, current=Keyring([Kek.generate()]), new=Kek.generate(), actor=ACTOR)
+            rotate_kek(session, current=Keyring([Kek.generate()]), new=Kek.generate(), actor=ACTOR,
+                       dependants=KEK_DEPENDANTS)
     assert snapshot(database_url) == before
 
 
@@ -76,7 +78,8 @@ def test_rotating_to_the_kek_in_use_is_refused(store, populated, database_url):
     before = snapshot(database_url)
     with pytest.raises(KekError, match="already in use"):
         with store.transaction() as session:
-            rotate_kek(session, current=store.keyring, new=store.keyring.primary, actor=ACTOR)
+            rotate_kek(session, current=store.keyring, new=store.keyring.primary, actor=ACTOR,
+                       dependants=KEK_DEPENDANTS)
     assert snapshot(database_url) == before
 
 
@@ -87,14 +90,14 @@ def test_a_row_that_fails_to_open_aborts_the_whole_rotation(store, populated, da
     before = snapshot(database_url)
     with pytest.raises(UnwrapError):
         with store.transaction() as session:
-            rotate_kek(session, current=store.keyring, new=Kek.generate(), actor=ACTOR)
+            rotate_kek(session, current=store.keyring, new=Kek.generate(), actor=ACTOR, dependants=KEK_DEPENDANTS)
     assert snapshot(database_url) == before
 
 
 def test_after_rotation_new_keys_need_the_new_kek(store, populated):
     new = Kek.generate()
     with store.transaction() as session:
-        rotate_kek(session, current=store.keyring, new=new, actor=ACTOR)
+        rotate_kek(session, current=store.keyring, new=new, actor=ACTOR, dependants=KEK_DEPENDANTS)
     with pytest.raises(KekError, match="not the KEK this store's keys are wrapped with"):
         with store.transaction() as session:
             create_key(session, store.keyring, tenant="beta", actor=ACTOR)
@@ -104,5 +107,6 @@ def test_after_rotation_new_keys_need_the_new_kek(store, populated):
 
 def test_an_empty_store_rotates_trivially(store):
     with store.transaction() as session:
-        result = rotate_kek(session, current=store.keyring, new=Kek.generate(), actor=ACTOR)
+        result = rotate_kek(session, current=store.keyring, new=Kek.generate(), actor=ACTOR,
+                            dependants=KEK_DEPENDANTS)
     assert result.rewrapped == 0 and result.previous_kek_ids == ()

@@ -10,6 +10,7 @@ from sqlalchemy import update
 from keys.errors import KekError, UnknownTenant, UnwrapError
 from keys.kek import Kek, Keyring
 from keys.kek_rotation import rotate_kek
+from ledger.sealed import KEK_DEPENDANTS
 from keys.lifecycle import create_key, revoke_key, rotate_key
 from keys.material import OpenedKeys, detection_keys
 from keys.models import KeyRow
@@ -75,7 +76,7 @@ def test_a_kek_rotation_reopens_every_key_under_the_new_kek(populated):
     before = _load(populated, opener)
     new = Keyring([Kek.generate()])
     with populated.transaction() as session:
-        rotate_kek(session, current=populated.keyring, new=new.primary, actor=ACTOR)
+        rotate_kek(session, current=populated.keyring, new=new.primary, actor=ACTOR, dependants=KEK_DEPENDANTS)
     with pytest.raises(KekError):  # the rows changed: the old ring no longer opens them
         _load(populated, opener)
     after = _load(populated, opener, new)

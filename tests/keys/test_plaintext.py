@@ -16,7 +16,8 @@ from keys.audit import list_audit
 from keys.db import Store, open_store
 from keys.kek import Kek, Keyring
 from keys.kek_rotation import rotate_kek
-from keys.ledger import record_generation
+from ledger.sealed import KEK_DEPENDANTS
+from ledger.entries import record_generation
 from keys.lifecycle import create_key, import_key, list_keys, revoke_key, rotate_key
 from keys.material import active_key, detection_keys, export_key
 from keys.settings import StoreSettings
@@ -120,7 +121,7 @@ def test_kek_rotation_leaves_no_plaintext_behind(sqlite_url, kek):
     try:
         secrets_, _ = _populate(store)
         with store.transaction() as session:
-            rotate_kek(session, current=store.keyring, new=new, actor=ACTOR)
+            rotate_kek(session, current=store.keyring, new=new, actor=ACTOR, dependants=KEK_DEPENDANTS)
         for name, blob in _files(path).items():
             _assert_absent(blob, secrets_, name)
             assert new.material not in blob and kek.material not in blob

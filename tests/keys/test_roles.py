@@ -14,13 +14,13 @@ from keys import migrate
 from keys.db import create_store_engine, open_store
 from keys.errors import InvalidInput
 from keys.kek import Kek
-from keys.ledger import get_generation, record_generation, verify_chain
+from ledger.entries import get_generation, record_generation, verify_chain
 from keys.lifecycle import create_key
 from keys.errors import InvalidTransition
-from keys.log_key import LogKeyError
+from ledger.log.key import LogKeyError
 from keys.roles import grant_service_role
-from keys.signing import active_signer, create_signing_key, rotate_signing_key
-from keys.tlog import ensure_log, publish, required_authority
+from ledger.signing import active_signer, create_signing_key, rotate_signing_key
+from ledger.log.tlog import ensure_log, publish, required_authority
 from keys.settings import StoreSettings
 from keys.tenants import create_tenant
 from tests.keys.conftest import Cli, assert_refused

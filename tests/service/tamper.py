@@ -3,7 +3,7 @@ through a real gateway on SQLite or on PostgreSQL with the separated roles, clon
 and the tamperings, done as the people the threat model names could do them.
 
 - The database owner (actor d: every table, triggers off, no KEK, no log key): rewrites
-  rows with plain SQL, re-chaining hashes as `keys.chain` documents.
+  rows with plain SQL, re-chaining hashes as `ledger.chain` documents.
 - The operator holding the log key (actor e): rewrites rows *and* rebuilds the log over
   them with valid MACs, then signs a fresh checkpoint (:func:`rebuild_log`).
 """
@@ -18,7 +18,7 @@ from typing import Any, Iterator
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from keys.chain import GENESIS_HASH, entry_fields, entry_hash
+from ledger.chain import GENESIS_HASH, entry_fields, entry_hash
 
 
 @dataclass
@@ -126,9 +126,9 @@ def rebuild_log(url: str, kek_file: Path | None = None, kek: Any = None) -> None
     key) and publish a checkpoint of it: what only the operator holding the keys can do."""
     from pydantic import SecretStr
 
-    from keys import tlog
+    from ledger.log import tlog
     from keys.db import open_store
-    from keys.leaves import EMPTY_KGRAMS, kgram_rows_commitment
+    from ledger.log.leaves import EMPTY_KGRAMS, kgram_rows_commitment
     from keys.models import LedgerEntry, SigningKey
     from keys.settings import StoreSettings
     from sqlalchemy import select

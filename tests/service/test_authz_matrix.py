@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from keys.db import open_store
-from keys.ledger import record_generation
+from ledger.entries import record_generation
 from keys.lifecycle import create_key, list_keys
 from keys.tenants import get_tenant
 from keys.tokens import issue_token, revoke_token

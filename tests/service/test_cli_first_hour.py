@@ -147,7 +147,7 @@ def test_a_port_outside_1_65535_is_a_usage_error(monkeypatch, capsys, fresh_dir,
 
 
 def test_every_command_that_prints_json_takes_json(monkeypatch, capsys, fresh_dir):
-    """README: "Every command takes --json". `prf` and `signing-keys export-public` print JSON
+    """docs/reference/cli.md: "Every command takes --json". `prf` and `signing-keys export-public` print JSON
     anyway but refused the flag (usage error, exit 2); with it, prf's line counter stays off
     even on a terminal."""
     import json

@@ -115,9 +115,9 @@ def test_a_non_streaming_records_created_at_is_when_it_started(server):
 
 
 def test_a_receipt_can_be_fetched_again_and_verifies(server):
-    from keys.keyset import trusted_keys
-    from keys.note import Verifier
-    from keys.receipts import verify_receipt
+    from ledger.keyset import trusted_keys
+    from ledger.log.note import Verifier
+    from ledger.receipts import verify_receipt
 
     with client(server) as api:
         out = api.post("/v1/generate", json={"prompt": "Again", "max_tokens": 12, "seed": 4}).json()
@@ -163,7 +163,7 @@ def test_receipt_look_ups_are_scoped_and_unknown_ids_are_404(server):
 
 def test_an_unfinished_generation_has_no_receipt_yet(server):
     from keys.db import open_store
-    from keys.ledger import start_generation
+    from ledger.entries import start_generation
     from keys.tenants import get_tenant
 
     store = open_store(server.store_settings, require_kek=True)

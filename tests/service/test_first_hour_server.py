@@ -2,7 +2,8 @@
 quickstart`) started as a process in an empty directory, with `hallmark` not on PATH, and
 then used as README says.
 
-* item 2: README's Python example (the `openai` client, then httpx) runs as written against it;
+* item 2: README's "Try it" (its curl block, then the `openai` client and httpx) runs as written
+  against it, after the `export` line its banner prints (issue 34, item 8: on any port);
 * item 3: the banner prints the exact command that puts `hallmark` on PATH, and it works;
 * item 5: a second server on the same port is refused before it creates or prints anything,
   naming a free port and `PORT=`;
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -145,27 +147,67 @@ def test_the_cli_line_is_plain_when_hallmark_is_already_on_path(monkeypatch):
     assert invocation.command("tokens issue --tenant demo") == "hallmark tokens issue --tenant demo"
 
 
-# --- item 2: README's Python example ---------------------------------------------------------------
+# --- item 2 (and issue 34, item 8): README's "Try it", on this server's free port -------------------
 
 
-def _readme_python_example() -> str:
-    """The two Python blocks of README's "Try it" (the `openai` client, then httpx), as one
-    session, exactly as written."""
+def _readme_try_it() -> tuple[str, str]:
+    """README's "Try it": its bash block, and its two Python blocks (the `openai` client, then
+    httpx) as one session, exactly as written."""
     readme = (REPO / "README.md").read_text()
     section = readme.split("## Try it", 1)[1].split("\n## ", 1)[0]
+    [bash] = re.findall(r"```bash\n(.*?)```", section, re.DOTALL)
     blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
     assert len(blocks) == 2 and "from openai import OpenAI" in blocks[0] and "httpx.post" in blocks[1]
-    return "\n".join(blocks)
+    # Nothing in it names a port: it reads the URL the banner exports.
+    assert not re.search(r"localhost|127\.0\.0\.1|:8000", bash + "".join(blocks)), "a hard-coded address"
+    return bash, "\n".join(blocks)
+
+
+def _banner_export(server: Server) -> str:
+    """The `export …` the banner prints for README's "Try it" (first run: URL and token)."""
+    lines = [line for line in server.stdout().splitlines() if line.startswith("README's \"Try it\"")]
+    assert len(lines) == 1, server.stdout()
+    export = re.fullmatch(r"README's \"Try it\", in another shell: `(export HALLMARK_URL=\S+ TOKEN=hm_\S+)`",
+                          lines[0])
+    assert export, lines[0]
+    assert f"HALLMARK_URL={server.url} " in export.group(1) and f"TOKEN={server.token()}" in export.group(1)
+    return export.group(1)
+
+
+def _in_users_shell(server: Server, script: str, **env: str) -> subprocess.CompletedProcess:
+    """``script`` in bash after the banner's export, in the user's environment (no HALLMARK_*
+    settings of its own) with the venv's python first on PATH, as `source .venv/bin/activate`
+    leaves it."""
+    shell = {**server.env, "PATH": VENV_BIN + os.pathsep + server.env["PATH"], **env}
+    return subprocess.run(["bash", "-c", f"set -e\n{_banner_export(server)}\n{script}"], env=shell,
+                          capture_output=True, text=True, timeout=600, cwd=server.directory)
+
+
+def test_the_readmes_curl_commands_run_as_written(server):
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    bash, _ = _readme_try_it()
+    # The one change: the scratch file, so that two runs of this test on one machine cannot race.
+    assert bash.count("/tmp/out.json") == 3
+    bash = bash.replace("/tmp/out.json", str(server.directory / "out.json"))
+    run = _in_users_shell(server, bash)
+    assert run.returncode == 0, run.stderr
+    decoder, answers, rest = json.JSONDecoder(), [], run.stdout.strip()
+    while rest:
+        answer, end = decoder.raw_decode(rest)
+        answers.append(answer)
+        rest = rest[end:].strip()
+    generated, detected, record = answers
+    assert generated["text"] and generated["watermark"]["watermarked_tokens"] > 0
+    assert detected["tier"] == "tenant" and isinstance(detected["watermarked"], bool)
+    assert record["id"] == generated["generation_id"] and record["tenant"] == "demo"
 
 
 def test_the_readmes_openai_example_runs_as_written(server):
-    code = _readme_python_example()
-    assert code.count("http://127.0.0.1:8000") == 2
-    code = code.replace("http://127.0.0.1:8000", server.url)  # the only change: this server's port
-    # The venv's python, which `make run` installs (with the `openai` client), and the token
-    # exported as README says.
-    run = subprocess.run([sys.executable, "-c", code], env={**server.env, "TOKEN": server.token()},
-                         capture_output=True, text=True, timeout=600, cwd=server.directory)
+    _, code = _readme_try_it()
+    # The venv's python, which `make run` installs (with the `openai` client), after the export
+    # the banner prints: nothing in the code is changed, whatever the port.
+    run = _in_users_shell(server, 'exec python -c "$README_CODE"', README_CODE=code)
     assert run.returncode == 0, run.stderr
     generation_id = re.search(r"\b([0-9a-f]{32})\b", run.stdout).group(1)
     last = run.stdout.strip().splitlines()[-1]
@@ -177,6 +219,15 @@ def test_the_readmes_openai_example_runs_as_written(server):
     routes = {(line["route"], line["status"]) for line in map(json.loads, server.log_lines())
               if line.get("logger") == "hallmark.access"}
     assert {("/v1/completions", 200), ("/v1/chat/completions", 200), ("/v1/detect", 200)} <= routes
+
+
+def test_the_try_it_line_names_a_reachable_url_and_the_token_only_when_printed():
+    from service.cli.serve import try_it_line
+
+    assert try_it_line("0.0.0.0", 8123, "hm_x") == (
+        "README's \"Try it\", in another shell: `export HALLMARK_URL=http://127.0.0.1:8123 TOKEN=hm_x`")
+    assert "`export HALLMARK_URL=http://[::1]:8123`" in try_it_line("::", 8123, None)
+    assert "TOKEN=hm" not in try_it_line("127.0.0.1", 8123, None)
 
 
 # --- item 5: a busy port ---------------------------------------------------------------------------

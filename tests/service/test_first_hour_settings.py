@@ -1,4 +1,4 @@
-"""Settings as README states them (issue 25, noticed beside it): `HALLMARK_DRAFT_MODEL=`
+"""Settings as docs/reference/configuration.md states them (issue 25, noticed beside it): `HALLMARK_DRAFT_MODEL=`
 (empty) disables speculation, while other empty variables keep their defaults; `hallmark
 doctor` names a rule across settings instead of printing "HALLMARK_:"."""
 

@@ -350,7 +350,7 @@ def test_an_edited_copy_is_matched_whichever_form_of_the_text_the_watermark_scor
 
 
 def test_cli_detect_text_gives_the_apis_spans_with_character_offsets(server, tmp_path):
-    """README: `hallmark detect --json` has the API's result schema: spans of a text input
+    """docs/reference/result-schema.md: `hallmark detect --json` has the API's result schema: spans of a text input
     carry character offsets in the text as given, through normalisation too."""
     import os
     import subprocess

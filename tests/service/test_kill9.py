@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keys.chain import hash_token_ids
-from keys.ledger import CHECKPOINT_TOKENS, hash_output
+from ledger.chain import hash_token_ids
+from ledger.entries import CHECKPOINT_TOKENS, hash_output
 from tests.service import gateway as gw
 
 pytestmark = pytest.mark.slow

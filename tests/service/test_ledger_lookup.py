@@ -11,8 +11,8 @@ import httpx
 import pytest
 from sqlalchemy import event
 
-from keys import kgrams
-from keys.ledger import record_generation
+from ledger import kgrams
+from ledger.entries import record_generation
 from keys.lifecycle import create_key
 from keys.material import detection_keys
 from service import detection

@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keys.chain import canonical_json, hash_token_ids
-from keys.receipts import public_keys
-from keys.reports import config_sha256, verify_report
+from ledger.chain import canonical_json, hash_token_ids
+from ledger.receipts import public_keys
+from ledger.reports import config_sha256, verify_report
 from service.provenance import REPORT_OMITS, report_statement
 from tests.service import gateway as gw
 

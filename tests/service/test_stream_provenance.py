@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from keys.chain import hash_token_ids
+from ledger.chain import hash_token_ids
 from keys.db import open_store
-from keys.ledger import CHECKPOINT_TOKENS, generation_entries, get_generation, hash_output
+from ledger.entries import CHECKPOINT_TOKENS, generation_entries, get_generation, hash_output
 from keys.lifecycle import revoke_key
-from keys.receipts import public_keys, verify_receipt, verify_signed
+from ledger.receipts import public_keys, verify_receipt, verify_signed
 from service.app import create_app
 from service.engines.base import Delta, EngineBusy, EngineFailure, Finished, RouteCounts
 from service.engines.vllm.remote import RemoteError
@@ -158,8 +158,8 @@ def test_record_before_first_token_checkpoints_and_generation_id_everywhere(serv
         assert entry.token_ids_sha256 == hash_token_ids(sent_ids[:entry.output_tokens])
     # The receipt in the done event verifies against the published keys, with the text, and
     # its final entry is in the transparency log (the proof it carries).
-    from keys.keyset import trusted_keys
-    from keys.note import Verifier
+    from ledger.keyset import trusted_keys
+    from ledger.log.note import Verifier
 
     keyset = httpx.get(server.url + "/.well-known/hallmark-keys.json").json()
     done = events[-1]

@@ -2,7 +2,7 @@
 PostgreSQL with the separated roles, against a stack populated through a running gateway.
 
 Each case clones the populated database and tampers with it as one of the threat model's
-actors could (tests/service/tamper.py, README "Verifying Hallmark's evidence"):
+actors could (tests/service/tamper.py, docs/how-to/verify.md):
 
 - as the database owner or the gateway's role, without the KEK or the log key: `hallmark
   ledger verify` exits 1 naming it, and detection never cites the tampered entry (the log
@@ -10,7 +10,7 @@ actors could (tests/service/tamper.py, README "Verifying Hallmark's evidence"):
 - as the operator holding the log key, covering the tracks by rebuilding the log and signing
   it anew: the witness holding the earlier checkpoint exits 1 (fork or rollback), and so does
   `ledger verify --checkpoint <witness state>`; plain `ledger verify` cannot see it (the
-  operator's rewrite is self-consistent: README says so plainly).
+  operator's rewrite is self-consistent: docs/concepts/threat-model.md says so plainly).
 
 Truncation is also done the owner's best way: cut the tail and restore a head row saved
 earlier (authentic, consistent): only a holder of a later checkpoint sees it.
@@ -28,8 +28,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from keys.kgrams import find_matches
-from keys.ledger import find_generations_by_output_hash, hash_output
+from ledger.kgrams import find_matches
+from ledger.entries import find_generations_by_output_hash, hash_output
 from tests.keys.conftest import Cli
 from tests.service import gateway
 from tests.service.tamper import Stack, entries, insert_entry, owner, rebuild_log, rechain
@@ -114,7 +114,7 @@ def _postgres_stack(server, tmp: Path):
     from keys.db import open_store
     from keys.roles import grant_service_role
     from keys.settings import StoreSettings
-    from keys.signing import create_signing_key
+    from ledger.signing import create_signing_key
     from service.app import create_app
     from service.settings import ServiceSettings
 
@@ -273,7 +273,7 @@ def _forge(stack, url):
         forged = dict(last, generation_id="f" * 32, seq=last["seq"] + 1, prev_hash=last["entry_hash"],
                       output_sha256=hash_output("a forged generation"))
         forged.pop("id")
-        from keys.chain import entry_fields, entry_hash
+        from ledger.chain import entry_fields, entry_hash
         from tests.service.tamper import _aware
 
         forged["entry_hash"] = entry_hash(entry_fields(type("Row", (), _aware(forged))))
@@ -285,7 +285,7 @@ def _forge(stack, url):
 def _middle_with_kgrams(stack: Stack, tenant: str = "acme") -> dict:
     """The middle one of ``tenant``'s generations long enough to have recorded k-grams (the
     keys are random, so a generation may stop after a few tokens and record none)."""
-    from keys.kgrams import K
+    from ledger.kgrams import K
 
     def kgrams(ids: list[int]) -> int:
         return len({tuple(ids[i:i + K]) for i in range(len(ids) - K + 1)})
@@ -345,7 +345,7 @@ def test_tampering_is_reported(stack, name, cli, tmp_path):
     # ... and the log itself is untouched: the witness agrees, every receipt still verifies.
     assert _witness(cli, stack, url, tmp_path).exit_code == 0
     if expect.get("no_rebuild"):
-        return  # appending a false new entry is what actor e *can* do (README says so plainly)
+        return  # appending a false new entry is what actor e *can* do (docs/concepts/threat-model.md says so plainly)
     # Actor e covers the tracks: rebuilds the log over the tampered rows with the log key and
     # signs it. Self-consistent, so plain verify passes; the witness and its checkpoint do not.
     rebuild_log(url, stack.kek_file)
@@ -414,7 +414,7 @@ def test_a_forged_generation_is_never_cited_by_the_running_gateway(tmp_path):
         forged_text = "A paragraph a person wrote, now claimed as a watermarked generation."
         with owner(running.store_settings.database_url) as connection:
             last = entries(connection, "acme")[-1]
-            from keys.chain import entry_fields, entry_hash
+            from ledger.chain import entry_fields, entry_hash
             from tests.service.tamper import _aware
 
             forged = dict(last, generation_id="e" * 32, seq=last["seq"] + 1, prev_hash=last["entry_hash"],

@@ -14,11 +14,11 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from keys.chain import hash_token_ids
-from keys.receipts import ReceiptInvalid, Signer, b64url, key_id_of, public_keys
-from keys.reports import detector_identity, verify_report
-from tests.keys.test_receipts import DATA, _golden_signer
-from tests.keys.test_reports import GOLDEN_IDS, GOLDEN_TEXT, SETTINGS, golden_statement, golden_variant
+from ledger.chain import hash_token_ids
+from ledger.receipts import ReceiptInvalid, Signer, b64url, key_id_of, public_keys
+from ledger.reports import detector_identity, verify_report
+from tests.ledger.test_receipts import DATA, _golden_signer
+from tests.ledger.test_reports import GOLDEN_IDS, GOLDEN_TEXT, SETTINGS, golden_statement, golden_variant
 from tests.service import gateway as gw
 from tests.service.test_ui import (HUMAN, SECRETS, _no_console_errors, _open, _visible, _wait, browser,  # noqa: F401
                                    client, generate)
@@ -187,7 +187,7 @@ def _signed(statement):
 
 
 def test_verify_js_accepts_and_rejects_exactly_what_the_cli_does(server, browser):
-    """The golden report and its variants through keys.reports.verify_report (what `hallmark
+    """The golden report and its variants through ledger.reports.verify_report (what `hallmark
     report verify` runs) and through the page's verify.js: the same documents pass and fail."""
     golden = json.loads((DATA / "report-v2.json").read_text())
     keyset = json.loads((DATA / "receipt-v1-keys.json").read_text())

@@ -14,8 +14,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from keys import clock
-from keys.chain import timestamp
-from keys.receipts import Signer, key_id_of
+from ledger.chain import timestamp
+from ledger.receipts import Signer, key_id_of
 from tests.service.test_ui import _open, browser, generate, server  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def _check(browser, document, text=None):  # noqa: F811 - the fixture's value
 
 def test_receipts_are_checked_against_the_log_in_the_browser(server, browser):  # noqa: F811
     from keys.db import open_store
-    from keys.signing import active_signer, rotate_signing_key
+    from ledger.signing import active_signer, rotate_signing_key
 
     out = generate(server, seed=31, max_tokens=16)
     receipt = out["receipt"]

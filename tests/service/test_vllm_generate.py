@@ -16,7 +16,7 @@ from detector.result import Candidate, KeyInfo  # noqa: E402
 from keys import migrate  # noqa: E402
 from keys.db import open_store  # noqa: E402
 from keys.kek import generate_kek_file  # noqa: E402
-from keys.ledger import get_generation, hash_output  # noqa: E402
+from ledger.entries import get_generation, hash_output  # noqa: E402
 from keys.lifecycle import create_key  # noqa: E402
 from keys.material import detection_keys  # noqa: E402
 from keys.settings import StoreSettings  # noqa: E402

@@ -1,7 +1,7 @@
 """`hallmark ledger witness`, `ledger checkpoint` and the https rule of verifying commands:
 the first run stores, later runs extend only through a verified consistency proof, and a
 rollback, a fork, a bad signature or a failed proof exits 1 with one line and keeps the
-state. Against a running gateway (--url); tests/keys/test_witness.py has the database's
+state. Against a running gateway (--url); tests/ledger/log/test_witness.py has the database's
 rollbacks, forks, failed proofs and split views."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from keys.note import NoteSigner
+from ledger.log.note import NoteSigner
 from tests.keys.conftest import Cli
 from tests.service import gateway
 from tests.service.test_tamper_matrix import _generate
@@ -130,7 +130,7 @@ def test_checkpoints_are_published_every_n_entries_and_t_seconds(tmp_path):
 
     import httpx
 
-    from keys.note import Checkpoint
+    from ledger.log.note import Checkpoint
 
     def published() -> int:
         note = httpx.get(running.url + "/v1/ledger/checkpoint").text

@@ -75,7 +75,7 @@ function unb64url(text) {
 // --- the transparency log: which signing keys to trust, and whether an entry is logged ---
 //
 // A signing key is trusted only if the key set's checkpoint is signed by the pinned log key
-// and the key's latest logged event is included in it (the same checks as keys/keyset.py);
+// and the key's latest logged event is included in it (the same checks as ledger/keyset.py);
 // its window and revocation are the event's. The log key is pinned in this browser on first
 // use (localStorage) and a key set signed by another log key is refused from then on.
 
@@ -181,7 +181,7 @@ async function trustedKeys() {
   return keySet;
 }
 
-const WINDOW_GRACE_MS = 60_000; // as keys/receipts.py: gateways keep a key a few seconds after rotation
+const WINDOW_GRACE_MS = 60_000; // as ledger/receipts.py: gateways keep a key a few seconds after rotation
 const STATEMENT_TIME = { "hallmark.receipt": "finished_at", "hallmark.detection_report": "created_at" };
 
 // null when `key` may have signed `statement`; otherwise the reason it may not.
@@ -218,11 +218,11 @@ async function sha256hexOf(bytes) {
 
 async function sha256hex(text) { return sha256hexOf(new TextEncoder().encode(text)); }
 
-// A signing key's id is "sk_" + 16 hex digits of SHA-256 of its raw public key (keys/receipts.py):
+// A signing key's id is "sk_" + 16 hex digits of SHA-256 of its raw public key (ledger/receipts.py):
 // a key set entry whose id is not its key's is no key at all (the CLI ignores it too).
 async function keyIdOf(raw) { return "sk_" + (await sha256hexOf(raw)).slice(0, 16); }
 
-// hex SHA-256 of token ids, each as 4 bytes big-endian (keys/chain.py hash_token_ids).
+// hex SHA-256 of token ids, each as 4 bytes big-endian (ledger/chain.py hash_token_ids).
 async function tokenIdsSha256(ids) {
   const bytes = new Uint8Array(ids.length * 4);
   const view = new DataView(bytes.buffer);
@@ -241,7 +241,7 @@ async function verifySigned(rawDocument, { text, expectedType, keys } = {}) {
   const version = statement.version instanceof RawNumber ? statement.version.text : String(statement.version);
   if (expectedType && type !== expectedType) return { ok: false, message: `a ${type}, not a ${expectedType}` };
   if (signature.alg !== "Ed25519") return { ok: false, message: `unsupported algorithm ${signature.alg}` };
-  // `keys`: a key set's "keys" array the caller vouches for (as keys.receipts.public_keys: no log,
+  // `keys`: a key set's "keys" array the caller vouches for (as ledger.receipts.public_keys: no log,
   // no window); otherwise the server's key set, trusted only as the pinned log holds it.
   let entry, raw, trusted = null;
   if (keys) {
@@ -283,7 +283,7 @@ async function verifySigned(rawDocument, { text, expectedType, keys } = {}) {
 }
 
 // ---------------------------------------------------------------- detection reports
-// The checks of keys/reports.py verify_report (and `hallmark report verify`), and one the page
+// The checks of ledger/reports.py verify_report (and `hallmark report verify`), and one the page
 // adds: that the result shown is the result signed.
 
 const REPORT_TYPE = "hallmark.detection_report";

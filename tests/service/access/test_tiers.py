@@ -17,11 +17,11 @@ from pathlib import Path
 import httpx
 from sqlalchemy import select
 
-from keys.chain import canonical_json
+from ledger.chain import canonical_json
 from keys.db import open_store
 from keys.models import AuditEvent
-from keys.receipts import public_keys
-from keys.reports import verify_report
+from ledger.receipts import public_keys
+from ledger.reports import verify_report
 from keys.tenants import set_public_attribution
 from service.provenance import REPORT_OMITS
 from tests.service.access.texts import HUMAN, variant

@@ -1,0 +1,290 @@
+"""What one detection learns of a text's k-grams and of the ledger's k-gram rows
+(:class:`KgramCache`), the statements it reads them with, and the counts that bound a
+look-up's false matches (:func:`generations_searched`, :func:`generations_in_scope`).
+:mod:`ledger.kgrams` says what the digests are and matches texts with them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Iterable, Sequence, TypeVar
+
+from sqlalchemy import bindparam, func, select, text
+from sqlalchemy.orm import Session
+
+from keys.models import LedgerEntry, LedgerKgram
+from ledger.kgram_digests import K, V1, V2, keyed_position_digests, kgram_key
+from ledger.log import tlog
+
+T = TypeVar("T")
+
+CHUNK = 500
+"""Digests (or ids) per query: one statement per this many."""
+
+# Statements built once, their lists bound at execution (expanding parameters): an IN list
+# of literals is coerced element by element each time a statement is built.
+_ROWS = select(LedgerKgram.generation_id, LedgerKgram.digest).where(
+    LedgerKgram.key_id == bindparam("key_id"), LedgerKgram.digest.in_(bindparam("digests", expanding=True)),
+    LedgerKgram.scheme == V1)
+_ROWS_OF_TENANT = _ROWS.where(LedgerKgram.tenant_id == bindparam("tenant_id"))
+# SQLite: the digests bound as one JSON array (json_each), the index on (key_id, digest) still
+# used: a look-up of ~250 digests renders no bind parameter per value.
+_ROWS_JSON = text("SELECT generation_id, digest FROM ledger_kgrams WHERE key_id = :key_id "
+                  "AND digest IN (SELECT value FROM json_each(:digests)) AND scheme = 1")
+_ROWS_JSON_OF_TENANT = text("SELECT generation_id, digest FROM ledger_kgrams WHERE key_id = :key_id "
+                            "AND digest IN (SELECT value FROM json_each(:digests)) AND scheme = 1 "
+                            "AND tenant_id = :tenant_id")
+# Scheme 2: every key of the scope in one statement (ix_ledger_kgrams_digest_tenant).
+_ROWS2 = select(LedgerKgram.generation_id, LedgerKgram.key_id, LedgerKgram.digest).where(
+    LedgerKgram.digest.in_(bindparam("digests", expanding=True)), LedgerKgram.scheme == V2)
+_ROWS2_OF_TENANT = _ROWS2.where(LedgerKgram.tenant_id == bindparam("tenant_id"))
+_ROWS2_JSON = text("SELECT generation_id, key_id, digest FROM ledger_kgrams "
+                   "WHERE digest IN (SELECT value FROM json_each(:digests)) AND scheme = 2")
+_ROWS2_JSON_OF_TENANT = text("SELECT generation_id, key_id, digest FROM ledger_kgrams "
+                             "WHERE digest IN (SELECT value FROM json_each(:digests)) AND scheme = 2 "
+                             "AND tenant_id = :tenant_id")
+# Which keys have scheme 1 rows: a loose index scan of ix_ledger_kgrams_v1_key (partial, scheme
+# 1), one index probe per such key, whatever the rows per key (none at all on a fresh store).
+_V1_KEYS = text("WITH RECURSIVE k(key_id) AS ("
+                "SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 UNION ALL "
+                "SELECT (SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 AND key_id > k.key_id) "
+                "FROM k WHERE k.key_id IS NOT NULL) SELECT key_id FROM k WHERE key_id IS NOT NULL")
+_FINISHED = (LedgerEntry.kind == "finished", LedgerEntry.output_tokens >= K)
+_SEARCHED = select(func.count()).select_from(LedgerEntry).where(LedgerEntry.key_id == bindparam("key_id"), *_FINISHED)
+_SEARCHED_BY_KEY = select(LedgerEntry.key_id, func.count()).where(
+    LedgerEntry.key_id.in_(bindparam("key_ids", expanding=True)), *_FINISHED).group_by(LedgerEntry.key_id)
+_IN_STORE = select(func.count()).select_from(LedgerEntry).where(*_FINISHED)
+_IN_TENANT = _IN_STORE.where(LedgerEntry.tenant_id == bindparam("tenant_id"))
+_STORED = select(LedgerKgram.generation_id, LedgerKgram.scheme, LedgerKgram.digest, LedgerKgram.key_id,
+                 LedgerKgram.tenant_id).where(
+    LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
+
+
+def store_kgram_key(session: Session) -> bytes | None:
+    """Scheme 2's k-gram HMAC key: the store's (ledger.log.key), None while it has no log key
+    (or this process no KEK). Never logged, returned or stored apart from the log key."""
+    auth = tlog.authority(session)
+    return None if auth is None else auth.kgram_key
+
+
+def positions(at: Sequence[int], shared: set[int], skip: int) -> set[int]:
+    """The token positions covered by the k-grams at ``at`` [n] whose digest is in ``shared``,
+    leaving out the first ``skip`` of each k-gram."""
+    first = min(skip, K)
+    return {i for start, d in enumerate(at) if d in shared for i in range(start + first, start + K)}
+
+
+def chunks(values: list[T]) -> Iterable[list[T]]:
+    for i in range(0, len(values), CHUNK):
+        yield values[i:i + CHUNK]
+
+
+def generations_searched(session: Session, key_id: str) -> int:
+    """An upper bound on the generations with k-grams recorded under ``key_id`` (every tenant),
+    the Bonferroni factor of :func:`false_match_log10`: the ``finished`` ledger entries under
+    the key with at least :data:`K` output tokens. The gateway writes a generation's k-grams
+    only in the transaction of its finished entry, under that entry's key, from the same token
+    ids (service.generation), and a generation has at most one finished entry (a unique
+    index); so the two counts are equal, except that records carried over from before the
+    k-grams (migration 0006) count here too. Counting those entries (ix_ledger_entries_key_id:
+    one row per generation and checkpoint) replaces counting distinct generations over every
+    k-gram row of the key (about one per output token) on each request with a hit."""
+    return int(session.connection().execute(_SEARCHED, {"key_id": key_id}).scalar() or 0)
+
+
+def generations_in_scope(session: Session, tenant_id: str | None) -> int:
+    """An upper bound on the generations with scheme 2 k-grams in scope ``tenant_id`` (None:
+    the store), the Bonferroni factor of a scheme 2 look-up, which searches all of them at
+    once: the scope's ``finished`` entries with at least :data:`K` output tokens, one count
+    (:func:`generations_searched` says why that bounds the generations with k-grams)."""
+    if tenant_id is None:
+        return int(session.connection().execute(_IN_STORE).scalar() or 0)
+    return int(session.connection().execute(_IN_TENANT, {"tenant_id": tenant_id}).scalar() or 0)
+
+
+class KgramCache:
+    """What one detection learns of a text's k-grams and of the ledger (it holds query
+    results: never keep it past the request; rows are append-only and a generation's are
+    written in one transaction, so rows read in one transaction stay right in the next).
+
+    The forms of one text (as sent, normalised; detector.forms) share most of their k-grams:
+    each distinct k-gram is hashed once per k-gram key (scheme 2: once in all; scheme 1: once
+    per key with such rows), and each distinct digest looked up once per scope (scheme 1:
+    per key and scope), for every form and every look-up of the detection
+    (:func:`ledger.kgrams.find_matches`, :func:`~ledger.kgrams.shared_positions`). A look-up
+    fetches the matching rows themselves, (generation, key, digest), rather than counts per
+    generation: the counts and the shared positions of every generation then come from the
+    one query, at the cost of returning one row per shared (generation, k-gram) pair, as
+    many as a count query reads."""
+
+    def __init__(self) -> None:
+        self._memo: dict[bytes, dict[bytes, int]] = {}
+        self._at: dict[tuple[bytes, tuple[int, ...]], list[int]] = {}
+        self._rows: dict[tuple[str, str | None], dict[int, list[str]]] = {}
+        self._rows2: dict[str | None, dict[int, list[tuple[str, str]]]] = {}
+        self._scope_of: dict[tuple[str, str], tuple[int, str | None]] = {}
+        self._searched: dict[str, int] = {}
+        self._searched2: dict[str | None, int] = {}
+        self._stored: dict[str, int | None] = {}
+        self._store_key: bytes | None = None
+        self._store_key_read = False
+        self._v1_keys: frozenset[str] | None = None
+
+    def _keyed(self, token_ids: Sequence[int], key: bytes) -> list[int]:
+        index = (key, tuple(token_ids))
+        found = self._at.get(index)
+        if found is None:
+            found = self._at[index] = keyed_position_digests(token_ids, key, memo=self._memo.setdefault(key, {}))
+        return found
+
+    def at(self, token_ids: Sequence[int], secret: int) -> list[int]:
+        """:func:`position_digests` of ``token_ids`` [n] under ``secret`` (scheme 1)."""
+        return self._keyed(token_ids, kgram_key(secret))
+
+    def store_key(self, session: Session) -> bytes | None:
+        if not self._store_key_read:
+            self._store_key, self._store_key_read = store_kgram_key(session), True
+        return self._store_key
+
+    def at2(self, session: Session, token_ids: Sequence[int]) -> list[int] | None:
+        """Scheme 2's position digests of ``token_ids`` [n] (None: the store has no k-gram key,
+        so no scheme 2 row either)."""
+        key = self.store_key(session)
+        return None if key is None else self._keyed(token_ids, key)
+
+    def at_scheme(self, session: Session, scheme: int, token_ids: Sequence[int], secret: int) -> list[int] | None:
+        return self.at(token_ids, secret) if scheme == V1 else self.at2(session, token_ids)
+
+    def v1_keys(self, session: Session) -> frozenset[str]:
+        """The keys with scheme 1 rows (one query: :data:`_V1_KEYS`)."""
+        if self._v1_keys is None:
+            self._v1_keys = frozenset(session.connection().execute(_V1_KEYS).scalars())
+        return self._v1_keys
+
+    def rows(self, session: Session, key_id: str, tenant_id: str | None, digests: Iterable[int]) -> dict[int, list[str]]:
+        """Scheme 1: per digest looked up so far under ``key_id`` in scope ``tenant_id`` (None:
+        every tenant), ``digests`` included: the generations that recorded it, one entry per row."""
+        known = self._rows.setdefault((key_id, tenant_id), {})
+        missing = sorted(d for d in set(digests) if d not in known)
+        connection = session.connection()
+        sqlite = connection.dialect.name == "sqlite"
+        for chunk in chunks(missing):
+            if sqlite:  # the digests as one JSON parameter: no per-value bind rendering
+                stmt = _ROWS_JSON if tenant_id is None else _ROWS_JSON_OF_TENANT
+                values = json.dumps(chunk)
+            else:
+                stmt = _ROWS if tenant_id is None else _ROWS_OF_TENANT
+                values = chunk
+            known.update((d, []) for d in chunk)
+            for generation_id, digest in connection.execute(
+                    stmt, {"key_id": key_id, "tenant_id": tenant_id, "digests": values}).all():
+                known[digest].append(generation_id)
+                self._scope_of[key_id, generation_id] = (V1, tenant_id)
+        return known
+
+    def rows2(self, session: Session, tenant_id: str | None, digests: Iterable[int]) -> dict[int, list[tuple[str, str]]]:
+        """Scheme 2: per digest looked up so far in scope ``tenant_id`` (None: every tenant),
+        ``digests`` included: the (generation, key id) of each row that recorded it, every key
+        at once."""
+        known = self._rows2.setdefault(tenant_id, {})
+        missing = sorted(d for d in set(digests) if d not in known)
+        connection = session.connection()
+        sqlite = connection.dialect.name == "sqlite"
+        for chunk in chunks(missing):
+            if sqlite:
+                stmt = _ROWS2_JSON if tenant_id is None else _ROWS2_JSON_OF_TENANT
+                values = json.dumps(chunk)
+            else:
+                stmt = _ROWS2 if tenant_id is None else _ROWS2_OF_TENANT
+                values = chunk
+            known.update((d, []) for d in chunk)
+            for generation_id, key_id, digest in connection.execute(
+                    stmt, {"tenant_id": tenant_id, "digests": values}).all():
+                known[digest].append((generation_id, key_id))
+                self._scope_of[key_id, generation_id] = (V2, tenant_id)
+        return known
+
+    def searched(self, session: Session, key_id: str) -> int:
+        if key_id not in self._searched:
+            self._searched[key_id] = generations_searched(session, key_id)
+        return self._searched[key_id]
+
+    def searched_many(self, session: Session, key_ids: Sequence[str]) -> dict[str, int]:
+        """:meth:`searched` of every key in ``key_ids``, in one query per :data:`CHUNK` keys."""
+        missing = [k for k in dict.fromkeys(key_ids) if k not in self._searched]
+        for chunk in chunks(missing):
+            self._searched.update((k, 0) for k in chunk)
+            self._searched.update((k, int(n)) for k, n in session.connection().execute(
+                _SEARCHED_BY_KEY, {"key_ids": chunk}))
+        return {k: self._searched[k] for k in key_ids}
+
+    def searched2(self, session: Session, tenant_id: str | None) -> int:
+        if tenant_id not in self._searched2:
+            self._searched2[tenant_id] = generations_in_scope(session, tenant_id)
+        return self._searched2[tenant_id]
+
+    def prefetch(self, session: Session, keys: Sequence[tuple[str, int]], tenant_id: str | None,
+                 forms: Sequence[Sequence[int]]) -> list[tuple[str, int]]:
+        """Look up the digests of every form of one text at once: under scheme 2 in one query
+        (per :data:`CHUNK` digests) for every key; under scheme 1 in one query per key with
+        scheme 1 rows and a finished generation of at least :data:`K` tokens (one count query
+        for those keys; the gateway writes a generation's k-grams with its finished entry,
+        and rows written without one never make a match, :meth:`stored`), each hashed under
+        its own key. Returns the keys that can match at all; keys with neither are neither
+        hashed nor queried: :func:`~ledger.kgrams.find_matches` on them finds nothing, with or without this."""
+        wanted = {key_id for key_id, _ in keys}
+        live: set[str] = set()
+        if self.store_key(session) is not None:
+            rows = self.rows2(session, tenant_id, {d for tokens in forms for d in self.at2(session, tokens)})
+            live.update(key_id for found in rows.values() for _, key_id in found if key_id in wanted)
+        old = self.v1_keys(session)
+        v1 = [(key_id, secret) for key_id, secret in keys if key_id in old]
+        searched = self.searched_many(session, [key_id for key_id, _ in v1])
+        for key_id, secret in v1:
+            if searched[key_id] > 0:
+                live.add(key_id)
+                self.rows(session, key_id, tenant_id, {d for tokens in forms for d in self.at(tokens, secret)})
+        return [(key_id, secret) for key_id, secret in keys if key_id in live]
+
+    def stored(self, session: Session, generation_ids: Iterable[str]) -> dict[str, int]:
+        """Digests recorded per generation (every key: a generation has one), for the
+        generations whose recorded digests, under their scheme, are exactly the set their
+        logged ``finished`` entry committed to (ledger.log.tlog.logged_kgrams); the others are
+        absent: rows inserted, deleted, moved or relabelled by anyone without the log key
+        never make a match."""
+        missing = [g for g in dict.fromkeys(generation_ids) if g not in self._stored]
+        if missing:
+            found: dict[str, list[tuple[int, int]]] = {g: [] for g in missing}
+            labels: dict[str, set[tuple[str, str]]] = {g: set() for g in missing}
+            for chunk in chunks(missing):
+                for generation_id, scheme, digest, key_id, tenant_id in session.connection().execute(
+                        _STORED, {"generation_ids": chunk}):
+                    found[generation_id].append((int(scheme), int(digest)))
+                    labels[generation_id].add((key_id, tenant_id))
+            authentic = tlog.logged_kgrams(session, found, labels)
+            self._stored.update((g, len({d for _, d in found[g]}) if g in authentic else None) for g in missing)
+        return {g: c for g, c in self._stored.items() if c is not None}
+
+    def shared(self, session: Session, key_id: str, generation_id: str, token_ids: Sequence[int],
+               secret: int) -> tuple[list[int], set[int]] | None:
+        """The text's position digests under the scheme ``generation_id`` was found under, and
+        those of them it recorded under ``key_id``, when the look-ups so far hold them all
+        (None: they do not). A generation's k-grams are written once, under its tenant and one
+        scheme (:func:`ledger.kgrams.store`), so the rows of the scope it was found in are all of its rows
+        among the digests looked up there."""
+        found = self._scope_of.get((key_id, generation_id))
+        if found is None:
+            return None
+        scheme, scope = found
+        at = self.at_scheme(session, scheme, token_ids, secret)
+        if at is None:
+            return None
+        if scheme == V1:
+            known = self._rows[key_id, scope]
+            if any(d not in known for d in at):
+                return None
+            return at, {d for d in set(at) if generation_id in known[d]}
+        known2 = self._rows2[scope]
+        if any(d not in known2 for d in at):
+            return None
+        return at, {d for d in set(at) if (generation_id, key_id) in known2[d]}

@@ -1,0 +1,96 @@
+"""The k-grams a generation records: keyed 63-bit hashes of its token 8-grams, under either
+scheme (ledger.kgrams says what each scheme keys them with, and how a text is matched to them).
+Pure hashing: no database, no key store; the store's k-gram key comes from the caller."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from typing import Sequence
+
+K = 8
+"""Tokens per k-gram."""
+DIGEST_BITS = 63
+V1, V2 = 1, 2
+"""The schemes (module docstring): per watermark key; the store's one k-gram key."""
+
+
+def kgram_key(secret: int) -> bytes:
+    """Scheme 1's k-gram HMAC key of a watermark key secret (64-bit)."""
+    return hashlib.sha256(b"hallmark-kgram-v1" + int(secret).to_bytes(8, "big")).digest()
+
+
+def position_digests(token_ids: Sequence[int], secret: int, k: int = K,
+                     memo: dict[bytes, int] | None = None) -> list[int]:
+    """The scheme 1 digest (63 bits) of the k-gram starting at each position of ``token_ids``
+    [n] under the watermark key ``secret`` (n - k + 1 of them; empty if n < k). ``memo``:
+    digests of k-grams already hashed under ``secret`` (by their 4k bytes), read and extended:
+    the forms of one text (as sent, normalised) share most of their k-grams, so each distinct
+    one is hashed once."""
+    return keyed_position_digests(token_ids, kgram_key(secret), k, memo)
+
+
+def keyed_position_digests(token_ids: Sequence[int], key: bytes, k: int = K,
+                           memo: dict[bytes, int] | None = None) -> list[int]:
+    """:func:`position_digests` under the HMAC key ``key`` itself (scheme 2: the store's)."""
+    # HMAC (RFC 2104) from two SHA-256 states, the key's inner and outer padded blocks hashed
+    # once and copied per k-gram: the same digests as hmac.new(key, gram), without the hmac
+    # module's Python wrapper around each copy (most of the time at ~200 k-grams a text).
+    inner = outer = None
+    data = struct.pack(f">{len(token_ids)}I", *[int(t) & 0xFFFFFFFF for t in token_ids])
+    memo = {} if memo is None else memo
+    out = []
+    for start in range(0, len(token_ids) - k + 1):
+        gram = data[4 * start:4 * (start + k)]
+        digest = memo.get(gram)
+        if digest is None:
+            if inner is None:
+                inner, outer = _hmac_states(key)
+            mac = inner.copy()
+            mac.update(gram)
+            final = outer.copy()
+            final.update(mac.digest())
+            digest = memo[gram] = int.from_bytes(final.digest()[:8], "big") >> (64 - DIGEST_BITS)
+        out.append(digest)
+    return out
+
+
+def _hmac_states(key: bytes) -> tuple["hashlib._Hash", "hashlib._Hash"]:
+    """SHA-256 states after HMAC's inner and outer padded key blocks (a key of at most one
+    64-byte block, as both schemes' 32 bytes)."""
+    block = key.ljust(64, b"\0")
+    return (hashlib.sha256(bytes(b ^ 0x36 for b in block)), hashlib.sha256(bytes(b ^ 0x5C for b in block)))
+
+
+def digests(token_ids: Sequence[int], secret: int, k: int = K) -> set[int]:
+    """Distinct scheme 1 digests of the k-grams of ``token_ids`` [n] under ``secret`` (empty if n < k)."""
+    return set(position_digests(token_ids, secret, k))
+
+
+@dataclass(frozen=True)
+class KgramSet:
+    """What a finished generation's ledger entry records and commits to (ledger.entries's
+    ``kgram_set``): its key id and its output token ids, hashed when recorded under the
+    store's k-gram key (scheme 2) or, for a store with none, the key's own (scheme 1).
+    ``secret`` never in ``repr``."""
+
+    key_id: str
+    secret: int = field(repr=False)
+    token_ids: tuple[int, ...] = field(repr=False)
+    scheme: int | None = None
+    """Force a scheme (None: 2 where the store has a k-gram key). 1: what a store recorded
+    before migration 0010 (tests and benchmarks of old data)."""
+
+    def digests(self, store_key: bytes | None) -> tuple[int, set[int]]:
+        """(scheme, distinct digests) as recorded under ``store_key`` (the store's k-gram key)."""
+        if self.scheme == V1 or (self.scheme is None and store_key is None):
+            return V1, digests(self.token_ids, self.secret)
+        if store_key is None:
+            raise ValueError("scheme 2 k-grams need the store's k-gram key (its transparency-log key)")
+        return V2, set(keyed_position_digests(self.token_ids, store_key))
+
+
+def kgram_set(key_id: str, secret: int, token_ids: Sequence[int], scheme: int | None = None) -> KgramSet:
+    """A finished generation's :class:`KgramSet`."""
+    return KgramSet(key_id, int(secret), tuple(int(t) for t in token_ids), scheme)

@@ -1,0 +1,73 @@
+"""The transparency log's head and append at the database driver: the one hot path of the log.
+
+Every ledger entry is appended in its own transaction (ledger.log.tlog.append), so the statements
+that lock and read the head and write the leaf, the subtrees it completed and the new head
+run once per generation event. Through SQLAlchemy's Core each costs ~50 µs of Python before
+the database sees it; here they go to the DB-API cursor of the session's own connection (the
+same transaction), and on PostgreSQL the three writes are one statement (data-modifying
+CTEs), so an append is two round trips. The columns and their encodings are the models'
+(keys.models: SQLite stores times as naive UTC text, PostgreSQL as timestamptz).
+"""
+
+from __future__ import annotations
+
+from datetime import timezone
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+_SQLITE_TIME = "%Y-%m-%d %H:%M:%S.%f"
+_PG_WRITE = """
+WITH leaf AS (
+    INSERT INTO log_leaves (idx, leaf_hash, kind, entry_id, tenant_id, kgrams_sha256, kid, data, mac, created_at)
+    VALUES (%(idx)s, %(leaf_hash)s, %(kind)s, %(entry_id)s, %(tenant_id)s, %(kgrams_sha256)s, %(kid)s, %(data)s,
+            %(mac)s, %(created_at)s)
+), nodes AS (
+    INSERT INTO log_nodes (level, idx, hash)
+    SELECT * FROM unnest(%(levels)s::integer[], %(indexes)s::bigint[], %(hashes)s::bytea[])
+)
+UPDATE log_head SET size = %(size)s, border = %(border)s, mac = %(head_mac)s, updated_at = %(created_at)s
+WHERE id = 1
+"""
+
+
+def _cursor(session: Session) -> tuple[Any, bool]:
+    connection = session.connection()
+    return connection.connection.driver_connection.cursor(), connection.dialect.name == "postgresql"
+
+
+def read_head(session: Session, *, lock: bool) -> tuple[int, bytes, bytes | None]:
+    """(size, border bytes, mac) of the head row, locked for the transaction with ``lock``."""
+    cursor, postgres = _cursor(session)
+    try:
+        cursor.execute("SELECT size, border, mac FROM log_head WHERE id = 1" + (" FOR UPDATE" if lock and postgres
+                                                                                 else ""))
+        size, border, mac = cursor.fetchone()
+    finally:
+        cursor.close()
+    border = border.encode() if isinstance(border, str) else bytes(border)  # the migration's '' on SQLite
+    return int(size), border, None if mac is None else bytes(mac)
+
+
+def write_append(session: Session, leaf: dict[str, Any], completed: list[tuple[int, int, bytes]], size: int,
+                 border: bytes, head_mac: bytes) -> None:
+    """Insert ``leaf`` (keys.models.LogLeaf's columns) and the ``completed`` subtrees, and
+    move the head to ``size``/``border``, in the session's transaction."""
+    cursor, postgres = _cursor(session)
+    try:
+        if postgres:
+            cursor.execute(_PG_WRITE, {**leaf, "levels": [c[0] for c in completed],
+                                       "indexes": [c[1] for c in completed], "hashes": [c[2] for c in completed],
+                                       "size": size, "border": border, "head_mac": head_mac})
+            return
+        when = leaf["created_at"].astimezone(timezone.utc).strftime(_SQLITE_TIME)
+        cursor.execute("INSERT INTO log_leaves (idx, leaf_hash, kind, entry_id, tenant_id, kgrams_sha256, kid, data, "
+                       "mac, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (leaf["idx"], leaf["leaf_hash"], leaf["kind"], leaf["entry_id"], leaf["tenant_id"],
+                        leaf["kgrams_sha256"], leaf["kid"], leaf["data"], leaf["mac"], when))
+        if completed:
+            cursor.executemany("INSERT INTO log_nodes (level, idx, hash) VALUES (?, ?, ?)", completed)
+        cursor.execute("UPDATE log_head SET size = ?, border = ?, mac = ?, updated_at = ? WHERE id = 1",
+                       (size, border, head_mac, when))
+    finally:
+        cursor.close()

@@ -1,0 +1,376 @@
+"""Reading the provenance ledger: generations as the API and CLI show them, looked up by
+id, by output hash (what detection cites) or page by page. See :mod:`ledger.entries` for what
+an entry is. Look-ups that detection cites from (:func:`find_generations_by_output_hash`)
+return only entries the transparency log holds as written (ledger.log.tlog.logged_entries)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import bindparam, func, select
+from sqlalchemy.orm import Session
+
+from keys import clock
+from keys.errors import InvalidInput
+from keys.models import LedgerEntry as Row
+from keys.models import Tenant
+from ledger.chain import entry_fields
+from ledger.log import tlog
+from ledger.log.tlog import Sequenced
+from watermark.spec import WatermarkSpec
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+STALE_AFTER = timedelta(minutes=15)
+"""An unfinished generation silent this long is interrupted (longer than any stream may run)."""
+MAX_RESULTS = 1000
+
+
+def hash_output(text: str) -> str:
+    """The ledger's hash of an output: hex SHA-256 of its UTF-8 bytes."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _process_start(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    # Field 22 (start time in clock ticks) counts from after the parenthesised command name.
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+_WRITER: dict[int, str] = {}  # pid -> writer_id (a forked worker has its own pid)
+
+
+def writer_id() -> str:
+    """This process, as a ledger entry names its writer: ``host/pid/start-ticks`` (read from
+    /proc once per process: every ledger entry names it)."""
+    pid = os.getpid()
+    found = _WRITER.get(pid)
+    if found is None:
+        found = _WRITER[pid] = f"{socket.gethostname()[:120]}/{pid}/{_process_start(pid) or '?'}"
+    return found
+
+
+def writer_gone(writer: str) -> bool:
+    """True when ``writer`` was a process on this host that no longer runs (a reused pid is
+    told apart by its start time). Writers on other hosts are never declared gone here."""
+    if writer == _WRITER.get(os.getpid()):
+        return False  # this process
+    host, _, rest = writer.partition("/")
+    pid_text, _, start = rest.partition("/")
+    if host != socket.gethostname()[:120] or not pid_text.isdigit():
+        return False
+    current = _process_start(int(pid_text))
+    if current is None:
+        return os.path.exists("/proc/self/stat")  # without /proc nothing can be told
+    return start != "?" and current != start
+
+
+@dataclass(frozen=True)
+class ChainEntry:
+    """One ledger entry as stored (every hashed field, plus the entry's own hash)."""
+
+    seq: int
+    tenant_id: str
+    generation_id: str
+    kind: str
+    created_at: datetime
+    writer: str
+    key_id: str | None
+    key_version: int | None
+    key_state: str | None
+    engine: str
+    model: str
+    spec: dict[str, Any] | None
+    prompt_tokens: int
+    output_tokens: int
+    watermarked_tokens: int
+    unwatermarked_reason: str | None
+    output_sha256: str
+    token_ids_sha256: str | None
+    finish_reason: str | None
+    details: dict[str, Any] | None
+    prev_hash: str
+    entry_hash: str
+
+    def to_dict(self) -> dict[str, Any]:
+        out = entry_fields(self)
+        out["entry_hash"] = self.entry_hash
+        return out
+
+
+def _chain_entry(row: Row) -> ChainEntry:
+    return ChainEntry(**{name: getattr(row, name) for name in ChainEntry.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class GenerationEntry:
+    """One generation as the ledger shows it: its first entry's identity and its latest
+    entry's counts, hashes and state."""
+
+    id: str
+    tenant_id: str
+    tenant: str
+    key_id: str | None
+    key_version: int | None
+    engine: str
+    model: str
+    spec: WatermarkSpec | None
+    prompt_tokens: int
+    output_tokens: int
+    watermarked_tokens: int
+    unwatermarked_reason: str | None
+    output_sha256: str
+    created_at: datetime
+    status: str = "finished"
+    """``in_progress``, ``finished`` or ``interrupted`` (the writer died mid-stream)."""
+    finish_reason: str | None = None
+    token_ids_sha256: str | None = None
+    key_state: str | None = None
+    seq: int = 0
+    """The latest entry's position in the tenant's chain."""
+    entry_hash: str = ""
+    updated_at: datetime | None = None
+    details: dict[str, Any] | None = None
+    entries: int = 1
+    kgrams_sha256: str | None = field(default=None, compare=False)
+    """The latest entry's k-gram commitment in the log (ledger.log.leaves); None when not known here."""
+    log: Sequenced | None = field(default=None, compare=False)
+    """Where the write that returned this put its leaf in the transparency log (None on reads)."""
+
+    @property
+    def watermarked(self) -> bool:
+        return self.watermarked_tokens > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "tenant": self.tenant, "tenant_id": self.tenant_id,
+                "key_id": self.key_id, "key_version": self.key_version, "key_state": self.key_state,
+                "engine": self.engine, "model": self.model,
+                "spec": self.spec.public_dict() if self.spec else None,
+                "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
+                "watermarked_tokens": self.watermarked_tokens, "watermarked": self.watermarked,
+                "unwatermarked_reason": self.unwatermarked_reason,
+                # What the reason applies to: `dedup` beside `watermarked: true` is a share.
+                "unwatermarked_tokens": self.output_tokens - self.watermarked_tokens,
+                "unwatermarked_share": round((self.output_tokens - self.watermarked_tokens) / self.output_tokens, 6)
+                if self.output_tokens else 0.0,
+                "output_sha256": self.output_sha256, "token_ids_sha256": self.token_ids_sha256,
+                "status": self.status, "finish_reason": self.finish_reason,
+                "created_at": self.created_at.isoformat(),
+                "updated_at": self.updated_at.isoformat() if self.updated_at else None,
+                "ledger": {"seq": self.seq, "entry_hash": self.entry_hash, "entries": self.entries},
+                "details": self.details}
+
+
+def _status(last: Row, now: datetime) -> str:
+    if last.kind == "finished":
+        return "interrupted" if last.finish_reason == "interrupted" else "finished"
+    if writer_gone(last.writer) or now - last.created_at > STALE_AFTER:
+        return "interrupted"
+    return "in_progress"
+
+
+STARTED_AT = "started_at"
+"""The ``details`` key of a one-entry (non-streaming) generation's start time: its record's
+``created_at`` (a stream's is its ``started`` entry's time)."""
+
+
+def _started_at(rows: Sequence[Row]) -> datetime:
+    first = rows[0]
+    started = first.details.get(STARTED_AT) if len(rows) == 1 and isinstance(first.details, dict) else None
+    if isinstance(started, str):
+        try:
+            value = datetime.fromisoformat(started)
+        except ValueError:
+            return first.created_at
+        if value.tzinfo is not None and value <= first.created_at:
+            return value
+    return first.created_at
+
+
+def _generation(rows: Sequence[Row], tenant_name: str, now: datetime | None = None) -> GenerationEntry:
+    first, last = rows[0], rows[-1]
+    return GenerationEntry(
+        id=first.generation_id, tenant_id=first.tenant_id, tenant=tenant_name, key_id=first.key_id,
+        key_version=first.key_version, engine=first.engine, model=first.model,
+        spec=WatermarkSpec.model_validate(first.spec) if first.spec is not None else None,
+        prompt_tokens=first.prompt_tokens, output_tokens=last.output_tokens,
+        watermarked_tokens=last.watermarked_tokens, unwatermarked_reason=last.unwatermarked_reason,
+        output_sha256=last.output_sha256, created_at=_started_at(rows),
+        status=_status(last, now or clock.utcnow()), finish_reason=last.finish_reason,
+        token_ids_sha256=last.token_ids_sha256, key_state=last.key_state, seq=last.seq,
+        entry_hash=last.entry_hash, updated_at=last.created_at, details=last.details, entries=len(rows))
+
+
+
+def _check_hash(value: str, name: str = "output_sha256") -> str:
+    if not isinstance(value, str) or _SHA256_HEX.fullmatch(value) is None:
+        raise InvalidInput(f"{name} must be 64 lowercase hex digits (see ledger.entries.hash_output)")
+    return value
+
+
+
+# --- reading -----------------------------------------------------------------------------
+
+
+def _entries_of(session: Session, generation_id: str, tenant_id: str | None = None) -> list[Row]:
+    query = select(Row).where(Row.generation_id == generation_id)
+    if tenant_id is not None:
+        query = query.where(Row.tenant_id == tenant_id)
+    return list(session.scalars(query.order_by(Row.seq)))
+
+
+def _tenant_names(session: Session, tenant_ids: set[str]) -> dict[str, str]:
+    if not tenant_ids:
+        return {}
+    return dict(session.execute(select(Tenant.id, Tenant.name).where(Tenant.id.in_(tenant_ids))).all())
+
+
+def _generations(session: Session, generation_ids: Sequence[str], tenant_id: str | None) -> list[GenerationEntry]:
+    if not generation_ids:
+        return []
+    query = select(Row).where(Row.generation_id.in_(list(generation_ids)))
+    if tenant_id is not None:
+        query = query.where(Row.tenant_id == tenant_id)
+    grouped: dict[str, list[Row]] = {}
+    for row in session.scalars(query.order_by(Row.tenant_id, Row.seq)):
+        grouped.setdefault(row.generation_id, []).append(row)
+    names = _tenant_names(session, {rows[0].tenant_id for rows in grouped.values()})
+    now = clock.utcnow()
+    return [_generation(grouped[g], names[grouped[g][0].tenant_id], now) for g in generation_ids if g in grouped]
+
+
+def get_generation(session: Session, *, generation_id: str, tenant_id: str | None) -> GenerationEntry | None:
+    """The generation, or None. With ``tenant_id`` only that tenant's records are visible
+    (another tenant's id reads as absent); ``tenant_id=None`` is the admin view. Required
+    on purpose."""
+    found = _generations(session, [generation_id], tenant_id)
+    return found[0] if found else None
+
+
+def latest_row(session: Session, *, generation_id: str, tenant_id: str) -> Row | None:
+    """The generation's newest chain row in ``tenant_id``'s chain (what a receipt attests)."""
+    rows = _entries_of(session, generation_id, tenant_id)
+    return rows[-1] if rows else None
+
+
+def generation_entries(session: Session, *, generation_id: str, tenant_id: str | None) -> list[ChainEntry]:
+    """The generation's chain entries, oldest first, scoped as :func:`get_generation`."""
+    return [_chain_entry(row) for row in _entries_of(session, generation_id, tenant_id)]
+
+
+def _by_hash(scoped: bool):
+    """Every entry (and its tenant's name) of the latest ``limit`` generations with an entry
+    whose output hashes to ``output_sha256`` (in ``tenant_id`` when ``scoped``), by tenant and seq."""
+    table = Row.__table__
+    matching = select(Row.generation_id).where(Row.output_sha256 == bindparam("output_sha256"))
+    if scoped:
+        matching = matching.where(Row.tenant_id == bindparam("tenant_id"))
+    matching = (matching.group_by(Row.generation_id).order_by(func.max(Row.id).desc())
+                .limit(bindparam("limit")).subquery())
+    query = (select(table, Tenant.name.label("tenant_name")).join(Tenant, Tenant.id == table.c.tenant_id)
+             .where(table.c.generation_id.in_(select(matching.c.generation_id))))
+    if scoped:
+        query = query.where(table.c.tenant_id == bindparam("tenant_id"))
+    return query.order_by(table.c.tenant_id, table.c.seq)
+
+
+_BY_HASH_ALL = _by_hash(False)
+_BY_HASH_OF_TENANT = _by_hash(True)
+
+
+def find_generations_by_output_hash(session: Session, *, output_sha256: str, tenant_id: str | None,
+                                    limit: int = 100) -> list[GenerationEntry]:
+    """Generations whose output (final, or as far as a checkpoint covered it) hashes to
+    ``output_sha256``, newest first, scoped as :func:`get_generation`: only their entries the
+    transparency log holds as written (a generation with none such is left out)."""
+    _check_hash(output_sha256)
+    limit = max(1, min(int(limit), MAX_RESULTS))
+    # The look-up is on every /v1/detect: the matching generations' entries, with their
+    # tenant's name, in one query on the Core path (rows, not ORM objects: nothing here is
+    # written back), the statement built once per scope (module-level, values bound).
+    conn = session.connection()
+    by_hash = _BY_HASH_ALL if tenant_id is None else _BY_HASH_OF_TENANT
+    rows = conn.execute(by_hash, {"output_sha256": output_sha256, "tenant_id": tenant_id, "limit": limit}).all()
+    if not rows:  # most texts: one query, no row
+        return []
+    last = {}
+    grouped: dict[str, list[Row]] = {}
+    names: dict[str, str] = {}
+    for row in rows:
+        grouped.setdefault(row.generation_id, []).append(row)
+        names[row.tenant_id] = row.tenant_name
+        if row.output_sha256 == output_sha256:
+            last[row.generation_id] = max(last.get(row.generation_id, row.id), row.id)
+    ids = sorted(last, key=lambda g: last[g], reverse=True)
+    # Only what the transparency log holds as written is cited: an entry inserted or edited
+    # by anyone without the log key (the gateway's database role, the tables' owner) is not.
+    logged = tlog.logged_entries(session, [row for found in grouped.values() for row in found])
+    now = clock.utcnow()
+    out = []
+    for g in ids:
+        kept = [row for row in grouped.get(g, ()) if row.id in logged]
+        if any(row.output_sha256 == output_sha256 for row in kept):
+            out.append(dataclasses.replace(_generation(kept, names[kept[0].tenant_id], now),
+                                           kgrams_sha256=logged[kept[-1].id].kgrams_sha256))
+    return out
+
+
+MAX_OFFSET = 2 ** 62
+"""The largest page offset: SQL engines take OFFSET as a signed 64-bit integer, and the offset
+plus a page (plus the look-ahead row) must still fit."""
+
+
+def list_generations(session: Session, *, tenant_id: str | None, limit: int = 50, offset: int = 0,
+                     since: datetime | None = None, until: datetime | None = None,
+                     key_id: str | None = None) -> list[GenerationEntry]:
+    """Generations newest first (by their first entry), scoped as :func:`get_generation`;
+    optionally only those started in [``since``, ``until``) (timezone-aware) or under ``key_id``."""
+    limit = max(1, min(int(limit), MAX_RESULTS))
+    offset = max(0, int(offset))
+    first = func.min(Row.id)
+    query = select(Row.generation_id, first)
+    if tenant_id is not None:
+        query = query.where(Row.tenant_id == tenant_id)
+    if key_id is not None:
+        query = query.where(Row.key_id == key_id)
+    query = query.group_by(Row.generation_id)
+    if since is not None:
+        query = query.having(func.min(Row.created_at) >= clock.resolve(since))
+    if until is not None:
+        query = query.having(func.min(Row.created_at) < clock.resolve(until))
+    ids = [g for g, _ in session.execute(query.order_by(first.desc()).limit(limit).offset(offset)).all()]
+    return _generations(session, ids, tenant_id)
+
+
+
+SALT_DETAIL = "salt"
+"""The ``details`` entry that records a `diverse` key's generation salt (watermark.salt).
+``details`` is a hashed field (ledger.chain), so the salt is covered by the entry's hash and
+hence by its transparency-log leaf; entries without it hash exactly as before."""
+
+
+# Built once, the ids bound at execution (the Core path: detection reads it for every ledger match).
+_SALTS = select(Row.generation_id, Row.details).where(Row.generation_id.in_(bindparam("ids", expanding=True)))
+
+
+def generation_salts(session: Session, generation_ids: Sequence[str]) -> dict[str, int]:
+    """generation id -> the salt its entries record (only generations that record one)."""
+    if not generation_ids:
+        return {}
+    out: dict[str, int] = {}
+    for generation_id, details in session.connection().execute(_SALTS, {"ids": list(dict.fromkeys(generation_ids))}):
+        salt = details.get(SALT_DETAIL) if isinstance(details, dict) else None
+        if isinstance(salt, int) and not isinstance(salt, bool):
+            out[generation_id] = salt
+    return out
