@@ -240,7 +240,7 @@ def test_a_block_writes_the_next_blocks_inputs():
     draft's pending inputs): checked before every packed block whose rows are the last
     block's."""
     from service.engines.local.rows import right_aligned
-    from service.engines.local.spec_block import CONTEXT
+    from service.engines.local.block import CONTEXT
 
     engine = _engine("cpu", static_cache=True, speculative_blocks=True)
     blocks = engine._blocks  # noqa: SLF001
