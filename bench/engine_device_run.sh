@@ -10,9 +10,9 @@ export PYTHONUNBUFFERED=1
 log() { grep -v "Loading weights" | tee -a "$OUT/log.txt"; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.used --format=csv | log
 if [ "$3" = short ]; then
-    timeout 50 python3 bench/engine_cuda.py --tree "$ROOT" --requests 16,256 --rounds 1 --small-rounds 3 \
+    timeout 50 python3 bench/engine_cuda.py --tree "$ROOT" --requests 256 --rounds 1 --small-rounds 3 \
         --profile-at 0 --parity-out "$OUT/parity-baseline.json" --out "$OUT/engine-baseline.json" 2>&1 | log
-    timeout 80 python3 bench/engine_cuda.py --requests 16,256 --rounds 8 --small-rounds 3 --profile-at 0 \
+    timeout 70 python3 bench/engine_cuda.py --requests 16,256 --rounds 8 --small-rounds 3 --profile-at 0 \
         --parity-check "$OUT/parity-baseline.json" --out "$OUT/engine-cuda.json" 2>&1 | log
     exit 0
 fi
