@@ -8,7 +8,8 @@ import asyncio
 from service.engines.local.outbox import Outbox
 
 
-def test_events_arrive_in_order_with_one_wake_up_per_flush():
+def _counting_loop() -> tuple[asyncio.AbstractEventLoop, list]:
+    """A new event loop and the list of the wake-ups handed to it from other threads."""
     loop = asyncio.new_event_loop()
     wakeups = []
     original = loop.call_soon_threadsafe
@@ -18,6 +19,11 @@ def test_events_arrive_in_order_with_one_wake_up_per_flush():
         return original(callback, *args)
 
     loop.call_soon_threadsafe = counting
+    return loop, wakeups
+
+
+def test_events_arrive_in_order_with_one_wake_up_per_flush():
+    loop, wakeups = _counting_loop()
     outbox = Outbox()
     queues = [asyncio.Queue(), asyncio.Queue()]
     sinks = [outbox.sink(loop, q) for q in queues]
@@ -49,15 +55,7 @@ def test_a_busy_loop_gets_one_merged_delta_per_request():
     (a Finished, an error) stays in place, after them."""
     from service.engines.base import Delta, Finished, RouteCounts
 
-    loop = asyncio.new_event_loop()
-    wakeups = []
-    original = loop.call_soon_threadsafe
-
-    def counting(callback, *args):
-        wakeups.append(callback)
-        return original(callback, *args)
-
-    loop.call_soon_threadsafe = counting
+    loop, wakeups = _counting_loop()
     outbox = Outbox()
     queue = asyncio.Queue()
     sink = outbox.sink(loop, queue)
