@@ -48,15 +48,24 @@ def _process_start(pid: int) -> str | None:
     return stat.rsplit(")", 1)[-1].split()[19]
 
 
+_WRITER: dict[int, str] = {}  # pid -> writer_id (a forked worker has its own pid)
+
+
 def writer_id() -> str:
-    """This process, as a ledger entry names its writer: ``host/pid/start-ticks``."""
+    """This process, as a ledger entry names its writer: ``host/pid/start-ticks`` (read from
+    /proc once per process: every ledger entry names it)."""
     pid = os.getpid()
-    return f"{socket.gethostname()[:120]}/{pid}/{_process_start(pid) or '?'}"
+    found = _WRITER.get(pid)
+    if found is None:
+        found = _WRITER[pid] = f"{socket.gethostname()[:120]}/{pid}/{_process_start(pid) or '?'}"
+    return found
 
 
 def writer_gone(writer: str) -> bool:
     """True when ``writer`` was a process on this host that no longer runs (a reused pid is
     told apart by its start time). Writers on other hosts are never declared gone here."""
+    if writer == _WRITER.get(os.getpid()):
+        return False  # this process
     host, _, rest = writer.partition("/")
     pid_text, _, start = rest.partition("/")
     if host != socket.gethostname()[:120] or not pid_text.isdigit():

@@ -4,8 +4,13 @@ The key is always chosen here, from the authenticated tenant; a client never sup
 key material. Nothing leaves the server unrecorded: a non-streaming request writes its
 ledger record before the text is returned (a failed record withholds the text); a stream
 commits its ``started`` entry before its first token, checkpoints as it goes and ends in a
-``finished`` entry whatever ends it (see :func:`stream`). Ledger writes run in a worker
-thread, off the event loop.
+``finished`` entry whatever ends it (see :func:`stream`).
+
+Ledger writes are committed in groups (``Services.ledger_writes``, one thread per process,
+service.access.group_commit): the writes waiting at a moment share one transaction, each
+in its own savepoint, and each request awaits its own write's commit, so a stream's entry
+still exists before the tokens it covers leave, while 256 streams' entries cost a few
+commits rather than one each (and no request holds a worker thread while it waits).
 """
 
 from __future__ import annotations
@@ -232,28 +237,45 @@ def _verification(services: Services, prepared: _Prepared, token_ids: tuple[int,
     return {"watermark_log10_p": round(max(log10_p, -1e300), 6), "watermark_verified": verified}
 
 
+async def _verified(services: Services, prepared: _Prepared, done: Finished) -> dict[str, Any] | None:
+    """:func:`_verification` of a finished generation, in a worker thread where it runs the
+    detector (remote engines)."""
+    if services.engine.name == "local":
+        return None
+    return await asyncio.to_thread(_verification, services, prepared, done.token_ids,
+                                   done.routes.watermarked if prepared.plan else 0)
+
+
 def _unwatermarked_reason(prepared: _Prepared, plain: int) -> str | None:
     return prepared.reason or ("dedup" if prepared.plan and plain else None)
 
 
-def _record(services: Services, prepared: _Prepared, done: Finished, started_at=None) -> Outcome:
+async def _written(services: Services, write) -> GenerationEntry:
+    """``write(session)``'s entry, once the ledger group it joined has committed."""
+    return await asyncio.wrap_future(services.ledger_writes.submit(write))
+
+
+async def _record(services: Services, prepared: _Prepared, done: Finished, started_at=None) -> Outcome:
     """One ``finished`` entry for a non-streaming generation (nothing has left yet), which
     records when it started (``started_at``) beside when it finished. A key revoked while it
     generated withholds the output instead of recording it."""
     plan = prepared.plan
+    details = await _verified(services, prepared, done)
+
+    def write(session) -> GenerationEntry:
+        return record_generation(
+            session, tenant_id=prepared.tenant_id, key_id=plan.key_id if plan else None,
+            key_version=plan.version if plan else None, engine=services.engine.name,
+            model=services.engine.model_name, spec=prepared.spec, prompt_tokens=done.prompt_tokens,
+            watermarked_tokens=done.routes.watermarked if plan else 0,
+            unwatermarked_reason=_unwatermarked_reason(prepared, done.routes.plain),
+            output_text=done.text, token_ids=done.token_ids, finish_reason=_engine_reason(done.finish_reason),
+            generation_id=prepared.request.request_id, refuse_revoked_key=True,
+            details=_salt_details(prepared, details), kgram_set=_kgram_set(prepared, done.token_ids),
+            started_at=started_at)
+
     try:
-        with services.store.transaction() as session:
-            entry = record_generation(
-                session, tenant_id=prepared.tenant_id, key_id=plan.key_id if plan else None,
-                key_version=plan.version if plan else None, engine=services.engine.name,
-                model=services.engine.model_name, spec=prepared.spec, prompt_tokens=done.prompt_tokens,
-                watermarked_tokens=done.routes.watermarked if plan else 0,
-                unwatermarked_reason=_unwatermarked_reason(prepared, done.routes.plain),
-                output_text=done.text, token_ids=done.token_ids, finish_reason=_engine_reason(done.finish_reason),
-                generation_id=prepared.request.request_id, refuse_revoked_key=True,
-                details=_salt_details(prepared, _verification(services, prepared, done.token_ids,
-                                                              done.routes.watermarked if plan else 0)),
-                kgram_set=_kgram_set(prepared, done.token_ids), started_at=started_at)
+        entry = await _written(services, write)
     except KeyRevoked:
         log.warning("generation %s withheld: its key was revoked while it generated", prepared.request.request_id)
         raise Unavailable("the watermark key was revoked while this generation ran, so the output is "
@@ -263,7 +285,7 @@ def _record(services: Services, prepared: _Prepared, done: Finished, started_at=
         raise Unavailable("the provenance record could not be written, so the output is withheld; "
                           "retry later") from None
     _logged(services, entry)
-    return _outcome(services, prepared, done, entry)
+    return await asyncio.to_thread(_outcome, services, prepared, done, entry)
 
 
 def _kgram_set(prepared: _Prepared, token_ids) -> kgrams.KgramSet | None:
@@ -371,7 +393,7 @@ async def _generate(services: Services, prepared: _Prepared) -> Outcome:
         raise Unavailable(str(exc)) from None
     if done is None:
         raise Unavailable("the engine stopped before finishing the generation")
-    return await asyncio.to_thread(_record, services, prepared, done, started_at)
+    return await _record(services, prepared, done, started_at)
 
 
 def _failure_reason(exc: BaseException) -> str:
@@ -418,21 +440,38 @@ class _Progress:
         self.routes = RouteCounts()
         self.covered = 0
 
-    def write(self, services: Services, prepared: _Prepared, *, finish_reason: str | None,
-              details: dict | None = None) -> GenerationEntry:
+    def _write(self, prepared: _Prepared, finish_reason: str | None, details: dict | None):
+        """The entry that covers everything sent so far, as a write for the ledger's group."""
         plan = prepared.plan
         values = dict(generation_id=prepared.request.request_id, tenant_id=prepared.tenant_id,
                       output_text="".join(self.text), token_ids=list(self.token_ids),
                       watermarked_tokens=min(self.routes.watermarked, len(self.token_ids)) if plan else 0,
                       unwatermarked_reason=_unwatermarked_reason(prepared, self.routes.plain))
-        with services.store.transaction() as session:
+        kgram_set = _kgram_set(prepared, values["token_ids"]) if finish_reason is not None else None
+
+        def write(session) -> GenerationEntry:
             if finish_reason is None:
-                entry = checkpoint_generation(session, **values)
-            else:
-                entry = finish_generation(session, finish_reason=finish_reason,
-                                          details=_salt_details(prepared, details),
-                                          kgram_set=_kgram_set(prepared, values["token_ids"]), **values)
-        self.covered = len(self.token_ids)
+                return checkpoint_generation(session, **values)
+            return finish_generation(session, finish_reason=finish_reason, details=_salt_details(prepared, details),
+                                     kgram_set=kgram_set, **values)
+
+        return write, len(values["token_ids"])
+
+    def write(self, services: Services, prepared: _Prepared, *, finish_reason: str | None,
+              details: dict | None = None) -> GenerationEntry:
+        """The entry, committed (blocking: for threads)."""
+        write, covered = self._write(prepared, finish_reason, details)
+        entry = services.ledger_writes.submit(write).result()
+        self.covered = covered
+        _logged(services, entry)
+        return entry
+
+    async def write_async(self, services: Services, prepared: _Prepared, *, finish_reason: str | None,
+                          details: dict | None = None) -> GenerationEntry:
+        """The entry, committed (awaited on the event loop: no worker thread waits)."""
+        write, covered = self._write(prepared, finish_reason, details)
+        entry = await _written(services, write)
+        self.covered = covered
         _logged(services, entry)
         return entry
 
@@ -444,20 +483,23 @@ class _Progress:
                           prepared.request.request_id, finish_reason)
 
 
-def _start(services: Services, prepared: _Prepared) -> None:
+async def _start(services: Services, prepared: _Prepared) -> None:
     plan = prepared.plan
+
+    def write(session) -> GenerationEntry:
+        return start_generation(session, tenant_id=prepared.tenant_id, key_id=plan.key_id if plan else None,
+                                key_version=plan.version if plan else None, engine=services.engine.name,
+                                model=services.engine.model_name, spec=prepared.spec,
+                                prompt_tokens=len(prepared.request.prompt_ids), unwatermarked_reason=prepared.reason,
+                                generation_id=prepared.request.request_id, details=_salt_details(prepared, None))
+
     try:
-        with services.store.transaction() as session:
-            entry = start_generation(session, tenant_id=prepared.tenant_id, key_id=plan.key_id if plan else None,
-                             key_version=plan.version if plan else None, engine=services.engine.name,
-                             model=services.engine.model_name, spec=prepared.spec,
-                             prompt_tokens=len(prepared.request.prompt_ids), unwatermarked_reason=prepared.reason,
-                             generation_id=prepared.request.request_id, details=_salt_details(prepared, None))
-        _logged(services, entry)
+        entry = await _written(services, write)
     except KeyStoreError as exc:
         log.error("provenance record failed for generation %s: %s", prepared.request.request_id, exc.user_message)
         raise Unavailable("the provenance record could not be written, so nothing is generated; "
                           "retry later") from None
+    _logged(services, entry)
 
 
 async def stream(services: Services, identity: Identity, params: GenerateParams) -> Stream:
@@ -472,7 +514,7 @@ async def stream(services: Services, identity: Identity, params: GenerateParams)
     leaving) writes the ``finished`` entry with its reason."""
     prepared, lease = await _admitted(services, identity, params)
     try:
-        await asyncio.to_thread(_start, services, prepared)
+        await _start(services, prepared)
     except BaseException:
         lease.release(0)
         raise
@@ -506,10 +548,10 @@ async def stream(services: Services, identity: Identity, params: GenerateParams)
                         progress.text.append(event.text)
                         progress.token_ids.extend(event.token_ids)
                         progress.routes = event.routes or progress.routes
-                        await asyncio.to_thread(progress.write, services, prepared, finish_reason=None)
+                        await progress.write_async(services, prepared, finish_reason=None)
                         yield event
                         continue
-                    await asyncio.to_thread(progress.write, services, prepared, finish_reason=None)
+                    await progress.write_async(services, prepared, finish_reason=None)
                 progress.text.append(event.text)
                 progress.token_ids.extend(event.token_ids)
                 progress.routes = event.routes or progress.routes
@@ -545,7 +587,7 @@ async def stream(services: Services, identity: Identity, params: GenerateParams)
         if done is None:
             await asyncio.to_thread(progress.close_quietly, services, prepared, "engine_failure")
             raise Unavailable("the engine stopped before finishing the generation; the text sent so far is recorded")
-        outcome = await asyncio.to_thread(_finish, services, prepared, done, progress)
+        outcome = await _finish(services, prepared, done, progress)
         yield outcome
 
     def never_ran() -> None:
@@ -556,15 +598,16 @@ async def stream(services: Services, identity: Identity, params: GenerateParams)
     return Stream(generation_id=prepared.request.request_id, events=leased, on_unstarted_close=never_ran)
 
 
-def _finish(services: Services, prepared: _Prepared, done: Finished, progress: _Progress) -> Outcome:
+async def _finish(services: Services, prepared: _Prepared, done: Finished, progress: _Progress) -> Outcome:
     progress.text[:] = [done.text]
     progress.token_ids[:] = list(done.token_ids)
     progress.routes = done.routes
-    details = _verification(services, prepared, done.token_ids, done.routes.watermarked if prepared.plan else 0)
+    details = await _verified(services, prepared, done)
     try:
-        entry = progress.write(services, prepared, finish_reason=_engine_reason(done.finish_reason), details=details)
+        entry = await progress.write_async(services, prepared, finish_reason=_engine_reason(done.finish_reason),
+                                           details=details)
     except KeyStoreError as exc:
         log.error("final ledger entry failed for generation %s: %s", prepared.request.request_id, exc.user_message)
         raise Unavailable("the final provenance record could not be written; the stream's record stops "
                           "at its last checkpoint") from None
-    return _outcome(services, prepared, done, entry)
+    return await asyncio.to_thread(_outcome, services, prepared, done, entry)

@@ -60,7 +60,7 @@ class ServiceSettings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Hallmark's and uvicorn's log level (`warning` drops the per-request lines)."""
 
-    max_batch: int = Field(default=16, ge=1, le=512)
+    max_batch: int = Field(default=16, ge=1, le=1024)
     """Requests decoded together in one step; more wait in the queue."""
 
     max_queue: int = Field(default=256, ge=1)

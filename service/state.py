@@ -23,6 +23,7 @@ from ledger.log.key import store_log_key
 from ledger.signing import NoSigningKey, active_signer, public_keyset
 from service.provenance import ledger_match, receipt_statement
 from keys.tenants import get_tenant
+from service.access.group_commit import GroupCommit
 from service.caching import TokenCache, TTLCache
 from service.engines.base import Engine
 from service.key_scopes import KeyScopes
@@ -61,6 +62,8 @@ class Services:
         self._publish_lock = threading.Lock()
         # Unseeded generations of one prompt under a diverse key take the salts in turn.
         self.salts = SaltRotation()
+        # Generation records (started, checkpoints, finished), committed in groups (service.generation).
+        self.ledger_writes = GroupCommit(self.store, name="ledger")
 
     def detect_wait(self, token_id: str) -> float:
         """Take one detection from the token's shared budget: 0, or seconds to wait (blocking)."""

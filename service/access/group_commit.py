@@ -24,6 +24,9 @@ its budgets in one order): PostgreSQL then aborts one of the statements as a dea
 write that lost such a race (ConcurrentChange), or whose whole group did, took no effect and
 is run again alone, in its own transaction, up to :data:`RETRIES` times: a request never
 gets an error that other requests' grouping caused.
+
+Generation records (a stream's started, checkpoint and finished entries) go through a
+second instance (``Services.ledger_writes``, service.generation), for the same reasons.
 """
 
 from __future__ import annotations
@@ -49,8 +52,11 @@ RETRIES = 3
 class GroupCommit:
     """Runs submitted writes on one daemon thread, grouped into transactions of the store."""
 
-    def __init__(self, store, *, max_group: int = MAX_GROUP) -> None:
+    def __init__(self, store, *, max_group: int = MAX_GROUP, name: str = "detection") -> None:
         self.store = store
+        self.name = name  # what the writes are, in log lines and the thread's name
+        self.groups = 0  # groups run (transactions), and writes in them: how well writes are grouped
+        self.writes = 0
         self.max_group = max_group
         self._queue: queue.SimpleQueue[tuple[Callable[[Any], Any], Future]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -69,7 +75,7 @@ class GroupCommit:
         with self._start_lock:
             if self._thread is None or not self._thread.is_alive():
                 # A forked worker (`hallmark serve --workers`) has no thread of its parent's.
-                self._thread = threading.Thread(target=self._run, name="hallmark-group-commit", daemon=True)
+                self._thread = threading.Thread(target=self._run, name=f"hallmark-{self.name}-writes", daemon=True)
                 self._thread.start()
 
     def _run(self) -> None:
@@ -80,11 +86,14 @@ class GroupCommit:
                     group.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            self.groups += 1
+            self.writes += len(group)
             try:
                 self._commit(group)
             except BaseException as exc:  # noqa: BLE001 - a fault here must not strand the group's requests
                 # The type only: a database error's text can quote the statement's parameters.
-                log.error("the detection writes' thread failed on a group of %d: %s", len(group), type(exc).__name__)
+                log.error("the %s writes' thread failed on a group of %d: %s", self.name, len(group),
+                          type(exc).__name__)
                 for _, future in group:
                     if not future.done():
                         _resolve(future, False, exc)
@@ -106,7 +115,8 @@ class GroupCommit:
             if isinstance(failure, ConcurrentChange) and attempt < RETRIES:
                 self._again(group, attempt)
                 return
-            log.warning("a group of %d detection writes failed to commit: %s", len(group), type(failure).__name__)
+            log.warning("a group of %d %s writes failed to commit: %s", len(group), self.name,
+                        type(failure).__name__)
             for _, future in group:
                 _resolve(future, False, failure)
             return

@@ -3,11 +3,49 @@
 Text is released only when it can no longer change: a byte-level tokenizer may end on a
 partial UTF-8 character (decoded as U+FFFD until the next token completes it), and text
 that could still become a stop string is held back until it cannot.
+
+Each push decodes the request's whole output (what ``tokenizer.decode`` gives is then the
+text by definition, for any tokenizer). :func:`decode_many` decodes many requests' outputs
+in one call of the Rust tokenizer, which runs them in parallel without holding the GIL,
+so that the local engine's detokenising thread does not hold up its step loop.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
+
+
+def decode_many(tokenizer, sequences: Sequence[Sequence[int]]) -> list[str]:
+    """``[tokenizer.decode(s, skip_special_tokens=True) for s in sequences]``, in one
+    batched call where the tokenizer is a plain Rust-backed one (its decode is the backend's
+    decode, no clean-up pass), else one call per sequence."""
+    if len(sequences) > 1 and _batched(tokenizer):
+        return tokenizer._tokenizer.decode_batch([list(s) for s in sequences], skip_special_tokens=True)  # noqa: SLF001
+    return [tokenizer.decode(list(s), skip_special_tokens=True) for s in sequences]
+
+
+def _batched(tokenizer) -> bool:
+    """Whether ``tokenizer.decode`` is its Rust backend's decode (checked once per tokenizer)."""
+    known = getattr(tokenizer, "_hallmark_decode_batch", None)
+    if known is None:
+        backend = getattr(tokenizer, "_tokenizer", None)
+        known = (hasattr(backend, "decode_batch") and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+                 and _same_decode(tokenizer, backend))
+        try:
+            tokenizer._hallmark_decode_batch = known
+        except AttributeError:  # a tokenizer that takes no attributes: ask again next time
+            pass
+    return known
+
+
+def _same_decode(tokenizer, backend) -> bool:
+    """A subclass may decode differently from its backend: compare on a few id lists (special
+    tokens, every byte-level piece boundary the first ids hold) before trusting the batch."""
+    size = getattr(tokenizer, "vocab_size", 0) or len(tokenizer)
+    samples = [list(range(min(size, 64))), [i * 7919 % size for i in range(200)], list(range(size - 50, size))]
+    return all(tokenizer.decode(s, skip_special_tokens=True) == backend.decode(s, skip_special_tokens=True)
+               for s in samples)
 
 
 @dataclass
@@ -22,7 +60,11 @@ class StopTextTracker:
     def push(self, token_ids: list[int]) -> str:
         """Add tokens; return the newly releasable text. Sets ``stopped`` at a stop string."""
         self.token_ids.extend(token_ids)
-        full = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        return self.release(self.tokenizer.decode(self.token_ids, skip_special_tokens=True))
+
+    def release(self, full: str) -> str:
+        """The newly releasable text, given ``full``, the decoded ``token_ids`` (so that a
+        caller can decode many trackers' tokens at once: :func:`decode_many`)."""
         for stop in self.stop:
             at = full.find(stop, max(0, self.released - len(stop)))
             if at != -1:

@@ -21,37 +21,44 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
 from typing import AsyncIterator, Callable
 
+import numpy as np
 import torch
 
 from service.model_paths import BUNDLED_MODELS, resolve_model_path
 from service.engines.base import EngineBusy, EngineFailure, Event, Finished, GenerationRequest, WatermarkPlan
+from service.engines.local.batch import BatchSteps
 from service.engines.local.outbox import Outbox
+from service.engines.local.outputs import OutputTable
 from service.engines.local.request import RequestState
-from service.engines.local.rows import DedupSlots, HostDedup, RowTable
+from service.engines.local.rows import DedupSlots
 from service.engines.local.runner import Group, load_model
-from service.engines.local.static_runner import StaticGroup
+from service.engines.local.scheduler import SpeculativeGroups
+from service.engines.local.static_runner import StaticGroup, check_batched_prefill
+from service.engines.local.streamer import Streamer
 from service.engines.local.telemetry import EngineTelemetry, StepReport
-from service.engines.local.scheduler import SpeculativeGroups, plain_step, process, sample_next, sample_rows, \
-    speculative_step
-from watermark import stream
 from watermark.processing import validate_sampling
 
 log = logging.getLogger("hallmark.engine.local")
+SWITCH_INTERVAL_CUDA = 0.001
+"""Seconds: the interpreter's thread switch interval with the engine on CUDA (LocalEngine.switch_interval)."""
 
 
-class LocalEngine:
+class LocalEngine(BatchSteps):
     name = "local"
 
     def __init__(self, model: str = "bundled", draft_model: str | None = None, *, device: str = "auto",
                  max_batch: int = 16, speculative_k: int = 4, max_queue: int = 256,
                  restart_delay: float = 1.0, max_restarts: int = 3, on_fatal=None,
                  static_cache: bool | None = None, cuda_graphs: bool = True, cpu_threads: int | None = None,
-                 speculative_blocks: bool | None = None, pipeline_blocks: bool = True) -> None:
+                 speculative_blocks: bool | None = None, pipeline_blocks: bool = True,
+                 streamer_thread: bool | None = None, pipeline_depth: int = 1,
+                 switch_interval: float | None = None, batched_prefill: bool | None = None) -> None:
         # Reported as the bundled model's real name ("bundled" is only an alias for it).
         self.model_name = BUNDLED_MODELS.get(model, model)
         self.draft_name = draft_model
@@ -69,12 +76,27 @@ class LocalEngine:
         self.speculative_blocks = speculative_blocks
         # Graph-replayed blocks run one ahead of the host (spec_block.SpeculativeBlocks.step).
         self.pipeline_blocks = pipeline_blocks
+        self.pipeline_depth = pipeline_depth
+        # Requests' text made on a thread of its own (streamer.py); None = on CUDA, where the
+        # step loop's time is the GPU's idle time.
+        self.streamer_thread = streamer_thread
+        # The interpreter's thread switch interval while the engine runs on CUDA (None: 1 ms
+        # there, unchanged on the CPU; 0: unchanged). The step loop waits for the GPU with
+        # the GIL released; taking it back from a busy event loop or streamer thread waits
+        # up to this long, while the GPU may run dry. Python's default is 5 ms.
+        self.switch_interval = switch_interval
+        # Admission prefills many prompts in one forward (static groups on CUDA) where a
+        # check at load finds every row's logits equal to its own prefill's; False: never.
+        self.batched_prefill = batched_prefill
         self._blocks = None
         self._ready = False
         self._tokenizer = None
         self._waiting: deque[RequestState] = deque()
         self._running: list[RequestState] = []
-        self._pending: dict[int, list[int]] = {}  # draft tokens not yet fed, per request
+        self._running_rows = np.zeros(0, dtype=np.int64)  # their OutputTable rows
+        self._cancelling = threading.Event()  # a request was cancelled: the next retire looks
+        self._outputs: OutputTable | None = None  # every admitted request's tokens (outputs.py)
+        self._members: dict[str, list[RequestState]] = {}  # per group: its rows in order (step cache)
         self._wake = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -89,6 +111,7 @@ class LocalEngine:
         self.step_hooks: list[Callable[[StepReport], None]] = []
         self.telemetry: EngineTelemetry | None = None
         self._outbox = Outbox()
+        self._streamer = Streamer(threaded=False, after_pass=self._outbox.flush)
         self._tables: dict[str, tuple] = {}  # per group: (RowTable, dedup) of its current rows
         self._dedup_slots: DedupSlots | None = None  # the GPU deduper's request slots (CUDA)
 
@@ -121,6 +144,8 @@ class LocalEngine:
             torch.set_num_threads(self.cpu_threads)  # the warm-up below runs on this thread
         self.max_context_tokens = int(getattr(target.config, "max_position_embeddings", 2048))
         static = self.static_cache if self.static_cache is not None else device.type == "cuda"
+        self._outputs = OutputTable(self.max_batch, self.max_context_tokens)
+        self._streamer.threaded = self.streamer_thread if self.streamer_thread is not None else device.type == "cuda"
 
         def group(model):
             if static:  # preallocated KV cache; decode/verify forwards replayed as CUDA graphs on CUDA
@@ -161,9 +186,9 @@ class LocalEngine:
         if blocks and self.spec is not None and isinstance(self.spec_target, StaticGroup):
             from service.engines.local.spec_block import SpeculativeBlocks
 
-            self._blocks = SpeculativeBlocks(self.spec.draft, self.spec_target, self.k, self._dedup_slots,
-                                             graphs=self.cuda_graphs, pipeline=self.pipeline_blocks)
-            self._blocks.after_send = self._outbox.flush
+            self._blocks = SpeculativeBlocks(self.spec.draft, self.spec_target, self.k, self._outputs, self._streamer,
+                                             self._dedup_slots, graphs=self.cuda_graphs, pipeline=self.pipeline_blocks,
+                                             depth=self.pipeline_depth)
         self._warm_up()
         for group in self._groups():  # capture every decode/verify graph now, not at request time
             if isinstance(group, StaticGroup) and group.graphs_enabled:
@@ -175,6 +200,11 @@ class LocalEngine:
                 group.capture_all(widths)
         if self._blocks is not None:
             self._blocks.capture_all()
+        for group in self._groups():  # prefill many prompts in one forward where that changes no logits
+            if isinstance(group, StaticGroup) and group.graphs_enabled and self.batched_prefill is not False:
+                group.batched_prefill = check_batched_prefill(group)
+                log.info("batched prefill on %s: %s", group.model.config.model_type,
+                         "on" if group.batched_prefill else "off (a row's logits differ from its own prefill's)")
         if self.telemetry is None:  # after the warm-up, so that its steps are not counted
             self.telemetry = EngineTelemetry.attach(self)
         self._ready = True
@@ -188,8 +218,9 @@ class LocalEngine:
             plan = WatermarkPlan(key=WatermarkKey(1, WatermarkSpec(algorithm=algorithm)), key_id="warmup",
                                  version=0, fingerprint="")
             state = RequestState(GenerationRequest("warmup", tuple(self.tokenizer().encode("Warm up")), 3,
-                                                   watermark=plan), self.tokenizer(), frozenset(), sink)
-            self._admit(state)
+                                                   watermark=plan), self.tokenizer(), frozenset(), sink,
+                                 streamer=self._streamer)
+            self._admit([state])
             while not state.finished:
                 self._step()
             self._retire()
@@ -198,6 +229,10 @@ class LocalEngine:
         if self._thread is not None:
             return
         await asyncio.to_thread(self.load)
+        interval = self.switch_interval if self.switch_interval is not None else \
+            (SWITCH_INTERVAL_CUDA if self.device.type == "cuda" else 0)
+        if interval:
+            sys.setswitchinterval(interval)
         self._stop = False
         self._start_thread()
 
@@ -233,7 +268,8 @@ class LocalEngine:
         self.check(request)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        state = RequestState(request, self.tokenizer(), self.eos_ids, sink=self._outbox.sink(loop, queue))
+        state = RequestState(request, self.tokenizer(), self.eos_ids, sink=self._outbox.sink(loop, queue),
+                             streamer=self._streamer)
         with self._wake:
             if not self.ready:
                 raise EngineFailure("the engine is not running (restarting after a failure); retry shortly")
@@ -252,6 +288,7 @@ class LocalEngine:
         finally:
             if not state.finished:
                 state.cancelled.set()
+                self._cancelling.set()
                 with self._wake:
                     self._wake.notify_all()
 
@@ -270,8 +307,10 @@ class LocalEngine:
             self._waiting.clear()
         for state in lost:
             state.fail(EngineFailure(f"the engine failed ({type(failure).__name__}); retry"))
+            state.detach()
+        self._streamer.wait(30)
         self._outbox.flush()
-        self._running = []
+        self._set_running([])
         self._reset_groups()
         now = time.monotonic()
         self._deaths = [t for t in self._deaths if now - t < 600] + [now]
@@ -299,189 +338,27 @@ class LocalEngine:
                 admitted = []
                 while self._waiting and len(self._running) + len(admitted) < self.max_batch:
                     admitted.append(self._waiting.popleft())
+            live = []
             for state in admitted:
                 if state.cancelled.is_set():
                     state.finish("cancelled")
-                    continue
-                self._admit_contained(state)
+                else:
+                    live.append(state)
+            if live:
+                self._admit_all(live)
             try:
                 self._step_contained()
             except Exception as exc:  # a model failure fails every running request, not the server
                 log.exception("engine step failed")
                 for state in self._running:
                     state.fail(exc)
-                self._running = []
+                    state.detach()
+                self._set_running([])
                 self._reset_groups()
             self._retire()
             self._outbox.flush()
+        self._streamer.wait(30)
         self._outbox.flush()
-
-    def _admit_contained(self, state: RequestState) -> None:
-        """Admit one request; if its prefill or first draw fails, only it fails."""
-        self._drain_blocks()
-        snapshot = self._snapshot()
-        try:
-            self._admit(state)
-        except Exception as exc:  # noqa: BLE001 - this request's own failure
-            log.warning("request %s failed at admission: %s", state.request.request_id, exc)
-            self._restore(snapshot)
-            if state in self._running:
-                self._running.remove(state)
-            self._pending.pop(id(state), None)
-            if self._dedup_slots is not None:
-                self._dedup_slots.close(state.rid)
-            state.fail(exc)
-
-    def _step_contained(self) -> None:
-        """One step; a row whose own sampling fails is removed and the step retried."""
-        while self._running:
-            snapshot = self._snapshot()
-            try:
-                self._step()
-                return
-            except Exception as exc:
-                failure = exc
-            self._restore(snapshot)
-            culprits = [s for s in self._running if not s.finished and not self._row_ok(s)]
-            if not culprits:
-                raise failure
-            for state in culprits:
-                log.warning("request %s failed in a step and was removed: %s", state.request.request_id, failure)
-                state.fail(failure)
-            self._retire()
-
-    def _row_ok(self, state: RequestState) -> bool:
-        """Whether one row alone goes through the sampler (on neutral logits) and its next
-        input is a valid token: what a step needs from the row itself."""
-        try:
-            if state.last_token is None or not 0 <= state.last_token < self.vocab_size:
-                return False
-            logits = torch.zeros((1, self.vocab_size), device=self.device)
-            for routed, lane in ((True, stream.LANE_SAMPLE), (False, stream.LANE_DRAFT)):
-                sample_rows(process(logits, [state]), [state], [state.dedup.context], [False], [0],
-                            routed=routed, lane=lane)
-            return True
-        except Exception:  # noqa: BLE001 - the probe's answer
-            return False
-
-    def _groups(self) -> list[Group]:
-        return [g for g in (self.plain, self.spec_target, self.spec.draft if self.spec else None) if g is not None]
-
-    def _snapshot(self) -> list:
-        """Each group's state, restorable after a failed step (see Group.snapshot)."""
-        return [(group, group.snapshot()) for group in self._groups()]
-
-    def _drain_blocks(self) -> None:
-        """Take the speculative block in flight (before rows join or leave the groups)."""
-        drained = self._blocks.drain() if self._blocks is not None else None
-        if drained is not None:
-            for state, pending in zip(*drained):
-                self._pending[id(state)] = pending
-
-    def _restore(self, saved: list) -> None:
-        if self._blocks is not None:
-            self._blocks.abandon()
-        for group, state in saved:
-            group.restore(state)
-        if self._dedup_slots is not None:  # undo a commit the failed step made on the device
-            self._dedup_slots.resync(self._running)
-
-    def _reset_groups(self) -> None:
-        if self._blocks is not None:
-            self._blocks.abandon()
-        for group in (self.plain, self.spec_target, self.spec.draft if self.spec else None):
-            if group is not None:
-                group.keep([])
-        self._pending.clear()
-        self._tables.clear()
-        if self._dedup_slots is not None:
-            for rid in list(self._dedup_slots.slot_of):
-                self._dedup_slots.close(rid)
-
-    def _uses_speculation(self, state: RequestState) -> bool:
-        return self.spec is not None and (state.request.watermark is None or state.dual_key)
-
-    def _admit(self, state: RequestState) -> None:
-        self._drain_blocks()
-        rid = state.request.request_id + f"#{id(state)}"
-        state.rid = rid
-        prompt = list(state.request.prompt_ids)
-        group = self.spec_target if self._uses_speculation(state) else self.plain
-        cache, mask, logits = group.prefill(prompt)
-        sample_next(logits.unsqueeze(0), [state])
-        if state.finished:
-            return
-        group.join(rid, cache, mask, len(prompt))
-        if group is self.spec_target:
-            d_cache, d_mask, _ = self.spec.draft.prefill(prompt)
-            self.spec.draft.join(rid, d_cache, d_mask, len(prompt))
-            self._pending[id(state)] = [state.last_token]
-            if self._dedup_slots is not None:
-                self._dedup_slots.open(state)
-        self._running.append(state)
-
-    def _step(self) -> None:
-        plain_order = {rid: i for i, rid in enumerate(self.plain.ids)}
-        spec_order = {rid: i for i, rid in enumerate(self.spec_target.ids)} if self.spec is not None else {}
-        plain = sorted((s for s in self._running if s.rid in plain_order), key=lambda s: plain_order[s.rid])
-        spec = sorted((s for s in self._running if s.rid in spec_order), key=lambda s: spec_order[s.rid])
-        report = None
-        if self.step_hooks:  # lengths before the step
-            report = StepReport(tuple(len(s.request.prompt_ids) + len(s.output) for s in plain),
-                                tuple(len(s.request.prompt_ids) + len(s.output) for s in spec), self.k)
-        if plain:
-            plain_step(self.plain, plain, self._table("plain", plain)[0])
-        if spec:
-            table, dedup = self._table("spec", spec)
-            pending = [self._pending[id(s)] for s in spec]
-            if self._blocks is not None:
-                self._blocks.step(spec, pending, table, dedup)
-            else:
-                speculative_step(self.spec, spec, pending, table, dedup)
-            for s, p in zip(spec, pending):
-                self._pending[id(s)] = p
-        if report is not None:
-            self._run_hooks(report)
-
-    def _table(self, name: str, rows: list[RequestState]) -> tuple:
-        """The group's RowTable and dedup for these rows, rebuilt only when its rows change."""
-        ids = tuple(s.rid for s in rows)
-        cached = self._tables.get(name)
-        if cached is None or cached[0].ids != ids:
-            table = RowTable.build(rows, self.device, self.k)
-            slots = self._dedup_slots if name == "spec" else None
-            cached = (table, slots.for_rows(rows) if slots is not None else HostDedup(rows))
-            self._tables[name] = cached
-        return cached
-
-    def _run_hooks(self, report: StepReport) -> None:
-        # A failing hook must not fail (and so roll back and repeat) a step that has emitted tokens.
-        for hook in self.step_hooks:
-            try:
-                hook(report)
-            except Exception:  # noqa: BLE001 - telemetry never takes generation down
-                log.exception("engine step hook failed")
-
-    def _retire(self) -> None:
-        for state in self._running:
-            if state.cancelled.is_set() and not state.finished:
-                state.finish("cancelled")
-        alive = [s for s in self._running if not s.finished]
-        if len(alive) != len(self._running):
-            self._drain_blocks()  # its rows may finish too
-            alive = [s for s in self._running if not s.finished]
-            ids = {s.rid for s in alive}
-            self.plain.keep([i for i in self.plain.ids if i in ids])
-            if self.spec is not None:
-                self.spec_target.keep([i for i in self.spec_target.ids if i in ids])
-                self.spec.draft.keep([i for i in self.spec.draft.ids if i in ids])
-            for s in self._running:
-                if s.finished:
-                    self._pending.pop(id(s), None)
-                    if self._dedup_slots is not None:
-                        self._dedup_slots.close(s.rid)
-            self._running = alive
-
 
 # Below this many parameters a CPU decode step is a chain of operations too small to share:
 # a second intra-op thread only adds fork/join barriers. The bundled draft (2.85 M, batch 8)

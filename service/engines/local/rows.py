@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from service.engines.local.request import RequestState
@@ -52,13 +53,19 @@ class RowTable:
     sequence (committed context right-aligned in ``width`` columns, then the k drafts)."""
     lane_unused: torch.Tensor
     """[B, 1, width] bool: i >= widths[b] (lanes past a row's context, zeroed)."""
+    out_rows: np.ndarray
+    """[B] the rows' rows in the engine's OutputTable (-1 for a request not attached to one)."""
+    widths_host: np.ndarray
+    """[B] the context widths, on the host."""
+    prompt_lengths: np.ndarray
+    """[B] the rows' prompt tokens, on the host."""
 
     @classmethod
     def build(cls, rows: list[RequestState], device: torch.device, k: int) -> RowTable:
         def dev(values, dtype):
             return host_tensor(values, dtype, device)
 
-        widths = [r.dedup.width for r in rows]
+        widths = [r.width for r in rows]
         width = max(widths)
 
         def params(repeat: int) -> ProcessingParams:
@@ -89,6 +96,9 @@ class RowTable:
             params={1: params(1), k + 1: params(k + 1)},
             context_index=to_device(index.clamp(max=width + k - 1), device),
             lane_unused=to_device(lane.view(1, 1, -1) >= torch.tensor(widths).view(-1, 1, 1), device),
+            out_rows=np.array([r.row for r in rows], dtype=np.int64),
+            widths_host=np.array(widths, dtype=np.int64),
+            prompt_lengths=np.array([len(r.request.prompt_ids) for r in rows], dtype=np.int64),
         )
 
     def process(self, logits: torch.Tensor, repeat: int = 1) -> torch.Tensor:
@@ -179,7 +189,7 @@ class DedupSlots:
         d = state.dedup
         self.deduper.open(slot, width=d.width, scope=d.scope, max_history=d.max_history,
                           prompt=state.request.prompt_ids if d.scope == "all" else ())
-        if state.output:
+        if state.length:
             tokens = host_tensor([state.output], torch.int64, self.deduper.device)
             self.deduper.append(host_tensor([slot], torch.int32, self.deduper.device), tokens)
 
@@ -201,8 +211,8 @@ class DedupSlots:
                 continue
             prompt = len(state.request.prompt_ids) if state.dedup.scope == "all" else 0
             slots.append(slot)
-            lengths.append(min(prompt + len(state.output), self.deduper.capacity))
-            generated.append(len(state.output))
+            lengths.append(min(prompt + state.length, self.deduper.capacity))
+            generated.append(state.length)
         if slots:
             device = self.deduper.device
             index = host_tensor(slots, torch.int64, device)

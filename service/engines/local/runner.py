@@ -57,7 +57,7 @@ class Group:
         return len(self.ids)
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int]) -> tuple[object, torch.Tensor, torch.Tensor]:
+    def prefill(self, prompt_ids: list[int], ahead: int = 0) -> tuple[object, torch.Tensor, torch.Tensor]:
         """Run one prompt alone; returns (its cache, its mask [1, T], last logits [V] float32)."""
         ids = torch.tensor([prompt_ids], dtype=torch.int64, device=self.device)
         self.eager_forwards += 1
@@ -98,6 +98,10 @@ class Group:
         self.next_pos = pos if self.next_pos is None else torch.cat([self.next_pos, pos])
         self.ids.append(request_id)
 
+    def join_many(self, request_ids: list[str], caches: list, masks: list[torch.Tensor], next_pos: list[int]) -> None:
+        for request_id, cache, mask, pos in zip(request_ids, caches, masks, next_pos):
+            self.join(request_id, cache, mask, pos)
+
     def keep(self, keep_ids: list[str]) -> None:
         """Drop every row not in ``keep_ids`` (order preserved)."""
         if keep_ids == self.ids:
@@ -105,7 +109,8 @@ class Group:
         if not keep_ids:
             self.ids, self.cache, self.mask, self.next_pos = [], None, None, None
             return
-        rows = torch.tensor([self.ids.index(i) for i in keep_ids], dtype=torch.int64, device=self.device)
+        where = {rid: i for i, rid in enumerate(self.ids)}
+        rows = torch.tensor([where[i] for i in keep_ids], dtype=torch.int64, device=self.device)
         self.mask = kv.select(self.cache, self.mask, rows)
         self.next_pos = self.next_pos.index_select(0, rows)
         self.ids = list(keep_ids)

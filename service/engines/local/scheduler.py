@@ -47,7 +47,7 @@ def sample_rows(processed: torch.Tensor, rows: list[RequestState], contexts: lis
     sampler_rows = sampler.sampler_rows(
         [r.keys for r in rows], contexts=contexts,
         watermark=[r.watermarked and not rep for r, rep in zip(rows, repeated)], greedy=[r.greedy for r in rows],
-        stream_keys=[r.stream_key for r in rows], positions=[len(r.output) + off for r, off in zip(rows, offsets)],
+        stream_keys=[r.stream_key for r in rows], positions=[r.length + off for r, off in zip(rows, offsets)],
         routed=routed, device=processed.device)
     return dispatch.sample(processed, sampler_rows, lane=lane)
 
@@ -76,7 +76,7 @@ class SpeculativeGroups:
 def plain_step(group: Group, rows: list[RequestState], table: RowTable) -> None:
     """One token per row: one host-to-device copy in, one read back out."""
     device, width = group.device, table.width
-    packed = host_tensor([[len(r.output), r.last_token, int(r.dedup.next_repeated())]
+    packed = host_tensor([[r.length, r.last_token, int(r.dedup.next_repeated())]
                           + list(r.dedup.context) + [0] * (width - r.dedup.width) for r in rows], torch.int64, device)
     logits = group.forward(packed[:, 1:2])[:, -1]
     sampler_rows = table.sampler_rows(table.watermarked & (packed[:, 2] == 0), packed[:, 0], routed=True)
@@ -100,7 +100,7 @@ def speculative_step(groups: SpeculativeGroups, rows: list[RequestState], pendin
     fed = max(len(p) for p in pending)
     # Per row: position, last token, committed context (right-aligned), then the draft
     # model's inputs (left-padded to two) and which of them are live.
-    packed = host_tensor([[len(r.output), r.last_token] + right_aligned(r.dedup.context, width)
+    packed = host_tensor([[r.length, r.last_token] + right_aligned(r.dedup.context, width)
                           + [0] * (2 - len(p)) + list(p) + [0] * (2 - len(p)) + [1] * len(p)
                           for r, p in zip(rows, pending)], torch.int64, device)
     positions = packed[:, 0]

@@ -1,19 +1,13 @@
-"""The speculative block on static KV caches as one function of fixed shapes, replayed as
-one CUDA graph per (batch bucket, draft inputs fed, column window) on CUDA.
+"""The speculative group's blocks on static KV caches: one CUDA graph per (batch bucket,
+draft inputs fed, column window) of the fixed-shape block function (block.py), captured at
+load and replayed, pipelined ahead of the host.
 
-A block (see ``scheduler.speculative_step``, the CPU path, whose tokens this one gives) is
-the draft model's k forwards with the watermarked draws between them (dedup decisions,
-contexts, sampler), the target's verify forward, the verification kernel, the dedup
-commit and both caches' rejected tails. Eagerly that is about a hundred launches and as
-many host round trips per step; captured, a step is: one host-to-device copy of the
-step's inputs, one graph replay, four small copies of the groups' new column counts and
-masks, and one read back (the one host synchronisation).
-
-Rows are padded to the batch bucket. Padding rows have no live input (their forwards write
-only the scratch column), their logits are replaced by zeros before every draw (finite
-probabilities for the kernels, tokens in range), they commit nothing to the deduper (they
-point at a dummy slot) and nothing they produce is read. Every kernel computes each row
-alone, so a real row's tokens do not depend on the padding.
+Eagerly a block is about a hundred launches and as many host round trips per step;
+captured, a step is: one host-to-device copy of the step's inputs (only after rows join or
+leave: chained blocks read the inputs the last block wrote), one graph replay, four small
+copies of the groups' new column counts and masks, and one read back (the one host
+synchronisation). The host's side is flat in rows: inputs packed from the OutputTable's
+arrays, tokens taken into it the same way, text made by the streamer thread.
 
 Row parameters (keys, flags, widths, temperatures, dedup slots) are copied into the
 bucket's buffers only when the group's membership changes (a new RowTable); the groups'
@@ -27,175 +21,17 @@ batch runs the same function eagerly, with the filters applied to its real rows.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from service.engines.local.block import CONTEXT, Buffers, DedupRows, block, process_padded
+from service.engines.local.outputs import RUNNING, STOPPED, OutputTable
 from service.engines.local.request import RequestState
-from service.engines.local.rows import HostDedup, RowTable, right_aligned
-from service.engines.local.static_runner import BUCKETS, StaticGroup, _step
-from watermark import dispatch, stream
-from watermark.processing import MIN_TEMPERATURE
-from watermark.sampler import SamplerRows
-from watermark.speculative import VerifyRows
-
-CONTEXT = 16
-"""Context columns of the step's table (the widest watermark context, MAX_CONTEXT_WIDTH):
-fixed, so that a graph serves every mix of context widths."""
-
-
-class _Buffers:
-    """One bucket's static inputs (and the groups' state between blocks)."""
-
-    def __init__(self, bucket: int, k: int, draft: StaticGroup, target: StaticGroup, dummy_slot: int,
-                 device: torch.device) -> None:
-        def z(*shape, dtype=torch.int64):
-            return torch.zeros(shape, dtype=dtype, device=device)
-
-        self.bucket = bucket
-        # Per row: position, last token, committed context (right-aligned), the draft
-        # model's inputs (left-padded to two), which of them are live.
-        self.step = z(bucket, 2 + CONTEXT + 4)
-        self.key_a, self.key_b, self.key_coin, self.stream_keys = (z(bucket) for _ in range(4))
-        self.keyed_coin, self.watermarked, self.greedy = (z(bucket, dtype=torch.bool) for _ in range(3))
-        self.no_alpha = z(bucket, dtype=torch.float32)
-        self.widths = torch.ones(bucket, dtype=torch.int32, device=device)
-        self.temperature = torch.ones(bucket, dtype=torch.float32, device=device)
-        self.real = z(bucket)  # 1 for a real row, 0 for padding
-        self.slots_dummy = dummy_slot
-        self.slots = torch.full((bucket,), dummy_slot, dtype=torch.int32, device=device)
-        self.d_pos, self.d_valid = z(bucket), z(bucket, draft.columns, dtype=torch.bool)
-        self.t_pos, self.t_valid = z(bucket), z(bucket, target.columns, dtype=torch.bool)
-        self.table = self.dedup = None  # the RowTable (and dedup) whose rows are in the buffers
-        self.d_state = self.t_state = None  # the groups' (next_pos, valid) the buffers hold
-
-    def load_rows(self, table: RowTable, dedup) -> None:
-        n = len(table.ids)
-        for buf, values in ((self.key_a, table.key_a), (self.key_b, table.key_b), (self.key_coin, table.key_coin),
-                            (self.stream_keys, table.stream_keys), (self.keyed_coin, table.keyed_coin),
-                            (self.watermarked, table.watermarked), (self.greedy, table.greedy),
-                            (self.widths, table.widths), (self.temperature, table.params[1].temperature)):
-            buf[:n].copy_(values)
-        for buf, pad in ((self.key_a, 0), (self.key_b, 0), (self.key_coin, 0), (self.stream_keys, 0),
-                         (self.keyed_coin, False), (self.watermarked, False), (self.greedy, False),
-                         (self.widths, 1), (self.temperature, 1.0), (self.real, 0)):
-            buf[n:].fill_(pad)
-        self.real[:n].fill_(1)
-        slots = getattr(dedup, "slots", None)  # rows.DeviceDedup's; HostDedup has none
-        if slots is not None:
-            self.slots[:n].copy_(slots)
-            self.slots[n:].fill_(self.slots_dummy)
-        self.table, self.dedup = table, dedup
-
-    def load_group(self, group: StaticGroup, pos: torch.Tensor, valid: torch.Tensor, state) -> tuple:
-        if state is None or state[0] is not group.next_pos or state[1] is not group.valid:
-            n = len(group.ids)
-            pos[:n].copy_(group.next_pos)
-            valid[:n].copy_(group.valid)
-        return group.next_pos, group.valid
-
-
-def _process(logits: torch.Tensor, temperature: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """``process_logits`` without top-k/top-p (the same operations), padding rows zeroed."""
-    inf = float("inf")
-    out = torch.nan_to_num(logits.to(torch.float32), nan=-inf, posinf=inf, neginf=-inf)
-    divisor = torch.where(temperature == 0, torch.ones_like(temperature), temperature.clamp(min=MIN_TEMPERATURE))
-    out = out / divisor.unsqueeze(-1)
-    return out.masked_fill((real == 0).unsqueeze(-1), 0.0)
-
-
-class _DedupRows:
-    """The block's dedup decisions and commit: the GPU deduper over the bucket's slots, or
-    (CPU tests) a HostDedup over the real rows."""
-
-    def __init__(self, deduper=None, slots=None, host=None) -> None:
-        self.deduper, self.slots, self.host = deduper, slots, host
-
-    def block(self, drafts: torch.Tensor) -> torch.Tensor:
-        if self.host is not None:
-            return self.host.block(drafts)
-        return self.deduper.repeated(self.slots, drafts)
-
-    def commit(self, tokens: torch.Tensor, counts: torch.Tensor) -> None:
-        if self.host is None:
-            self.deduper.append(self.slots, tokens, counts)
-
-
-def block(bufs: _Buffers, draft: StaticGroup, target: StaticGroup, k: int, fed: int, window: int, process,
-          dedup: _DedupRows):
-    """One speculative block over the bucket's buffers (fixed shapes, no host reads unless
-    ``dedup`` is host-side). Returns (out [B, 3k + 3] int64: tokens, routes, drafts,
-    accepted; draft next_pos, valid; target next_pos, valid), the caches' rejected tails
-    already dropped; the new states are also written back into the buffers, and the next
-    block's inputs into ``bufs.step``."""
-    step = bufs.step
-    batch = step.shape[0]
-    positions = step[:, 0]
-    sequence = torch.nn.functional.pad(step[:, 2:2 + CONTEXT], (0, k))  # context, then the drafts
-    drafts = sequence[:, CONTEXT:]
-    inputs, live = step[:, 2 + CONTEXT:4 + CONTEXT], step[:, 4 + CONTEXT:]
-    real = bufs.real
-    one = real.unsqueeze(1)
-    # Where lane i of position j's context sits in ``sequence`` (lanes past a row's width: 0).
-    lane = torch.arange(CONTEXT, device=step.device)
-    widths = bufs.widths.to(torch.int64).view(-1, 1, 1)
-    index = (CONTEXT + torch.arange(k + 1, device=step.device).view(1, -1, 1) - widths + lane).clamp(
-        min=0, max=CONTEXT + k - 1)
-    unused = lane.view(1, 1, -1) >= widths
-
-    def contexts(j=None):
-        idx = index if j is None else index[:, j]
-        table = sequence.gather(1, idx.reshape(batch, -1)).view(idx.shape)
-        return table.masked_fill(unused if j is None else unused[:, 0], 0)
-
-    logits, d_pos, d_valid = _step(draft.model, draft.cache, inputs[:, 2 - fed:], live[:, 2 - fed:], bufs.d_pos,
-                                   bufs.d_valid, window)
-    logits = logits[:, -1]
-    draft_probs = []
-    for j in range(k):
-        repeated = dedup.block(drafts)[:, j]  # later columns are not drawn yet: they affect later positions only
-        processed = process(logits, 1)
-        rows = SamplerRows(key_a=bufs.key_a, key_b=bufs.key_b, alpha=bufs.no_alpha, contexts=(),
-                           watermark=bufs.watermarked & ~repeated, greedy=bufs.greedy,
-                           stream_keys=bufs.stream_keys, positions=positions + j)
-        result = dispatch.sample_padded(processed, rows, contexts(j), bufs.widths, lane=stream.LANE_DRAFT)
-        draft_probs.append(torch.softmax(processed, dim=-1))
-        drafts[:, j] = result.tokens
-        if j < k - 1:
-            logits, d_pos, d_valid = _step(draft.model, draft.cache, result.tokens.unsqueeze(1), one, d_pos, d_valid,
-                                           window)
-            logits = logits[:, -1]
-    t_logits, t_pos, t_valid = _step(target.model, target.cache, torch.cat([step[:, 1:2], drafts], dim=1),
-                                     one.expand(-1, k + 1), bufs.t_pos, bufs.t_valid, window)
-    processed = process(t_logits.reshape(batch * (k + 1), -1), k + 1)
-    target_probs = torch.softmax(processed, dim=-1).reshape(batch, k + 1, -1)
-    repeated = dedup.block(drafts)
-    verify_rows = VerifyRows(key_b=bufs.key_b, key_coin=bufs.key_coin, keyed_coin=bufs.keyed_coin, contexts=(),
-                             watermark=bufs.watermarked.unsqueeze(1) & ~repeated, greedy=bufs.greedy,
-                             stream_keys=bufs.stream_keys, positions=positions)
-    result = dispatch.verify_padded(target_probs, torch.stack(draft_probs, dim=1), drafts, verify_rows, contexts(),
-                                    bufs.widths)
-    accepted = result.num_accepted
-    dedup.commit(result.tokens, (accepted + 1) * real)
-    # Target: last + k drafts were fed, keep last + accepted. Draft: pending + k - 1 drafts
-    # were fed, keep up to the accepted drafts.
-    t_pos = t_pos - (k - accepted) * real
-    d_pos = d_pos - (k - 1 - accepted).clamp(min=0) * real
-    t_valid = t_valid & (torch.arange(t_valid.shape[1], device=step.device) < t_pos.unsqueeze(1))
-    d_valid = d_valid & (torch.arange(d_valid.shape[1], device=step.device) < d_pos.unsqueeze(1))
-    for buf, value in ((bufs.t_pos, t_pos), (bufs.t_valid, t_valid), (bufs.d_pos, d_pos), (bufs.d_valid, d_valid)):
-        buf.copy_(value)
-    out = torch.cat([result.tokens, result.routes.to(torch.int64), drafts, accepted.unsqueeze(1)], dim=1)
-    # The next block's inputs, as the host would pack them from the tokens taken (position,
-    # last token, the last CONTEXT tokens right-aligned, the draft's pending inputs), so that
-    # the next block can be launched before the host has read this one (chained launches).
-    last = result.tokens.gather(1, accepted.unsqueeze(1))  # [B, 1]
-    context = torch.cat([step[:, 2:2 + CONTEXT], result.tokens], dim=1).gather(1, accepted.unsqueeze(1) + 1 + lane)
-    context = context.masked_fill(lane < CONTEXT - bufs.widths.to(torch.int64).unsqueeze(1), 0)
-    full = (accepted == k).to(torch.int64).unsqueeze(1)  # all drafts accepted: two pending inputs
-    pending = torch.cat([drafts[:, k - 1:k] * full, last, full, torch.ones_like(full)], dim=1)
-    step.copy_(torch.cat([(positions + accepted + 1).unsqueeze(1), last, context, pending], dim=1) * one)
-    return out, d_pos, d_valid, t_pos, t_valid
+from service.engines.local.rows import HostDedup, RowTable
+from service.engines.local.static_runner import BUCKETS, StaticGroup
 
 
 @dataclass
@@ -203,43 +39,45 @@ class BlockCounts:
     graph_replays: int = 0
     eager_blocks: int = 0
     captures: int = 0
-    # Host seconds per phase of the steps (perf_counter, no synchronisation added):
-    # inputs packed and copied; replay (or eager launches) returned; last step's text sent;
-    # waiting for and reading back the outputs; tokens taken and bookkeeping.
+    skipped: int = 0
+    """Chained launches not made: every row was sure to finish in the blocks in flight."""
+    # Host seconds per phase of the steps (perf_counter, no synchronisation added): inputs
+    # packed and copied; replay (or eager launches) returned; waiting for and reading back
+    # the outputs; tokens taken (arrays), posted to the streamer, finished rows ended.
     seconds_prepare: float = 0.0
     seconds_launch: float = 0.0
-    seconds_send_text: float = 0.0
     seconds_wait_read: float = 0.0
     seconds_take: float = 0.0
 
 
 class SpeculativeBlocks:
     """The speculative group's blocks over StaticGroups: graph replays on CUDA (one per
-    bucket x fed x window, captured at load), the same function eagerly elsewhere."""
+    bucket x fed x window, captured at load), the same function eagerly elsewhere.
 
-    def __init__(self, draft: StaticGroup, target: StaticGroup, k: int, dedup_slots=None, graphs: bool = True,
-                 defer_text: bool | None = None, pipeline: bool = True) -> None:
+    The host side of a block is flat in rows: its inputs are packed from the engine's
+    OutputTable with array operations, its tokens taken into it the same way, and its text
+    made by the streamer thread; only rows that end (and rows with stop strings, which are
+    taken one by one) cost Python per row."""
+
+    def __init__(self, draft: StaticGroup, target: StaticGroup, k: int, outputs: OutputTable, streamer,
+                 dedup_slots=None, graphs: bool = True, pipeline: bool = True, depth: int = 1) -> None:
         self.draft, self.target, self.k = draft, target, k
-        # Detokenise a step's text while the GPU runs the next one (RequestState.emit_block
-        # defer); None = on CUDA, where the wait for the GPU would otherwise be idle.
-        self.defer_text = defer_text if defer_text is not None else target.device.type == "cuda"
+        self.outputs = outputs
+        self.streamer = streamer
         self.device = target.device
         self.dedup_slots = dedup_slots  # rows.DedupSlots (CUDA) or None (HostDedup)
         self.graphs_enabled = graphs and self.device.type == "cuda" and dedup_slots is not None
-        # Graph replays run one block ahead of the host (step); False: each block is taken
-        # before the call returns.
+        # Graph replays run ``depth`` blocks ahead of the host (step); pipeline False: each
+        # block is taken before the call returns.
         self.pipeline = pipeline
-        self._inflight: _InFlight | None = None
+        self.depth = depth
+        self._inflight: deque[_InFlight] = deque()
         self.slots = min(draft.cache.slots, target.cache.slots)
-        self._buffers: dict[int, _Buffers] = {}
+        self._buffers: dict[int, Buffers] = {}
         self._graphs: dict[tuple[int, int, int], tuple] = {}
         self._stream = None
         self._pool = None
         self.counts = BlockCounts()
-        # Called once the last step's text is sent, before waiting for the GPU: the engine
-        # hands the events over then (Outbox.flush), so that the event loop takes them while
-        # this thread waits without the GIL.
-        self.after_send = None
 
     # ------------------------------------------------------------------ buffers and graphs
 
@@ -248,38 +86,38 @@ class SpeculativeBlocks:
             return batch  # eager: exactly the rows (the CPU path pads nothing)
         return next(b for b in BUCKETS if b >= batch)
 
-    def _bufs(self, bucket: int) -> _Buffers:
+    def _bufs(self, bucket: int) -> Buffers:
         bufs = self._buffers.get(bucket)
         if bufs is None:
             dummy = self.dedup_slots.dummy if self.dedup_slots is not None else 0
-            bufs = _Buffers(bucket, self.k, self.draft, self.target, dummy, self.device)
+            bufs = Buffers(bucket, self.k, self.draft, self.target, dummy, self.device)
             self._buffers[bucket] = bufs
         return bufs
 
-    def _dedup(self, bufs: _Buffers, dedup) -> _DedupRows:
+    def _dedup(self, bufs: Buffers, dedup) -> DedupRows:
         if isinstance(dedup, HostDedup):
-            return _DedupRows(host=dedup)
-        return _DedupRows(self.dedup_slots.deduper, bufs.slots)
+            return DedupRows(host=dedup)
+        return DedupRows(self.dedup_slots.deduper, bufs.slots)
 
     def windows(self) -> tuple[int, ...]:
         return self.target.windows
 
-    def _window(self, fed: int, ahead: bool = False) -> int:
-        """The column window of a block; ``ahead``: chained behind a block not yet taken
-        (whose rows advance by at most k + 1 columns in either cache)."""
-        extra = self.k + 1 if ahead else 0
-        need = max(max(self.draft.lengths) + fed + self.k, max(self.target.lengths) + self.k + 2) + extra
+    def _window(self, fed: int, ahead: int = 0) -> int:
+        """The column window of a block; ``ahead``: blocks in flight before it, not taken yet
+        (each advances a row by at most k + 1 columns in either cache)."""
+        need = max(int(self.draft.lengths.max()) + fed + self.k, int(self.target.lengths.max()) + self.k + 2)
+        need += ahead * (self.k + 1)
         return next((w for w in self.target.windows if w >= need), self.target.columns)
 
-    def _graph_process(self, bufs: _Buffers):
+    def _graph_process(self, bufs: Buffers):
         def process(logits, repeat):
             temperature = bufs.temperature if repeat == 1 else bufs.temperature.repeat_interleave(repeat)
             real = bufs.real if repeat == 1 else bufs.real.repeat_interleave(repeat)
-            return _process(logits, temperature, real)
+            return process_padded(logits, temperature, real)
 
         return process
 
-    def _table_process(self, bufs: _Buffers, table: RowTable, batch: int):
+    def _table_process(self, bufs: Buffers, table: RowTable, batch: int):
         """top-k/top-p rows: ``table.process`` on the real rows, zeros for padding rows."""
 
         def process(logits, repeat):
@@ -302,7 +140,7 @@ class SpeculativeBlocks:
         self._stream = torch.cuda.Stream(dev)
         self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.stream(self._stream):
-            reduction.workspace(dev, 1 << 12, 1 << 16, 1 << 22)  # ample for any bucket: never regrown
+            reduction.workspace(dev, 1 << 14, 1 << 18, 1 << 22)  # ample for any bucket (1,024 x 5 rows): never regrown
         buckets = [b for b in BUCKETS if b <= self.slots]
         for bucket in reversed(buckets):
             for fed in (1, 2):
@@ -311,7 +149,7 @@ class SpeculativeBlocks:
 
     def _capture(self, bucket: int, fed: int, window: int):
         bufs = self._bufs(bucket)
-        dedup = _DedupRows(self.dedup_slots.deduper, bufs.slots)
+        dedup = DedupRows(self.dedup_slots.deduper, bufs.slots)
         process = self._graph_process(bufs)
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -336,64 +174,68 @@ class SpeculativeBlocks:
     # ------------------------------------------------------------------ a step
 
     @torch.inference_mode()
-    def step(self, rows: list[RequestState], pending: list[list[int]], table: RowTable, dedup) -> None:
+    def step(self, rows: list[RequestState], table: RowTable, dedup) -> None:
         """One draft-then-verify block for every row (as ``scheduler.speculative_step``;
-        ``dedup``: the rows' rows.DeviceDedup, or HostDedup where no GPU deduper runs).
+        ``table``: the rows' RowTable, whose ``out_rows`` are their OutputTable rows;
+        ``dedup``: their rows.DeviceDedup, or HostDedup where no GPU deduper runs).
 
-        Pipelined on CUDA graphs: a launched block is taken (read back, its tokens emitted)
-        by the next call, after that call has launched the following block, chained to it
-        on the device (its inputs are the ones the last block wrote, see :func:`block`), so
-        the GPU runs one block while the host takes the one before. The groups' states
+        Pipelined on CUDA graphs: a launched block is taken (read back, its tokens taken)
+        by a later call, after that call has launched the following block, chained to it on
+        the device (its inputs are the ones the last block wrote, see :func:`block`), so
+        the GPU runs the next blocks while the host takes one. The groups' states
         (``next_pos``, ``valid``, ``lengths``) are those of the last block taken; the
-        buffers run ahead. A row that finishes in a taken block has its chained block's
+        buffers run ahead. A row that finishes in a taken block has its chained blocks'
         tokens dropped (its dedup slot and cache row are closed or rewritten before anyone
-        reads them) and the chained block is taken at once, so rows leave with nothing in
+        reads them) and the chained blocks are taken at once, so rows leave with nothing in
         flight; the engine calls :meth:`drain` before rows join or leave otherwise."""
         counts = self.counts
         t0 = time.perf_counter()
-        ids = tuple(r.rid for r in rows)
         inflight = self._inflight
-        if inflight is not None and inflight.ids != ids:
+        if inflight and inflight[0].table is not table:
             raise RuntimeError("rows joined or left with a speculative block in flight (drain first)")
         bucket = self._bucket(len(rows))
         bufs = self._bufs(bucket)
         plain = _unfiltered(table)
-        chained = None
-        if inflight is not None and plain and bufs.table is table and bufs.dedup is dedup:
-            key = (bucket, 2, self._window(2, ahead=True))
-            chained = self._graphs.get(key) if key[2] < self.target.columns else None
-        if chained is not None:  # launch the next block now, take the last one while it runs
-            t1 = time.perf_counter()
-            self._inflight = self._launch(chained, rows, pending, 2, bufs)
-            t2 = time.perf_counter()
-            self._send_text(rows)
-            t3 = time.perf_counter()
-            finished = self._take(inflight, pending, counts)
-            if finished:  # rows leave after this step: take the chained block now (its tokens, or none)
-                self._take(self._inflight, pending, counts)
-                self._inflight = None
-            counts.seconds_prepare += t1 - t0
-            counts.seconds_launch += t2 - t1
-            counts.seconds_send_text += t3 - t2
-            return
-        if inflight is not None:  # not chainable (top-k rows, the cache's end): take it first
-            self._inflight = None
-            if self._take(inflight, pending, counts):
+        if inflight and plain and bufs.table is table and bufs.dedup is dedup:
+            launched, launching = False, 0.0
+            while len(inflight) <= self.depth and not self._all_end_in_flight(table, len(inflight)):
+                key = (bucket, 2, self._window(2, ahead=len(inflight)))
+                chained = self._graphs.get(key) if key[2] < self.target.columns else None
+                if chained is None:
+                    break
+                t1 = time.perf_counter()
+                inflight.append(self._launch(chained, rows, table, 2, bufs))
+                launching += time.perf_counter() - t1
+                launched = True
+            if launched or self._all_end_in_flight(table, len(inflight)):
+                counts.skipped += not launched
+                counts.seconds_launch += launching
+                counts.seconds_prepare += time.perf_counter() - t0 - launching
+                if self._take(inflight.popleft()):  # rows leave after this step: take the rest now
+                    self.drain()
+                return
+        # Not chainable (top-k rows, the cache's end, new rows): take what is in flight first.
+        while inflight:
+            if self._take(inflight.popleft()):
+                self.drain()
                 return  # finished rows leave before the next block
-        self._launch_packed(rows, pending, table, dedup, bufs, bucket, plain, t0)
+        self._launch_packed(rows, table, dedup, bufs, bucket, plain, t0)
 
-    def _launch_packed(self, rows, pending, table, dedup, bufs, bucket, plain, t0) -> None:
+    def _all_end_in_flight(self, table: RowTable, blocks: int) -> bool:
+        """Whether every row is sure to end within ``blocks`` blocks in flight (each takes
+        at least one token from every row still running): then another block is waste."""
+        if blocks == 0:
+            return False
+        rows = table.out_rows
+        return bool(((self.outputs.max_tokens[rows] - self.outputs.length[rows]) <= blocks).all())
+
+    def _launch_packed(self, rows, table, dedup, bufs, bucket, plain, t0) -> None:
         """A block whose inputs the host packs (after a join, a leave, a rollback, an eager
-        batch): launched, then taken by the next call (graphs) or at once (eager)."""
+        batch): launched, then taken by a later call (graphs) or at once (eager)."""
         k, batch, counts = self.k, len(rows), self.counts
         if bufs.table is not table or bufs.dedup is not dedup:
             bufs.load_rows(table, dedup)
-        fed = max(len(p) for p in pending)
-        values = [[len(r.output), r.last_token] + right_aligned(r.dedup.context, CONTEXT)
-                  + [0] * (2 - len(p)) + list(p) + [0] * (2 - len(p)) + [1] * len(p)
-                  for r, p in zip(rows, pending)]
-        values += [[0] * (2 + CONTEXT + 4)] * (bucket - batch)
-        host = torch.tensor(values, dtype=torch.int64)
+        host, fed = self._pack(table, bucket)
         if self.device.type == "cuda":
             host = host.pin_memory()
         bufs.step.copy_(host, non_blocking=True)
@@ -403,36 +245,52 @@ class SpeculativeBlocks:
         key = (bucket, fed, window)
         t1 = time.perf_counter()
         if self.graphs_enabled and plain and key in self._graphs:
-            launched = self._launch(self._graphs[key], rows, pending, fed, bufs)
+            launched = self._launch(self._graphs[key], rows, table, fed, bufs)
         else:
             process = self._graph_process(bufs) if plain else self._table_process(bufs, table, batch)
             outputs = block(bufs, self.draft, self.target, k, fed, window, process, self._dedup(bufs, dedup))
-            launched = self._record(outputs, rows, pending, fed, bufs)
+            launched = self._record(outputs, rows, table, fed, bufs)
             self.counts.eager_blocks += 1
             self.draft.eager_forwards += k
             self.target.eager_forwards += 1
         t2 = time.perf_counter()
-        self._send_text(rows)
-        t3 = time.perf_counter()
-        if self.pipeline and launched.graph:
-            self._inflight = launched
-        else:
-            self._take(launched, pending, counts)
         counts.seconds_prepare += t1 - t0
         counts.seconds_launch += t2 - t1
-        counts.seconds_send_text += t3 - t2
+        if self.pipeline and launched.graph:
+            self._inflight.append(launched)
+        elif self._take(launched):
+            self.drain()
 
-    def _launch(self, captured, rows, pending, fed: int, bufs: _Buffers) -> _InFlight:
+    def _pack(self, table: RowTable, bucket: int) -> tuple[torch.Tensor, int]:
+        """The block's inputs [bucket, 2 + CONTEXT + 4] from the OutputTable (as the block
+        itself writes them for the next one: position, last token, the committed context
+        right-aligned, the draft's pending inputs left-padded to two and which are live),
+        and how many inputs the draft is fed (1 or 2)."""
+        out, rows = self.outputs, table.out_rows
+        count = out.pending_count[rows]
+        two = count == 2
+        values = np.zeros((bucket, 2 + CONTEXT + 4), dtype=np.int64)
+        n = len(rows)
+        values[:n, 0] = out.length[rows]
+        values[:n, 1] = out.last_tokens(rows)
+        values[:n, 2:2 + CONTEXT] = out.contexts(rows, table.widths_host, CONTEXT)
+        values[:n, 2 + CONTEXT] = np.where(two, out.pending[rows, 0], 0)
+        values[:n, 3 + CONTEXT] = np.where(two, out.pending[rows, 1], out.pending[rows, 0])
+        values[:n, 4 + CONTEXT] = two
+        values[:n, 5 + CONTEXT] = 1
+        return torch.from_numpy(values), int(count.max())
+
+    def _launch(self, captured, rows, table, fed: int, bufs: Buffers) -> _InFlight:
         graph, outputs = captured
         graph.replay()
         self.counts.graph_replays += 1
         self.draft.graph_replays += self.k
         self.target.graph_replays += 1
-        launched = self._record(outputs, rows, pending, fed, bufs)
+        launched = self._record(outputs, rows, table, fed, bufs)
         launched.graph = True
         return launched
 
-    def _record(self, outputs, rows, pending, fed: int, bufs: _Buffers) -> _InFlight:
+    def _record(self, outputs, rows, table, fed: int, bufs: Buffers) -> _InFlight:
         """The block's outputs copied behind it: tokens into pinned memory (read by
         :meth:`_take`), the groups' new states into tensors of their own (a replay's outputs
         live in the graph's memory, which the next replay reuses)."""
@@ -447,65 +305,65 @@ class SpeculativeBlocks:
             event.record(torch.cuda.current_stream(out.device))
         else:
             host, event = out.clone(), None
-        return _InFlight(tuple(r.rid for r in rows), list(rows), pending, fed, host, event, states, bufs)
+        return _InFlight(table, rows, fed, host, event, states, bufs)
 
-    def _send_text(self, rows) -> None:
-        for row in rows:  # the last taken step's deferred text, detokenised while the GPU runs
-            row.send_text()
-        if self.defer_text and self.after_send is not None:
-            self.after_send()
-
-    def _take(self, launched: _InFlight, pending: list[list[int]], counts: BlockCounts) -> bool:
-        """Read a launched block back (the step's one synchronisation) and emit its tokens;
-        the groups take its states. ``pending`` (aligned with its rows) is updated. Returns
-        whether any row finished (rows already finished take nothing)."""
-        k, fed = self.k, launched.fed
+    def _take(self, launched: _InFlight) -> bool:
+        """Read a launched block back (the step's one synchronisation) and take its tokens
+        for every row at once; the groups take its states. Returns whether any row has
+        finished (rows already finished take nothing)."""
+        k, fed, counts, out_table = self.k, launched.fed, self.counts, self.outputs
         t3 = time.perf_counter()
         if launched.event is not None:
             launched.event.synchronize()
-        out = launched.host.tolist()
+        out = launched.host.numpy()
         t4 = time.perf_counter()
         self.draft.next_pos, self.draft.valid, self.target.next_pos, self.target.valid = launched.states
         launched.bufs.d_state = (self.draft.next_pos, self.draft.valid)
         launched.bufs.t_state = (self.target.next_pos, self.target.valid)
-        accepted = [row[-1] for row in out]
-        self.draft.lengths = [n + fed + k - 1 - max(0, k - 1 - a) for n, a in zip(self.draft.lengths, accepted)]
-        self.target.lengths = [n + a + 1 for n, a in zip(self.target.lengths, accepted)]
-        finished = False
-        for b, row in enumerate(launched.rows):
-            if row.finished:
+        accepted = out[:, -1]
+        self.draft.lengths = self.draft.lengths + fed + k - 1 - np.maximum(0, k - 1 - accepted)
+        self.target.lengths = self.target.lengths + accepted + 1
+        rows = launched.table.out_rows
+        done = out_table.done[rows]
+        one_by_one = out_table.one_by_one[rows] & ~done
+        fast = ~done & ~one_by_one
+        tokens, routes, drawn = out[:, :k + 1], out[:, k + 1:2 * k + 2], out[:, 2 * k + 2:3 * k + 2]
+        live = rows[~done]
+        out_table.drafted[live] += k
+        out_table.accepted[live] += accepted[~done]
+        full = accepted == k  # all drafts accepted: the draft has not seen the last one nor the bonus
+        last = np.take_along_axis(tokens, accepted[:, None], axis=1)[:, 0]
+        out_table.set_pending(live, np.where(full, drawn[:, k - 1], last)[~done],
+                              np.where(full, tokens[:, k], 0)[~done], np.where(full, 2, 1)[~done])
+        finished = bool(done.any())
+        index = np.flatnonzero(fast)
+        if len(index):
+            taken, why = out_table.take(rows[index], tokens[index], routes[index], accepted[index] + 1)
+            self.streamer.block(launched.rows, index, tokens[index].copy(), taken,
+                                out_table.routes[rows[index]].copy())
+            for i in np.flatnonzero(why != RUNNING).tolist():
+                launched.rows[index[i]].finish("stop" if why[i] == STOPPED else "length")
                 finished = True
-                continue
-            a = accepted[b]
-            tokens, routes, drawn = out[b][:k + 1], out[b][k + 1:2 * k + 2], out[b][2 * k + 2:3 * k + 2]
-            row.drafted += k
-            row.accepted += a
-            if row.emit_block(tokens[:a + 1], routes[:a + 1], defer=self.defer_text):
-                pending[b] = []
+        for b in np.flatnonzero(one_by_one).tolist():
+            a = int(accepted[b])
+            if launched.rows[b].emit_block(tokens[b, :a + 1].tolist(), routes[b, :a + 1].tolist()):
                 finished = True
-                continue
-            # The draft has seen pending + drafts[:k-1]; it still needs what it has not seen.
-            pending[b] = drawn[min(a, k - 1):a] + [tokens[a]]
         counts.seconds_wait_read += t4 - t3
         counts.seconds_take += time.perf_counter() - t4
         return finished
 
-    def drain(self) -> tuple[list[RequestState], list[list[int]]] | None:
-        """Take the block in flight, if any (before rows join or leave): returns its rows
-        and their updated pending draft inputs, for the engine to keep."""
-        launched, self._inflight = self._inflight, None
-        if launched is None:
-            return None
-        pending = launched.pending
-        self._take(launched, pending, self.counts)
-        return launched.rows, pending
+    def drain(self) -> None:
+        """Take the blocks in flight, if any (before rows join or leave)."""
+        while self._inflight:
+            self._take(self._inflight.popleft())
 
     def abandon(self) -> None:
-        """Forget the block in flight (a failed step: the engine restores the groups and the
-        GPU deduper's history lengths; what the block wrote beyond them is rewritten)."""
-        if self._inflight is not None and self._inflight.event is not None:
-            self._inflight.event.synchronize()
-        self._inflight = None
+        """Forget the blocks in flight (a failed step: the engine restores the groups and the
+        GPU deduper's history lengths; what the blocks wrote beyond them is rewritten)."""
+        for launched in self._inflight:
+            if launched.event is not None:
+                launched.event.synchronize()
+        self._inflight.clear()
         for bufs in self._buffers.values():  # they ran ahead: reload from the restored groups
             bufs.d_state = bufs.t_state = None
 
@@ -514,9 +372,8 @@ class SpeculativeBlocks:
 class _InFlight:
     """A launched block the host has not taken yet."""
 
-    ids: tuple[str, ...]
+    table: RowTable
     rows: list[RequestState]
-    pending: list[list[int]]
     fed: int
     host: torch.Tensor
     """[B, 3k + 3] int64 (pinned on CUDA): tokens, routes, drafts, accepted."""
@@ -524,7 +381,7 @@ class _InFlight:
     """The CUDA event after the copy into ``host`` (None off CUDA)."""
     states: tuple
     """The groups' states after the block: draft next_pos, valid, target next_pos, valid."""
-    bufs: _Buffers
+    bufs: Buffers
     graph: bool = False
 
 

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
 
 # Upper bounds of the speculative-blocks-per-step histogram (one block per speculative row).
 BLOCK_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -29,10 +32,10 @@ BLOCK_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 class StepReport:
     """What one engine step ran: per row of the plain group and of the speculative group,
     prompt + output tokens before the step (= the keys its first query attends to, itself
-    included), and the speculative block size k."""
+    included), as int arrays [B] (or sequences), and the speculative block size k."""
 
-    plain_lengths: tuple[int, ...]
-    speculative_lengths: tuple[int, ...]
+    plain_lengths: Sequence[int]
+    speculative_lengths: Sequence[int]
     k: int
 
 
@@ -71,22 +74,22 @@ class EngineTelemetry:
         return telemetry
 
     def on_step(self, report: StepReport) -> None:
-        """The step hook: host-side counting only."""
+        """The step hook: host-side counting only, with array operations (no loop over rows)."""
         sparse = dense = 0
         topk = self.index_topk
+        plain = np.asarray(report.plain_lengths, dtype=np.int64)
+        spec = np.asarray(report.speculative_lengths, dtype=np.int64)
         if topk is not None:
-            for length in report.plain_lengths:  # one query attending to `length` keys
-                if length > topk:
-                    sparse += 1
-                else:
-                    dense += 1
-            span = report.k + 1  # target verifies the pending token and k drafts
-            for length in report.speculative_lengths:
-                # query j (0..k) attends to length + j keys; those above topk are sparse
-                n_sparse = min(span, max(0, length + report.k - topk))
-                sparse += n_sparse
-                dense += span - n_sparse
-        blocks = len(report.speculative_lengths)
+            # a plain row's one query attends to `length` keys
+            sparse = int((plain > topk).sum())
+            dense = len(plain) - sparse
+            # the target verifies the pending token and k drafts: query j (0..k) attends to
+            # length + j keys; those above topk are sparse
+            span = report.k + 1
+            n_sparse = int(np.clip(spec + report.k - topk, 0, span).sum())
+            sparse += n_sparse
+            dense += span * len(spec) - n_sparse
+        blocks = len(spec)
         bucket = next((i for i, bound in enumerate(BLOCK_BUCKETS) if blocks <= bound), len(BLOCK_BUCKETS))
         with self._lock:
             self.steps += 1

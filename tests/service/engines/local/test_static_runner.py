@@ -152,7 +152,7 @@ def test_speculative_blocks_give_the_scheduler_step_tokens():
     steps = _engine("cpu", static_cache=True, speculative_blocks=False)
     try:
         assert blocks._blocks is not None and steps._blocks is None  # noqa: SLF001
-        blocks._blocks.defer_text = True  # noqa: SLF001 - as on CUDA: text sent one step later
+        blocks._streamer.threaded = True  # noqa: SLF001 - as on CUDA: text made on the streamer thread
         requests = _requests(blocks.tokenizer(), tokens=40)
         requests[3] = dataclasses.replace(requests[3], top_k=50)  # top-k: the eager fallback's filters
         batched = _run(blocks, requests)
@@ -235,23 +235,31 @@ def test_long_outputs_are_batch_independent_in_bf16():
 def test_a_block_writes_the_next_blocks_inputs():
     """What a block writes into its step buffer for the next block (spec_block.block's last
     lines, which chained launches on CUDA run from) is exactly what the host packs from
-    the tokens it took: checked before every packed block whose rows are the last block's."""
+    the tokens it took (SpeculativeBlocks._pack, from the OutputTable's arrays), and both
+    are what each request's own state says (its length, last token, dedup context and the
+    draft's pending inputs): checked before every packed block whose rows are the last
+    block's."""
     from service.engines.local.rows import right_aligned
-    from service.engines.local.spec_block import CONTEXT
+    from service.engines.local.block import CONTEXT
 
     engine = _engine("cpu", static_cache=True, speculative_blocks=True)
     blocks = engine._blocks  # noqa: SLF001
+    out = engine._outputs  # noqa: SLF001
     original, seen, checked = blocks._launch_packed, {}, []  # noqa: SLF001
 
-    def spy(rows, pending, table, dedup, bufs, *args):
+    def spy(rows, table, dedup, bufs, *args):
         ids = tuple(r.rid for r in rows)
+        expected = []
+        for r in rows:
+            pending = out.pending[r.row, :out.pending_count[r.row]].tolist()
+            expected.append([r.length, r.last_token] + right_aligned(r.dedup.context, CONTEXT)
+                            + [0] * (2 - len(pending)) + pending + [0] * (2 - len(pending)) + [1] * len(pending))
+        packed, fed = blocks._pack(table, len(rows))  # noqa: SLF001
+        assert packed.tolist() == expected and fed == max(out.pending_count[table.out_rows])
         if seen.get(id(bufs)) == ids and bufs.table is table:
-            expected = [[len(r.output), r.last_token] + right_aligned(r.dedup.context, CONTEXT)
-                        + [0] * (2 - len(p)) + list(p) + [0] * (2 - len(p)) + [1] * len(p)
-                        for r, p in zip(rows, pending)]
             assert bufs.step[:len(rows)].tolist() == expected
             checked.append(len(rows))
-        original(rows, pending, table, dedup, bufs, *args)
+        original(rows, table, dedup, bufs, *args)
         seen[id(bufs)] = ids
 
     blocks._launch_packed = spy  # noqa: SLF001
@@ -261,3 +269,34 @@ def test_a_block_writes_the_next_blocks_inputs():
         assert len(checked) > 10 and max(checked) > 1
     finally:
         _stop(engine)
+
+
+@pytest.mark.slow
+@torch.inference_mode()
+def test_batched_prefills_fill_slots_in_order_with_each_prompts_logits():
+    """prefill_all with batching on (as a CUDA group whose load-time check passed): prompts
+    go to the next free slots in order, in chunks of at most PREFILL_TOKENS padded tokens
+    (long prompts one by one between them), each with its own prefill's valid columns and
+    last logits (float32 on the CPU: to 1e-4; bit for bit is what the CUDA check demands)."""
+    from service.engines.local.runner import load_model
+    from service.engines.local.static_runner import PREFILL_TOKENS, StaticGroup, prefill_all
+    from service.model_paths import resolve_model_path
+
+    device = torch.device("cpu")
+    model = load_model(resolve_model_path("hallmark-tiny-draft"), device)
+    batched = StaticGroup(model, device, slots=100, context=700, graphs=False)
+    single = StaticGroup(model, device, slots=100, context=700, graphs=False)
+    batched.batched_prefill = True
+    g = torch.Generator().manual_seed(3)
+    lengths = [16] * 85 + [600] + [3, 20, 7]  # 85 x 16 > PREFILL_TOKENS: two chunks, then a long one alone
+    prompts = [torch.randint(3, 8000, (n,), generator=g).tolist() for n in lengths]
+    calls = []
+    original = batched.prefill_many
+    batched.prefill_many = lambda chunk, ahead=0: calls.append((len(chunk), ahead)) or original(chunk, ahead)
+    out = prefill_all(batched, prompts)
+    assert [slot for slot, _, _ in out] == list(range(len(prompts)))
+    assert all(n * 16 <= PREFILL_TOKENS for n, _ in calls) and sum(n for n, _ in calls) == len(prompts) - 1
+    for i, ((slot, valid, logits), prompt) in enumerate(zip(out, prompts)):
+        slot_s, valid_s, logits_s = single.prefill(prompt, ahead=i)
+        assert slot == slot_s and torch.equal(valid, valid_s), i
+        torch.testing.assert_close(logits, logits_s, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,120 @@
+"""The host's per-block costs at N rows, on the CPU, with no model: what the step loop,
+the streamer thread and the event loop each spend on one speculative block's tokens.
+
+    python bench/engine_host_costs.py [--rows 256] [--repeats 200] [--out FILE]
+
+1. ``take``: OutputTable.take of a block (k = 4) for N rows, then the pending inputs, as
+   SpeculativeBlocks._take does (the step loop's share);
+2. ``streamer_pass``: one streamer pass over that block's tokens (N requests, two new tokens
+   each, outputs of 64 tokens so far): batched decode, releasable text, N Deltas handed to
+   an Outbox (the streamer thread's share, GIL held except inside the Rust decode);
+3. ``event_loop_delivery``: one hand-over of N events to N consumer coroutines, each awaiting
+   its queue as LocalEngine.generate does (the event loop's share).
+
+Median microseconds per block and per row; all three take the one GIL of the process.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from bench.rows import emit  # noqa: E402
+from service.engines.base import GenerationRequest  # noqa: E402
+from service.engines.local.outbox import Outbox  # noqa: E402
+from service.engines.local.outputs import OutputTable  # noqa: E402
+from service.engines.local.request import RequestState  # noqa: E402
+from service.engines.local.streamer import Streamer  # noqa: E402
+from service.model_paths import resolve_model_path  # noqa: E402
+
+K = 4
+
+
+def _median_us(samples: list[float]) -> float:
+    return round(1e6 * statistics.median(samples), 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path("bundled"))
+    n, rng = args.rows, np.random.default_rng(0)
+    table = OutputTable(n, 4096)
+    rows = np.array([table.open(4000, {1}) for _ in range(n)])
+    take = []
+    for _ in range(args.repeats):
+        out = rng.integers(3, 8000, (n, 3 * K + 3))
+        out[:, K + 1:2 * K + 2] = 2
+        out[:, -1] = rng.integers(0, K + 1, n)
+        t = time.perf_counter()
+        accepted = out[:, -1]
+        tokens, routes = out[:, :K + 1], out[:, K + 1:2 * K + 2]
+        taken, why = table.take(rows, tokens, routes, accepted + 1)
+        full = accepted == K
+        last = np.take_along_axis(tokens, accepted[:, None], axis=1)[:, 0]
+        table.set_pending(rows, np.where(full, out[:, 3 * K + 1], last), np.where(full, tokens[:, K], 0),
+                          np.where(full, 2, 1))
+        take.append(time.perf_counter() - t)
+        table.length[rows] = 0
+
+    loop = asyncio.new_event_loop()
+    outbox = Outbox()
+    queues = [asyncio.Queue() for _ in range(n)]
+    streamer = Streamer()  # inline: the pass runs on this thread, timed alone
+    states = [RequestState(GenerationRequest(f"r{i}", (5, 6), 4000, seed=i), tok, frozenset(),
+                           outbox.sink(loop, queues[i]), streamer=streamer) for i in range(n)]
+    for state in states:
+        state.tracker.token_ids.extend(rng.integers(3, 8000, 64).tolist())
+    passes = []
+    for _ in range(args.repeats // 4):
+        new = rng.integers(3, 8000, (n, 2))
+        t = time.perf_counter()
+        streamer.block(states, np.arange(n), new, np.full(n, 2), np.zeros((n, 4), dtype=np.int64))
+        passes.append(time.perf_counter() - t)
+        outbox._pending.clear()  # noqa: SLF001 - the hand-over is timed below
+
+    async def consumers(rounds: int) -> list[float]:
+        async def consume(queue):
+            for _ in range(rounds):
+                await queue.get()
+
+        tasks = [asyncio.ensure_future(consume(q)) for q in queues]
+        await asyncio.sleep(0)
+        times = []
+        for _ in range(rounds):
+            for state in states:
+                state.sink(("event",))
+            t = time.perf_counter()
+            outbox._deliver(loop)  # noqa: SLF001 - what the flush schedules, run here
+            await asyncio.sleep(0)  # every consumer wakes and takes its event
+            await asyncio.sleep(0)
+            times.append(time.perf_counter() - t)
+        await asyncio.gather(*tasks)
+        return times
+
+    delivery = loop.run_until_complete(consumers(args.repeats // 4))
+    loop.close()
+    row = {"bench": "engine_host_costs", "rows": n, "k": K,
+           "take_us_per_block": _median_us(take), "take_us_per_row": round(_median_us(take) / n, 3),
+           "streamer_pass_us_per_block": _median_us(passes), "streamer_pass_us_per_row": round(_median_us(passes) / n, 2),
+           "event_loop_delivery_us_per_block": _median_us(delivery),
+           "event_loop_delivery_us_per_row": round(_median_us(delivery) / n, 2),
+           "command": "python bench/engine_host_costs.py " + " ".join(sys.argv[1:])}
+    emit(row, args.out)
+
+
+if __name__ == "__main__":
+    main()
