@@ -232,6 +232,20 @@ def _shot(driver, name):
         driver.set_window_size(1280, 1000)
 
 
+def _underlines(driver) -> list[tuple[int, int]]:
+    """Character offsets (code points, as in Python) of each underlined span in Check's text."""
+    return [tuple(m) for m in driver.execute_script("""
+        const box = document.getElementById('heat'), out = [];
+        for (const mark of box.querySelectorAll('mark.wm-span')) {
+          const range = document.createRange();
+          range.setStart(box, 0);
+          range.setEndBefore(mark);
+          const before = Array.from(range.toString()).length;
+          out.push([before, before + Array.from(mark.textContent).length]);
+        }
+        return out;""")]
+
+
 def _no_console_errors(driver):
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"
               and "favicon" not in e["message"] and "the server responded with a status of 4" not in e["message"]]

@@ -24,8 +24,8 @@ import httpx
 import pytest
 
 from tests.service import gateway as gw
-from tests.service.test_ui import (HUMAN, _no_console_errors, _open, _shot, _visible, _wait, browser,  # noqa: F401
-                                   client, generate)
+from tests.service.test_ui import (HUMAN, _no_console_errors, _open, _shot, _underlines, _visible, _wait,  # noqa: F401
+                                   browser, client, generate)
 
 pytestmark = pytest.mark.slow
 
@@ -61,8 +61,8 @@ def _operator(server, text: str, **body) -> dict:
     return response.json()
 
 
-def _check(browser, server, who, text, *, wait_report=True):
-    """Check ``text`` with ``who``'s token (None: no token, the public check) in a new document."""
+def _fresh_check_page(browser, server, who) -> None:
+    """Check in a new document with ``who``'s token entered, or none (None: the public check)."""
     from selenium.webdriver.common.by import By
 
     if who is None:
@@ -74,6 +74,13 @@ def _check(browser, server, who, text, *, wait_report=True):
     else:
         _open(browser, server, who)
         _wait(browser, lambda d: "Using a token" in d.find_element(By.ID, "token-status").text)
+
+
+def _check(browser, server, who, text, *, wait_report=True):
+    """Check ``text`` with ``who``'s token (None: no token, the public check) in a new document."""
+    from selenium.webdriver.common.by import By
+
+    _fresh_check_page(browser, server, who)
     browser.execute_script("arguments[0].value = arguments[1]", _visible(browser, "check-text"), text)
     browser.find_element(By.ID, "check-submit").click()
     _wait(browser, lambda d: d.find_element(By.ID, "verdict-title").text or d.find_element(By.ID, "error").is_displayed())
@@ -112,17 +119,8 @@ def test_a_tenant_token_without_evidence_sees_the_spans_underlined_and_no_heat_m
     spans = [(s["char_start"], s["char_end"]) for s in answer.get("spans") or []]
     assert browser.find_element(By.ID, "verdict-title").text.startswith("Watermarked by tenant acme, key v1")
     assert _text(browser, "heat") == out["text"]
-    marks = browser.execute_script("""
-        const box = document.getElementById('heat'), out = [];
-        for (const mark of box.querySelectorAll('mark.wm-span')) {
-          const range = document.createRange();
-          range.setStart(box, 0);
-          range.setEndBefore(mark);
-          const before = Array.from(range.toString()).length;
-          out.push([before, before + Array.from(mark.textContent).length]);
-        }
-        return out;""")
-    assert [tuple(m) for m in marks] == spans, (marks, spans)
+    marks = _underlines(browser)
+    assert marks == spans, (marks, spans)
     if spans:
         assert f"{len(spans)} watermarked stretch" in _text(browser, "explain")
         assert _text(browser, "heat-title") == "The text, its watermarked stretches underlined"
@@ -173,23 +171,10 @@ def test_a_public_check_of_a_revoked_keys_text_shows_what_the_api_says(server, b
     of its own."""
     from selenium.webdriver.common.by import By
 
-    from keys.db import open_store
-    from keys.lifecycle import create_key, revoke_key
-    from keys.tenants import create_tenant
-    from keys.tokens import issue_token
-
-    store = open_store(server.store_settings, require_kek=True)
-    try:
-        with store.transaction() as session:
-            create_tenant(session, name="initech", actor="test")
-            key_id = create_key(session, store.keyring, tenant="initech", actor="test").key_id
-            server.tokens["initech"] = issue_token(session, tenant="initech", actor="test").raw_token
-        long = next(out for seed in range(1, 9) for out in [generate(server, "initech", seed=seed, max_tokens=300)]
-                    if _operator(server, out["text"], tenant="initech")["total_tokens"] >= 220)
-        with store.transaction() as session:
-            revoke_key(session, key_id=key_id, reason="leaked (test)", actor="test")
-    finally:
-        store.close()
+    key_id = gw.add_tenant(server, "initech")
+    long = next(out for seed in range(1, 9) for out in [generate(server, "initech", seed=seed, max_tokens=300)]
+                if _operator(server, out["text"], tenant="initech")["total_tokens"] >= 220)
+    gw.revoke(server, key_id)
     api = httpx.post(f"{server.url}/v1/public/detect", json={"text": long["text"]}, timeout=300).json()
     _check(browser, server, None, long["text"])
     words = api["verdict_text"]
@@ -223,16 +208,8 @@ def test_verdicts_of_the_reworked_tiers_are_shown_in_words(server, browser):
         window.fetch = (path, init) => answers[path] ?
             Promise.resolve(new Response(JSON.stringify(answers[path]), {status: 200, headers: {"Content-Type": "application/json"}})) :
             real(path, init);"""
-    for who, answer in (("acme", tenant), (None, public)):
-        if who is None:
-            browser.get("about:blank")
-            browser.get(f"{server.url}/ui#check")
-            browser.execute_script("sessionStorage.clear()")
-            browser.get("about:blank")
-            browser.get(f"{server.url}/ui#check")
-        else:
-            _open(browser, server, who)
-            _wait(browser, lambda d: "Using a token" in d.find_element(By.ID, "token-status").text)
+    for who in ("acme", None):
+        _fresh_check_page(browser, server, who)
         browser.execute_script(stub, {"/v1/detect": tenant, "/v1/public/detect": public})
         browser.execute_script("arguments[0].value = arguments[1]", _visible(browser, "check-text"), "some text")
         browser.find_element(By.ID, "check-submit").click()
