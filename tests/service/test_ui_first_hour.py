@@ -198,7 +198,11 @@ def test_verdicts_of_the_reworked_tiers_are_shown_in_words(server, browser):
            "fingerprint": "a1b2c3", "algorithm": "dual_key_gumbel"}
     tenant = {"tier": "tenant", "verdict": "key_revoked", "watermarked": False, "confidence": "none",
               "threshold": 1e-6, "scored_tokens": 140, "total_tokens": 150, "key": key, "keys_tested": 16,
-              "basis": [], "ledger_matches": [], "kgram_matches": []}
+              "basis": [], "ledger_matches": [],
+              # A tenant's k-gram citation without the numbers that say why it is not a copy.
+              "kgram_matches": [{"generation_id": "0" * 32, "key_id": key["key_id"], "matched_kgrams": 3,
+                                 "text_kgrams": 140, "generation_kgrams": 150, "share": 0.021429, "passes": False,
+                                 "key_state_at_generation": "active", "key_state_now": "revoked"}]}
     public = {"tier": "public", "verdict": "key_revoked", "watermarked": False, "provider": "Hallmark",
               "tenant": None, "confidence": "none", "tokens": 230, "basis": [],
               "verdict_text": "carries a watermark of Hallmark under a key revoked as compromised: anyone holding "
@@ -224,6 +228,9 @@ def test_verdicts_of_the_reworked_tiers_are_shown_in_words(server, browser):
             assert "revoked as compromised" in explanation and "leaves out the p-value, the watermarked " \
                 "stretches and the per-key table" in explanation and "No key of" not in explanation, explanation
             assert not browser.find_element(By.ID, "per-key-panel").is_displayed()
+            assert browser.find_element(By.CSS_SELECTOR, "#ledger .kgram-weak .hint").text == (
+                "tenant acme; 3 of 140 eight-token sequences shared (2 %): not enough to call it a copy; "
+                "key active at generation, revoked now")
         else:
             assert _text(browser, "verdict-title") == "Watermark of a revoked key"
             assert _text(browser, "verdict-detail") == "Public check of 230 tokens."

@@ -293,11 +293,13 @@ function recordLink(id) {
   return link;
 }
 
-// Why a k-gram match does not count as a copy (the API's `passes` is false).
+// Why a k-gram match does not count as a copy (the API's `passes` is false); empty where the
+// answer leaves out the numbers that say why (a tenant tier may).
 function kgramShortfall(m, threshold, bounded) {
-  if (m.log10_false_match_bound > Math.log10(threshold)) {
+  if (typeof m.log10_false_match_bound === "number" && m.log10_false_match_bound > Math.log10(threshold)) {
     return `so few shared sequences could match by chance (bound ${boundText(m.log10_false_match_bound)}, above the threshold)`;
   }
+  if (!("log10_shared_p" in m)) return "";
   if (m.log10_shared_p === null || m.log10_shared_p === undefined) return "its shared tokens were not tested (only the strongest matches are)";
   return `the shared tokens do not carry the watermark (${pText(m.log10_shared_p, bounded)}): phrases written without the key's choices, such as boilerplate, are shared by any text`;
 }
@@ -349,8 +351,8 @@ function renderLedger(result) {
     box.append(el("p", {}, "Other generations share some of its phrases, not enough to call it a copy:"));
   }
   for (const m of weak) {
-    box.append(kgramCard(m, "kgram-weak", "Shares phrases with generation ",
-      `: not enough to call it a copy: ${kgramShortfall(m, result.threshold, result.tier === "tenant")}`));
+    const why = kgramShortfall(m, result.threshold, result.tier === "tenant");
+    box.append(kgramCard(m, "kgram-weak", "Shares phrases with generation ", `: not enough to call it a copy${why ? `: ${why}` : ""}`));
   }
 }
 
