@@ -146,7 +146,8 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
 
     # /docs is served by mount_ui with local Swagger UI files (FastAPI's default loads them from a
     # CDN: a blank page offline); ReDoc's bundle loads its logo from a CDN, so /redoc is off.
-    app = FastAPI(title="Hallmark", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="Hallmark", version="0.1.0", description=openapi.DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
     http_errors.install(app)
     openapi.install(app, settings, state)
     for routes in (generate, openai, detect, generations, provenance, ledger_log, ops, admin):

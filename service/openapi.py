@@ -110,6 +110,30 @@ def _set_maximum(schemas: dict, model: str, field: str, maximum: int) -> None:
             option["maximum"] = maximum
 
 
+DESCRIPTION = """\
+Hallmark generates text that carries a keyed, distortion-free watermark, records every
+generation in a hash-chained provenance ledger (also a transparency log) with a signed
+receipt, and detects its watermark with exact p-values.
+
+**Authentication.** Send an API token as `Authorization: Bearer hm_...` (the **Authorize**
+button below). `make run` prints a token of the tenant `demo` once; `hallmark tokens issue`
+makes others (`--admin` for the Admin routes). The public check (`POST /v1/public/detect`),
+the transparency log and the operations probes need no token.
+
+**Detection access.** What `POST /v1/detect` shows depends on the token's access tier,
+named in each answer's `X-Hallmark-Access-Tier` header: a tenant token gets the verdict, the
+key, p rounded up to a power of ten and the watermarked spans; per-token evidence only where
+the token is allowed it; admin and expert tokens the full result.
+
+**Errors** are JSON `{"error": {"message", "type", "code"}}` (OpenAI's shape); the message
+says what to do. A 429 carries `Retry-After` in seconds.
+
+**Elsewhere.** The page at [/ui](/ui) checks and generates in a browser; the documentation
+site (`make docs`, or `docs/` in the repository) explains the concepts, the CLI and every
+field of these answers.
+"""
+"""The API reference's top-level description (/docs shows it above the routes)."""
+
 TAGS = [
     {"name": "Generation", "description": "Watermarked generation, recorded in the provenance ledger before "
                                           "it is returned, with a signed receipt."},

@@ -83,12 +83,15 @@ def report_settings(config: DetectorConfig, *, normalize: bool | None) -> dict[s
 
 def report_scope(candidates: Sequence[Candidate], *, keys_of: str, tenant: str | None) -> dict[str, Any]:
     """The ``scope`` of a detection report: whose keys were tested (``tenant`` with its
-    name, ``all_tenants`` or ``public``) and how many (tenants, keys)."""
+    name, ``all_tenants`` or ``public``) and how many (tenants, keys). A `diverse` key tested
+    under each of its salts is one candidate a salt and one key here: the report said "the 16
+    keys of tenant demo" of one key (issue 34, item 5)."""
     if keys_of not in SCOPES:
         raise ValueError(f"keys_of must be one of {SCOPES}")
     tenants = {c.info.tenant for c in candidates if c.info.tenant is not None}
+    keys = {(c.info.tenant, c.info.key_id, c.info.version) if c.info.key_id else c.info.fingerprint for c in candidates}
     return {"keys_of": keys_of, "tenant": tenant if keys_of == "tenant" else None,
-            "tenants": len(tenants), "keys": len(candidates)}
+            "tenants": len(tenants), "keys": len(keys)}
 
 
 REPORT_OMITS = ("report", "evidence", "per_key")

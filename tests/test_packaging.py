@@ -61,6 +61,36 @@ def test_make_run_installs_the_openai_client():
     assert any(re.match(r"openai==", req) for req in pinned), (extras, pinned)
 
 
+def test_an_editable_install_warns_of_nothing(tmp_path):
+    """Issue 34, item 10: every `pip install -e .` (make run's, make test's) printed setuptools'
+    "BuildBackendWarning: Editable installation ... Please be careful with folders in your
+    working directory with the same name as your package". Runs the PEP 660 hook pip runs,
+    on this pyproject.toml and the packages' top-level files, with every warning shown; the
+    editable wheel must still make each package importable from the project's root."""
+    import setuptools
+    import zipfile
+
+    if int(setuptools.__version__.split(".")[0]) < 77:
+        pytest.skip(f"setuptools {setuptools.__version__} predates the SPDX license form this project needs")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, tmp_path / name)
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    for pattern in packages:
+        package = tmp_path / pattern.rstrip("*")
+        package.mkdir()
+        (package / "__init__.py").write_text("")
+    (tmp_path / "out").mkdir()
+    # Every warning a build shows through pip (DeprecationWarnings of setuptools' own modules it does not).
+    run = subprocess.run([sys.executable, "-W", "always::Warning", "-W", "ignore::DeprecationWarning", "-c",
+                          "import setuptools.build_meta as b; print(b.build_editable('out'))"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "Warning" not in run.stderr and "InformationOnly" not in run.stderr, run.stderr
+    wheel = zipfile.ZipFile(tmp_path / "out" / run.stdout.strip().splitlines()[-1])
+    [pth] = [n for n in wheel.namelist() if n.endswith(".pth")]
+    assert Path(wheel.read(pth).decode().strip()).resolve() == tmp_path.resolve()
+
+
 def test_every_source_package_is_packaged():
     """Issue 32 moved the ledger and its transparency log out of keys/ into ledger/ and
     ledger/log/: a fresh install must package them, like every package the gateway imports

@@ -30,6 +30,11 @@ def _database(settings) -> tuple[list[Check], object | None]:
     from keys.db import display_url, open_store
     from keys.errors import KeyStoreError
 
+    from service.cli.store import missing_store
+
+    missing = missing_store(settings)
+    if missing is not None:
+        return [Check("database", False, *missing)], None
     try:
         store = open_store(settings, check_schema=False)
         shown = display_url(store.url)

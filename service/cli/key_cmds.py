@@ -63,10 +63,12 @@ def _key_line(info: "KeyRecord") -> str:
 
 
 def _key_rows(keys: "list[KeyRecord]") -> str:
-    return table([[k.key_id, k.tenant, k.version, k.state, k.fingerprint, k.spec.algorithm,
+    # MODE: `diverse` salts each generation, `deterministic` is vLLM's bit-compatible scheme
+    # (watermark.spec.Mode); a key's mode decides what regenerating a prompt gives.
+    return table([[k.key_id, k.tenant, k.version, k.state, k.fingerprint, k.spec.algorithm, k.spec.mode,
                    k.spec.context_width, "yes" if k.imported else "no", k.created_at.isoformat(timespec="seconds")]
                   for k in keys],
-                 ["KEY_ID", "TENANT", "VERSION", "STATE", "FINGERPRINT", "ALGORITHM", "WIDTH",
+                 ["KEY_ID", "TENANT", "VERSION", "STATE", "FINGERPRINT", "ALGORITHM", "MODE", "WIDTH",
                   "IMPORTED", "CREATED"])
 
 

@@ -155,6 +155,30 @@ def _log_source(url: Optional[str]):
     return found.note, consistency_db, offered
 
 
+@ledger_app.command("pin")
+def ledger_pin(url: str = typer.Option(..., "--url", help="The gateway (https://; http only to this machine)."),
+               as_json: bool = JSON_OPTION) -> None:
+    """Pin a gateway's transparency-log key on first use, so that `receipt verify` and `report
+    verify` need no --trust-log-key for its receipts and reports. Compare the key it prints with
+    the one the operator publishes (`hallmark ledger checkpoint --json` prints it as log_key)."""
+    from ledger.log.note import NoteError, Verifier, open_checkpoint
+    from service.cli.remote import fetch
+    from service.cli.trust import known_logs, pin_log_key
+
+    keyset = fetch(url, "/.well-known/hallmark-keys.json")
+    log = keyset.get("log") if isinstance(keyset, dict) else None
+    try:
+        offered = Verifier.parse(log["vkey"])
+        open_checkpoint(log["checkpoint"], offered)  # the key signs the log the gateway serves
+    except (TypeError, KeyError, NoteError) as exc:
+        raise CliError(f"{url} offers no usable transparency-log key ({exc})") from None
+    first = pin_log_key(offered)
+    emit({"origin": offered.name, "log_key": offered.vkey, "pinned_now": first, "file": str(known_logs())}, as_json,
+         (f"pinned on first use, in {known_logs()}: the log {offered.name}, key\n{offered.vkey}\n"
+          "compare it with the key its operator publishes; `receipt verify` and `report verify` use it from now on")
+         if first else f"already pinned: the log {offered.name}, key {offered.vkey} ({known_logs()})")
+
+
 @ledger_app.command("witness")
 def ledger_witness(state: Path = typer.Option(..., "--state", help="This witness's state file (created on the first run)."),
                    url: Optional[str] = typer.Option(None, "--url", help="The gateway (https://); default: the database."),

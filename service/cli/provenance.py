@@ -48,6 +48,12 @@ def _load_json(path: Path, what: str) -> Any:
         raise CliError(f"{what} file {path} is not JSON: {type(exc).__name__}") from None
 
 
+def signed_type(document: Any) -> Any:
+    """The ``type`` a signed document's statement declares (receipt or detection report)."""
+    statement = document.get("statement") if isinstance(document, dict) else None
+    return statement.get("type") if isinstance(statement, dict) else None
+
+
 def _keyset(keys: Optional[Path], url: Optional[str]) -> dict[str, Any]:
     if (keys is None) == (url is None):
         raise CliError("give the public keys: --keys hallmark-keys.json or --url https://gateway")
@@ -63,18 +69,18 @@ def trusted_keyset(keys: Optional[Path], url: Optional[str], trust_log_key: Opti
     verifying command (receipts, reports) checks signatures with."""
     from ledger.keyset import trusted_keys
     from ledger.receipts import ReceiptInvalid
-    from service.cli.trust import trusted_log_key
+    from service.cli.trust import log_key_for, trusted_log_key
 
     if url is not None:  # checked before the log key, so a bad URL fails first whatever else is given
         from service.cli.remote import base_url
 
         base_url(url)
     log_key = trusted_log_key(trust_log_key)
-    if log_key is None:
-        raise CliError("give the log key you trust: --trust-log-key FILE (its verifier key, or your witness "
-                       "state); `hallmark ledger checkpoint --json` prints it as log_key")
+    keyset = _keyset(keys, url)
+    if log_key is None:  # the key pinned for this key set's log (`hallmark ledger pin`)
+        log_key = log_key_for(keyset, url)
     try:
-        return trusted_keys(_keyset(keys, url), log_key)
+        return trusted_keys(keyset, log_key)
     except ReceiptInvalid as exc:
         raise CliError(f"key set rejected: {exc}") from None
 
@@ -90,10 +96,15 @@ def receipt_verify(receipt: Path = typer.Argument(..., help="The receipt (JSON; 
     window; the entry's inclusion in the log; and (with --text) the text."""
     from ledger.receipts import ReceiptInvalid, verify_receipt
 
+    from ledger.receipts import REPORT_TYPE
+
     document = _load_json(receipt, "receipt")
     if isinstance(document, dict) and "statement" not in document:
         # A whole response: REST (`receipt`), OpenAI (`hallmark.receipt`) or a `done` event.
         document = document.get("receipt") or (document.get("hallmark") or {}).get("receipt") or document
+    if signed_type(document) == REPORT_TYPE or (isinstance(document, dict) and "report" in document):
+        raise CliError(f"{receipt} holds a detection report, not a generation receipt: check it with "
+                       f"`hallmark report verify {receipt}` (it takes the same --url/--keys and --trust-log-key)")
     text = None
     if text_file is not None:
         try:

@@ -14,7 +14,7 @@ from typing import Any, Optional
 import typer
 
 from service.cli.app import JSON_OPTION, CliError, app, emit
-from service.cli.provenance import _load_json, trusted_keyset
+from service.cli.provenance import _load_json, signed_type, trusted_keyset
 
 report_app = typer.Typer(no_args_is_help=True, help="Signed detection reports.")
 app.add_typer(report_app, name="report")
@@ -61,7 +61,12 @@ def report_verify(
     from ledger.reports import verify_report
     from ledger.receipts import ReceiptInvalid
 
+    from ledger.receipts import RECEIPT_TYPE
+
     document = _report_of(_load_json(report, "report"))
+    if signed_type(document) == RECEIPT_TYPE or (isinstance(document, dict) and "receipt" in document):
+        raise CliError(f"{report} holds a generation receipt, not a detection report: check it with "
+                       f"`hallmark receipt verify {report}` (it takes the same --url/--keys and --trust-log-key)")
     text = _read_text(text_file) if text_file is not None else None
     token_ids = _read_token_ids(token_ids_file) if token_ids_file is not None else None
     try:

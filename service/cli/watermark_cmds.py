@@ -364,20 +364,10 @@ def detect_command(
                                       forms=forms, candidates=candidates, config=config)
     if normalized is not None:
         payload["normalization"] = {**normalized.to_dict(), "scored": form_names[scored_form]}
-    verdict = "watermarked" if result.watermarked else "not watermarked"
-    source = ""
-    if result.key is not None:
-        source = f" (key {result.key.key_id} v{result.key.version}, {result.key.state})" if result.key.tenant else ""
-    ledger = ""
-    passed = [m for m in payload.get("kgram_matches", []) if m["passes"]]
-    if "ledger" in payload["basis"]:
-        ledger = (f"; in the ledger: exact copy of generation {payload['ledger_matches'][0]['generation_id']}"
-                  if payload["ledger_matches"] else
-                  f"; in the ledger: shares {passed[0]['matched_kgrams']} eight-token sequences "
-                  f"with generation {passed[0]['generation_id']}")
     normalised = ""
     if normalized is not None and normalized.changed:  # what the JSON's `normalization` says
         normalised = (f"; normalised: {', '.join(f'{count} {step}' for step, count in normalized.changes.items())}"
                       f" (scored {form_names[scored_form]})")
-    emit(payload, as_json, f"{verdict}: log10 p = {result.log10_p_value:.2f} over {result.scored_tokens} "
-                           f"scored of {result.total_tokens} tokens{source}{ledger}{normalised}")
+    from service.cli.detect_summary import summary
+
+    emit(payload, as_json, summary(payload, normalised=normalised))

@@ -207,7 +207,7 @@ def test_report_verify_offline_in_a_fresh_process(tmp_path):
         ((str(report), "--text-file", str(other_text), "--keys", str(KEYS), *pin), "the text does not match the report"),
         ((str(tampered), "--keys", str(KEYS), *pin), "bad signature"),
         ((str(report), "--keys", str(other_keys), *pin), "unknown signing key"),
-        ((str(DATA / "receipt-v1.json"), "--keys", str(KEYS), *pin), "not a 'hallmark.detection_report'"),
+        ((str(DATA / "receipt-v1.json"), "--keys", str(KEYS), *pin), "holds a generation receipt, not a detection report"),
         ((str(tmp_path / "missing.json"), "--keys", str(KEYS), *pin), "does not exist"),
         ((str(report), *pin), "give the public keys"),
         ((str(report), "--keys", str(KEYS)), "--trust-log-key"),

@@ -94,6 +94,32 @@ def provision(tmp: Path, database_url: str | None = None,
     return settings, tokens
 
 
+def add_tenant(gateway: "Gateway", name: str) -> str:
+    """A new tenant of a running gateway with a key (its id returned) and a token
+    (``gateway.tokens[name]``)."""
+    store = open_store(gateway.store_settings, require_kek=True)
+    try:
+        with store.transaction() as session:
+            create_tenant(session, name=name, actor="test")
+            key_id = create_key(session, store.keyring, tenant=name, actor="test").key_id
+            gateway.tokens[name] = issue_token(session, tenant=name, actor="test").raw_token
+    finally:
+        store.close()
+    return key_id
+
+
+def revoke(gateway: "Gateway", key_id: str) -> None:
+    """Revoke a key as compromised, as `hallmark keys revoke` does."""
+    from keys.lifecycle import revoke_key
+
+    store = open_store(gateway.store_settings, require_kek=True)
+    try:
+        with store.transaction() as session:
+            revoke_key(session, key_id=key_id, reason="leaked (test)", actor="test")
+    finally:
+        store.close()
+
+
 def stored_secrets(gateway: "Gateway") -> dict[str, int]:
     """Each tenant's key secret as the gateway's store holds it (one key per tenant)."""
     from keys.material import detection_keys

@@ -251,3 +251,54 @@ def test_a_bad_log_setting_is_one_line_naming_the_variable(monkeypatch, capsys, 
         code, out, err = run(monkeypatch, capsys, "serve", "--port", str(busy.getsockname()[1]))
     assert code == 1 and out == ""
     assert err == "error: invalid setting HALLMARK_LOG_FORMAT: Input should be 'text' or 'json'\n"
+
+
+def test_doctor_elsewhere_says_where_the_store_is_instead_of_making_a_second(monkeypatch, capsys, fresh_dir):
+    """Issue 34, item 10: `hallmark doctor` run outside the directory of `make run` suggested
+    `hallmark db upgrade`, which creates a second, empty store there. It now names the
+    directory that holds the store when it is above this one, and otherwise says that an
+    upgrade here would start a new, empty store; other commands say the same, and none of
+    them creates anything."""
+    _store_with_tenant(monkeypatch, capsys, fresh_dir)
+    below = fresh_dir / "docs" / "notes"
+    below.mkdir(parents=True)
+    monkeypatch.chdir(below)
+    code, out, _ = run(monkeypatch, capsys, "doctor")
+    assert code == 1 and f"FAIL  database     no store in {below} (no var/hallmark.db); there is one in {fresh_dir}" in out
+    assert f"fix: run hallmark from {fresh_dir} (`cd {fresh_dir}`)" in out and "db upgrade" not in out, out
+    code, _, err = run(monkeypatch, capsys, "keys", "list")
+    assert code == 1 and len(err.splitlines()) == 1 and f"there is one in {fresh_dir}" in err, err
+    elsewhere = fresh_dir.parent / (fresh_dir.name + "-elsewhere")
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, out, _ = run(monkeypatch, capsys, "doctor")
+    assert code == 1 and "if you ran `make run`, run hallmark from that directory" in out
+    assert "`hallmark db upgrade` here would start a new, empty store" in out
+    assert not (below / "var").exists() and not (elsewhere / "var").exists()
+    # In a checkout without a store yet, creating one is the right advice.
+    (elsewhere / "pyproject.toml").write_text('[project]\nname = "hallmark"\n')
+    code, out, _ = run(monkeypatch, capsys, "doctor")
+    assert code == 1 and "fix: run `hallmark db upgrade` (or `make run`)" in out
+
+
+def test_keys_list_has_a_mode_column(monkeypatch, capsys, fresh_dir):
+    """Issue 34, item 10: `keys list` did not say which keys salt their generations."""
+    _store_with_tenant(monkeypatch, capsys, fresh_dir)
+    assert run(monkeypatch, capsys, "keys", "create", "--tenant", "acme", "--mode", "diverse")[0] == 0
+    assert run(monkeypatch, capsys, "keys", "create", "--tenant", "acme", "--mode", "deterministic")[0] == 0
+    code, out, _ = run(monkeypatch, capsys, "keys", "list")
+    header, *rows = out.splitlines()
+    assert code == 0 and header.split()[6] == "MODE", header
+    assert [row.split()[6] for row in rows] == ["diverse", "deterministic"], out
+
+
+def test_detect_says_a_short_text_may_be_missed_and_counts_keys_not_salts(monkeypatch, capsys, fresh_dir):
+    """Issue 34, items 5 and 10: `hallmark detect` said "not watermarked" of a 7-token text
+    without saying that so few tokens rarely pass, and counted a diverse key's 16 salts as
+    16 keys."""
+    _store_with_tenant(monkeypatch, capsys, fresh_dir)
+    assert run(monkeypatch, capsys, "keys", "create", "--tenant", "acme", "--mode", "diverse")[0] == 0
+    code, out, err = run(monkeypatch, capsys, "detect", "--tenant", "acme", "--text", "The function returns a list.")
+    assert code == 0, err
+    assert out.startswith("not watermarked: ") and ", 1 key tested under 16 salts" in out, out
+    assert "too short to say: a watermarked text usually needs 50 or more scored tokens" in out

@@ -184,23 +184,32 @@ def _in_users_shell(server: Server, script: str, **env: str) -> subprocess.Compl
 
 
 def test_the_readmes_curl_commands_run_as_written(server):
+    """README's bash block, as written after the banner's export: generate (asking again while
+    the demo model ends early), detect, the public check, the record, and the receipt checked
+    offline with the log key pinned on first use. Issue 34, item 4: its example was 150 tokens,
+    "too short" for the public check (200); item 6: `receipt verify` needed --trust-log-key."""
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed")
     bash, _ = _readme_try_it()
     # The one change: the scratch file, so that two runs of this test on one machine cannot race.
-    assert bash.count("/tmp/out.json") == 3
+    assert bash.count("/tmp/out.json") == 7
     bash = bash.replace("/tmp/out.json", str(server.directory / "out.json"))
-    run = _in_users_shell(server, bash)
+    # The user's pinned log keys (~/.config/hallmark/known-logs) stay out of the test.
+    run = _in_users_shell(server, bash, HALLMARK_KNOWN_LOGS=str(server.directory / "known-logs"))
     assert run.returncode == 0, run.stderr
     decoder, answers, rest = json.JSONDecoder(), [], run.stdout.strip()
-    while rest:
+    while rest.startswith("{"):
         answer, end = decoder.raw_decode(rest)
         answers.append(answer)
         rest = rest[end:].strip()
-    generated, detected, record = answers
+    generated, detected, public, record = answers
     assert generated["text"] and generated["watermark"]["watermarked_tokens"] > 0
+    assert generated["usage"]["completion_tokens"] >= 250, generated["usage"]
     assert detected["tier"] == "tenant" and isinstance(detected["watermarked"], bool)
+    assert public["tier"] == "public" and public["verdict"] != "too_short" and public["tokens"] >= 200, public
     assert record["id"] == generated["generation_id"] and record["tenant"] == "demo"
+    assert rest.startswith("pinned on first use") and "compare it with the key its operator publishes" in rest, rest
+    assert rest.splitlines()[-1].startswith(f"ok: receipt of generation {generated['generation_id']} (tenant demo"), rest
 
 
 def test_the_readmes_openai_example_runs_as_written(server):

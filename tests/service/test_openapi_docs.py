@@ -89,3 +89,12 @@ def test_the_models_hold_the_gateways_responses(server):
         # Every field the model names is in the response (nothing documented that never comes).
         required = {f.alias or name for name, f in model.model_fields.items() if f.is_required()}
         assert required <= set(body), (model.__name__, required - set(body))
+
+
+def test_the_reference_opens_with_what_hallmark_is_and_how_to_authenticate(doc):
+    """Issue 34, item 10: /docs had no top-level description: a reader met a list of routes
+    without being told what the service is or how to present a token."""
+    description = doc["info"]["description"]
+    for words in ("watermark", "Authorization: Bearer", "make run", "hallmark tokens issue", "/v1/public/detect",
+                  "X-Hallmark-Access-Tier", "Retry-After", "/ui"):
+        assert words in description, words

@@ -232,6 +232,20 @@ def _shot(driver, name):
         driver.set_window_size(1280, 1000)
 
 
+def _underlines(driver) -> list[tuple[int, int]]:
+    """Character offsets (code points, as in Python) of each underlined span in Check's text."""
+    return [tuple(m) for m in driver.execute_script("""
+        const box = document.getElementById('heat'), out = [];
+        for (const mark of box.querySelectorAll('mark.wm-span')) {
+          const range = document.createRange();
+          range.setStart(box, 0);
+          range.setEndBefore(mark);
+          const before = Array.from(range.toString()).length;
+          out.push([before, before + Array.from(mark.textContent).length]);
+        }
+        return out;""")]
+
+
 def _no_console_errors(driver):
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"
               and "favicon" not in e["message"] and "the server responded with a status of 4" not in e["message"]]
@@ -293,7 +307,7 @@ def test_generate_then_check_shows_watermarked_with_spans(server, browser):
     assert generation_id in browser.find_element(By.ID, "ledger").text
     _wait(browser, lambda d: d.find_element(By.ID, "report-status").get_attribute("data-verified"), 30)
     assert browser.find_element(By.ID, "report-status").get_attribute("data-verified") == "true"
-    _shot(browser, "check")
+    _shot(browser, "check-evidence")  # docs/ui-check.png, the demo token's view: test_ui_first_hour.py
     _no_console_errors(browser)
 
     browser.find_element(By.CSS_SELECTOR, f"#ledger a[data-id='{generation_id}']").click()
@@ -446,7 +460,10 @@ def test_a_text_over_the_evidence_limit_is_still_checked(server, browser):
     browser.find_element(By.ID, "check-submit").click()
     _wait(browser, lambda d: d.find_element(By.ID, "verdict-title").text)
     assert browser.find_element(By.ID, "verdict-title").text == "Not watermarked"
-    assert "heat map is left out" in browser.find_element(By.ID, "explain").text
+    note = browser.find_element(By.ID, "heat-note").text
+    assert note.startswith("No per-token scores (the heat map) for this check: evidence was asked for ") and \
+        "the limit is 400 (HALLMARK_MAX_EVIDENCE_TOKENS)" in note and "leave 'evidence' out" not in note, note
+    assert not browser.find_element(By.ID, "heat-toggle").is_displayed()
     assert not browser.find_element(By.ID, "error").is_displayed()
     assert browser.execute_script("return document.getElementById('heat').textContent") == HUMAN * 6
 
@@ -488,6 +505,9 @@ def test_the_api_reference_works_offline(server, browser):
     browser.get(f"{server.url}/docs")
     _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".swagger-ui .info .title"), 60)
     assert "Hallmark" in browser.find_element(By.CSS_SELECTOR, ".swagger-ui .info .title").text
+    # Issue 34, item 10: the reference opens with what the service is and how to present a token.
+    description = browser.find_element(By.CSS_SELECTOR, ".swagger-ui .info .description").text
+    assert "watermark" in description and "Authorization: Bearer" in description, description
     _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".opblock-summary-path"), 60)
     paths = {e.text for e in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")}
     assert "/v1/detect" in {p.replace("\u200b", "") for p in paths}

@@ -20,8 +20,8 @@ from ledger.reports import detector_identity, verify_report
 from tests.ledger.test_receipts import DATA, _golden_signer
 from tests.ledger.test_reports import GOLDEN_IDS, GOLDEN_TEXT, SETTINGS, golden_statement, golden_variant
 from tests.service import gateway as gw
-from tests.service.test_ui import (HUMAN, SECRETS, _no_console_errors, _open, _visible, _wait, browser,  # noqa: F401
-                                   client, generate)
+from tests.service.test_ui import (HUMAN, SECRETS, _no_console_errors, _open, _underlines, _visible, _wait,  # noqa: F401
+                                   browser, client, generate)
 
 pytestmark = pytest.mark.slow
 
@@ -83,17 +83,7 @@ def test_the_underline_of_an_edited_generation_pasted_into_human_prose_is_where_
     _check(browser, server, "acme", text)
     assert browser.find_element(By.ID, "verdict-title").text.startswith("Watermarked by tenant acme")
     assert browser.execute_script("return document.getElementById('heat').textContent") == text
-    # Character offsets (code points, as in Python) of each underline in the rendered text.
-    marks = browser.execute_script("""
-        const box = document.getElementById('heat'), out = [];
-        for (const mark of box.querySelectorAll('mark.wm-span')) {
-          const range = document.createRange();
-          range.setStart(box, 0);
-          range.setEndBefore(mark);
-          const before = Array.from(range.toString()).length;
-          out.push([before, before + Array.from(mark.textContent).length]);
-        }
-        return out;""")
+    marks = _underlines(browser)
     assert len(marks) == 1, marks
     [(first, last)] = marks
     assert abs(first - start) <= 10 and abs(last - end) <= 10, (first - start, last - end)
@@ -136,22 +126,9 @@ def test_records_and_ledger_cards_show_the_key_state_now_and_at_generation(serve
     """A generation under a key revoked since: the record and the ledger card said "active"."""
     from selenium.webdriver.common.by import By
 
-    from keys.db import open_store
-    from keys.lifecycle import create_key, revoke_key
-    from keys.tenants import create_tenant
-    from keys.tokens import issue_token
-
-    store = open_store(server.store_settings, require_kek=True)
-    try:
-        with store.transaction() as session:
-            create_tenant(session, name="umbrella", actor="test")
-            key_id = create_key(session, store.keyring, tenant="umbrella", actor="test").key_id
-            server.tokens["umbrella"] = issue_token(session, tenant="umbrella", actor="test").raw_token
-        out = generate(server, "umbrella", seed=7, max_tokens=80)
-        with store.transaction() as session:
-            revoke_key(session, key_id=key_id, reason="leaked (test)", actor="test")
-    finally:
-        store.close()
+    key_id = gw.add_tenant(server, "umbrella")
+    out = generate(server, "umbrella", seed=7, max_tokens=80)
+    gw.revoke(server, key_id)
 
     _open(browser, server, "umbrella", "record")
     _wait(browser, lambda d: "tenant umbrella" in d.find_element(By.ID, "token-status").text)

@@ -9,6 +9,7 @@ import json
 import time
 from datetime import timedelta
 
+import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -65,7 +66,13 @@ def test_receipts_are_checked_against_the_log_in_the_browser(server, browser):  
     late = dict(receipt["statement"], finished_at=timestamp(clock.utcnow() + timedelta(hours=1)))
     signed_late = old.sign(late)
     signed_late["log"] = receipt["log"]
-    time.sleep(2.5)  # the gateway serves its key set from a cache (HALLMARK_KEY_CACHE_SECONDS, 2 s)
+    # The gateway serves its key set from a cache (HALLMARK_KEY_CACHE_SECONDS): wait until the
+    # key set it serves shows the retirement (the event, not a fixed delay; issue 34).
+    deadline = time.monotonic() + 60
+    while not any(k["kid"] == old.kid and k["state"] == "retired" for k in httpx.get(
+            f"{server.url}/.well-known/hallmark-keys.json", timeout=30).json()["keys"]):
+        assert time.monotonic() < deadline, "the key set never showed the retired signing key"
+        time.sleep(0.1)
     _open(browser, server, "acme")  # a fresh page: the key set with the retirement
     result = _check(browser, signed_late)
     assert result["ok"] is False and "after it was retired" in result["message"]

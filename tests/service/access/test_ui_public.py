@@ -43,7 +43,7 @@ def test_the_check_without_a_token_uses_the_public_check(server, browser):
     assert browser.execute_script("return sessionStorage.getItem('hallmark.token')") in (None, "")
     assert browser.find_element(By.ID, "verdict-title").text == "Watermarked"
     detail = browser.find_element(By.ID, "verdict-detail").text
-    assert detail.startswith("Public check: strong confidence,") and "watermark and the ledger" in detail
+    assert detail.startswith("Public check of ") and ", strong confidence," in detail and "watermark and the ledger" in detail
     assert not browser.find_element(By.ID, "heat-panel").is_displayed()
     assert not browser.find_element(By.ID, "per-key-panel").is_displayed()
     assert "p =" not in browser.find_element(By.ID, "check-result").text
