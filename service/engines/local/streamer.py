@@ -21,19 +21,28 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import numpy as np
 
 from service.engines.base import Delta, Finished, RouteCounts
-from service.engines.stops import decode_many
-
-if TYPE_CHECKING:
-    from service.engines.local.request import RequestState
+from service.engines.stops import StopTextTracker, decode_many
 
 log = logging.getLogger("hallmark.engine.local")
 
 _TOKENS, _EVENT, _FINISH, _FAIL, _MARK = range(5)
+
+
+class RequestState(Protocol):
+    """What the streamer needs of a request (service.engines.local.request.RequestState):
+    a protocol, so that the request module may import the streamer and not the reverse."""
+
+    failed: bool
+    tracker: StopTextTracker
+
+    def sink(self, event) -> None: ...
+
+    def fail_from_stream(self, exc: BaseException) -> None: ...
 
 
 def route_counts(row) -> RouteCounts:
