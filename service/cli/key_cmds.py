@@ -262,11 +262,13 @@ def keys_export(key_id: str = typer.Argument(..., help="Key id."),
     payload = {"key_id": exported.key_id, "tenant": exported.tenant, "version": exported.version,
                "state": exported.state, "fingerprint": exported.fingerprint,
                "spec": exported.spec.public_dict(), "secret": exported.secret,
-               "secret_hex": f"0x{exported.secret:016x}", "vllm_watermark_config": vllm}
+               "secret_hex": f"0x{exported.secret:0{exported.spec.key_bits // 4}x}", "key_bits": exported.spec.key_bits,
+               "vllm_watermark_config": vllm}
     text = "\n".join([
         f"key {exported.key_id} (tenant {exported.tenant}, version {exported.version}, {exported.state})",
         f"fingerprint: {exported.fingerprint}",
-        f"secret: {exported.secret} (0x{exported.secret:016x})",
-        f"vllm --watermark-config: {json.dumps(vllm) if vllm else '(not expressible: keyed coin or diverse mode)'}",
+        f"secret: {exported.secret} (0x{exported.secret:0{exported.spec.key_bits // 4}x}; "
+        f"{exported.spec.key_bits}-bit key, prf {exported.spec.prf})",
+        f"vllm --watermark-config: {json.dumps(vllm) if vllm else '(not expressible: keyed coin, diverse mode or a PRF vLLM lacks)'}",
     ])
     emit(payload, as_json, text)

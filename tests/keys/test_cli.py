@@ -80,16 +80,19 @@ def test_keys_lifecycle_commands(cli, tmp_path):
 
     exported = cli.ok("keys", "export", first["key_id"], "--yes", "--json").json()
     assert exported["fingerprint"] == first["fingerprint"] and exported["state"] == "revoked"
-    assert exported["secret_hex"] == f"0x{exported['secret']:016x}"
+    assert exported["secret_hex"] == f"0x{exported['secret']:064x}" and exported["key_bits"] == 256
     # A tenant's first key is diverse (issue 24): vLLM has no per-generation salt, so no config.
     assert exported["spec"]["mode"] == "diverse" and exported["vllm_watermark_config"] is None
     text = cli.ok("keys", "export", first["key_id"], "--yes").stdout
     assert f"secret: {exported['secret']}" in text and "not expressible" in text
-    # A deterministic key (--mode) exports vLLM's config with the key.
-    det = cli.ok("keys", "create", "--tenant", "acme", "--mode", "deterministic", "--json").json()
+    # A deterministic key (--mode) on a PRF vLLM has (--prf philox) exports vLLM's config with the key.
+    det = cli.ok("keys", "create", "--tenant", "acme", "--mode", "deterministic", "--prf", "philox",
+                 "--json").json()
     assert "mode" not in det["spec"]  # a spec without mode is deterministic (specs before issue 24)
+    assert det["spec"]["prf"] == "philox4x32-10-v1" and det["key_bits"] == 64
     exported = cli.ok("keys", "export", det["key_id"], "--yes", "--json").json()
     assert exported["vllm_watermark_config"]["key"] == exported["secret"]
+    assert exported["vllm_watermark_config"]["prf"] == "philox" and exported["secret"] < 2**64
 
     actions = [e["action"] for e in cli.ok("audit", "list", "--tenant", "acme", "--json").json()]
     assert actions == ["tenant.created", "key.created", "key.created", "key.verify_only", "key.rotated",
@@ -435,3 +438,12 @@ def test_no_output_but_export_contains_a_secret(cli, tmp_path):
     audit = cli.ok("audit", "list", "--json").stdout
     assert audit.count("key.exported") == 4
     assert not any(str(secret) in audit or f"{secret:x}" in audit for secret in secrets_)
+
+
+def test_keys_create_explains_the_key_size(cli):
+    cli.ok("tenants", "create", "sizes")
+    text = cli.ok("keys", "create", "--tenant", "sizes").stdout
+    assert "prf hmac-sha256-philox-v1 (256-bit key)" in text and "2**256 guesses" in text
+    text = cli.ok("keys", "create", "--tenant", "sizes", "--prf", "philox").stdout
+    assert "prf philox4x32-10-v1 (64-bit key)" in text and "H100" in text and "--prf hmac-sha256-philox-v1" in text
+    assert "unknown prf" in cli.fails("keys", "create", "--tenant", "sizes", "--prf", "md5").stderr
