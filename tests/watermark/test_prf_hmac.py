@@ -47,7 +47,7 @@ def test_vllm_hmac_sha256_golden_bit_exact():
         reference = philox.uniforms_from_words_numpy(hmac_sha256.words_reference(key, contexts, tokens))
         assert np.array_equal(reference, expected), case["key"]
         assert np.array_equal(prf.lookup("hmac_sha256").uniforms(key, contexts, tokens), expected)
-        many = hmac_compiled.vllm_uniforms_many([key, key], contexts[:1].repeat(len(tokens), 0), tokens)
+        many = prf.lookup("hmac_sha256").uniforms_many([key, key], contexts, tokens)
         assert np.array_equal(many[1], expected)
 
 
@@ -62,7 +62,13 @@ def test_hmac_philox_golden_bit_exact():
         assert [int(w) for w in hmac_philox.words_reference(key, contexts, tokens)] == case["words"]
         assert [int(w) for w in prf.lookup(hmac_philox.VERSION).words(key, contexts, tokens)] == case["words"]
         expected = np.array(case["uniforms"], dtype=np.float32)
-        assert np.array_equal(hmac_compiled.philox_uniforms_many([key], contexts, tokens)[0], expected)
+        assert np.array_equal(prf.lookup(hmac_philox.VERSION).uniforms_many([key], contexts, tokens)[0], expected)
+
+
+def test_domains_are_the_modules():
+    assert hmac_philox.DOMAIN == b"hallmark-hmac-philox-v1\0" and len(hmac_philox.DOMAIN) == 24
+    assert hmac_philox.DOMAIN_WORDS == tuple(int(w) for w in hmac_compiled._HP_DOMAIN)
+    assert hmac_sha256.DOMAIN == b"vllm-watermark-hmac-sha256-v1\0"
 
 
 def test_context_message_layout():
@@ -82,11 +88,11 @@ def test_compiled_passes_equal_references_every_width(width):
     contexts = rng.integers(-1, 300_000, (40, width))
     tokens = rng.integers(0, 300_000, 40)
     rows = [keys[i % 3] for i in range(40)]
-    assert np.array_equal(hmac_compiled.philox_words_rows(rows, contexts, tokens),
+    assert np.array_equal(prf.lookup(hmac_philox.VERSION).words(rows, contexts, tokens),
                           hmac_philox.words_reference(rows, contexts, tokens))
-    assert np.array_equal(hmac_compiled.vllm_words_rows(rows, contexts, tokens),
+    assert np.array_equal(prf.lookup(hmac_sha256.VERSION).words(rows, contexts, tokens),
                           hmac_sha256.words_reference(rows, contexts, tokens))
-    many = hmac_compiled.philox_uniforms_many(keys, contexts, tokens)
+    many = prf.lookup(hmac_philox.VERSION).uniforms_many(keys, contexts, tokens)
     for row, key in enumerate(keys):
         assert np.array_equal(many[row], philox.uniforms_from_words_numpy(
             hmac_philox.words_reference(key, contexts, tokens)))
@@ -98,7 +104,7 @@ def test_sampler_key_states_equal_reference_mixed_widths():
     table = np.zeros((3, 9), dtype=np.int64)
     for row, ctx in enumerate(contexts):
         table[row, :len(ctx)] = ctx
-    mids = hmac_compiled.midstates_table(hmac_philox.VERSION, keys)
+    mids = hmac_compiled.midstates_table(hmac_philox.midstates, keys)
     got_keys, got_states = hmac_compiled.philox_key_states(mids, table, np.array([len(c) for c in contexts]))
     for row, (key, ctx) in enumerate(zip(keys, contexts)):
         philox_key, state = hmac_philox.context_key_state(key, ctx)

@@ -1,6 +1,7 @@
 """HMAC-SHA-256 compiled (numba) for the 256-bit PRFs: many keys over many positions.
 
-Each key enters as its 16 midstate words (:func:`watermark.prf.sha256.midstates`), so one
+Each key enters as its 16 midstate words (:func:`watermark.prf.sha256.midstates`, computed
+and cached by the PRF modules, which call this one), so one
 HMAC over a short message costs its inner blocks plus one outer compression: two for a
 ``hmac-sha256-philox-v1`` context of width <= 7 and for a ``hmac-sha256-v1`` token of width
 <= 4. Bit for bit :mod:`watermark.prf.hmac_philox` and :mod:`watermark.prf.hmac_sha256`
@@ -14,11 +15,16 @@ import functools
 import numpy as np
 
 from watermark import jit
-from watermark.prf import hmac_philox, hmac_sha256, philox, philox_compiled, sha256
+from watermark.prf import philox, philox_compiled, sha256
+
+HP_DOMAIN = b"hallmark-hmac-philox-v1\0"
+"""``hmac-sha256-philox-v1``'s domain (24 bytes: six big-endian words), :mod:`watermark.prf.hmac_philox`."""
+VS_DOMAIN = b"vllm-watermark-hmac-sha256-v1\0"
+"""vLLM's ``hmac-sha256-v1`` domain (30 bytes), :mod:`watermark.prf.hmac_sha256`."""
 
 _K = np.array(sha256.K, dtype=np.uint32)
-_HP_DOMAIN = np.array(hmac_philox.DOMAIN_WORDS, dtype=np.uint32)
-_VS_DOMAIN = np.frombuffer(hmac_sha256.DOMAIN, dtype=np.uint8).copy()
+_HP_DOMAIN = np.frombuffer(HP_DOMAIN, dtype=">u4").astype(np.uint32)
+_VS_DOMAIN = np.frombuffer(VS_DOMAIN, dtype=np.uint8).copy()
 _TOKEN_DOMAIN = np.uint32(philox.TOKEN_DOMAIN)
 _DENOMINATOR = float(philox.UNIFORM_DENOMINATOR)
 
@@ -206,17 +212,9 @@ def compiled():
     return jit.compile_all(FUNCTIONS, inline=INLINE, helpers={"_token_word": helpers["_token_word"]})
 
 
-@functools.lru_cache(maxsize=4096)
-def _mids(version: str, key: int) -> np.ndarray:
-    mods = {hmac_philox.VERSION: hmac_philox, hmac_sha256.VERSION: hmac_sha256}
-    out = np.array(mods[version].midstates(key), dtype=np.uint32)
-    out.flags.writeable = False
-    return out
-
-
-def midstates_table(version: str, keys) -> np.ndarray:
-    """uint32 [K, 16]: each key's HMAC midstates (cached per key: a few pure-Python compressions)."""
-    return np.stack([_mids(version, int(k)) for k in keys]) if len(keys) else np.zeros((0, 16), np.uint32)
+def midstates_table(midstates, keys) -> np.ndarray:
+    """uint32 [K, 16]: each key's HMAC midstates, ``midstates(key)`` (the PRF module's, cached)."""
+    return np.array([midstates(int(k)) for k in keys], dtype=np.uint32).reshape(len(keys), 16)
 
 
 def _tokens_table(tokens_by_key, k: int, p: int) -> np.ndarray:
@@ -228,22 +226,22 @@ def _tokens_table(tokens_by_key, k: int, p: int) -> np.ndarray:
         if k else np.zeros((0, p), np.uint32)
 
 
-def philox_uniforms_many(keys, contexts: np.ndarray, tokens_by_key) -> np.ndarray:
-    """hmac-sha256-philox-v1 uniforms [K, P] of keys [K] (ints) at contexts [P, w]."""
+def philox_uniforms_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) -> np.ndarray:
+    """hmac-sha256-philox-v1 uniforms [K, P] of keys given by their midstates [K, 16] at contexts [P, w]."""
     contexts = np.ascontiguousarray(contexts, dtype=np.int64)
-    out = np.empty((len(keys), contexts.shape[0]), dtype=np.float32)
-    if contexts.shape[0] and len(keys):
-        compiled()["_hp_uniforms_many"](midstates_table(hmac_philox.VERSION, keys), contexts,
-                                        _tokens_table(tokens_by_key, len(keys), contexts.shape[0]), out)
+    out = np.empty((len(mids), contexts.shape[0]), dtype=np.float32)
+    if contexts.shape[0] and len(mids):
+        compiled()["_hp_uniforms_many"](np.ascontiguousarray(mids, np.uint32), contexts,
+                                        _tokens_table(tokens_by_key, len(mids), contexts.shape[0]), out)
     return out
 
 
-def philox_words_rows(keys, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-    """hmac-sha256-philox-v1 words (uint64) of N rows, one key per row."""
+def philox_words_rows(mids: np.ndarray, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """hmac-sha256-philox-v1 words (uint64) of N rows, one key (midstates [N, 16]) per row."""
     contexts = np.ascontiguousarray(contexts, dtype=np.int64)
     out = np.empty(len(tokens), dtype=np.uint32)
     if len(tokens):
-        compiled()["_hp_words_rows"](midstates_table(hmac_philox.VERSION, keys), contexts,
+        compiled()["_hp_words_rows"](np.ascontiguousarray(mids, np.uint32), contexts,
                                      (np.asarray(tokens, np.int64) & 0xFFFFFFFF).astype(np.uint32), out)
     return out.astype(np.uint64)
 
@@ -259,25 +257,27 @@ def philox_key_states(mids: np.ndarray, contexts: np.ndarray, widths: np.ndarray
     return keys, states
 
 
-def vllm_words_many(keys, contexts: np.ndarray, tokens_by_key) -> np.ndarray:
+def vllm_words_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) -> np.ndarray:
+    """hmac-sha256-v1 words [K, P] (uint32) of keys given by their midstates [K, 16]."""
     contexts = np.ascontiguousarray(contexts, dtype=np.int64)
-    out = np.empty((len(keys), contexts.shape[0]), dtype=np.uint32)
-    if contexts.shape[0] and len(keys):
+    out = np.empty((len(mids), contexts.shape[0]), dtype=np.uint32)
+    if contexts.shape[0] and len(mids):
         tokens = np.asarray(tokens_by_key if isinstance(tokens_by_key, np.ndarray) else np.stack(tokens_by_key))
-        tokens = np.ascontiguousarray(np.broadcast_to(tokens.astype(np.int64), (len(keys), contexts.shape[0])))
-        compiled()["_vs_words_many"](midstates_table(hmac_sha256.VERSION, keys), contexts, tokens, out)
+        tokens = np.ascontiguousarray(np.broadcast_to(tokens.astype(np.int64), (len(mids), contexts.shape[0])))
+        compiled()["_vs_words_many"](np.ascontiguousarray(mids, np.uint32), contexts, tokens, out)
     return out
 
 
-def vllm_uniforms_many(keys, contexts: np.ndarray, tokens_by_key) -> np.ndarray:
+def vllm_uniforms_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) -> np.ndarray:
     """hmac-sha256-v1 uniforms [K, P]."""
-    return philox.uniforms_from_words_numpy(vllm_words_many(keys, contexts, tokens_by_key).astype(np.uint64))
+    return philox.uniforms_from_words_numpy(vllm_words_many(mids, contexts, tokens_by_key).astype(np.uint64))
 
 
-def vllm_words_rows(keys, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+def vllm_words_rows(mids: np.ndarray, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """hmac-sha256-v1 words (uint64) of N rows, one key (midstates [N, 16]) per row."""
     contexts = np.ascontiguousarray(contexts, dtype=np.int64)
     out = np.empty(len(tokens), dtype=np.uint32)
     if len(tokens):
-        compiled()["_vs_words_rows"](midstates_table(hmac_sha256.VERSION, keys), contexts,
+        compiled()["_vs_words_rows"](np.ascontiguousarray(mids, np.uint32), contexts,
                                      np.asarray(tokens, np.int64), out)
     return out.astype(np.uint64)

@@ -28,19 +28,20 @@ one is :mod:`watermark.kernels.hmac`.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import struct
 from typing import Sequence
 
 import numpy as np
 
-from watermark.prf import philox, sha256
+from watermark.prf import hmac_compiled, philox, sha256
 from watermark.prf.base import PRF, check_key
 from watermark.prf.versions import HMAC_PHILOX_V1
 
 VERSION = HMAC_PHILOX_V1
 KEY_BITS = 256
-DOMAIN = b"hallmark-hmac-philox-v1\0"
+DOMAIN = hmac_compiled.HP_DOMAIN
 DOMAIN_WORDS = tuple(int.from_bytes(DOMAIN[i:i + 4], "big") for i in range(0, len(DOMAIN), 4))
 MASK32 = philox.MASK32
 
@@ -67,8 +68,10 @@ def context_key_state_from_midstates(mids: tuple[int, ...], context: Sequence[in
     return key_state_of_digest(sha256.hmac_from_midstates(mids, context_message(context)))
 
 
+@functools.lru_cache(maxsize=4096)
 def midstates(key: int) -> tuple[int, ...]:
-    """The key's 16 HMAC midstate words (inner then outer): all a sampler row needs of it."""
+    """The key's 16 HMAC midstate words (inner then outer): all a sampler row needs of it.
+    Cached: a few pure-Python compressions per key, and a service reuses its keys."""
     return sha256.midstates(sha256.key_bytes(check_key(key, KEY_BITS)))
 
 
@@ -84,6 +87,12 @@ def _per_row_keys(keys, n: int) -> list[int]:
     if len(keys) != n:
         raise ValueError("keys must be one int or one per row")
     return [check_key(k, KEY_BITS) for k in keys]
+
+
+def _per_key(tokens_by_key, k: int) -> list:
+    if isinstance(tokens_by_key, np.ndarray) and tokens_by_key.ndim == 1:
+        return [tokens_by_key] * k
+    return list(tokens_by_key)
 
 
 def words_reference(keys, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -110,13 +119,12 @@ class HmacPhilox(PRF):
     key_bits = KEY_BITS
 
     def words(self, keys, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        from watermark.prf import hmac_compiled
-
         contexts = np.asarray(contexts, dtype=np.int64)
         tokens = np.asarray(tokens, dtype=np.int64)
         if hmac_compiled.compiled() is None:  # pragma: no cover - exercised where numba is missing
             return words_reference(keys, contexts, tokens)
-        return hmac_compiled.philox_words_rows(_per_row_keys(keys, len(tokens)), contexts, tokens)
+        mids = hmac_compiled.midstates_table(midstates, _per_row_keys(keys, len(tokens)))
+        return hmac_compiled.philox_words_rows(mids, contexts, tokens)
 
     def uniforms_from_words(self, words: np.ndarray) -> np.ndarray:
         return philox.uniforms_from_words_numpy(words)
@@ -124,9 +132,10 @@ class HmacPhilox(PRF):
     def uniforms_many(self, keys: Sequence[int], contexts: np.ndarray, tokens_by_key) -> np.ndarray:
         """float32 uniforms [K, P]: each key over the same contexts, tokens [P] or one array
         per key (the detector's batched form)."""
-        from watermark.prf import hmac_compiled
-
-        return hmac_compiled.philox_uniforms_many([check_key(k, KEY_BITS) for k in keys], contexts, tokens_by_key)
+        if hmac_compiled.compiled() is None:  # pragma: no cover - exercised where numba is missing
+            return np.stack([self.uniforms(k, contexts, t) for k, t in zip(keys, _per_key(tokens_by_key, len(keys)))])
+        mids = hmac_compiled.midstates_table(midstates, keys)
+        return hmac_compiled.philox_uniforms_many(mids, contexts, tokens_by_key)
 
 
 HMAC_PHILOX = HmacPhilox()

@@ -16,19 +16,20 @@ magnitude over Philox. So this version is for keys that must match a vLLM deploy
 
 from __future__ import annotations
 
+import functools
 import hmac
 import struct
 from typing import Sequence
 
 import numpy as np
 
-from watermark.prf import philox, sha256
+from watermark.prf import hmac_compiled, philox, sha256
 from watermark.prf.base import PRF, check_key
 from watermark.prf.versions import HMAC_SHA256_V1
 
 VERSION = HMAC_SHA256_V1
 KEY_BITS = 256
-DOMAIN = b"vllm-watermark-hmac-sha256-v1\0"
+DOMAIN = hmac_compiled.VS_DOMAIN
 
 
 def key_bytes(key: int) -> bytes:
@@ -43,6 +44,7 @@ def word_py(key: int, context: Sequence[int], token: int) -> int:
     return int.from_bytes(hmac.digest(key_bytes(key), message(context, token), "sha256")[:4], "little")
 
 
+@functools.lru_cache(maxsize=4096)
 def midstates(key: int) -> tuple[int, ...]:
     return sha256.midstates(key_bytes(key))
 
@@ -66,22 +68,22 @@ class HmacSha256(PRF):
     key_bits = KEY_BITS
 
     def words(self, keys, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        from watermark.prf import hmac_compiled
-
         contexts = np.asarray(contexts, dtype=np.int64)
         tokens = np.asarray(tokens, dtype=np.int64)
         if hmac_compiled.compiled() is None:  # pragma: no cover - exercised where numba is missing
             return words_reference(keys, contexts, tokens)
         keys = [keys] * len(tokens) if isinstance(keys, int) else [int(k) for k in keys]
-        return hmac_compiled.vllm_words_rows([check_key(k, KEY_BITS) for k in keys], contexts, tokens)
+        return hmac_compiled.vllm_words_rows(hmac_compiled.midstates_table(midstates, keys), contexts, tokens)
 
     def uniforms_from_words(self, words: np.ndarray) -> np.ndarray:
         return philox.uniforms_from_words_numpy(words)
 
     def uniforms_many(self, keys: Sequence[int], contexts: np.ndarray, tokens_by_key) -> np.ndarray:
-        from watermark.prf import hmac_compiled
-
-        return hmac_compiled.vllm_uniforms_many([check_key(k, KEY_BITS) for k in keys], contexts, tokens_by_key)
+        if hmac_compiled.compiled() is None:  # pragma: no cover - exercised where numba is missing
+            per_key = [tokens_by_key] * len(keys) if isinstance(tokens_by_key, np.ndarray) and tokens_by_key.ndim == 1 \
+                else list(tokens_by_key)
+            return np.stack([self.uniforms(k, contexts, t) for k, t in zip(keys, per_key)])
+        return hmac_compiled.vllm_uniforms_many(hmac_compiled.midstates_table(midstates, keys), contexts, tokens_by_key)
 
 
 HMAC_SHA256 = HmacSha256()
