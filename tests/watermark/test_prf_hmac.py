@@ -85,9 +85,10 @@ def test_context_message_layout():
 def test_compiled_passes_equal_references_every_width(width):
     rng = np.random.default_rng(width)
     keys = [int.from_bytes(rng.bytes(32), "big") for _ in range(3)]
-    contexts = rng.integers(-1, 300_000, (40, width))
-    tokens = rng.integers(0, 300_000, 40)
-    rows = [keys[i % 3] for i in range(40)]
+    count = 150  # more than one chunk of the compiled pass's lanes (hmac_compiled.LANES)
+    contexts = rng.integers(-1, 300_000, (count, width))
+    tokens = rng.integers(0, 300_000, count)
+    rows = [keys[i % 3] for i in range(count)]
     assert np.array_equal(prf.lookup(hmac_philox.VERSION).words(rows, contexts, tokens),
                           hmac_philox.words_reference(rows, contexts, tokens))
     assert np.array_equal(prf.lookup(hmac_sha256.VERSION).words(rows, contexts, tokens),

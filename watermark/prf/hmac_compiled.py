@@ -108,19 +108,6 @@ def _hp_digest(mids, ctx, width, msg, w, st):  # pragma: no cover - compiled
     _hmac_padded(mids, msg, _pad_words(msg, 7 + width), w, st)
 
 
-def _hp_uniforms_many(mids, contexts, tokens, out):  # pragma: no cover - compiled
-    """out[k, p] = uniform of tokens[k, p] under key k (midstates mids[k]) at contexts[p]."""
-    msg = np.empty(64, dtype=np.uint32)
-    w = np.empty(64, dtype=np.uint32)
-    st = np.empty(8, dtype=np.uint32)
-    width = contexts.shape[1]
-    for k in range(mids.shape[0]):
-        for p in range(contexts.shape[0]):
-            _hp_digest(mids[k], contexts[p], width, msg, w, st)
-            word = _token_word(tokens[k, p], st[0], st[1], st[2], st[3], st[4], st[5] ^ _TOKEN_DOMAIN)
-            out[k, p] = np.float32((np.float64(word >> np.uint32(8)) + 1.0) / _DENOMINATOR)
-
-
 def _hp_words_rows(mids, contexts, tokens, out):  # pragma: no cover - compiled
     """out[p] = word of tokens[p] under the key of row p (mids [P, 16]) at contexts[p]."""
     msg = np.empty(64, dtype=np.uint32)
@@ -196,10 +183,109 @@ def _vs_words_rows(mids, contexts, tokens, out):  # pragma: no cover - compiled
         out[p] = _vs_word(mids[p], contexts[p], tokens[p], mb, msg, w, st)
 
 
+
+# --------------------------------------------------------------------------- many positions at once
+# Detection hashes every scored position of a text under each key: LANES positions go through
+# each compression together, so the loop over them (innermost) vectorises; a single HMAC's
+# rounds are one long dependency chain and leave most of the core idle. About 10x the
+# one-position-at-a-time rate (bench/results/prf-detect-cpu.json). Words are held in uint64
+# (numba widens uint32 arithmetic), masked to 32 bits.
+LANES = 64
+_K64 = _K.astype(np.uint64)
+_HP_DOMAIN64 = _HP_DOMAIN.astype(np.uint64)
+
+
+def _compress_lanes(st, w, n, v):  # pragma: no cover - compiled
+    """st [8, LANES] <- the compression of w[:16, :n] into it, lane by lane (w [64, LANES],
+    v [8, LANES]: scratch). The eight working variables rotate through v's rows."""
+    for i in range(16, 64):
+        for j in range(n):
+            x = w[i - 15, j]
+            y = w[i - 2, j]
+            s0 = (((x >> np.uint64(7)) | (x << np.uint64(25))) ^ ((x >> np.uint64(18)) | (x << np.uint64(14)))
+                  ^ (x >> np.uint64(3))) & _M32
+            s1 = (((y >> np.uint64(17)) | (y << np.uint64(15))) ^ ((y >> np.uint64(19)) | (y << np.uint64(13)))
+                  ^ (y >> np.uint64(10))) & _M32
+            w[i, j] = (w[i - 16, j] + s0 + w[i - 7, j] + s1) & _M32
+    for r in range(8):
+        for j in range(n):
+            v[r, j] = st[r, j]
+    for i in range(64):
+        ia = (8 - i % 8) % 8  # row of a at round i; b .. h follow it
+        ib, ic, idd = (ia + 1) % 8, (ia + 2) % 8, (ia + 3) % 8
+        ie, iff, ig, ih = (ia + 4) % 8, (ia + 5) % 8, (ia + 6) % 8, (ia + 7) % 8
+        k = _K64[i]
+        for j in range(n):
+            a, b, c, d = v[ia, j], v[ib, j], v[ic, j], v[idd, j]
+            e, f, g, h = v[ie, j], v[iff, j], v[ig, j], v[ih, j]
+            big1 = (((e >> np.uint64(6)) | (e << np.uint64(26))) ^ ((e >> np.uint64(11)) | (e << np.uint64(21)))
+                    ^ ((e >> np.uint64(25)) | (e << np.uint64(7)))) & _M32
+            t1 = (h + big1 + ((e & f) ^ ((e ^ _M32) & g)) + k + w[i, j]) & _M32
+            big0 = (((a >> np.uint64(2)) | (a << np.uint64(30))) ^ ((a >> np.uint64(13)) | (a << np.uint64(19)))
+                    ^ ((a >> np.uint64(22)) | (a << np.uint64(10)))) & _M32
+            v[ih, j] = (t1 + big0 + ((a & b) ^ (a & c) ^ (b & c))) & _M32  # the new a
+            v[idd, j] = (d + t1) & _M32  # the new e
+    for r in range(8):
+        for j in range(n):
+            st[r, j] = (st[r, j] + v[r, j]) & _M32
+
+
+def _hp_uniforms_lanes(mids, contexts, tokens, out):  # pragma: no cover - compiled
+    """out[k, p] = the uniform of tokens[k, p] under key k (midstates mids[k], uint64 [K, 16]) at
+    contexts[p], LANES positions at a time."""
+    count, width = contexts.shape
+    w = np.empty((64, LANES), np.uint64)
+    st = np.empty((8, LANES), np.uint64)
+    v = np.empty((8, LANES), np.uint64)
+    msg = np.zeros((32, LANES), np.uint64)
+    nwords = 7 + width
+    nblocks = (nwords + 2) // 16 + 1
+    bits = np.uint64((64 + 4 * nwords) * 8)
+    for k in range(mids.shape[0]):
+        for start in range(0, count, LANES):
+            n = min(LANES, count - start)
+            for i in range(16 * nblocks):
+                for j in range(n):
+                    msg[i, j] = 0
+            for i in range(6):
+                for j in range(n):
+                    msg[i, j] = _HP_DOMAIN64[i]
+            for j in range(n):
+                msg[6, j] = np.uint64(width)
+            for e in range(width):
+                for j in range(n):
+                    msg[7 + e, j] = np.uint64(contexts[start + j, e]) & _M32
+            for j in range(n):
+                msg[nwords, j] = np.uint64(0x80000000)
+                msg[16 * nblocks - 1, j] = bits
+            for r in range(8):
+                for j in range(n):
+                    st[r, j] = mids[k, r]
+            for blk in range(nblocks):
+                for i in range(16):
+                    for j in range(n):
+                        w[i, j] = msg[16 * blk + i, j]
+                _compress_lanes(st, w, n, v)
+            for i in range(8):
+                for j in range(n):
+                    w[i, j] = st[i, j]
+                    st[i, j] = mids[k, 8 + i]
+            for i in range(8, 16):
+                for j in range(n):
+                    w[i, j] = np.uint64(0x80000000) if i == 8 else (np.uint64(768) if i == 15 else np.uint64(0))
+            _compress_lanes(st, w, n, v)
+            for j in range(n):
+                word = _token_word(tokens[k, start + j], np.uint32(st[0, j]), np.uint32(st[1, j]),
+                                   np.uint32(st[2, j]), np.uint32(st[3, j]), np.uint32(st[4, j]),
+                                   np.uint32(st[5, j]) ^ _TOKEN_DOMAIN)
+                out[k, start + j] = np.float32((np.float64(word >> np.uint32(8)) + 1.0) / _DENOMINATOR)
+
+
 FUNCTIONS = {"_rotr": _rotr, "_compress": _compress, "_hmac_padded": _hmac_padded, "_pad_words": _pad_words,
-             "_hp_digest": _hp_digest, "_hp_uniforms_many": _hp_uniforms_many, "_hp_words_rows": _hp_words_rows,
+             "_hp_digest": _hp_digest, "_hp_words_rows": _hp_words_rows,
              "_hp_key_states": _hp_key_states, "_vs_word": _vs_word, "_vs_words_many": _vs_words_many,
-             "_vs_words_rows": _vs_words_rows}
+             "_vs_words_rows": _vs_words_rows, "_compress_lanes": _compress_lanes,
+             "_hp_uniforms_lanes": _hp_uniforms_lanes}
 INLINE = ("_rotr",)
 
 
@@ -231,8 +317,8 @@ def philox_uniforms_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) 
     contexts = np.ascontiguousarray(contexts, dtype=np.int64)
     out = np.empty((len(mids), contexts.shape[0]), dtype=np.float32)
     if contexts.shape[0] and len(mids):
-        compiled()["_hp_uniforms_many"](np.ascontiguousarray(mids, np.uint32), contexts,
-                                        _tokens_table(tokens_by_key, len(mids), contexts.shape[0]), out)
+        compiled()["_hp_uniforms_lanes"](np.ascontiguousarray(mids, np.uint64), contexts,
+                                         _tokens_table(tokens_by_key, len(mids), contexts.shape[0]), out)
     return out
 
 
