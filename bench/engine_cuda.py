@@ -53,6 +53,11 @@ def _args():
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=24, help="rounds of each mode per size up to 256")
     parser.add_argument("--big-rounds", type=int, default=4, help="rounds of each mode per size above 256")
+    parser.add_argument("--rounds-at", default="", help="N=R,...: rounds of each mode at size N (overrides the two above)")
+    parser.add_argument("--warmups", type=int, default=2, help="untimed batches per size before its rounds")
+    parser.add_argument("--stop-rounds-after", type=float, default=0.0,
+                        help="seconds since the start after which no timed round begins (0: no limit); the "
+                             "profiled round and batch 1 still run")
     parser.add_argument("--small-rounds", type=int, default=5, help="rounds of batch 1 and of single-key plain")
     parser.add_argument("--profile-at", type=int, default=256, help="one profiled round at this size (0: none)")
     parser.add_argument("--stacks-at", type=int, default=0, help="one stack-sampled round at this size (0: none)")
@@ -289,6 +294,8 @@ async def _parity(engine, result: dict) -> None:
 
 async def main_async() -> dict:
     sizes = [int(x) for x in ARGS.requests.split(",")]
+    rounds_at = {int(n): int(r) for n, r in (x.split("=") for x in ARGS.rounds_at.split(",") if x)}
+    began = time.perf_counter()
     blocks, admission = BlockEvents(), Admission()
     options = json.loads(ARGS.engine_options)
     if not CUDA:  # the CUDA path's blocks, eagerly (and text on its thread, where the tree has one)
@@ -315,11 +322,19 @@ async def main_async() -> dict:
     engine.eos_ids = frozenset()  # every request generates exactly --tokens tokens
     result["sizes"] = {}
     detection_rows = None
+    def out_of_time() -> bool:
+        return bool(ARGS.stop_rounds_after) and time.perf_counter() - began > ARGS.stop_rounds_after
+
     for n in sizes:
-        for salt in (0, 1):
-            await _generate(engine, _batch(tok, n, ARGS.tokens, salt == 0, salt)[0])
+        if out_of_time():
+            print(json.dumps({"requests": n, "skipped": "--stop-rounds-after"}), flush=True)
+            continue
+        for salt in range(ARGS.warmups):
+            await _generate(engine, _batch(tok, n, ARGS.tokens, salt % 2 == 0, salt)[0])
         rounds = {"on": [], "off": []}
-        for r in range(ARGS.rounds if n <= 256 else ARGS.big_rounds):
+        for r in range(rounds_at.get(n, ARGS.rounds if n <= 256 else ARGS.big_rounds)):
+            if out_of_time() and r > 0:
+                break
             for watermark in ((True, False) if r % 2 == 0 else (False, True)):
                 reqs, keys = _batch(tok, n, ARGS.tokens, watermark, (10 if watermark else 20) + r)
                 done, stats = await _round(engine, reqs, blocks, admission)
@@ -358,6 +373,7 @@ async def main_async() -> dict:
                                     "tokens_per_second_under_profiler": round(ARGS.profile_at * ARGS.tokens / wall, 1),
                                     **_kernels(trace, wall)}
         Path(trace).unlink()
+        Path(ARGS.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
         print("profile", json.dumps({k: v for k, v in result["profiled_round"].items() if k != "top_kernels"}),
               flush=True)
     if ARGS.stacks_at:
@@ -377,8 +393,10 @@ async def main_async() -> dict:
         t = time.perf_counter()
         done = await _generate(engine, reqs)
         plain.append(sum(len(d.token_ids) for d in done) / (time.perf_counter() - t))
-    result["batch1_ms_per_token"] = _spread(batch1)
-    result["single_key_plain_16_tokens_per_second"] = _spread(plain)
+        result["batch1_ms_per_token"] = _spread(batch1)
+        result["single_key_plain_16_tokens_per_second"] = _spread(plain)
+        Path(ARGS.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
+        print("batch1", json.dumps({"ms_per_token": batch1[-1], "plain16_tok_s": plain[-1]}), flush=True)
     result["speculative_blocks"] = {k: v for k, v in vars(engine._blocks.counts).items()  # noqa: SLF001
                                     if isinstance(v, (int, float))}
     result["telemetry"] = engine.telemetry.snapshot()
@@ -406,7 +424,7 @@ def main() -> None:
                      f"{m.get('gpu_busy_blocks_on', {}).get('median', float('nan')):.3f}"
                      f" ms/step {m['ms_per_step_on']['median']:.2f} tok/step {m['tokens_per_step_on']['median']:.1f}")
     print("\n".join(table))
-    print("batch1 ms/token", result["batch1_ms_per_token"]["median"], "startup", result["startup_seconds"],
+    print("batch1 ms/token", result.get("batch1_ms_per_token", {}).get("median"), "startup", result["startup_seconds"],
           "parity", result.get("parity"))
 
 
