@@ -95,8 +95,15 @@ def store(session: Session, *, tenant_id: str, generation_id: str, key_id: str, 
           scheme: int = V1) -> int:
     """Insert one generation's digests under ``scheme`` in the caller's transaction (ledger.entries
     does, with the entry that commits to them); returns how many."""
+    return store_many(session, [(tenant_id, generation_id, key_id, digests, scheme)])
+
+
+def store_many(session: Session, generations: Sequence[tuple[str, str, str, Iterable[int], int]]) -> int:
+    """:func:`store` of several generations (tenant id, generation id, key id, digests, scheme)
+    in one statement (ledger.grouped: a group of streams' finished entries)."""
     rows = [{"tenant_id": tenant_id, "generation_id": generation_id, "key_id": key_id, "digest": int(d),
-             "scheme": scheme} for d in sorted(set(digests))]
+             "scheme": scheme}
+            for tenant_id, generation_id, key_id, digests, scheme in generations for d in sorted(set(digests))]
     if rows:
         session.connection().execute(_INSERT, rows)  # Core: the ORM's bulk insert costs more than the rows
     return len(rows)
