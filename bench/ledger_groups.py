@@ -1,7 +1,9 @@
 """Ledger entries per second through the gateway's grouped writer (service.access.group_commit),
 as N concurrent streams write them: each stream's ``started`` entry, then its ``finished``
 entry with the k-grams of ``--tokens`` watermarked tokens (what service.generation submits
-for a streamed generation of that length), on SQLite and on PostgreSQL.
+for a streamed generation of that length; ``--checkpoints``: that many checkpoint entries
+between them, as a stream sending more than CHECKPOINT_TOKENS tokens writes), on SQLite and
+on PostgreSQL.
 
     python bench/ledger_groups.py [--streams 256] [--tokens 128] [--database-url URL] [--profile]
         [--single] [--max-group 64]
@@ -33,15 +35,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.rows import emit  # noqa: E402
 
 
-def run(database_url: str | None, streams: int, tokens: int, profile: bool, single: bool, max_group: int) -> dict:
+def run(database_url: str | None, streams: int, tokens: int, profile: bool, single: bool, max_group: int,
+        checkpoints: int) -> dict:
     import random
 
     from keys.db import open_store
     from keys.material import active_key
     from keys.tenants import get_tenant
     from ledger import kgrams
-    from ledger.entries import finish_generation, start_generation
-    from ledger.grouped import FINISHED, STARTED, append_many
+    from ledger.entries import CHECKPOINT_TOKENS, checkpoint_generation, finish_generation, start_generation
+    from ledger.grouped import CHECKPOINT, FINISHED, STARTED, append_many
     from service.access.group_commit import GroupCommit
     from tests.service.gateway import provision
 
@@ -67,6 +70,11 @@ def run(database_url: str | None, streams: int, tokens: int, profile: bool, sing
                       kgram_set=kgrams.kgram_set(key.key_id, key.material.secret, outputs[i]))
         return (lambda session: finish_generation(session, **kwargs)), (append_many, (FINISHED, kwargs))
 
+    def checkpoint(i: int, n: int):
+        kwargs = dict(generation_id=ids[i], tenant_id=key.tenant_id, output_text="x" * n, token_ids=outputs[i][:n],
+                      watermarked_tokens=n)
+        return (lambda session: checkpoint_generation(session, **kwargs)), (append_many, (CHECKPOINT, kwargs))
+
     def submit(pair):
         return writes.submit(pair[0], None if single else pair[1])
 
@@ -86,22 +94,29 @@ def run(database_url: str | None, streams: int, tokens: int, profile: bool, sing
     first = [submit(started(i)) for i in range(streams)]
     wait(first)
     mid = time.perf_counter()
-    second = [submit(finished(i)) for i in range(streams)]
-    wait(second)
+    second = []
+    for n in range(CHECKPOINT_TOKENS + 1, tokens, CHECKPOINT_TOKENS + 1)[:checkpoints]:  # as a stream covers
+        round_ = [submit(checkpoint(i, n)) for i in range(streams)]
+        wait(round_)
+        second += round_
+    last = [submit(finished(i)) for i in range(streams)]
+    wait(last)
+    second += last
     seconds = time.perf_counter() - start
     errors = [f.exception() for f in first + second if f.exception() is not None]
-    entries = 2 * streams - len(errors)
+    entries = len(first) + len(second) - len(errors)
     row = {"bench": "ledger_groups", "database": str(store.url).split(":")[0], "streams": streams, "tokens": tokens,
            "entries": entries, "errors": [type(e).__name__ + ": " + str(e)[:120] for e in errors[:3]],
            "seconds": round(seconds, 3), "entries_per_second": round(entries / seconds, 1),
            "started_entries_per_second": round(streams / (mid - start), 1),
-           "finished_entries_per_second": round(streams / (seconds - mid + start), 1),
+           "later_entries_per_second": round(len(second) / (seconds - mid + start), 1),
+           "checkpoints_per_stream": len(second) // streams - 1,
            "batched": not single, "max_group": max_group, "writes_batched": writes.batched,
            "groups": writes.groups, "mean_group": round(writes.writes / max(writes.groups, 1), 1),
            "ms_per_entry": round(1e3 * seconds / max(entries, 1), 3)}
     if profiler is not None:
         out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(r"wt/engine-host/(ledger|keys|service)", 40)
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(45)
         row["profile"] = out.getvalue()
     store.close()
     return row
@@ -116,10 +131,13 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--single", action="store_true", help="each write alone in its savepoint (no run_many)")
     parser.add_argument("--max-group", type=int, default=64)
+    parser.add_argument("--checkpoints", type=int, default=0,
+                        help="checkpoint entries per stream between started and finished (at most one per "
+                             "CHECKPOINT_TOKENS + 1 tokens, as a stream writes them)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     for url in args.database_url or [None]:
-        row = run(url, args.streams, args.tokens, args.profile, args.single, args.max_group)
+        row = run(url, args.streams, args.tokens, args.profile, args.single, args.max_group, args.checkpoints)
         profile = row.pop("profile", None)
         row["command"] = "python bench/ledger_groups.py " + " ".join(sys.argv[1:])
         emit(row, args.out)
