@@ -17,11 +17,16 @@ round's ratio. Per round, without a profiler: engine steps, ms per step, tokens 
 **GPU busy**: the union of the graph-replayed blocks' spans (CUDA events recorded around
 each block, a few microseconds each) over the round's wall time, which leaves out prefills
 and eager blocks, so it is a lower bound; the GPU's idle time between blocks; host seconds
-spent admitting; the engine's host phase counters per block. At ``--profile-at`` N one
-more watermark-on round runs under torch.profiler: GPU busy as the union of every GPU
-activity (the issue's definition) and the GPU kernels by name. ``--stacks-at`` N: one
-round under a stack sampler (every thread's Python stack every ~0.5 ms). Then batch 1
-(ms per token) and single-key requests (the plain path) at 16.
+spent admitting; the engine's host phase counters per block. Then batch 1 (ms per token)
+and single-key requests (the plain path) at 16. At ``--profile-at`` N one more
+watermark-on round runs under torch.profiler: GPU busy as the union of every GPU activity
+(the issue's definition) and the GPU kernels by name. ``--stacks-at`` N: one round under a
+stack sampler (every thread's Python stack every ~0.5 ms).
+
+A device run with little time: ``--rounds-at 256=24,16=6`` sets each size's rounds,
+``--stop-rounds-after S`` stops a size's rounds after S seconds (each size not begun by
+then still gets one round within ``--grace``), and the JSON file is rewritten after each
+size, batch 1 and the profile, so a run killed at its time limit keeps what it measured.
 
 ``--parity-out`` records the fixed request set (tests/service/engines/local/parity.py) run
 first; ``--parity-check`` compares this tree's outputs with such a file and says whether
@@ -55,9 +60,11 @@ def _args():
     parser.add_argument("--big-rounds", type=int, default=4, help="rounds of each mode per size above 256")
     parser.add_argument("--rounds-at", default="", help="N=R,...: rounds of each mode at size N (overrides the two above)")
     parser.add_argument("--warmups", type=int, default=2, help="untimed batches per size before its rounds")
+    parser.add_argument("--grace", type=float, default=20.0,
+                        help="seconds past --stop-rounds-after in which a size not begun yet still runs one round")
     parser.add_argument("--stop-rounds-after", type=float, default=0.0,
-                        help="seconds since the start after which no timed round begins (0: no limit); the "
-                             "profiled round and batch 1 still run")
+                        help="seconds since the start after which no size's second round begins (0: no limit); "
+                             "batch 1 and the profiled round still run")
     parser.add_argument("--small-rounds", type=int, default=5, help="rounds of batch 1 and of single-key plain")
     parser.add_argument("--profile-at", type=int, default=256, help="one profiled round at this size (0: none)")
     parser.add_argument("--stacks-at", type=int, default=0, help="one stack-sampled round at this size (0: none)")
@@ -322,11 +329,11 @@ async def main_async() -> dict:
     engine.eos_ids = frozenset()  # every request generates exactly --tokens tokens
     result["sizes"] = {}
     detection_rows = None
-    def out_of_time() -> bool:
-        return bool(ARGS.stop_rounds_after) and time.perf_counter() - began > ARGS.stop_rounds_after
+    def out_of_time(grace: float = 0.0) -> bool:
+        return bool(ARGS.stop_rounds_after) and time.perf_counter() - began > ARGS.stop_rounds_after + grace
 
     for n in sizes:
-        if out_of_time():
+        if out_of_time(ARGS.grace):  # past the limit, a size still gets one round within the grace
             print(json.dumps({"requests": n, "skipped": "--stop-rounds-after"}), flush=True)
             continue
         for salt in range(ARGS.warmups):
@@ -357,6 +364,22 @@ async def main_async() -> dict:
         print(json.dumps({"requests": n, **{k: (v["median"] if isinstance(v, dict) and "median" in v else v)
                                              for k, v in summary.items()}}), flush=True)
         Path(ARGS.out).write_text(json.dumps(result, indent=1, default=str) + "\n")  # what is done so far
+    batch1, plain = [], []
+    for r in range(ARGS.small_rounds):
+        reqs, _ = _batch(tok, 1, ARGS.tokens, True, 60 + r)
+        _sync()
+        t = time.perf_counter()
+        done = await _generate(engine, reqs)
+        batch1.append(1e3 * (time.perf_counter() - t) / len(done[0].token_ids))
+        reqs, _ = _batch(tok, 16, ARGS.tokens, True, 70 + r, algorithm="gumbel")
+        _sync()
+        t = time.perf_counter()
+        done = await _generate(engine, reqs)
+        plain.append(sum(len(d.token_ids) for d in done) / (time.perf_counter() - t))
+        result["batch1_ms_per_token"] = _spread(batch1)
+        result["single_key_plain_16_tokens_per_second"] = _spread(plain)
+        Path(ARGS.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
+        print("batch1", json.dumps({"ms_per_token": batch1[-1], "plain16_tok_s": plain[-1]}), flush=True)
     if ARGS.profile_at:
         from torch.profiler import ProfilerActivity, profile
 
@@ -381,22 +404,6 @@ async def main_async() -> dict:
             _, stats = await _round(engine, _batch(tok, ARGS.stacks_at, ARGS.tokens, True, 51)[0], blocks,
                                     admission)
         result["stack_sampled_round"] = {"round": stats, "threads": sampler.report()}
-    batch1, plain = [], []
-    for r in range(ARGS.small_rounds):
-        reqs, _ = _batch(tok, 1, ARGS.tokens, True, 60 + r)
-        _sync()
-        t = time.perf_counter()
-        done = await _generate(engine, reqs)
-        batch1.append(1e3 * (time.perf_counter() - t) / len(done[0].token_ids))
-        reqs, _ = _batch(tok, 16, ARGS.tokens, True, 70 + r, algorithm="gumbel")
-        _sync()
-        t = time.perf_counter()
-        done = await _generate(engine, reqs)
-        plain.append(sum(len(d.token_ids) for d in done) / (time.perf_counter() - t))
-        result["batch1_ms_per_token"] = _spread(batch1)
-        result["single_key_plain_16_tokens_per_second"] = _spread(plain)
-        Path(ARGS.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
-        print("batch1", json.dumps({"ms_per_token": batch1[-1], "plain16_tok_s": plain[-1]}), flush=True)
     result["speculative_blocks"] = {k: v for k, v in vars(engine._blocks.counts).items()  # noqa: SLF001
                                     if isinstance(v, (int, float))}
     result["telemetry"] = engine.telemetry.snapshot()
