@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--database-url", action="append", default=None,
-                        help="a database to write (repeatable; default: a new SQLite file)")
+                        help="a database to write, empty (repeatable; sqlite, the default: a new SQLite file)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--single", action="store_true", help="each write alone in its savepoint (no run_many)")
     parser.add_argument("--max-group", type=int, default=64)
@@ -136,7 +136,8 @@ def main() -> None:
                              "CHECKPOINT_TOKENS + 1 tokens, as a stream writes them)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    for url in args.database_url or [None]:
+    for url in args.database_url or ["sqlite"]:
+        url = None if url == "sqlite" else url  # "sqlite": a new SQLite file
         row = run(url, args.streams, args.tokens, args.profile, args.single, args.max_group, args.checkpoints)
         profile = row.pop("profile", None)
         row["command"] = "python bench/ledger_groups.py " + " ".join(sys.argv[1:])
