@@ -70,6 +70,7 @@ def _args():
     parser.add_argument("--stacks-at", type=int, default=0, help="one stack-sampled round at this size (0: none)")
     parser.add_argument("--parity-out", default=None)
     parser.add_argument("--parity-check", default=None)
+    parser.add_argument("--parity-last", action="store_true", help="the parity set after everything else")
     parser.add_argument("--parity-tokens", type=int, default=96)
     parser.add_argument("--parity-extra", type=int, default=48)
     parser.add_argument("--engine-options", default="{}", help="JSON: more LocalEngine keyword arguments")
@@ -302,7 +303,6 @@ async def _parity(engine, result: dict) -> None:
 async def main_async() -> dict:
     sizes = [int(x) for x in ARGS.requests.split(",")]
     rounds_at = {int(n): int(r) for n, r in (x.split("=") for x in ARGS.rounds_at.split(",") if x)}
-    began = time.perf_counter()
     blocks, admission = BlockEvents(), Admission()
     options = json.loads(ARGS.engine_options)
     if not CUDA:  # the CUDA path's blocks, eagerly (and text on its thread, where the tree has one)
@@ -324,9 +324,10 @@ async def main_async() -> dict:
     result["batched_prefill"] = {name: getattr(g, "batched_prefill", None) for name, g in groups.items()}
     print("started", json.dumps(result), flush=True)
     tok = engine.tokenizer()
-    if ARGS.parity_out or ARGS.parity_check:
+    if (ARGS.parity_out or ARGS.parity_check) and not ARGS.parity_last:
         await _parity(engine, result)
-    engine.eos_ids = frozenset()  # every request generates exactly --tokens tokens
+    eos_ids, engine.eos_ids = engine.eos_ids, frozenset()  # every request generates exactly --tokens tokens
+    began = time.perf_counter()  # --stop-rounds-after counts from here (a fresh machine's start varies)
     result["sizes"] = {}
     detection_rows = None
     def out_of_time(grace: float = 0.0) -> bool:
@@ -346,6 +347,8 @@ async def main_async() -> dict:
                 reqs, keys = _batch(tok, n, ARGS.tokens, watermark, (10 if watermark else 20) + r)
                 done, stats = await _round(engine, reqs, blocks, admission)
                 rounds["on" if watermark else "off"].append(stats)
+                result["sizes"][n] = {"partial": True, "rounds": rounds}  # a run killed mid-size keeps its rounds
+                Path(ARGS.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
                 if watermark and n == 256:
                     detection_rows = (keys, done)
         on = [s["tokens_per_second"] for s in rounds["on"]]
@@ -404,6 +407,10 @@ async def main_async() -> dict:
             _, stats = await _round(engine, _batch(tok, ARGS.stacks_at, ARGS.tokens, True, 51)[0], blocks,
                                     admission)
         result["stack_sampled_round"] = {"round": stats, "threads": sampler.report()}
+    if (ARGS.parity_out or ARGS.parity_check) and ARGS.parity_last:
+        engine.eos_ids = eos_ids
+        await _parity(engine, result)
+        Path(ARGS.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
     result["speculative_blocks"] = {k: v for k, v in vars(engine._blocks.counts).items()  # noqa: SLF001
                                     if isinstance(v, (int, float))}
     result["telemetry"] = engine.telemetry.snapshot()

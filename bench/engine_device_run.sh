@@ -4,12 +4,13 @@
 # stage (a fresh machine compiles every Triton kernel before the first capture) costs the
 # later stages, never the results already written.
 #   bash bench/engine_device_run.sh OUT [BUDGET=150] [DEVICE=cuda]
-# Stages: 1. bench/engine_cuda.py: 256 on/off alternating, as many rounds (up to 24) as fit by
-# 70 s into the stage; then 16 and 64 (up to 6 rounds each), 512 and 1,024 (one each), each
-# size at least one round within 20 s more; batch 1 and single-key 16; one profiled round at
-# 256 (GPU busy, kernels). GPU parity outputs recorded (no baseline tree runs: it would cost
-# a second start); it may use all but 40 s. 2. bench/engine_http.py at 64 and 256, one round of
-# each mode. 3. The engine's GPU tests, if time is left.
+# Stages: 1. bench/engine_cuda.py: 256 on/off alternating, as many rounds (up to 24) as fit in
+# 55 s after the engine started; then 16 and 64 (up to 6 rounds each), 512 and 1,024 (one
+# each), each size at least one round within 15 s more; batch 1 and single-key 16; one
+# profiled round at 256 (GPU busy, kernels); last, the parity set's outputs recorded (no
+# baseline tree runs: it would cost a second start). Its JSON is rewritten after every round;
+# it may use all but 40 s. 2. bench/engine_http.py at 64 and 256, one round of each mode.
+# 3. The engine's GPU tests, if time is left.
 # DEVICE=cpu: the same stages on tiny sizes (a dry run of this script on any machine).
 # Gateway dependencies: cp312 wheels in .whl/ (carried), installed with --no-deps --target.
 set -u
@@ -27,7 +28,7 @@ stage() { echo "== $1 at $(($(date +%s) - START)) s, $(left) s left" | log; }
 
 if [ "$DEVICE" = cuda ]; then
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.used --format=csv 2>&1 | log
-    SIZES=256,16,64,512,1024 ROUNDS=256=24,16=6,64=6,512=1,1024=1 STOP=70 HTTP=64,256 TOKENS=128 PROFILE=256
+    SIZES=256,16,64,512,1024 ROUNDS=256=24,16=6,64=6,512=1,1024=1 STOP=55 HTTP=64,256 TOKENS=128 PROFILE=256
 else
     SIZES=8,4,16 ROUNDS=8=2,4=1,16=1 STOP=60 HTTP=4,8 TOKENS=16 PROFILE=8
 fi
@@ -39,8 +40,9 @@ fi
 
 stage "1. engine_cuda: $SIZES ($ROUNDS), profile at $PROFILE, batch 1"
 timeout --kill-after=5 "$(box 40)" "$PY" bench/engine_cuda.py --device "$DEVICE" --requests "$SIZES" \
-    --rounds-at "$ROUNDS" --warmups 1 --stop-rounds-after "$STOP" --tokens "$TOKENS" --profile-at "$PROFILE" \
-    --small-rounds 3 --parity-out "$OUT/parity-this-tree.json" --out "$OUT/engine-cuda.json" 2>&1 | log
+    --rounds-at "$ROUNDS" --warmups 1 --stop-rounds-after "$STOP" --grace 15 --tokens "$TOKENS" \
+    --profile-at "$PROFILE" --small-rounds 3 --parity-last --parity-out "$OUT/parity-this-tree.json" \
+    --out "$OUT/engine-cuda.json" 2>&1 | log
 
 if [ "$(left)" -gt 25 ]; then
     stage "2. engine_http: $HTTP streaming clients, SQLite ledger"
