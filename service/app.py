@@ -55,6 +55,16 @@ def _prepare_provenance(store: Store) -> None:
     _retrying(store, lambda session: ensure_signing_key(session, store.keyring, actor="service:start"))
 
 
+def _start_breaker(store: Store):
+    """A PostgreSQL store's circuit breaker (keys.breaker): a lost database answers 503 at once."""
+    if store.engine.dialect.name != "postgresql" or store.breaker is not None:
+        return None
+    from keys.breaker import Breaker
+
+    store.breaker = Breaker(store.engine).start()
+    return store.breaker
+
+
 def _metrics_listener(settings: ServiceSettings, services: Services):
     """/metrics alone on ``settings.metrics_listen`` (host:port), or None."""
     if not settings.metrics_listen:
@@ -111,6 +121,7 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
 
             own_engine = create_engine(settings)
         services = Services(settings=settings, store=own_store, engine=own_engine)
+        breaker = _start_breaker(own_store)
         await asyncio.to_thread(_prepare_provenance, own_store)
         await asyncio.to_thread(services.publish_checkpoint)
         publisher = asyncio.create_task(_publish_checkpoints(services))
@@ -137,6 +148,9 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
             except Exception:  # noqa: BLE001 - the store may be down at shutdown
                 log.warning("could not publish a last transparency-log checkpoint at shutdown")
             await own_engine.stop()
+            if breaker is not None:
+                own_store.breaker = None
+                await asyncio.to_thread(breaker.stop)
             if store is None:
                 own_store.close()
             # Back in the collector's reach, so the interpreter's final collection frees them:
