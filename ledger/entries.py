@@ -186,7 +186,8 @@ def _append(session: Session, *, tenant_id: str, values: dict[str, Any], now: da
 
 
 def _logged(entry: GenerationEntry, appended: _Appended) -> GenerationEntry:
-    return dataclasses.replace(entry, kgrams_sha256=appended.kgrams_sha256, log=appended.log)
+    return dataclasses.replace(entry, kgrams_sha256=appended.kgrams_sha256, log=appended.log,
+                               fields=entry_fields(appended.row))
 
 
 def record_generation(

@@ -147,6 +147,9 @@ class GenerationEntry:
     """The latest entry's k-gram commitment in the log (ledger.log.leaves); None when not known here."""
     log: Sequenced | None = field(default=None, compare=False)
     """Where the write that returned this put its leaf in the transparency log (None on reads)."""
+    fields: dict[str, Any] | None = field(default=None, compare=False)
+    """The hashed fields (ledger.chain) of the entry a receipt attests, when known: a receipt
+    carries them so that its content can be checked against its logged entry_hash."""
 
     @property
     def watermarked(self) -> bool:

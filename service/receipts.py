@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ledger.chain import entry_fields
 from ledger.log import tlog
 from keys.errors import KeyStoreError
 from ledger.read import get_generation, latest_row
@@ -43,7 +44,8 @@ def receipt_again(services: Services, *, generation_id: str, tenant_id: str | No
                 raise Conflict(f"generation {generation_id} is not in the transparency log, so no receipt is "
                                "signed for it", code="generation_not_logged", headers={"x-should-retry": "false"})
             size = leaf.idx + 1
-            entry = dataclasses.replace(entry, kgrams_sha256=leaf.kgrams_sha256, log=tlog.Sequenced(
+            entry = dataclasses.replace(entry, kgrams_sha256=leaf.kgrams_sha256, fields=entry_fields(last),
+                                        log=tlog.Sequenced(
                 leaf_index=leaf.idx, size=size, root=tlog.root_at(session, size),
                 proof=tuple(tlog.inclusion_proof(session, leaf.idx, size))))
     except KeyStoreError as exc:

@@ -41,6 +41,9 @@ class SignedDocument(_Body):
     log: dict[str, Any] | None = None
     """A receipt's transparency-log proof: `leaf_index`, `tree_size`, a signed `checkpoint` and
     the `inclusion_proof`."""
+    entry: dict[str, Any] | None = None
+    """A receipt's attested ledger entry, every hashed field (they hash to `statement.ledger.entry_hash`):
+    what keeps the receipt verifiable through the log if its signing key is revoked later."""
 
 
 class Watermark(_Body):

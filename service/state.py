@@ -145,6 +145,11 @@ class Services:
             receipt["log"] = {"leaf_index": position.leaf_index, "tree_size": position.size,
                               "checkpoint": tlog.signed_checkpoint(self.log_authority(), position.size, position.root),
                               "inclusion_proof": [base64.b64encode(h).decode() for h in position.proof]}
+        if entry.fields is not None:
+            # The attested entry's hashed fields (unsigned, like `log`): they hash to the statement's
+            # entry_hash, so a verifier can bind the statement to its logged entry without trusting the
+            # signature, which is what keeps it verifiable if its key is later revoked (ledger.receipts).
+            receipt["entry"] = entry.fields
         return receipt
 
     # --- checkpoints for witnesses ---------------------------------------------------------

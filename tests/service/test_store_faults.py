@@ -152,3 +152,56 @@ def test_a_database_dropping_packets_fails_fast_and_recovers_by_itself(stack):
     with stack.as_owner().connect() as connection:  # what was refused left no record
         assert connection.execute(text("SELECT count(DISTINCT generation_id) FROM ledger_entries")
                                   ).scalar_one() == before + 1
+
+
+def test_a_revoked_signing_key_keeps_what_the_log_shows_it_signed_before_the_compromise(stack, monkeypatch, capsys):
+    from datetime import datetime, timezone
+
+    from ledger.keyset import trusted_keys
+    from ledger.log.note import Verifier
+    from ledger.receipts import ReceiptInvalid, verify_receipt
+
+    services = stack.app.state.services
+    before = _generate(stack).json()
+    services.publish_checkpoint()
+    compromised = datetime.now(timezone.utc)
+    time.sleep(0.05)
+    after = _generate(stack).json()
+    services.publish_checkpoint()
+    assert before["receipt"]["signature"]["kid"] == after["receipt"]["signature"]["kid"]
+    kid = before["receipt"]["signature"]["kid"]
+    cli = Cli(monkeypatch, capsys)
+    env = {"HALLMARK_DATABASE_URL": stack.owner_url, "HALLMARK_KEK_FILE": str(stack.kek_file)}
+    revoked = cli("signing-keys", "revoke", kid, "--reason", "leaked (test)", "--compromised-at",
+                  compromised.isoformat(), **env)
+    assert revoked.exit_code == 0, revoked.stderr
+    time.sleep(0.6)  # the gateway's key-set cache
+    keyset = httpx.get(stack.url + "/.well-known/hallmark-keys.json", timeout=30).json()
+    trusted = trusted_keys(keyset, Verifier.parse(keyset["log"]["vkey"]))
+    assert trusted[kid].revoked_at is not None and trusted[kid].trusted_below is not None
+    # Made before the compromise, as the log shows: still verifies.
+    assert verify_receipt(before["receipt"], trusted, text=before["text"])["generation_id"] == before["generation_id"]
+    with pytest.raises(ReceiptInvalid, match="revoked"):  # after it: refused
+        verify_receipt(after["receipt"], trusted)
+    # The key's holder re-signs an early receipt with other content: its entry gives it away.
+    from keys.db import open_store
+    from keys.settings import StoreSettings
+    from ledger.signing import _open
+    from keys.models import SigningKey
+    from ledger.receipts import Signer
+
+    store = open_store(StoreSettings(database_url=stack.owner_url, kek_file=stack.kek_file), require_kek=True)
+    try:
+        with store.transaction(write=False) as session:
+            signer = Signer(kid=kid, private_key=_open(store.keyring, session.get(SigningKey, kid)))
+    finally:
+        store.close()
+    forged = dict(before["receipt"], **signer.sign({**before["receipt"]["statement"], "output_sha256": "cd" * 32}))
+    with pytest.raises(ReceiptInvalid, match="does not"):
+        verify_receipt(forged, trusted)
+    without_entry = {k: v for k, v in before["receipt"].items() if k != "entry"}
+    with pytest.raises(ReceiptInvalid, match="entry"):
+        verify_receipt(without_entry, trusted)
+    # A new key signs from now on, and its receipts verify.
+    fresh = _generate(stack).json()
+    assert fresh["receipt"]["signature"]["kid"] != kid
