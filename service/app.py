@@ -79,6 +79,18 @@ def _metrics_listener(settings: ServiceSettings, services: Services):
     return server
 
 
+async def _flush_token_uses(services: Services) -> None:
+    """Write when tokens were last used every FLUSH_EVERY seconds (service.token_uses)."""
+    from service.token_uses import FLUSH_EVERY
+
+    while True:
+        await asyncio.sleep(FLUSH_EVERY)
+        try:
+            await asyncio.to_thread(services.token_uses.flush)
+        except Exception:  # noqa: BLE001 - a database outage: kept for the next round
+            log.warning("could not record API tokens' last use; retrying")
+
+
 async def _publish_checkpoints(services: Services) -> None:
     """Publish a checkpoint at least every ``checkpoint_every_seconds`` after this process
     logged an entry (the entry-count bound is kept where entries are logged)."""
@@ -125,6 +137,7 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
         await asyncio.to_thread(_prepare_provenance, own_store)
         await asyncio.to_thread(services.publish_checkpoint)
         publisher = asyncio.create_task(_publish_checkpoints(services))
+        uses = asyncio.create_task(_flush_token_uses(services))
         await asyncio.to_thread(trgof.warm_up)  # Tr-GoF's compiled tail: no request compiles it
         state["services"] = services
         app.state.services = services
@@ -143,6 +156,11 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
                 metrics_server.shutdown()
                 metrics_server.server_close()
             publisher.cancel()
+            uses.cancel()
+            try:
+                await asyncio.to_thread(services.token_uses.flush)
+            except Exception:  # noqa: BLE001 - the store may be down at shutdown
+                log.warning("could not record API tokens' last use at shutdown")
             try:  # what this process logged is handed to witnesses before it goes
                 await asyncio.to_thread(services.publish_checkpoint, if_older_than=0.0)
             except Exception:  # noqa: BLE001 - the store may be down at shutdown

@@ -32,6 +32,7 @@ from service.metrics import Metrics
 from service.limits import TenantLimits, create_buckets
 from service.settings import ServiceSettings
 from service.store_faults import StoreFaults
+from service.token_uses import TokenUses
 from watermark.salt import SaltRotation
 
 log = logging.getLogger("hallmark.log")
@@ -67,6 +68,7 @@ class Services:
         self.ledger_writes = GroupCommit(self.store, name="ledger")
         # Rows the log's writer did not write: counted, alerted once each (service.store_faults).
         self.store_faults = StoreFaults(self.metrics.registry, self.store)
+        self.token_uses = TokenUses(self.store)  # when each token was last used (service.token_uses)
 
     def detect_wait(self, token_id: str) -> float:
         """Take one detection from the token's shared budget: 0, or seconds to wait (blocking)."""

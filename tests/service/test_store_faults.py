@@ -205,3 +205,51 @@ def test_a_revoked_signing_key_keeps_what_the_log_shows_it_signed_before_the_com
     # A new key signs from now on, and its receipts verify.
     fresh = _generate(stack).json()
     assert fresh["receipt"]["signature"]["kid"] != kid
+
+
+def test_tokens_expire_rotate_without_downtime_and_show_their_last_use(stack, monkeypatch, capsys):
+    import json
+
+    cli = Cli(monkeypatch, capsys)
+    env = {"HALLMARK_DATABASE_URL": stack.owner_url, "HALLMARK_KEK_FILE": str(stack.kek_file)}
+    issued = cli("tokens", "issue", "--tenant", "acme", "--ttl", "1d", "--json", **env)
+    assert issued.exit_code == 0, issued.stderr
+    old = json.loads(issued.stdout)
+    assert old["expires_at"] is not None
+
+    def me(token):
+        return httpx.get(stack.url + "/v1/me", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+    first = me(old["token"])
+    assert first.status_code == 200 and first.json()["expires_at"] == old["expires_at"]
+    assert first.json()["last_used_at"] is None
+    assert me(old["token"]).json()["last_used_at"] is not None  # the first call, seen
+    stack.app.state.services.token_uses.flush()
+    listed = json.loads(cli("tokens", "list", "--tenant", "acme", "--json", **env).stdout)
+    assert [t["last_used_at"] for t in listed if t["token_id"] == old["token_id"]][0] is not None
+    # Rotation: the new token works at once, the old one until the overlap ends, then neither cache nor
+    # store lets it in.
+    rotated = cli("tokens", "rotate", old["token_id"], "--overlap", "3s", "--json", **env)
+    assert rotated.exit_code == 0, rotated.stderr
+    new = json.loads(rotated.stdout)["new"]
+    assert me(new["token"]).status_code == 200 and me(old["token"]).status_code == 200
+    deadline = time.monotonic() + 15
+    while me(old["token"]).status_code == 200:
+        assert time.monotonic() < deadline, "the old token still works long after its overlap"
+        time.sleep(0.2)
+    refused = me(old["token"])
+    assert refused.status_code == 401 and "expired" in refused.json()["error"]["message"]
+    assert me(new["token"]).status_code == 200
+
+
+def test_metrics_need_a_token_and_date_nothing(stack, monkeypatch, capsys):
+    import json
+
+    assert httpx.get(stack.url + "/metrics", timeout=30).status_code == 401
+    assert httpx.get(stack.url + "/metrics", headers=stack.headers(), timeout=30).status_code == 403
+    cli = Cli(monkeypatch, capsys)
+    env = {"HALLMARK_DATABASE_URL": stack.owner_url, "HALLMARK_KEK_FILE": str(stack.kek_file)}
+    scraper = json.loads(cli("tokens", "issue", "--tenant", "globex", "--scope", "metrics", "--json", **env).stdout)
+    scraped = httpx.get(stack.url + "/metrics", headers={"Authorization": f"Bearer {scraper['token']}"}, timeout=30)
+    assert scraped.status_code == 200 and "hallmark_http_requests_total" in scraped.text
+    assert "_created" not in scraped.text
