@@ -85,8 +85,8 @@ def main() -> None:
                              "tokens": len(tokens), "finish": out.outputs[0].finish_reason, "scored": scored,
                              "watermarked_routes": routes.key_a + routes.key_b, "plain_routes": routes.plain,
                              "log10_p_known": round(known, 2), "log10_p_without_ledger": round(searched, 2),
-                             "text": tokenizer.decode(tokens)[:160]})
-                print({k: v for k, v in rows[-1].items() if k != "text"}, flush=True)
+                             "text": tokenizer.decode(tokens)[:160], "token_ids": tokens, "seed": seed})
+                print({k: v for k, v in rows[-1].items() if k not in ("text", "token_ids")}, flush=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     weak = [r for r in rows if r["log10_p_known"] > -10]
     payload = {"meta": {"command": "nice -n 10 .venv/bin/python -m bench.vllm_diverse_batch " + " ".join(sys.argv[1:]),
