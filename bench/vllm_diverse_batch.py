@@ -26,6 +26,15 @@ RESULTS_NAME = "vllm-diverse-batch.json"
 PROMPTS = ["The function returns", "This module provides", "If the argument is", "The default value is"]
 
 
+def bench_keys() -> dict:
+    """The bench's two keys (public constants, not secrets): a `salt`- and a `head`-diverse key."""
+    from watermark.key import WatermarkKey
+    from watermark.spec import WatermarkSpec
+
+    return {"salt": WatermarkKey(0x5A17_D1CE_0000_0030, WatermarkSpec(mode="diverse")),
+            "head": WatermarkKey(0x4EAD_D1CE_0000_0030, WatermarkSpec(mode="diverse", diversity="head", dedup="all"))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=int, default=4)
@@ -46,17 +55,14 @@ def main() -> None:
     from service.engines.vllm import PLUGIN, sealing, watermark_args
     from service.engines.vllm.route_replay import replay_routes
     from service.model_paths import BUNDLED_DRAFT, resolve_model_path
-    from watermark.key import WatermarkKey
     from watermark.salt import SaltRotation
-    from watermark.spec import WatermarkSpec
 
     transport = sealing.ensure_transport_key()
     started = time.time()
     llm = LLM(model=str(resolve_model_path(BUNDLED_DRAFT)), logits_processors=[PLUGIN], dtype="float32",
               max_model_len=512, enforce_eager=True, seed=0)
     tokenizer = llm.get_tokenizer()
-    keys = {"salt": WatermarkKey(0x5A17_D1CE_0000_0030, WatermarkSpec(mode="diverse")),
-            "head": WatermarkKey(0x4EAD_D1CE_0000_0030, WatermarkSpec(mode="diverse", diversity="head", dedup="all"))}
+    keys = bench_keys()
     rows = []
     rotation = SaltRotation()
     for round_ in range(args.rounds):
