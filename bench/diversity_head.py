@@ -1,6 +1,6 @@
 """`head` diversity against the salt search (issue 30, item 2); writes bench/results/diversity-head-<part>.json.
 
-    nice -n 10 .venv/bin/python -m bench.diversity_head synthetic [--texts 1000]
+    nice -n 10 .venv/bin/python -m bench.diversity_head synthetic [--texts 1000 --keys gumbel,dual,keyed]
     nice -n 10 .venv/bin/python -m bench.diversity_head bundled [--texts 48]
     nice -n 10 .venv/bin/python -m bench.diversity_head null [--null 100000]
     nice -n 10 .venv/bin/python -m bench.diversity_head regenerations [--prompts 20 --generations 6]
@@ -90,12 +90,16 @@ def _tpr(texts_salt, keys_salt, texts_head, keys_head, vocab: int, label: str) -
     return out
 
 
-def run_synthetic(count: int) -> dict:
+SYNTHETIC_KEYS = {"gumbel": ("gumbel", "ordinary"), "dual": ("dual_key_gumbel", "ordinary"),
+                  "keyed": ("dual_key_gumbel", "keyed")}
+
+
+def run_synthetic(count: int, which: list[str]) -> dict:
     from bench import robustness
     from watermark.salt import salt_for
 
     rows = {}
-    for algorithm, coin in (("gumbel", "ordinary"), ("dual_key_gumbel", "ordinary"), ("dual_key_gumbel", "keyed")):
+    for algorithm, coin in (SYNTHETIC_KEYS[name] for name in which):
         label = f"{algorithm} {coin} coin" if algorithm != "gumbel" else algorithm
         salt_keys = [_key(_seed("head-syn", label, i) | (1 << 40), algorithm, "salt", coin)
                      .with_salt(salt_for(_seed("head-syn-salt", label, i))) for i in range(count)]
@@ -220,6 +224,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("part", choices=["synthetic", "bundled", "null", "regenerations"])
     parser.add_argument("--texts", type=int, default=None)
+    parser.add_argument("--keys", default="gumbel,dual,keyed", help="synthetic: which of gumbel, dual, keyed")
     parser.add_argument("--null", type=int, default=100_000)
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--generations", type=int, default=6)
@@ -228,14 +233,15 @@ def main() -> None:
     meta = _meta(args.part)
     meta["command"] = meta["command"].replace("bench.diversity ", "bench.diversity_head ")
     if args.part == "synthetic":
-        payload = run_synthetic(args.texts or 1000)
+        payload = run_synthetic(args.texts or 1000, args.keys.split(","))
     elif args.part == "bundled":
         payload = run_bundled(args.texts or 48)
     elif args.part == "null":
         payload = run_null(args.null)
     else:
         payload = run_regenerations(args.prompts, args.generations, args.tokens)
-    path = RESULTS / f"diversity-head-{args.part}.json"
+    suffix = f"-{args.keys.replace(',', '-')}" if args.part == "synthetic" else ""
+    path = RESULTS / f"diversity-head-{args.part}{suffix}.json"
     path.write_text(json.dumps({"meta": meta, **payload}, indent=1) + "\n")
     print("wrote", path, flush=True)
 
