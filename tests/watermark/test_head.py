@@ -64,6 +64,7 @@ def test_new_keys_get_head_a_named_scope_gets_salt_and_a_rotation_keeps_the_sche
     assert build_spec(WatermarkSpec(), mode="diverse").diversity == "salt"  # its single_turn scope stays
     assert build_spec(WatermarkSpec(), mode="diverse", dedup="all").diversity == "head"
     assert build_spec(mode="deterministic").diversity == "salt" and not build_spec(mode="deterministic").salted
+    assert build_spec(new, mode="deterministic").public_dict().get("diversity") is None  # keeps dedup all
 
 
 def test_a_head_key_takes_no_salt_and_is_one_candidate():
