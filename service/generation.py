@@ -158,7 +158,7 @@ def _generation_key(services: Services, key: WatermarkKey, key_id: str, params: 
                     prompt_ids: tuple[int, ...]) -> WatermarkKey:
     """The key this generation runs under: a `diverse` key with the generation's salt (given,
     else from the seed, else the prompt's next salt in turn: watermark.salt)."""
-    if key.spec.mode != "diverse":
+    if not key.spec.salted:  # deterministic, or `head` diversity (its stream varies the text)
         return key
     if params.salt is not None:
         salt = params.salt
