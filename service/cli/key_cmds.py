@@ -102,9 +102,10 @@ COIN = typer.Option(None, "--coin", help="dual_key_gumbel's speculative acceptan
                     "keyed (lets the detector weigh each token's key).")
 PRF = typer.Option(None, "--prf", help="hmac-sha256-philox-v1 (a new key's default: 256-bit key, Philox's speed), "
                    "philox (64-bit, vLLM's default) or hmac_sha256 (256-bit, vLLM's; slow to sample).")
-MODE = typer.Option(None, "--mode", help="diverse (a new key's default: each generation draws a salt, so "
-                    "regenerating gives a new text) or deterministic (vLLM's scheme bit for bit: one prompt, "
-                    "one text; imported keys' default).")
+MODE = typer.Option(None, "--mode", help="diverse (a new key's default: its first context-width tokens are "
+                    "sampled unwatermarked from the request's random stream, so regenerating gives a new text; "
+                    "with a --dedup other than all, each generation draws one of 16 salts instead) or "
+                    "deterministic (vLLM's scheme bit for bit: one prompt, one text; imported keys' default).")
 
 
 @keys_app.command("create")
@@ -269,6 +270,6 @@ def keys_export(key_id: str = typer.Argument(..., help="Key id."),
         f"fingerprint: {exported.fingerprint}",
         f"secret: {exported.secret} (0x{exported.secret:0{exported.spec.key_bits // 4}x}; "
         f"{exported.spec.key_bits}-bit key, prf {exported.spec.prf})",
-        f"vllm --watermark-config: {json.dumps(vllm) if vllm else '(not expressible: keyed coin, diverse mode or a PRF vLLM lacks)'}",
+        f"vllm --watermark-config: {json.dumps(vllm) if vllm else '(not expressible: keyed coin, salted diverse mode or a PRF vLLM lacks)'}",
     ])
     emit(payload, as_json, text)

@@ -81,10 +81,22 @@ def test_keys_lifecycle_commands(cli, tmp_path):
     exported = cli.ok("keys", "export", first["key_id"], "--yes", "--json").json()
     assert exported["fingerprint"] == first["fingerprint"] and exported["state"] == "revoked"
     assert exported["secret_hex"] == f"0x{exported['secret']:064x}" and exported["key_bits"] == 256
-    # A tenant's first key is diverse (issue 24): vLLM has no per-generation salt, so no config.
-    assert exported["spec"]["mode"] == "diverse" and exported["vllm_watermark_config"] is None
+    # A tenant's first key is diverse by an unwatermarked head (issue 30) on the 256-bit PRF
+    # (issue 36), which vLLM lacks: no config.
+    assert exported["spec"]["mode"] == "diverse" and exported["spec"]["diversity"] == "head"
+    assert exported["vllm_watermark_config"] is None
     text = cli.ok("keys", "export", first["key_id"], "--yes").stdout
     assert f"secret: {exported['secret']}" in text and "not expressible" in text
+    # On vLLM's Philox a head-diverse key has no salt, so vLLM's config says the same (dedup
+    # scope all samples the padded contexts without the watermark).
+    head = cli.ok("keys", "create", "--tenant", "acme", "--prf", "philox", "--json").json()
+    assert head["spec"]["diversity"] == "head"
+    config = cli.ok("keys", "export", head["key_id"], "--yes", "--json").json()["vllm_watermark_config"]
+    assert config["deduplicate_contexts"] == "all"
+    salted = cli.ok("keys", "create", "--tenant", "acme", "--mode", "diverse", "--dedup", "single_turn",
+                    "--prf", "philox", "--json").json()
+    assert salted["spec"]["mode"] == "diverse" and "diversity" not in salted["spec"]  # the salt scheme
+    assert "not expressible" in cli.ok("keys", "export", salted["key_id"], "--yes").stdout
     # A deterministic key (--mode) on a PRF vLLM has (--prf philox) exports vLLM's config with the key.
     det = cli.ok("keys", "create", "--tenant", "acme", "--mode", "deterministic", "--prf", "philox",
                  "--json").json()
@@ -97,8 +109,8 @@ def test_keys_lifecycle_commands(cli, tmp_path):
     actions = [e["action"] for e in cli.ok("audit", "list", "--tenant", "acme", "--json").json()]
     assert actions == ["tenant.created", "key.created", "key.created", "key.verify_only", "key.rotated",
                        "key.verify_only", "key.rotated", "key.revoked", "key.exported", "key.exported",
-                       "key.created", "key.exported"]
-    assert len(cli.ok("audit", "list", "--action", "key.exported", "--json").json()) == 3
+                       "key.created", "key.exported", "key.created", "key.exported", "key.created", "key.exported"]
+    assert len(cli.ok("audit", "list", "--action", "key.exported", "--json").json()) == 5
     assert len(cli.ok("audit", "list", "--key", first["key_id"], "--json").json()) == 5
     assert len(cli.ok("audit", "list", "--limit", "3", "--json").json()) == 3
     assert "key.revoked" in cli.ok("audit", "list").stdout
