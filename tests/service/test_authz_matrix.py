@@ -108,10 +108,15 @@ _admin_scoped = _expect(tenant_token=403)
 # Reads by id: another tenant's record reads as absent (404), exactly as a missing one.
 _lookup = _expect(other=404)
 _authenticated = _expect(other=200)
-# No tenant field in OpenAI's schemas (an extra one is ignored, as OpenAI's own API does):
-# a tenant token acts for its tenant whatever the body says (the cell checks the record is
-# its own); a global admin must use /v1/generate to name a tenant (403).
-_openai = _expect(other=200, global_admin=403)
+# No tenant field in OpenAI's schemas: one sent is refused (400 unsupported_parameter, issue 35
+# item 6), whoever sends it; without it a tenant token acts for its tenant, and a global admin
+# must use /v1/generate to name a tenant (403).
+def _openai(credential, target):
+    if credential in UNAUTHENTICATED:
+        return 401
+    if target == "other":  # the body names a tenant
+        return 400
+    return 403 if credential == GLOBAL else 200
 _revoke = _expect(other=404, tenant_token=403)
 
 
