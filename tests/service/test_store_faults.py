@@ -138,16 +138,18 @@ def test_a_database_dropping_packets_fails_fast_and_recovers_by_itself(stack):
                 assert path == "/v1/detect"  # text with no ledger match would need it; this one may not)
             else:
                 assert response.json()["error"]["code"] in ("database_unavailable", "not_ready"), response.text
-            assert took < 1.0, timings
+            # Bounds, not figures (those are bench/db_outage.py's): the first request may be waiting on
+            # the database when it goes (the probe decides within about 0.75 s); every later one is
+            # refused by the open breaker without touching the database.
+            assert took < (3.0 if len(timings) == 1 else 1.0), timings
+            assert len(timings) == 1 or stack.app.state.services.store.breaker.is_open
     assert httpx.get(stack.url + "/healthz", timeout=5).status_code == 200
-    print("timings while the database drops packets:", timings, f"first at +{0:.0f} s")
     assert time.monotonic() - dropped < 15
     stack.proxy.restore()
     back = time.monotonic()
     while _generate(stack).status_code != 200:
         assert time.monotonic() - back < 10, "no recovery within 10 s of the database coming back"
         time.sleep(0.1)
-    print(f"recovered {time.monotonic() - back:.2f} s after the network came back")
     assert httpx.get(stack.url + "/readyz", timeout=5).status_code == 200
     with stack.as_owner().connect() as connection:  # what was refused left no record
         assert connection.execute(text("SELECT count(DISTINCT generation_id) FROM ledger_entries")
