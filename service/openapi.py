@@ -41,7 +41,7 @@ ERROR_SCHEMA = {
 
 _DESCRIPTIONS = {
     400: "Bad request.",
-    401: "Missing, malformed, unknown or revoked bearer token.",
+    401: "Missing, malformed, unknown, revoked or expired bearer token.",
     403: "The token may not do this (another tenant, an admin-only route, a refused opt-out; on detection: "
          "per-token evidence without the `evidence` scope, a tenant's threshold that is not a power of ten).",
     404: "Unknown route, record, tenant or key.",
