@@ -165,6 +165,8 @@ def test_a_revoked_signing_key_keeps_what_the_log_shows_it_signed_before_the_com
 
     services = stack.app.state.services
     before = _generate(stack).json()
+    report = httpx.post(stack.url + "/v1/detect", json={"text": before["text"]}, headers=stack.headers(),
+                        timeout=60).json()["report"]
     services.publish_checkpoint()
     compromised = datetime.now(timezone.utc)
     time.sleep(0.05)
@@ -185,6 +187,12 @@ def test_a_revoked_signing_key_keeps_what_the_log_shows_it_signed_before_the_com
     assert verify_receipt(before["receipt"], trusted, text=before["text"])["generation_id"] == before["generation_id"]
     with pytest.raises(ReceiptInvalid, match="revoked"):  # after it: refused
         verify_receipt(after["receipt"], trusted)
+    # A detection report is not in the log, so nothing shows when it was made: refused, whenever signed.
+    from ledger.receipts import REPORT_TYPE, verify_signed
+
+    assert report["signature"]["kid"] == kid
+    with pytest.raises(ReceiptInvalid, match="not detection reports"):
+        verify_signed(report, trusted, expected_type=REPORT_TYPE)
     # The key's holder re-signs an early receipt with other content: its entry gives it away.
     from keys.db import open_store
     from keys.settings import StoreSettings
