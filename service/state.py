@@ -18,6 +18,7 @@ from keys.material import StoredKey, active_key
 from keys.key_states import with_key_states
 from ledger.entries import GenerationEntry, find_generations_by_output_hash
 from ledger.receipts import Signer
+from keys.models import LogCheckpoint
 from ledger.log import tlog
 from ledger.log.key import store_log_key
 from ledger.signing import NoSigningKey, active_signer, public_keyset
@@ -183,12 +184,27 @@ class Services:
                 auth = tlog.required_authority(session)
                 tlog.publish(session, auth)
                 size = tlog.published_size(session)
+                self._check_published(session, auth)
             self._published = max(self._published, size)
             self._unpublished_since = None
             self.metrics.checkpoints_published.inc()
             return size
         finally:
             self._publish_lock.release()
+
+    def _check_published(self, session, auth) -> None:
+        """A checkpoint row the log key did not sign, at the size this process just published (its
+        publication skipped as done already) or the latest: someone without the key inserted it,
+        and witnesses fetching it refuse it. Alerted (ledger.log.faults); `ledger repair` removes it."""
+        from ledger.log.faults import forged_checkpoint, report
+
+        current, _ = tlog.read_head(session, auth)
+        for row in {r.size: r for r in (session.get(LogCheckpoint, current), tlog.latest_checkpoint(session))
+                    if r is not None}.values():
+            if forged_checkpoint(row.note, auth.verifier):
+                report(session, "foreign_log_row", f"checkpoint {row.size}",
+                       f"the stored checkpoint of size {row.size} is not signed by the log key: inserted without it; "
+                       "witnesses refuse it (run `hallmark ledger repair`)")
 
     def sign(self, statement: dict) -> dict | None:
         signer = self.signer()
