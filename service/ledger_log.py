@@ -10,9 +10,9 @@ import binascii
 import re
 from typing import Any
 
-from ledger.log import tlog
+from ledger.log import tile_reads, tiles, tlog
 from keys.errors import KeyStoreError
-from service.errors import NotFound, Unprocessable
+from service.errors import NotFound, Unavailable, Unprocessable
 from service.http_errors import store_error
 from service.state import Services
 
@@ -87,3 +87,37 @@ def consistency(services: Services, *, first: int, second: int | None) -> dict[s
     except KeyStoreError as exc:
         raise store_error(exc) from None
     return {"from": first, "to": size, "consistency_proof": _b64(proof)}
+
+
+# --- tlog-tiles (c2sp.org/tlog-tiles) under /v1/ledger/log --------------------------------------
+
+_FULL_TILES: dict[str, bytes] = {}
+"""Full tiles and bundles by path: immutable once the tree covers them, so kept (bounded)."""
+_FULL_TILES_MAX = 4096
+
+
+def tile(services: Services, path: str) -> tuple[bytes, bool]:
+    """The tile, or entry bundle, at ``path`` (``tile/...``) and whether it is full
+    (immutable). Served only once a published checkpoint's tree covers it."""
+    try:
+        wanted = tiles.parse(path)
+    except tiles.TilePathError as exc:
+        raise NotFound(str(exc)) from None
+    if wanted.full and path in _FULL_TILES:
+        return _FULL_TILES[path], True
+    try:
+        with services.store.transaction(write=False) as session:
+            published = tlog.published_size(session)
+            if not tiles.available(wanted, published):
+                raise NotFound(f"no published checkpoint covers {path} (published size {max(published, 0)})")
+            body = (tile_reads.entry_bundle(session, wanted) if wanted.entries
+                    else tile_reads.tile_hashes(session, wanted))
+    except tile_reads.TileMissing as exc:
+        raise Unavailable(str(exc)) from None
+    except KeyStoreError as exc:
+        raise store_error(exc) from None
+    if wanted.full:
+        if len(_FULL_TILES) >= _FULL_TILES_MAX:
+            _FULL_TILES.clear()
+        _FULL_TILES[path] = body
+    return body, wanted.full
