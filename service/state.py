@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from detector.result import Candidate
 from keys.db import Store
@@ -20,6 +21,7 @@ from ledger.entries import GenerationEntry, find_generations_by_output_hash
 from ledger.receipts import Signer
 from ledger.log import tlog
 from ledger.log.key import store_log_key
+from ledger.log.policy import parse as parse_policy
 from ledger.signing import NoSigningKey, active_signer, public_keyset
 from service.provenance import ledger_match, receipt_statement
 from keys.tenants import get_tenant
@@ -31,9 +33,23 @@ from service.errors import Unavailable
 from service.metrics import Metrics
 from service.limits import TenantLimits, create_buckets
 from service.settings import ServiceSettings
+from service.witnessing import Witnessing
 from watermark.salt import SaltRotation
 
 log = logging.getLogger("hallmark.log")
+
+
+def witnessing_of(settings: ServiceSettings) -> Witnessing | None:
+    """The witnesses of the configured tlog-policy file, or None (checkpoints unwitnessed)."""
+    if not settings.witness_policy:
+        return None
+    try:
+        policy = parse_policy(Path(settings.witness_policy).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"the witness policy {settings.witness_policy} is unreadable ({type(exc).__name__})") from None
+    if not policy.witnessed:
+        return None
+    return Witnessing(policy, timeout=settings.witness_timeout_seconds, attempts=settings.witness_attempts)
 
 
 @dataclass
@@ -60,6 +76,9 @@ class Services:
         self._published = -1  # the largest log size this process knows is published
         self._unpublished_since: float | None = None
         self._publish_lock = threading.Lock()
+        self.witnessing = witnessing_of(settings)
+        self._publish_wanted = threading.Event()
+        self._publisher: threading.Thread | None = None
         # Unseeded generations of one prompt under a diverse key take the salts in turn.
         self.salts = SaltRotation()
         # Generation records (started, checkpoints, finished), committed in groups (service.generation).
@@ -144,14 +163,32 @@ class Services:
     def logged(self, size: int) -> None:
         """An append of this process committed at log ``size``: publish a checkpoint once
         :attr:`~service.settings.ServiceSettings.checkpoint_every_entries` entries are
-        unpublished (the background task covers the time bound)."""
+        unpublished (the background task covers the time bound). With witnesses the round
+        runs on the publisher thread: a generation never waits for a witness."""
         if self._unpublished_since is None:
             self._unpublished_since = time.monotonic()
         if size - self._published >= self.settings.checkpoint_every_entries:
-            self.publish_checkpoint()
+            if self.witnessing is None:
+                self.publish_checkpoint()
+                return
+            if self._publisher is None:
+                self._publisher = threading.Thread(target=self._publish_on_demand, daemon=True,
+                                                   name="checkpoint-publisher")
+                self._publisher.start()
+            self._publish_wanted.set()
+
+    def _publish_on_demand(self) -> None:
+        while True:
+            self._publish_wanted.wait()
+            self._publish_wanted.clear()
+            try:
+                self.publish_checkpoint()
+            except Exception:  # noqa: BLE001 - a database outage: the time bound retries
+                log.warning("could not publish a transparency-log checkpoint; retrying", exc_info=True)
 
     def publish_checkpoint(self, *, if_older_than: float | None = None) -> int | None:
-        """Store a checkpoint of the log as committed now (unless that size is published).
+        """Store a checkpoint of the log as committed now (unless that size is published),
+        once the witness quorum cosigned it when witnesses are configured (service.witnessing).
         ``if_older_than``: only when this process has appended since it last published, at
         least that many seconds ago. Returns the published size, or None."""
         if if_older_than is not None and (self._unpublished_since is None
@@ -164,9 +201,21 @@ class Services:
         if not self._publish_lock.acquire(blocking=if_older_than is None):
             return None  # another thread is publishing now
         try:
+            signed = None
+            if self.witnessing is not None:
+                with self.store.transaction(write=False) as session:
+                    size, root, note = tlog.current_checkpoint(session, tlog.required_authority(session))
+                    published = tlog.published_size(session)
+                if size <= published:
+                    return published
+                cosigned = self.witnessing.cosign(note, size, self._consistency)
+                self.metrics.witness_rounds.labels("published" if cosigned else "short").inc()
+                if cosigned is None:
+                    return None
+                signed = (size, root, cosigned[0])
             with self.store.transaction() as session:
                 auth = tlog.required_authority(session)
-                tlog.publish(session, auth)
+                tlog.publish(session, auth, signed=signed)
                 size = tlog.published_size(session)
             self._published = max(self._published, size)
             self._unpublished_since = None
@@ -174,6 +223,10 @@ class Services:
             return size
         finally:
             self._publish_lock.release()
+
+    def _consistency(self, old: int, new: int) -> list[bytes]:
+        with self.store.transaction(write=False) as session:
+            return tlog.consistency_proof(session, old, new)
 
     def sign(self, statement: dict) -> dict | None:
         signer = self.signer()

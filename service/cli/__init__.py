@@ -16,3 +16,4 @@ from service.cli import provenance  # noqa: F401,E402  (ledger, receipt, signing
 from service.cli import ledger_cmds  # noqa: F401,E402  (ledger verify, checkpoint, witness, init)
 from service.cli import report_cmds  # noqa: F401,E402  (report verify)
 from service.cli import ledger_list  # noqa: F401,E402  (ledger list)
+from service.cli import witness_cmds  # noqa: F401,E402  (witness serve, key)
