@@ -129,4 +129,4 @@ def test_the_witness_answers_as_the_spec_says(tmp_path, log_signer):
     assert witness.checkpoint("0" * 64).status == 404
     with pytest.raises(NoteError):
         witness.add_log("not a key")
-    assert base64.b64decode(witness.cosigner.key.vkey.split("+")[2])[0] == 0x06
+    assert base64.b64decode(witness.cosigner.key.vkey.split("+", 2)[2])[0] == 0x06
