@@ -161,8 +161,10 @@ class Witness:
             return 403, "text/plain", b"no signature by a trusted log key\n"
         with self.lock:
             last_size, last_root = self.state.get(origin, (0, EMPTY))
-            if self.mode == "conflict":
-                return 409, "text/x.tlog.size", b"%d\n" % (last_size + 1_000_000)
+            if self.mode == "conflict":  # 409 forever, whatever old size it is sent
+                return 409, "text/x.tlog.size", b"%d\n" % last_size
+            if self.mode == "ahead":  # claims a size above the log's: the log went back, or forked
+                return 409, "text/x.tlog.size", b"%d\n" % (size + 1_000_000)
             if self.mode != "fork":  # a fork-cosigning witness checks nothing
                 if old > size:
                     return 400, "text/plain", b"old above size\n"
@@ -187,6 +189,9 @@ class Witness:
             protocol_version = "HTTP/1.1"
 
             def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                if witness.mode == "down":  # a kept-alive connection outlives the listener: drop it too
+                    self.close_connection = True
+                    return
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.path != "/add-checkpoint":
                     status, kind, out = 404, "text/plain", b"not found\n"
@@ -207,6 +212,7 @@ class Witness:
         return self
 
     def stop(self) -> None:
+        self.mode = "down"
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()

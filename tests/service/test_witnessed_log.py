@@ -1,0 +1,108 @@
+"""Witnessed checkpoints (service.witnessing) against witnesses written from the C2SP texts
+alone (tests/service/c2sp_witness.py): the gateway publishes a checkpoint only once its
+tlog-policy quorum cosigned it, recovers from a witness's 409, and keeps publishing nothing
+(while generating as before) when witnesses are down, slow, answer 409 forever, return a
+bad cosignature or hold another history (a fork)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import httpx
+import pytest
+
+from tests.service import gateway
+from tests.service.c2sp_witness import Witness, verify_cosignature
+
+
+def _generate(running, seed: int) -> dict:
+    response = httpx.post(running.url + "/v1/generate", timeout=300,
+                          json={"prompt": "The function returns", "max_tokens": 4, "seed": seed},
+                          headers={"Authorization": f"Bearer {running.tokens['acme']}"})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _checkpoint(running) -> str:
+    return httpx.get(running.url + "/v1/ledger/log/checkpoint").text
+
+
+@pytest.fixture
+def world(tmp_path):
+    """A gateway whose policy needs both of two witnesses (Ed25519 and ML-DSA-44), or either
+    (group `any`) where a test swaps the quorum, with short timeouts."""
+    witnesses = [Witness("w1.example/ed", "ed25519").start(), Witness("w2.example/pq", "ml-dsa-44").start()]
+    policy = tmp_path / "policy.txt"
+
+    def write(quorum: str) -> None:
+        policy.write_text("".join(f"witness {w.name} {w.vkey} {w.url}\n" for w in witnesses)
+                          + "group both all w1.example/ed w2.example/pq\ngroup either any w1.example/ed w2.example/pq\n"
+                          + f"quorum {quorum}\n")
+
+    write("both")
+    # The witnesses must trust the log before the gateway's first round: its key is made on start,
+    # so the first round fails (404), and the tests publish after trusting it.
+    running = gateway.start(tmp_path, witness_policy=str(policy), witness_timeout_seconds=0.5, witness_attempts=2)
+    vkey = running.app.state.services.log_authority().verifier.vkey
+    for w in witnesses:
+        w.trust(vkey)
+    try:
+        yield running, witnesses, write
+    finally:
+        running.stop()
+        for w in witnesses:
+            w.stop()
+
+
+def test_a_checkpoint_is_published_once_the_quorum_cosigned(world):
+    running, (ed, pq), _ = world
+    services = running.app.state.services
+    _generate(running, 1)
+    size = services.publish_checkpoint()
+    assert size is not None and size > 0
+    note = _checkpoint(running)
+    assert note.split("\n")[1] == str(size)
+    assert verify_cosignature(ed.vkey, note) and verify_cosignature(pq.vkey, note)
+    origin = note.split("\n")[0]
+    assert ed.state[origin][0] == pq.state[origin][0] == size
+    # A witness that lost its state (or another log replica's view of it): 409 with its size,
+    # then the proof from that size.
+    services.witnessing.sizes.clear()
+    _generate(running, 2)
+    assert services.publish_checkpoint() > size
+    assert ed.state[origin][0] == pq.state[origin][0] > size
+
+
+@pytest.mark.parametrize("fault", ["down", "slow", "conflict", "ahead", "bad-signature", "fork"])
+def test_a_faulty_witness_withholds_publication_not_generation(world, fault):
+    running, (ed, pq), write = world
+    services = running.app.state.services
+    _generate(running, 1)
+    published = services.publish_checkpoint()
+    assert published is not None
+    origin = _checkpoint(running).split("\n")[0]
+    if fault == "down":
+        pq.stop()
+    elif fault == "slow":
+        pq.delay = 1.0
+    elif fault == "fork":  # the witness saw another history at the size it cosigned
+        pq.state[origin] = (published, hashlib.sha256(b"another history").digest())
+    else:
+        pq.mode = fault
+    before = pq.requests
+    _generate(running, 2)
+    assert services.publish_checkpoint() is None
+    assert _checkpoint(running).split("\n")[1] == str(published)  # still the last cosigned one
+    if fault in ("conflict", "ahead"):
+        # 409 forever: the attempts, then the round gives up; a size above the log's: at once.
+        assert pq.requests - before == (2 if fault == "conflict" else 1)
+    # Either witness is enough under another quorum: published with the honest one's cosignature.
+    write("either")
+    from service.state import witnessing_of
+    services.witnessing = witnessing_of(services.settings)
+    services.witnessing.sizes[ed.name] = published
+    size = services.publish_checkpoint()
+    assert size is not None and size > published
+    note = _checkpoint(running)
+    assert verify_cosignature(ed.vkey, note) and not verify_cosignature(pq.vkey, note)
+    pq.delay = 0
