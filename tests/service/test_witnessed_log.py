@@ -106,3 +106,58 @@ def test_a_faulty_witness_withholds_publication_not_generation(world, fault):
     note = _checkpoint(running)
     assert verify_cosignature(ed.vkey, note) and not verify_cosignature(pq.vkey, note)
     pq.delay = 0
+
+
+def test_hallmark_witness_serve_witnesses_a_gateway(tmp_path):
+    """`hallmark witness serve` (ML-DSA-44) as one of the gateway's two witnesses, over HTTP,
+    in its own process; its cosignature verifies in the independent implementation, and its
+    monitoring endpoint serves the cosigned checkpoint."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    directory = tmp_path / "witness"
+    key = subprocess.run([sys.executable, "-m", "service.cli", "witness", "key", "--dir", str(directory), "--name",
+                          "hallmark-witness.example", "--alg", "ml-dsa-44"], capture_output=True, text=True, timeout=120)
+    assert key.returncode == 0, key.stderr
+    vkey = key.stdout.strip()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    other = Witness("w1.example/ed", "ed25519").start()
+    policy = tmp_path / "policy.txt"
+    policy.write_text(f"witness ours {vkey} http://127.0.0.1:{port}\nwitness theirs {other.vkey} {other.url}\n"
+                      "group both all ours theirs\nquorum both\n")
+    running = gateway.start(tmp_path, witness_policy=str(policy), witness_timeout_seconds=2.0, witness_attempts=2)
+    serving = None
+    try:
+        log_vkey = running.app.state.services.log_authority().verifier.vkey
+        other.trust(log_vkey)
+        serving = subprocess.Popen([sys.executable, "-m", "service.cli", "witness", "serve", "--dir", str(directory),
+                                    "--log", log_vkey, "--port", str(port)], stderr=subprocess.PIPE, text=True,
+                                   env={**os.environ})
+        deadline = time.time() + 120
+        while True:  # ready when it answers (any status)
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/{'0' * 64}/checkpoint")
+                break
+            except httpx.HTTPError:
+                assert time.time() < deadline and serving.poll() is None, "hallmark witness serve did not start"
+                time.sleep(0.2)
+        _generate(running, 1)
+        size = running.app.state.services.publish_checkpoint()
+        assert size is not None
+        note = _checkpoint(running)
+        assert verify_cosignature(vkey, note) and verify_cosignature(other.vkey, note)
+        origin = note.split("\n")[0]
+        monitored = httpx.get(f"http://127.0.0.1:{port}/{hashlib.sha256(origin.encode()).hexdigest()}/checkpoint")
+        assert monitored.status_code == 200 and monitored.text.split("\n")[1] == str(size)
+        assert verify_cosignature(vkey, monitored.text)
+    finally:
+        if serving is not None:
+            serving.terminate()
+            serving.wait(30)
+        running.stop()
+        other.stop()
