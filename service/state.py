@@ -22,6 +22,7 @@ from ledger.receipts import Signer
 from ledger.log import tlog
 from ledger.log.key import store_log_key
 from ledger.log.policy import parse as parse_policy
+from ledger.log.proof import format_proof
 from ledger.signing import NoSigningKey, active_signer, public_keyset
 from service.provenance import ledger_match, receipt_statement
 from keys.tenants import get_tenant
@@ -141,10 +142,12 @@ class Services:
         with self.store.transaction(write=False) as session:
             return tlog.required_authority(session)
 
-    def receipt_for(self, entry: GenerationEntry, *, fingerprint: str | None) -> dict | None:
+    def receipt_for(self, entry: GenerationEntry, *, fingerprint: str | None, note: str | None = None) -> dict | None:
         """The signed receipt of a recorded generation (None when no signing key exists),
         with its transparency-log proof: a checkpoint of the tree its append committed,
-        signed now (after the commit, never before), and the entry's inclusion proof."""
+        signed now (after the commit, never before), and the entry's inclusion proof, also
+        as a c2sp.org/tlog-proof@v1 text. ``note``: the checkpoint of ``entry.log.size`` to
+        use instead (a published one, cosigned by the witnesses)."""
         signer = self.signer()
         if signer is None:
             log.error("generation %s: no signing key in the transparency log, so its receipt is null", entry.id)
@@ -153,9 +156,11 @@ class Services:
         receipt = signer.sign(receipt_statement(entry, fingerprint=fingerprint))
         if entry.log is not None:
             position = entry.log
-            receipt["log"] = {"leaf_index": position.leaf_index, "tree_size": position.size,
-                              "checkpoint": tlog.signed_checkpoint(self.log_authority(), position.size, position.root),
-                              "inclusion_proof": [base64.b64encode(h).decode() for h in position.proof]}
+            if note is None:
+                note = tlog.signed_checkpoint(self.log_authority(), position.size, position.root)
+            receipt["log"] = {"leaf_index": position.leaf_index, "tree_size": position.size, "checkpoint": note,
+                              "inclusion_proof": [base64.b64encode(h).decode() for h in position.proof],
+                              "tlog_proof": format_proof(position.leaf_index, position.proof, note)}
         return receipt
 
     # --- checkpoints for witnesses ---------------------------------------------------------

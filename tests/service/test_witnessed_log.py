@@ -11,6 +11,7 @@ import hashlib
 import httpx
 import pytest
 
+from tests.keys.conftest import Cli
 from tests.service import gateway
 from tests.service.c2sp_witness import Witness, verify_cosignature
 
@@ -25,6 +26,11 @@ def _generate(running, seed: int) -> dict:
 
 def _checkpoint(running) -> str:
     return httpx.get(running.url + "/v1/ledger/log/checkpoint").text
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    return Cli(monkeypatch, capsys)
 
 
 @pytest.fixture
@@ -71,6 +77,39 @@ def test_a_checkpoint_is_published_once_the_quorum_cosigned(world):
     _generate(running, 2)
     assert services.publish_checkpoint() > size
     assert ed.state[origin][0] == pq.state[origin][0] > size
+
+
+def test_receipts_verify_offline_under_a_witness_policy(world, tmp_path, cli):
+    """A receipt fetched again once a cosigned checkpoint covers it carries a tlog-proof
+    that `hallmark receipt verify --policy` checks offline (log signature, the quorum, with
+    an ML-DSA-44 cosignature among it, inclusion); the receipt as first issued (its
+    checkpoint not yet witnessed) and a policy asking for a witness that did not cosign fail."""
+    import json
+
+    running, (ed, pq), _ = world
+    out = _generate(running, 3)
+    assert out["receipt"]["log"]["tlog_proof"].startswith("c2sp.org/tlog-proof@v1\n")
+    running.app.state.services.publish_checkpoint()
+    again = httpx.get(f"{running.url}/v1/generations/{out['generation_id']}/receipt",
+                      headers={"Authorization": f"Bearer {running.tokens['acme']}"}).json()
+    keyset = httpx.get(running.url + "/.well-known/hallmark-keys.json").json()
+    (tmp_path / "keys.json").write_text(json.dumps(keyset))
+    policy = tmp_path / "verify.policy"
+    lines = f"log {keyset['log']['vkey']}\nwitness A {ed.vkey}\nwitness B {pq.vkey}\n"
+    policy.write_text(lines + "group AB all A B\nquorum AB\n")
+    for name, document in (("again", again), ("first", out["receipt"])):
+        (tmp_path / f"{name}.json").write_text(json.dumps(document))
+    ok = cli.ok("receipt", "verify", str(tmp_path / "again.json"), "--keys", str(tmp_path / "keys.json"), "--policy",
+                str(policy), "--json").json()
+    assert ok["witnessed"]["cosigned_by"] == ["A", "B"] and ok["witnessed"]["tree_size"] >= again["log"]["tree_size"]
+    first = cli.fails("receipt", "verify", str(tmp_path / "first.json"), "--keys", str(tmp_path / "keys.json"),
+                      "--policy", str(policy))
+    assert "lacks the policy's witness quorum" in first.stderr
+    stranger = Witness("w3.example/ed", "ed25519")
+    policy.write_text(lines + f"witness C {stranger.vkey}\ngroup ABC all A B C\nquorum ABC\n")
+    short = cli.fails("receipt", "verify", str(tmp_path / "again.json"), "--keys", str(tmp_path / "keys.json"),
+                      "--policy", str(policy))
+    assert "lacks the policy's witness quorum" in short.stderr and "good cosignatures from: A, B" in short.stderr
 
 
 @pytest.mark.parametrize("fault", ["down", "slow", "conflict", "ahead", "bad-signature", "fork"])
