@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import re
 from typing import Any
 
@@ -16,6 +17,7 @@ from service.errors import NotFound, Unavailable, Unprocessable
 from service.http_errors import store_error
 from service.state import Services
 
+log = logging.getLogger("hallmark.log")
 _HEX32 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -121,3 +123,47 @@ def tile(services: Services, path: str) -> tuple[bytes, bool]:
             _FULL_TILES.clear()
         _FULL_TILES[path] = body
     return body, wanted.full
+
+
+# --- tlog-proofs of the entries a detection report cites -----------------------------------
+
+
+def entry_proofs(services: Services, cited: list[tuple[str, str]]) -> list[str]:
+    """``c2sp.org/tlog-proof@v1`` texts for the cited generations' ``finished`` entries
+    ((generation id, entry hash) each) against the latest published checkpoint (cosigned by
+    the witness quorum when the log has witnesses); an entry it does not cover yet has none.
+    Each proof's ``extra`` is the leaf's data (``0x01 || entry_hash || kgrams_sha256``), from
+    which a verifier recomputes the leaf and checks it names the entry the report cites."""
+
+    wanted = {generation_id: entry_hash for generation_id, entry_hash in cited}
+    out: list[str] = []
+    try:
+        return _entry_proofs(services, wanted, out)
+    except KeyStoreError as exc:  # the report stands without them; `ledger verify` names a damaged log
+        log.warning("no tlog-proofs for a report's cited entries: %s", exc.user_message)
+        return []
+
+
+def _entry_proofs(services: Services, wanted: dict[str, str], out: list[str]) -> list[str]:
+    from sqlalchemy import select
+
+    from keys.models import LedgerEntry, LogLeaf
+    from ledger.log.leaves import entry_leaf
+    from ledger.log.proof import format_proof
+
+    with services.store.transaction(write=False) as session:
+        published = tlog.latest_checkpoint(session)
+        if published is None or not wanted:
+            return out
+        rows = session.execute(
+            select(LogLeaf.idx, LogLeaf.kgrams_sha256, LedgerEntry.entry_hash)
+            .join(LedgerEntry, LedgerEntry.id == LogLeaf.entry_id)
+            .where(LedgerEntry.generation_id.in_(list(wanted)), LedgerEntry.kind == "finished",
+                   LogLeaf.idx < published.size)).all()
+        for row in rows:
+            if row.entry_hash not in wanted.values() or row.kgrams_sha256 is None:
+                continue
+            proof = tlog.inclusion_proof(session, row.idx, published.size)
+            out.append(format_proof(row.idx, proof, published.note,
+                                    extra=entry_leaf(row.entry_hash, row.kgrams_sha256)))
+    return out

@@ -110,6 +110,22 @@ def test_receipts_verify_offline_under_a_witness_policy(world, tmp_path, cli):
     short = cli.fails("receipt", "verify", str(tmp_path / "again.json"), "--keys", str(tmp_path / "keys.json"),
                       "--policy", str(policy))
     assert "lacks the policy's witness quorum" in short.stderr and "good cosignatures from: A, B" in short.stderr
+    # A detection report citing the generation (an exact copy) carries the entry's tlog-proof,
+    # against the cosigned checkpoint: `report verify --policy` checks it offline.
+    policy.write_text(lines + "group AB all A B\nquorum AB\n")
+    detected = httpx.post(running.url + "/v1/detect", json={"text": out["text"]}, timeout=300,
+                          headers={"Authorization": f"Bearer {running.tokens['acme']}"}).json()
+    assert detected["ledger_matches"] and len(detected["report"]["log"]["tlog_proofs"]) == 1
+    (tmp_path / "report.json").write_text(json.dumps(detected))
+    proved = cli.ok("report", "verify", str(tmp_path / "report.json"), "--keys", str(tmp_path / "keys.json"),
+                    "--policy", str(policy), "--json").json()["proved"]
+    assert proved[out["generation_id"]]["cosigned_by"] == ["A", "B"]
+    tampered = json.loads(json.dumps(detected))
+    tampered["report"]["log"]["tlog_proofs"] = []
+    (tmp_path / "tampered.json").write_text(json.dumps(tampered))
+    refused = cli.fails("report", "verify", str(tmp_path / "tampered.json"), "--keys", str(tmp_path / "keys.json"),
+                        "--policy", str(policy))
+    assert "no tlog-proof for the cited entry" in refused.stderr
 
 
 @pytest.mark.parametrize("fault", ["down", "slow", "conflict", "ahead", "bad-signature", "fork"])
