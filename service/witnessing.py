@@ -9,7 +9,8 @@ last cosigned, and the log-signed checkpoint. Its answers:
 - 200: its cosignature lines; only a line that verifies under its key in the policy counts
   (a witness returning a bad cosignature has not cosigned);
 - 409: it last cosigned another size (the body says which): resend from that size, within
-  the attempts, unless that size is above ours (our log went back, or forked: never hidden);
+  the attempts, unless that size is above ours (another replica's newer checkpoint, or our
+  log went back: logged, never cosigned over);
 - 422: the proof does not verify for it (it holds a different history: a fork), 403 it
   does not trust our key, 404 it does not know our origin: configuration or misbehaviour,
   logged as errors; that witness is not asked again for this checkpoint;
@@ -77,8 +78,11 @@ class Witnessing:
             old = self.sizes.get(witness.name, 0)
         for attempt in range(self.attempts):
             if old > size:
-                log.error("witness %s cosigned size %d, above this log's %d: the log was rolled back or forked",
-                          witness.name, old, size)
+                # Another replica may have had a newer checkpoint cosigned meanwhile (then the next
+                # round moves on); if not, this log went back or forked: `hallmark ledger witness`
+                # and `ledger verify` say which.
+                log.warning("witness %s already cosigned size %d, above this checkpoint's %d (a newer checkpoint "
+                            "of another replica, or this log went back)", witness.name, old, size)
                 return None
             try:
                 body = request_body(old, consistency(old, size) if 0 < old < size else [], note)
