@@ -61,8 +61,8 @@ def witness_serve(directory: Path = _DIR,
                   name: str = typer.Option(None, "--name", help="The witness's name (a schema-less URL), to create it."),
                   algorithm: str = typer.Option("ml-dsa-44", "--alg", help="ml-dsa-44 or ed25519, to create it."),
                   log: list[str] = typer.Option([], "--log", help="A log's vkey to witness (its name is its origin); remembered. Repeatable."),
-                  host: str = typer.Option("127.0.0.1", "--host"),
-                  port: int = typer.Option(8010, "--port")) -> None:
+                  host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+                  port: int = typer.Option(8010, "--port", help="Port to listen on.")) -> None:
     """Serve tlog-witness v1.0.0 (POST /add-checkpoint, GET /<origin hash>/checkpoint)."""
     import uvicorn
 
