@@ -20,8 +20,8 @@ import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from ledger.log import tiles
-from ledger.log.leaves import entry_leaf
+from ledger.log import tiles, tlog
+from ledger.log.leaves import SIGNING_KEY, entry_leaf
 from ledger.log.note import NoteSigner
 from tests.service import gateway
 from tests.service.test_tamper_matrix import _generate
@@ -72,6 +72,25 @@ def test_tiles_are_served_and_read_by_go_sumdb_tlog(tmp_path):
             assert read["size"] == size and read["leaf_index"] == index
             ledger = receipt["statement"]["ledger"]
             assert base64.b64decode(read["entry"]) == entry_leaf(ledger["entry_hash"], ledger["kgrams_sha256"])
+        # Past 256 leaves (key-event leaves appended as the log appends them): full tiles are
+        # immutable, and the reader authenticates level-1 tiles too.
+        with services.store.transaction() as session:
+            auth = tlog.required_authority(session)
+            start, _ = tlog.read_head(session, auth)
+            for i in range(300 - start):
+                event = json.dumps({"test": i}).encode()
+                tlog.append(session, auth, leaf_data=bytes([SIGNING_KEY]) + event, kind="signing_key", kid=f"t{i}",
+                            data=event)
+        big = services.publish_checkpoint()
+        full = httpx.get(f"{prefix}/tile/0/000")
+        assert full.status_code == 200 and len(full.content) == 8192
+        assert "immutable" in full.headers["cache-control"]
+        assert len(httpx.get(f"{prefix}/tile/1/000.p/1").content) == 32
+        index = outputs[0]["receipt"]["log"]["leaf_index"]
+        done = subprocess.run([str(reader), prefix, vkey, str(index), str(size)], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["size"] == big > 256
         # A log key it was not given: the reader refuses the checkpoint.
         other = NoteSigner(vkey.split("+")[0], Ed25519PrivateKey.generate()).verifier.vkey
         refused = subprocess.run([str(reader), prefix, other, "0", "0"], capture_output=True, text=True, timeout=120)
