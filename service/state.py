@@ -80,6 +80,7 @@ class Services:
         self.witnessing = witnessing_of(settings)
         self._publish_wanted = threading.Event()
         self._publisher: threading.Thread | None = None
+        self._publisher_lock = threading.Lock()
         # Unseeded generations of one prompt under a diverse key take the salts in turn.
         self.salts = SaltRotation()
         # Generation records (started, checkpoints, finished), committed in groups (service.generation).
@@ -176,10 +177,11 @@ class Services:
             if self.witnessing is None:
                 self.publish_checkpoint()
                 return
-            if self._publisher is None:
-                self._publisher = threading.Thread(target=self._publish_on_demand, daemon=True,
-                                                   name="checkpoint-publisher")
-                self._publisher.start()
+            with self._publisher_lock:  # logged() runs on the event loop and on worker threads
+                if self._publisher is None:
+                    self._publisher = threading.Thread(target=self._publish_on_demand, daemon=True,
+                                                       name="checkpoint-publisher")
+                    self._publisher.start()
             self._publish_wanted.set()
 
     def _publish_on_demand(self) -> None:

@@ -7,6 +7,7 @@ bad cosignature or hold another history (a fork)."""
 from __future__ import annotations
 
 import hashlib
+import time
 
 import httpx
 import pytest
@@ -77,6 +78,15 @@ def test_a_checkpoint_is_published_once_the_quorum_cosigned(world):
     _generate(running, 2)
     assert services.publish_checkpoint() > size
     assert ed.state[origin][0] == pq.state[origin][0] > size
+    # The entry bound hands the round to the publisher thread: the generation's answer does not
+    # wait for it, and the cosigned checkpoint follows.
+    services.settings = services.settings.model_copy(update={"checkpoint_every_entries": 1})
+    out = _generate(running, 3)
+    deadline = time.monotonic() + 60
+    while int(_checkpoint(running).split("\n")[1]) <= out["receipt"]["log"]["leaf_index"]:
+        assert time.monotonic() < deadline, "the publisher thread published no cosigned checkpoint"
+        time.sleep(0.05)
+    assert verify_cosignature(pq.vkey, _checkpoint(running))
 
 
 def test_receipts_verify_offline_under_a_witness_policy(world, tmp_path, cli):
