@@ -34,6 +34,8 @@ from service.errors import Unavailable
 from service.metrics import Metrics
 from service.limits import TenantLimits, create_buckets
 from service.settings import ServiceSettings
+from service.store_faults import StoreFaults
+from service.token_uses import TokenUses
 from service.witnessing import Witnessing
 from watermark.salt import SaltRotation
 
@@ -85,6 +87,9 @@ class Services:
         self.salts = SaltRotation()
         # Generation records (started, checkpoints, finished), committed in groups (service.generation).
         self.ledger_writes = GroupCommit(self.store, name="ledger")
+        # Rows the log's writer did not write: counted, alerted once each (service.store_faults).
+        self.store_faults = StoreFaults(self.metrics.registry, self.store)
+        self.token_uses = TokenUses(self.store)  # when each token was last used (service.token_uses)
 
     def detect_wait(self, token_id: str) -> float:
         """Take one detection from the token's shared budget: 0, or seconds to wait (blocking)."""
@@ -149,6 +154,11 @@ class Services:
         signed now (after the commit, never before), and the entry's inclusion proof, also
         as a c2sp.org/tlog-proof@v1 text. ``note``: the checkpoint of ``entry.log.size`` to
         use instead (a published one, cosigned by the witnesses)."""
+        if entry.log is None and self.store.sequencing:
+            # Only an entry the log holds is signed: one that is not (no leaf) is no receipt's subject.
+            log.error("generation %s: its entry has no transparency-log leaf, so its receipt is null", entry.id)
+            self.metrics.receipts_unsigned.inc()
+            return None
         signer = self.signer()
         if signer is None:
             log.error("generation %s: no signing key in the transparency log, so its receipt is null", entry.id)
@@ -162,6 +172,11 @@ class Services:
             receipt["log"] = {"leaf_index": position.leaf_index, "tree_size": position.size, "checkpoint": note,
                               "inclusion_proof": [base64.b64encode(h).decode() for h in position.proof],
                               "tlog_proof": format_proof(position.leaf_index, position.proof, note)}
+        if entry.fields is not None:
+            # The attested entry's hashed fields (unsigned, like `log`): they hash to the statement's
+            # entry_hash, so a verifier can bind the statement to its logged entry without trusting the
+            # signature, which is what keeps it verifiable if its key is later revoked (ledger.receipts).
+            receipt["entry"] = entry.fields
         return receipt
 
     # --- checkpoints for witnesses ---------------------------------------------------------
