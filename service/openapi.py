@@ -72,6 +72,8 @@ _EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("get", "/v1/ledger/proof/inclusion"): (404, 503),
     ("get", "/v1/ledger/proof/inclusion-by-hash"): (404, 503),
     ("get", "/v1/ledger/proof/consistency"): (404, 503),
+    ("get", "/v1/ledger/log/checkpoint"): (404, 503),
+    ("get", "/v1/ledger/log/tile/{path}"): (404, 503),
 }
 _ADMIN = (400, 404, 409, 503)
 _STREAMING = {("post", "/v1/generate"), ("post", "/v1/completions"), ("post", "/v1/chat/completions")}

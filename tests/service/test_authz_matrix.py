@@ -152,6 +152,8 @@ ROUTES = [
     ("GET", "/v1/ledger/proof/inclusion?leaf_index=0", None, _public),
     ("GET", "/v1/ledger/proof/inclusion-by-hash?leaf_hash=" + "0" * 64, None, lambda c, t: 404),
     ("GET", "/v1/ledger/proof/consistency?from=0", None, _public),
+    ("GET", "/v1/ledger/log/checkpoint", None, _public),
+    ("GET", "/v1/ledger/log/tile/0/000.p/1", None, _public),
     ("GET", "/healthz", None, _public),
     ("GET", "/readyz", None, _public),
     # Aggregate traffic: a global admin's, or a token's with the `metrics` scope (issue 35 item 5).
@@ -164,7 +166,8 @@ def test_every_route_is_in_the_matrix(world):
     served = {(method, route.path) for route in world["app"].routes for method in getattr(route, "methods", ())
               if method not in ("HEAD", "OPTIONS") and not route.path.startswith(("/docs", "/redoc", "/openapi"))
               and not route.path.startswith("/ui")}
-    covered = {(method, path.split("?")[0].replace("{generation}", "{generation_id}").replace("{spare_key}", "{key_id}"))
+    covered = {(method, path.split("?")[0].replace("{generation}", "{generation_id}").replace("{spare_key}", "{key_id}")
+                .replace("/tile/0/000.p/1", "/tile/{path:path}"))
                for method, path, _, _ in ROUTES}
     assert served <= covered, f"routes without authorization cells: {sorted(served - covered)}"
 
