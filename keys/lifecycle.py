@@ -109,11 +109,15 @@ def _with_diversity(fields: dict[str, Any], changes: Mapping[str, Any], new: boo
     `diverse` here (a new key, or ``mode`` changed to it) gets :data:`NEW_KEY_DIVERSITY`
     (`head`) with dedup scope `all`, which it needs, unless the creator named another scope
     (then `salt`); a base that is already `diverse` keeps its scheme (a rotation does not
-    change how a tenant's text is generated unless asked); a key made `deterministic` has none."""
+    change how a tenant's text is generated unless asked) unless a named scope other than
+    `all` rules `head` out (then `salt`); a key made `deterministic` has none."""
     if "diversity" in changes:
         return fields
     if fields.get("mode") != "diverse":  # a base's scheme does not outlive its mode
         return {name: value for name, value in fields.items() if name != "diversity"}
+    scope = fields.get("dedup", fields.get("deduplicate_contexts"))
+    if fields.get("diversity") == "head" and scope is not None and scope != "all":
+        return {**fields, "diversity": "salt"}  # the head scheme needs scope all: a named scope wins
     became = new or "mode" in changes
     if not became or fields.get("diversity") is not None:
         return fields

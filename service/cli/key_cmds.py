@@ -54,7 +54,7 @@ def _spec_text(spec: "WatermarkSpec") -> str:
     text = f"{spec.algorithm}, context width {spec.context_width}, dedup {spec.dedup} ({history})"
     if spec.algorithm == "dual_key_gumbel":
         text += f", alpha {spec.alpha}, coin {spec.coin}"
-    return text + f", mode {spec.mode}"
+    return text + f", mode {spec.mode}" + (f" ({spec.diversity})" if spec.mode == "diverse" else "")
 
 
 def _key_line(info: "KeyRecord") -> str:

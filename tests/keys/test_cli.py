@@ -85,6 +85,8 @@ def test_keys_lifecycle_commands(cli, tmp_path):
     # config says the same (dedup scope all samples the padded contexts without the watermark).
     assert exported["spec"]["mode"] == "diverse" and exported["spec"]["diversity"] == "head"
     assert exported["vllm_watermark_config"]["deduplicate_contexts"] == "all"
+    text = cli.ok("keys", "export", first["key_id"], "--yes").stdout
+    assert f"secret: {exported['secret']}" in text and "not expressible" not in text
     salted = cli.ok("keys", "create", "--tenant", "acme", "--mode", "diverse", "--dedup", "single_turn",
                     "--json").json()
     assert salted["spec"]["mode"] == "diverse" and "diversity" not in salted["spec"]  # the salt scheme
@@ -99,8 +101,8 @@ def test_keys_lifecycle_commands(cli, tmp_path):
     actions = [e["action"] for e in cli.ok("audit", "list", "--tenant", "acme", "--json").json()]
     assert actions == ["tenant.created", "key.created", "key.created", "key.verify_only", "key.rotated",
                        "key.verify_only", "key.rotated", "key.revoked", "key.exported", "key.exported",
-                       "key.created", "key.exported"]
-    assert len(cli.ok("audit", "list", "--action", "key.exported", "--json").json()) == 3
+                       "key.created", "key.exported", "key.created", "key.exported"]
+    assert len(cli.ok("audit", "list", "--action", "key.exported", "--json").json()) == 4
     assert len(cli.ok("audit", "list", "--key", first["key_id"], "--json").json()) == 5
     assert len(cli.ok("audit", "list", "--limit", "3", "--json").json()) == 3
     assert "key.revoked" in cli.ok("audit", "list").stdout
