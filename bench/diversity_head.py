@@ -94,13 +94,15 @@ SYNTHETIC_KEYS = {"gumbel": ("gumbel", "ordinary"), "dual": ("dual_key_gumbel", 
                   "keyed": ("dual_key_gumbel", "keyed")}
 
 
-def run_synthetic(count: int, which: list[str]) -> dict:
+def run_synthetic(count: int, which: list[str], replicate: int = 0) -> dict:
     from bench import robustness
     from watermark.salt import salt_for
 
     rows = {}
     for algorithm, coin in (SYNTHETIC_KEYS[name] for name in which):
         label = f"{algorithm} {coin} coin" if algorithm != "gumbel" else algorithm
+        if replicate:  # other keys, logits and edits
+            label += f" replicate {replicate}"
         salt_keys = [_key(_seed("head-syn", label, i) | (1 << 40), algorithm, "salt", coin)
                      .with_salt(salt_for(_seed("head-syn-salt", label, i))) for i in range(count)]
         head_keys = [_key(_seed("head-syn", label, i) | (1 << 40), algorithm, "head", coin) for i in range(count)]
@@ -225,6 +227,7 @@ def main() -> None:
     parser.add_argument("part", choices=["synthetic", "bundled", "null", "regenerations"])
     parser.add_argument("--texts", type=int, default=None)
     parser.add_argument("--keys", default="gumbel,dual,keyed", help="synthetic: which of gumbel, dual, keyed")
+    parser.add_argument("--replicate", type=int, default=0, help="synthetic: another draw of keys, logits, edits")
     parser.add_argument("--null", type=int, default=100_000)
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--generations", type=int, default=6)
@@ -233,14 +236,15 @@ def main() -> None:
     meta = _meta(args.part)
     meta["command"] = meta["command"].replace("bench.diversity ", "bench.diversity_head ")
     if args.part == "synthetic":
-        payload = run_synthetic(args.texts or 1000, args.keys.split(","))
+        payload = run_synthetic(args.texts or 1000, args.keys.split(","), args.replicate)
     elif args.part == "bundled":
         payload = run_bundled(args.texts or 48)
     elif args.part == "null":
         payload = run_null(args.null)
     else:
         payload = run_regenerations(args.prompts, args.generations, args.tokens)
-    suffix = f"-{args.keys.replace(',', '-')}" if args.part == "synthetic" else ""
+    suffix = (f"-{args.keys.replace(',', '-')}" + (f"-replicate{args.replicate}" if args.replicate else "")
+              if args.part == "synthetic" else "")
     path = RESULTS / f"diversity-head-{args.part}{suffix}.json"
     path.write_text(json.dumps({"meta": meta, **payload}, indent=1) + "\n")
     print("wrote", path, flush=True)
