@@ -44,10 +44,12 @@ def detector_config(params: DetectBody) -> DetectorConfig:
         raise Unprocessable(describe(exc, default="")) from None
 
 
-def detect(services: Services, identity: Identity, params: DetectBody, *, batched: bool = True) -> dict[str, Any]:
+def detect(services: Services, identity: Identity, params: DetectBody, *, batched: bool = True,
+           counted: bool = True) -> dict[str, Any]:
     """The full result of one detection (what ``/v1/detect`` answers). ``batched`` False:
     the reference path (every key scored in full, each form of the text looked up in the
-    ledger on its own), which the batched one matches (tests/service/test_detect_batched.py)."""
+    ledger on its own), which the batched one matches (tests/service/test_detect_batched.py).
+    ``counted`` False: not in the detection metrics (the start's warm-up, service.warmup)."""
     settings = services.settings
     if (params.text is None) == (params.token_ids is None):
         raise Unprocessable("give exactly one of 'text' and 'token_ids'")
@@ -135,7 +137,8 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
     else:
         matches, kgram_matches = _ledger_basis(services, lookup, every_salt, config, kgram=False)
         kgram_matches = _kgram_matches_per_form(services, identity, tenant, every_salt, searched, config)
-    services.metrics.detections.labels("watermarked" if result.watermarked else "not_watermarked").inc()
+    if counted:
+        services.metrics.detections.labels("watermarked" if result.watermarked else "not_watermarked").inc()
     # The ledger is a second basis: an exact copy (output hash) or shared k-grams whose
     # chance-collision bound passes the threshold, even when the watermark no longer does.
     out = with_ledger_basis(result.to_dict(), matches, kgram_matches, config.threshold)
