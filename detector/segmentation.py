@@ -102,21 +102,25 @@ def recover(text: str, canonical: Sequence[int], table: SegmentationTable, targe
         preferred[position] = token
         position += len(piece)
     by_bytes, longest, n = table.by_bytes, table.longest, len(data)
+    pieces, listed = table.pieces, {}
 
-    def options(at: int) -> list[tuple[int, int]]:
-        """(token, its length) of every token the bytes at ``at`` start with: encode's token
-        first, then longer before shorter (the model's merged tokens)."""
-        found = []
+    def first(at: int) -> list[tuple[int, int]]:
+        """encode's token at ``at`` where it has one there (the option tried first)."""
+        token = preferred.get(at)
+        return [] if token is None else [(token, len(pieces[token]))]
+
+    def rest(at: int) -> list[tuple[int, int]]:
+        """(token, its length) of every other token the bytes at ``at`` start with, longer
+        before shorter (the model's merged tokens); listed only when the first fails."""
+        found = listed.get(at)
+        if found is not None:
+            return found
+        skip = preferred.get(at)
+        found = listed[at] = []
         for length in range(min(longest, n - at), 0, -1):
             token = by_bytes.get(data[at:at + length])
-            if token is not None:
+            if token is not None and token != skip:
                 found.append((token, length))
-        first = preferred.get(at)
-        if first is not None:
-            for i, (token, _) in enumerate(found):
-                if token == first:
-                    found.insert(0, found.pop(i))
-                    break
         return found
 
     def finish(path: list[int]) -> tuple[int, ...] | None:
@@ -130,39 +134,59 @@ def recover(text: str, canonical: Sequence[int], table: SegmentationTable, targe
 
     # Depth first, iteratively (a path is as long as the text's tokens): one frame per token
     # of ``path`` and one for the position being extended: [byte position, its options, the
-    # option being tried, whether any path below reached the end]. A state (position, last
-    # K-1 ids) none of whose paths reaches the end is dead for every prefix (the k-gram check
-    # looks back K-1 ids only); one that reached the end and failed the hash is not.
-    path: list[int] = []
-    frames: list[list] = [[0, options(0), 0, False]]
+    # option tried next, whether any path below reached the end, discrepancies so far,
+    # whether its options are all listed]. A
+    # state (position, last K-1 ids) none of whose paths reaches the end is dead for every
+    # prefix (the k-gram check looks back K-1 ids only); one that reached the end and failed
+    # the hash is not. The first K-1 tokens have no k-gram to check, and a depth-first search
+    # would try every segmentation of them before it revisits an early wrong turn: there,
+    # taking any but a position's first option is a discrepancy, and the search runs again
+    # with 0, 1, 2, ... of them allowed (limited discrepancy search, Harvey & Ginsberg 1995).
     dead: set[tuple[int, tuple[int, ...]]] = set()
     steps = 0
-    while frames:
-        frame = frames[-1]
-        at, choices = frame[0], frame[1]
-        if at == n:
-            found = finish(path)
-            if found is not None:
-                return _recovered(text, data, table, found, len(found) - len(path))
-            frame[3] = True
-        elif frame[2] < len(choices) and (at, tuple(path[-(K - 1):])) not in dead:
-            token, length = choices[frame[2]]
-            frame[2] += 1
-            steps += 1
-            if steps > max_steps:
-                return None
-            path.append(token)
-            if known is None or len(path) < K or known(path[-K:]):
-                frames.append([at + length, options(at + length), 0, False])
-            else:
+    for allowed in range(K):
+        path: list[int] = []
+        frames: list[list] = [[0, first(0), 0, False, 0, False]]
+        limited = False  # whether the budget left out a path (else a larger one finds nothing more)
+        while frames:
+            frame = frames[-1]
+            at, choices = frame[0], frame[1]
+            if at == n:
+                found = finish(path)
+                if found is not None:
+                    return _recovered(text, data, table, found, len(found) - len(path))
+                frame[3] = True
+            elif (at, tuple(path[-(K - 1):])) in dead:
+                pass
+            elif frame[2] < len(choices) or not frame[5]:
+                if frame[2] == len(choices):  # the first option failed: the others, once
+                    frame[1] = choices = choices + rest(at)
+                    frame[5] = True
+                    continue
+                index = frame[2]
+                token, length = choices[index]
+                frame[2] += 1
+                discrepancies = frame[4] + (1 if index and len(path) < K - 1 else 0)
+                if discrepancies > allowed:
+                    limited = True
+                    continue
+                steps += 1
+                if steps > max_steps:
+                    return None
+                path.append(token)
+                if known is None or len(path) < K or known(path[-K:]):
+                    frames.append([at + length, first(at + length), 0, False, discrepancies, False])
+                else:
+                    path.pop()
+                continue
+            if at != n and not frame[3] and len(path) >= K - 1:
+                dead.add((at, tuple(path[-(K - 1):])))
+            frames.pop()
+            if frames:
+                frames[-1][3] = frames[-1][3] or frame[3]
                 path.pop()
-            continue
-        elif not frame[3]:
-            dead.add((at, tuple(path[-(K - 1):])))
-        frames.pop()
-        if frames:
-            frames[-1][3] = frames[-1][3] or frame[3]
-            path.pop()
+        if not limited:
+            return None
     return None
 
 

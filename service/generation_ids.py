@@ -11,16 +11,22 @@ model wrote, and only when that is proven.
 
 from __future__ import annotations
 
+import struct
 import threading
 from typing import Sequence
 
 from detector.segmentation import Recovered, SegmentationTable, recover as search
 from ledger.entries import GenerationEntry
 from ledger.kgram_cache import KgramCache
-from ledger.kgram_digests import V1, V2, keyed_position_digests, kgram_key
+from ledger.kgram_digests import DIGEST_BITS, K, V1, V2, hmac_states, kgram_key
 
 _TABLES: dict[int, tuple[object, SegmentationTable | None]] = {}
 _tables_lock = threading.Lock()
+_RECOVERED: dict[tuple[str, str, str], Recovered | None] = {}
+RECOVERED_MAX = 4096
+"""Recoveries kept (a generation's ids, or that none were found, for its recorded hashes):
+a text checked again skips the search. Proven once, they stay proven (entries are append-only
+and both hashes are part of the key)."""
 
 
 def _byte_alphabet() -> dict[str, int]:
@@ -67,6 +73,23 @@ def segmentation_table(tokenizer, engine=None) -> SegmentationTable | None:
     return table
 
 
+def _membership(key: bytes, recorded: set[int]):
+    """Whether an 8-gram's digest under ``key`` is in ``recorded``: HMAC-SHA256 from the key's
+    two padded states, copied per 8-gram (ledger.kgram_digests.keyed_position_digests's
+    digests, without re-deriving the states each call)."""
+    inner, outer = hmac_states(key)
+    shift = 64 - DIGEST_BITS
+
+    def known(window: Sequence[int]) -> bool:
+        mac = inner.copy()
+        mac.update(struct.pack(f">{K}I", *window))
+        final = outer.copy()
+        final.update(mac.digest())
+        return int.from_bytes(final.digest()[:8], "big") >> shift in recorded
+
+    return known
+
+
 def recover(session, cache: KgramCache, entry: GenerationEntry, text: str, canonical: Sequence[int],
             table: SegmentationTable | None, secrets: dict[str, int]) -> Recovered | None:
     """``entry``'s token ids, or None where they cannot be proven: the entry records no ids
@@ -76,6 +99,20 @@ def recover(session, cache: KgramCache, entry: GenerationEntry, text: str, canon
     target = entry.token_ids_sha256
     if not target:
         return None
+    memo_key = (entry.id, target, entry.output_sha256)
+    if memo_key in _RECOVERED:
+        return _RECOVERED[memo_key]
+    found, definitive = _search(session, cache, entry, text, canonical, table, secrets, target)
+    if definitive:  # not a search cut short for want of the k-gram key in this scope
+        if len(_RECOVERED) >= RECOVERED_MAX:
+            _RECOVERED.clear()
+        _RECOVERED[memo_key] = found
+    return found
+
+
+def _search(session, cache: KgramCache, entry: GenerationEntry, text: str, canonical: Sequence[int],
+            table: SegmentationTable | None, secrets: dict[str, int], target: str) -> tuple[Recovered | None, bool]:
+    """The ids, and whether the answer holds for any scope (the search had the k-grams)."""
     if table is None:  # encode's ids, or nothing
         table = SegmentationTable({}, {}, 0)
     known = None
@@ -84,6 +121,6 @@ def recover(session, cache: KgramCache, entry: GenerationEntry, text: str, canon
         key = (cache.store_key(session) if scheme == V2
                else kgram_key(secrets[entry.key_id]) if scheme == V1 and entry.key_id in secrets else None)
         if key is not None and recorded:
-            def known(window: Sequence[int]) -> bool:
-                return keyed_position_digests(window, key)[0] in recorded
-    return search(text, canonical, table, target, known)
+            known = _membership(key, recorded)
+    found = search(text, canonical, table, target, known)
+    return found, found is not None or known is not None
