@@ -130,6 +130,7 @@ class KgramCache:
         self._store_key_read = False
         self._v1_keys: frozenset[str] | None = None
         self._recorded: dict[str, list[tuple[int, int]]] = {}
+        self._labels: dict[str, set[tuple[str, str]]] = {}
 
     def _keyed(self, token_ids: Sequence[int], key: bytes) -> list[int]:
         index = (key, tuple(token_ids))
@@ -255,7 +256,11 @@ class KgramCache:
         never make a match."""
         missing = [g for g in dict.fromkeys(generation_ids) if g not in self._stored]
         if missing:
-            found, labels = self._read_recorded(session, missing)
+            unread = [g for g in missing if g not in self._recorded]  # read already: the id recovery's
+            if unread:
+                self._read_recorded(session, unread)
+            found = {g: self._recorded[g] for g in missing}
+            labels = {g: self._labels[g] for g in missing}
             authentic = tlog.logged_kgrams(session, found, labels)
             self._stored.update((g, len({d for _, d in found[g]}) if g in authentic else None) for g in missing)
         return {g: c for g, c in self._stored.items() if c is not None}
@@ -272,6 +277,7 @@ class KgramCache:
                 found[generation_id].append((int(scheme), int(digest)))
                 labels[generation_id].add((key_id, tenant_id))
         self._recorded.update(found)
+        self._labels.update(labels)
         return found, labels
 
     def recorded(self, session: Session, generation_id: str) -> tuple[int | None, set[int]]:

@@ -142,6 +142,10 @@ class DetectResponse(_Body):
     """Recorded generations sharing keyed eight-token sequences with the text."""
     normalization: dict[str, Any] | None = None
     """Text input: what normalisation changed and which form was scored."""
+    scored_as: str | None = None
+    """What was scored: `text` (as the tokenizer encodes it, and its normalised forms),
+    `generation_ids` (an exact copy, on the token ids its generation wrote, proven by their
+    recorded hash) or `token_ids` (ids sent as such)."""
     evidence: dict[str, Any] | None = None
     """With `evidence: true`: each token's offsets, whether it was scored (and why not), its score."""
     report: SignedDocument
