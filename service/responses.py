@@ -128,6 +128,9 @@ class DetectResponse(_Body):
     key: dict[str, Any] | None
     """The winning key (tenant, key_id, version, state, fingerprint, algorithm) when watermarked."""
     keys_tested: int
+    """Keys tested (a `diverse` key under its salts counts once)."""
+    tests: int | None = None
+    """Tests the global p is corrected for: (key, salt) pairs, a `diverse` key's salts each one."""
     per_key: list[dict[str, Any]]
     """Each key's statistic, score, scored tokens and p-values (own and Holm-adjusted)."""
     spans: list[dict[str, Any]]
