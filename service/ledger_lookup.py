@@ -25,7 +25,7 @@ from ledger import kgrams
 from keys.errors import KeyStoreError
 from ledger.kgrams import KgramCache, KgramMatch
 from ledger.entries import GenerationEntry, hash_output
-from ledger.read import find_generations_by_output_hash, generation_salts
+from ledger.read import find_generations_by_output_hash, generation_facts
 from service.auth import Identity
 from service.http_errors import store_error
 from service.state import Services
@@ -75,10 +75,10 @@ def _with_facts(session, found: LedgerLookup) -> None:
     """The salts and key states of what ``found`` holds, one query each (none when it holds
     nothing): the salt narrowing and the basis read them instead of querying again."""
     generations = [e.id for e in found.exact] + [m.generation_id for ms in found.kgram for m in ms]
-    found.salts = generation_salts(session, generations)  # {} without a query when there are none
+    # Salts and the key state each generation recorded, one query ({} without one when none).
+    found.salts, found.at_generation = generation_facts(session, generations)
     if not generations:
         return
-    found.at_generation = key_states.states_at_generation(session, (m.generation_id for ms in found.kgram for m in ms))
     found.now = key_states.current_states(session, [e.key_id for e in found.exact]
                                           + [m.key_id for ms in found.kgram for m in ms])
 
