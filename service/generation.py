@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from keys import clock
-from ledger import kgrams
+from ledger import grouped, kgrams
 from keys.errors import KeyRevoked, KeyStoreError
 from ledger.entries import (CHECKPOINT_TOKENS, GenerationEntry, checkpoint_generation, finish_generation,
                             record_generation, start_generation)
@@ -250,9 +250,10 @@ def _unwatermarked_reason(prepared: _Prepared, plain: int) -> str | None:
     return prepared.reason or ("dedup" if prepared.plan and plain else None)
 
 
-async def _written(services: Services, write) -> GenerationEntry:
-    """``write(session)``'s entry, once the ledger group it joined has committed."""
-    return await asyncio.wrap_future(services.ledger_writes.submit(write))
+async def _written(services: Services, write, batch=None) -> GenerationEntry:
+    """``write(session)``'s entry, once the ledger group it joined has committed (``batch``:
+    how to write it with others at once, GroupCommit.submit)."""
+    return await asyncio.wrap_future(services.ledger_writes.submit(write, batch))
 
 
 async def _record(services: Services, prepared: _Prepared, done: Finished, started_at=None) -> Outcome:
@@ -447,21 +448,25 @@ class _Progress:
                       output_text="".join(self.text), token_ids=list(self.token_ids),
                       watermarked_tokens=min(self.routes.watermarked, len(self.token_ids)) if plan else 0,
                       unwatermarked_reason=_unwatermarked_reason(prepared, self.routes.plain))
-        kgram_set = _kgram_set(prepared, values["token_ids"]) if finish_reason is not None else None
+        if finish_reason is None:
+            kind, kwargs = grouped.CHECKPOINT, values
+        else:
+            kind, kwargs = grouped.FINISHED, dict(values, finish_reason=finish_reason,
+                                                  details=_salt_details(prepared, details),
+                                                  kgram_set=_kgram_set(prepared, values["token_ids"]))
 
         def write(session) -> GenerationEntry:
             if finish_reason is None:
-                return checkpoint_generation(session, **values)
-            return finish_generation(session, finish_reason=finish_reason, details=_salt_details(prepared, details),
-                                     kgram_set=kgram_set, **values)
+                return checkpoint_generation(session, **kwargs)
+            return finish_generation(session, **kwargs)
 
-        return write, len(values["token_ids"])
+        return write, (grouped.append_many, (kind, kwargs)), len(values["token_ids"])
 
     def write(self, services: Services, prepared: _Prepared, *, finish_reason: str | None,
               details: dict | None = None) -> GenerationEntry:
         """The entry, committed (blocking: for threads)."""
-        write, covered = self._write(prepared, finish_reason, details)
-        entry = services.ledger_writes.submit(write).result()
+        write, batch, covered = self._write(prepared, finish_reason, details)
+        entry = services.ledger_writes.submit(write, batch).result()
         self.covered = covered
         _logged(services, entry)
         return entry
@@ -469,8 +474,8 @@ class _Progress:
     async def write_async(self, services: Services, prepared: _Prepared, *, finish_reason: str | None,
                           details: dict | None = None) -> GenerationEntry:
         """The entry, committed (awaited on the event loop: no worker thread waits)."""
-        write, covered = self._write(prepared, finish_reason, details)
-        entry = await _written(services, write)
+        write, batch, covered = self._write(prepared, finish_reason, details)
+        entry = await _written(services, write, batch)
         self.covered = covered
         _logged(services, entry)
         return entry
@@ -485,16 +490,17 @@ class _Progress:
 
 async def _start(services: Services, prepared: _Prepared) -> None:
     plan = prepared.plan
+    kwargs = dict(tenant_id=prepared.tenant_id, key_id=plan.key_id if plan else None,
+                  key_version=plan.version if plan else None, engine=services.engine.name,
+                  model=services.engine.model_name, spec=prepared.spec,
+                  prompt_tokens=len(prepared.request.prompt_ids), unwatermarked_reason=prepared.reason,
+                  generation_id=prepared.request.request_id, details=_salt_details(prepared, None))
 
     def write(session) -> GenerationEntry:
-        return start_generation(session, tenant_id=prepared.tenant_id, key_id=plan.key_id if plan else None,
-                                key_version=plan.version if plan else None, engine=services.engine.name,
-                                model=services.engine.model_name, spec=prepared.spec,
-                                prompt_tokens=len(prepared.request.prompt_ids), unwatermarked_reason=prepared.reason,
-                                generation_id=prepared.request.request_id, details=_salt_details(prepared, None))
+        return start_generation(session, **kwargs)
 
     try:
-        entry = await _written(services, write)
+        entry = await _written(services, write, (grouped.append_many, (grouped.STARTED, kwargs)))
     except KeyStoreError as exc:
         log.error("provenance record failed for generation %s: %s", prepared.request.request_id, exc.user_message)
         raise Unavailable("the provenance record could not be written, so nothing is generated; "
