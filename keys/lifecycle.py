@@ -32,7 +32,7 @@ from keys.models import KeyRow
 from keys.tenants import get_tenant, get_tenant_by_id, new_id
 from watermark import prf
 from watermark.key import check_value, fingerprint
-from watermark.spec import NEW_KEY_MODE, WatermarkSpec
+from watermark.spec import NEW_KEY_DIVERSITY, NEW_KEY_MODE, WatermarkSpec
 from watermark.validation import summary
 
 log = logging.getLogger("hallmark.keys")
@@ -97,10 +97,31 @@ def build_spec(base: WatermarkSpec | None = None, **changes: Any) -> WatermarkSp
     Invalid values raise :class:`InvalidInput` in one line."""
     fields = base.public_dict() if base is not None else {"mode": NEW_KEY_MODE}
     fields.update(changes)
+    fields = _with_diversity(fields, changes, new=base is None)
     try:
         return WatermarkSpec.model_validate(fields)
     except ValidationError as exc:
         raise InvalidInput(f"invalid watermark spec: {summary(exc, default='spec')}") from None
+
+
+def _with_diversity(fields: dict[str, Any], changes: Mapping[str, Any], new: bool) -> dict[str, Any]:
+    """``fields`` with a `diverse` key's scheme where nobody named one: a key that becomes
+    `diverse` here (a new key, or ``mode`` changed to it) gets :data:`NEW_KEY_DIVERSITY`
+    (`head`) with dedup scope `all`, which it needs, unless the creator named another scope
+    (then `salt`); a base that is already `diverse` keeps its scheme (a rotation does not
+    change how a tenant's text is generated unless asked); a key made `deterministic` has none."""
+    if "diversity" in changes:
+        return fields
+    if fields.get("mode") != "diverse":  # a base's scheme does not outlive its mode
+        return {name: value for name, value in fields.items() if name != "diversity"}
+    became = new or "mode" in changes
+    if not became or fields.get("diversity") is not None:
+        return fields
+    named_dedup = changes.get("dedup", changes.get("deduplicate_contexts"))
+    if named_dedup is None and new:
+        fields = {**fields, "dedup": "all"}
+    scope = fields.get("dedup", fields.get("deduplicate_contexts"))
+    return {**fields, "diversity": NEW_KEY_DIVERSITY if scope == "all" else "salt"}
 
 
 def spec_for_new_key(session: Session, *, tenant: str,

@@ -46,7 +46,7 @@ from ledger.chain import GENESIS_HASH, entry_fields, entry_hash, hash_token_ids,
 from ledger.log import tlog
 from ledger.log.leaves import EMPTY_KGRAMS, kgram_commitment
 from ledger.read import (MAX_OFFSET, MAX_RESULTS, STALE_AFTER, STARTED_AT, ChainEntry, GenerationEntry, _check_hash,  # noqa: F401
-                         _entries_of, _generation, find_generations_by_output_hash, generation_entries,
+                         _entries_of, _generation, authentic, find_generations_by_output_hash, generation_entries,
                          get_generation, hash_output, list_generations, writer_gone, writer_id)
 from ledger.verify import ChainHead, ChainProblem, ChainReport, verify_chain  # noqa: F401
 from watermark.spec import WatermarkSpec
@@ -218,7 +218,8 @@ def _append_rows(session: Session, auth, items: Sequence[tuple]) -> list[_Append
 
 
 def _logged(entry: GenerationEntry, appended: _Appended) -> GenerationEntry:
-    return dataclasses.replace(entry, kgrams_sha256=appended.kgrams_sha256, log=appended.log)
+    return dataclasses.replace(entry, kgrams_sha256=appended.kgrams_sha256, log=appended.log,
+                               fields=entry_fields(appended.row))
 
 
 def record_generation(
@@ -342,7 +343,7 @@ def _continue(session: Session, *, generation_id: str, tenant_id: str, kind: str
               finish_reason: str | None, details: dict[str, Any] | None, now: datetime | None,
               output_sha256: str | None = None, output_tokens: int | None = None,
               token_ids_sha256: str | None = None, kgram_set: Kgrams | None = None) -> GenerationEntry:
-    rows = _entries_of(session, generation_id, tenant_id)
+    rows = authentic(session, _entries_of(session, generation_id, tenant_id))  # a forged row ends no stream
     values = _continued_values(session, rows, generation_id=generation_id, tenant_id=tenant_id, kind=kind,
                                output_text=output_text, token_ids=token_ids, watermarked_tokens=watermarked_tokens,
                                unwatermarked_reason=unwatermarked_reason, finish_reason=finish_reason,

@@ -29,7 +29,7 @@ from keys.models import LedgerEntry as Row
 from keys.tenants import get_tenant_by_id
 from ledger import entries
 from ledger.log import tlog
-from ledger.read import GenerationEntry, _generation, _tenant_names
+from ledger.read import GenerationEntry, _generation, _tenant_names, authentic
 
 STARTED, CHECKPOINT, FINISHED = "started", "checkpoint", "finished"
 _START_HEADER = ("key_id", "key_version", "engine", "model", "spec", "prompt_tokens")
@@ -49,7 +49,9 @@ def append_many(session: Session, writes: Sequence[tuple[str, dict[str, Any]]]) 
     for missing in tenant_ids - set(names):
         get_tenant_by_id(session, tenant_id=missing)  # raises the single write's UnknownTenant
     earlier: dict[str, list[Row]] = {}
-    for row in session.scalars(select(Row).where(Row.generation_id.in_(ids)).order_by(Row.seq)):
+    # as the single writes do: a row the log does not hold (a forged one) ends no stream
+    for row in authentic(session, list(session.scalars(select(Row).where(Row.generation_id.in_(ids))
+                                                       .order_by(Row.seq)))):
         earlier.setdefault(row.generation_id, []).append(row)
     memo: dict = {}
     items, before = [], []

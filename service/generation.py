@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator
 
 from keys import clock
 from ledger import grouped, kgrams
+from ledger.log.faults import LogBlocked
 from keys.errors import KeyRevoked, KeyStoreError
 from ledger.entries import (CHECKPOINT_TOKENS, GenerationEntry, checkpoint_generation, finish_generation,
                             record_generation, start_generation)
@@ -157,7 +158,7 @@ def _generation_key(services: Services, key: WatermarkKey, key_id: str, params: 
                     prompt_ids: tuple[int, ...]) -> WatermarkKey:
     """The key this generation runs under: a `diverse` key with the generation's salt (given,
     else from the seed, else the prompt's next salt in turn: watermark.salt)."""
-    if key.spec.mode != "diverse":
+    if not key.spec.salted:  # deterministic, or `head` diversity (its stream varies the text)
         return key
     if params.salt is not None:
         salt = params.salt
@@ -282,9 +283,7 @@ async def _record(services: Services, prepared: _Prepared, done: Finished, start
         raise Unavailable("the watermark key was revoked while this generation ran, so the output is "
                           "withheld; retry (the tenant's new active key will be used)") from None
     except KeyStoreError as exc:
-        log.error("provenance record failed for generation %s: %s", prepared.request.request_id, exc.user_message)
-        raise Unavailable("the provenance record could not be written, so the output is withheld; "
-                          "retry later") from None
+        raise _unrecorded(services, exc, prepared.request.request_id, "the output is withheld") from None
     _logged(services, entry)
     return await asyncio.to_thread(_outcome, services, prepared, done, entry)
 
@@ -302,7 +301,22 @@ def _kgram_set(prepared: _Prepared, token_ids) -> kgrams.KgramSet | None:
 def _logged(services: Services, entry: GenerationEntry) -> None:
     """Count a committed append toward the next published checkpoint."""
     if entry.log is not None:
+        services.store_faults.appended()
         services.logged(entry.log.size)
+
+
+def _unrecorded(services: Services, exc: KeyStoreError, generation_id: str, what: str) -> Unavailable:
+    """The 503 for a record that could not be written (``what`` says what is withheld), with
+    the cause's code (``ledger_blocked``, ``database_unavailable``, ...) and Retry-After."""
+    log.error("provenance record failed for generation %s: %s", generation_id, exc.user_message)
+    if isinstance(exc, LogBlocked):
+        services.store_faults.log_blocked(exc)
+    cause = store_error(exc)
+    reason = ("the transparency log is blocked by a row this gateway did not write (the operator must run "
+              "`hallmark ledger repair`)" if isinstance(exc, LogBlocked) else "the provenance record could not be "
+              "written")
+    return Unavailable(f"{reason}, so {what}; retry later", code=cause.code if cause.status == 503 else "store_error",
+                       headers={"Retry-After": "30" if isinstance(exc, LogBlocked) else "1"})
 
 
 def _engine_reason(reason: str) -> str:
@@ -502,9 +516,7 @@ async def _start(services: Services, prepared: _Prepared) -> None:
     try:
         entry = await _written(services, write, (grouped.append_many, (grouped.STARTED, kwargs)))
     except KeyStoreError as exc:
-        log.error("provenance record failed for generation %s: %s", prepared.request.request_id, exc.user_message)
-        raise Unavailable("the provenance record could not be written, so nothing is generated; "
-                          "retry later") from None
+        raise _unrecorded(services, exc, prepared.request.request_id, "nothing is generated") from None
     _logged(services, entry)
 
 
@@ -575,10 +587,9 @@ async def stream(services: Services, identity: Identity, params: GenerateParams)
         except KeyStoreError as exc:
             # A checkpoint could not be written: stop sending what would go unrecorded.
             finished = True
-            log.error("ledger checkpoint failed for generation %s: %s", prepared.request.request_id,
-                      exc.user_message)
+            failure = _unrecorded(services, exc, prepared.request.request_id, "the stream stops here")
             await asyncio.to_thread(progress.close_quietly, services, prepared, "engine_failure")
-            raise Unavailable("the provenance record could not be written, so the stream stops here") from None
+            raise failure from None
         except Exception as exc:  # noqa: BLE001 - every engine or remote failure ends in a record
             finished = True
             reason = _failure_reason(exc)
@@ -613,7 +624,6 @@ async def _finish(services: Services, prepared: _Prepared, done: Finished, progr
         entry = await progress.write_async(services, prepared, finish_reason=_engine_reason(done.finish_reason),
                                            details=details)
     except KeyStoreError as exc:
-        log.error("final ledger entry failed for generation %s: %s", prepared.request.request_id, exc.user_message)
-        raise Unavailable("the final provenance record could not be written; the stream's record stops "
-                          "at its last checkpoint") from None
+        raise _unrecorded(services, exc, prepared.request.request_id,
+                          "the stream's record stops at its last checkpoint") from None
     return await asyncio.to_thread(_outcome, services, prepared, done, entry)

@@ -32,10 +32,13 @@ from watermark.spec import WatermarkSpec
 
 log = logging.getLogger("hallmark.warmup")
 
-SPECS = tuple(WatermarkSpec(algorithm=algorithm, coin=coin, mode=mode)
+SPECS = tuple(WatermarkSpec(algorithm=algorithm, coin=coin, **scheme)
               for algorithm in ("gumbel", "dual_key_gumbel") for coin in ("ordinary", "keyed")
-              for mode in ("deterministic", "diverse") if algorithm == "dual_key_gumbel" or coin == "ordinary")
-"""A key of every kind a store can hold (a keyed coin is a dual-key option)."""
+              for scheme in ({"mode": "deterministic"}, {"mode": "diverse"},
+                             {"mode": "diverse", "diversity": "head", "dedup": "all"})
+              if algorithm == "dual_key_gumbel" or coin == "ordinary")
+"""A key of every kind a store can hold (a keyed coin is a dual-key option; a `diverse` key
+salted, or with its unwatermarked head: watermark.head)."""
 
 
 def warm_detection(engine=None) -> float:

@@ -84,8 +84,8 @@ class WatermarkKey:
         prf.check_key(self.secret)
         if self.salt is not None:
             salts.check_salt(self.salt)
-            if self.spec.mode != "diverse":
-                raise ValueError("only a key in mode 'diverse' takes a salt")
+            if not self.spec.salted:
+                raise ValueError("only a key in mode 'diverse' with diversity 'salt' takes a salt")
 
     @property
     def fingerprint(self) -> str:
@@ -102,8 +102,8 @@ class WatermarkKey:
         derived here in one pass. Opening a store derives these 3 x SALTS sub-keys for every
         diverse key; one at a time through ``with_salt`` and the cached properties, Python's
         per-object overhead cost several times the SHA-256s themselves."""
-        if self.spec.mode != "diverse" or self.salt is not None:
-            raise ValueError("only an unsalted key in mode 'diverse' has salted keys")
+        if not self.spec.salted or self.salt is not None:
+            raise ValueError("only an unsalted key in mode 'diverse' with diversity 'salt' has salted keys")
         dual = self.spec.algorithm == "dual_key_gumbel"
         out = []
         for salt, derived in enumerate(salts.salted_secrets(self.secret, _DUAL_TAGS if dual else ())):

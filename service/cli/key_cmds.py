@@ -83,9 +83,10 @@ DEDUP_MAX_HISTORY = typer.Option(None, "--dedup-max-history", metavar="N|all",
                                  help="Positions searched for a repeated context (a positive integer), or 'all'.")
 COIN = typer.Option(None, "--coin", help="dual_key_gumbel's speculative acceptance coin: ordinary (vLLM's) or "
                     "keyed (lets the detector weigh each token's key).")
-MODE = typer.Option(None, "--mode", help="diverse (a new key's default: each generation draws a salt, so "
-                    "regenerating gives a new text) or deterministic (vLLM's scheme bit for bit: one prompt, "
-                    "one text; imported keys' default).")
+MODE = typer.Option(None, "--mode", help="diverse (a new key's default: its first context-width tokens are "
+                    "sampled unwatermarked from the request's random stream, so regenerating gives a new text; "
+                    "with a --dedup other than all, each generation draws one of 16 salts instead) or "
+                    "deterministic (vLLM's scheme bit for bit: one prompt, one text; imported keys' default).")
 
 
 @keys_app.command("create")
@@ -246,6 +247,6 @@ def keys_export(key_id: str = typer.Argument(..., help="Key id."),
         f"key {exported.key_id} (tenant {exported.tenant}, version {exported.version}, {exported.state})",
         f"fingerprint: {exported.fingerprint}",
         f"secret: {exported.secret} (0x{exported.secret:016x})",
-        f"vllm --watermark-config: {json.dumps(vllm) if vllm else '(not expressible: keyed coin or diverse mode)'}",
+        f"vllm --watermark-config: {json.dumps(vllm) if vllm else '(not expressible: keyed coin or salted diverse mode)'}",
     ])
     emit(payload, as_json, text)

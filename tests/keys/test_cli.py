@@ -81,10 +81,15 @@ def test_keys_lifecycle_commands(cli, tmp_path):
     exported = cli.ok("keys", "export", first["key_id"], "--yes", "--json").json()
     assert exported["fingerprint"] == first["fingerprint"] and exported["state"] == "revoked"
     assert exported["secret_hex"] == f"0x{exported['secret']:016x}"
-    # A tenant's first key is diverse (issue 24): vLLM has no per-generation salt, so no config.
-    assert exported["spec"]["mode"] == "diverse" and exported["vllm_watermark_config"] is None
-    text = cli.ok("keys", "export", first["key_id"], "--yes").stdout
-    assert f"secret: {exported['secret']}" in text and "not expressible" in text
+    # A tenant's first key is diverse by an unwatermarked head (issue 30): no salt, so vLLM's
+    # config says the same (dedup scope all samples the padded contexts without the watermark).
+    assert exported["spec"]["mode"] == "diverse" and exported["spec"]["diversity"] == "head"
+    assert exported["vllm_watermark_config"]["deduplicate_contexts"] == "all"
+    salted = cli.ok("keys", "create", "--tenant", "acme", "--mode", "diverse", "--dedup", "single_turn",
+                    "--json").json()
+    assert salted["spec"]["mode"] == "diverse" and "diversity" not in salted["spec"]  # the salt scheme
+    text = cli.ok("keys", "export", salted["key_id"], "--yes").stdout
+    assert "not expressible" in text
     # A deterministic key (--mode) exports vLLM's config with the key.
     det = cli.ok("keys", "create", "--tenant", "acme", "--mode", "deterministic", "--json").json()
     assert "mode" not in det["spec"]  # a spec without mode is deterministic (specs before issue 24)
