@@ -25,6 +25,7 @@ from service.http_errors import store_error
 from service.ledger_evidence import with_key_states, with_ledger_basis, with_shared_evidence, with_shared_scores
 from service.ledger_lookup import LedgerLookup, ledger_scope, look_up, stored_keys
 from service.ledger_salts import narrowed_by_ledger
+from service import ledger_log
 from service.provenance import ledger_match, report_scope, report_settings, report_statement
 from service.schemas import DetectBody
 from service.state import Services
@@ -152,6 +153,12 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
     settings = report_settings(config, normalize=params.normalize if params.text is not None else None)
     out["report"] = services.sign(report_statement(out, text=params.text, token_ids=list(token_ids),
                                                    scope=scope, settings=settings))
+    cited = [(m["generation_id"], m["ledger"]["entry_hash"]) for m in out.get("ledger_matches") or ()
+             if isinstance(m.get("ledger"), dict) and m.get("generation_id")]
+    if out["report"] is not None and cited:  # offline proofs that the cited entries are logged
+        proofs = ledger_log.entry_proofs(services, cited)
+        if proofs:
+            out["report"]["log"] = {"tlog_proofs": proofs}
     return out
 
 

@@ -39,8 +39,10 @@ class SignedDocument(_Body):
     signature: dict[str, Any]
     """`alg` (Ed25519), `kid` (the signing key) and `sig` (base64url)."""
     log: dict[str, Any] | None = None
-    """A receipt's transparency-log proof: `leaf_index`, `tree_size`, a signed `checkpoint` and
-    the `inclusion_proof`."""
+    """A receipt's transparency-log proof: `leaf_index`, `tree_size`, a signed `checkpoint`, the
+    `inclusion_proof`, and all of it as `tlog_proof` (c2sp.org/tlog-proof@v1 text; against a
+    witness-cosigned checkpoint when fetched again once one covers the entry). A detection
+    report's: `tlog_proofs`, one for each ledger entry it cites."""
     entry: dict[str, Any] | None = None
     """A receipt's attested ledger entry, every hashed field (they hash to `statement.ledger.entry_hash`):
     what keeps the receipt verifiable through the log if its signing key is revoked later."""

@@ -27,6 +27,8 @@ NEW_KEY_MODE = "diverse"
 NEW_KEY_DIVERSITY = "head"
 """How a new `diverse` key varies its generations (:func:`keys.lifecycle.build_spec`): it
 needs dedup scope `all`, which a new key then gets unless its creator names another."""
+NEW_KEY_PRF = prf.NEW_KEY
+"""The PRF a new key gets when its creator names none: 256-bit keys (:mod:`watermark.prf`)."""
 MAX_CONTEXT_WIDTH = 16
 # vLLM options that change nothing a detector must know.
 _VLLM_GENERATION_ONLY = {"allow_target_only_watermarking"}
@@ -53,7 +55,9 @@ class WatermarkSpec(BaseModel):
     """Most recent history positions searched for a repeat; None searches the whole scope."""
 
     prf: str = prf.DEFAULT
-    """The PRF version (`philox` is accepted as vLLM's name for it)."""
+    """The PRF version: `philox4x32-10-v1` (64-bit keys, vLLM's `philox`), `hmac-sha256-philox-v1`
+    (256-bit keys; what new keys get) or `hmac-sha256-v1` (256-bit keys, vLLM's `hmac_sha256`).
+    A spec that names none is `philox4x32-10-v1`, as every spec written before 256-bit keys."""
 
     coin: CoinKind = "ordinary"
     """Speculative acceptance coin: `ordinary` (vLLM's) or `keyed` (a third derived key
@@ -87,6 +91,11 @@ class WatermarkSpec(BaseModel):
     def _known_prf(cls, value: Any) -> str:
         return prf.canonical_name(value)
 
+    @property
+    def key_bits(self) -> int:
+        """The secret's size in bits (64 or 256), fixed by the PRF."""
+        return prf.key_bits(self.prf)
+
     @field_validator("context_width", mode="before")
     @classmethod
     def _width_is_int(cls, value: Any) -> Any:
@@ -114,7 +123,7 @@ class WatermarkSpec(BaseModel):
         key = config.pop("key")
         if isinstance(key, str):
             key = int(key, 0)
-        prf.check_key(key)
+        prf.check_key(key, prf.key_bits(config.get("prf", prf.DEFAULT)))
         if config.get("algorithm", "gumbel") not in ALGORITHMS:
             raise ValueError(
                 f"unsupported vLLM watermark algorithm: {config['algorithm']!r}; "
@@ -132,13 +141,15 @@ class WatermarkSpec(BaseModel):
             raise ValueError("vLLM has no keyed acceptance coin; use coin='ordinary'")
         if self.salted:
             raise ValueError("vLLM has no per-generation salt; use mode='deterministic' or diversity='head'")
+        if self.prf not in prf.VLLM_NAMES:
+            raise ValueError(f"vLLM has no {self.prf} PRF; use prf='philox' or 'hmac_sha256'")
         return {
             "algorithm": self.algorithm,
             "alpha": self.alpha,
             "context_width": self.context_width,
             "deduplicate_contexts": self.dedup,
             "deduplicate_contexts_max_history": self.dedup_max_history,
-            "prf": "philox",
+            "prf": prf.VLLM_NAMES[self.prf],
         }
 
     def public_dict(self) -> dict[str, Any]:
