@@ -3,8 +3,8 @@
     .venv/bin/python -m bench.prf_detect_cpu [--out bench/results/prf-detect-cpu.json]
 
 For each PRF (``philox4x32-10-v1``, ``hmac-sha256-philox-v1``, vLLM's ``hmac-sha256-v1``),
-spec (``gumbel``, ``dual_key_gumbel``; ``deterministic``, and ``diverse``: 16 salted keys
-tested) and text length (200 and 20,000 tokens of random ids, vocabulary 8192; detection
+spec (``gumbel``, ``dual_key_gumbel``; ``deterministic``; ``diverse`` with salts: 16 salted keys
+tested; ``diverse`` with head diversity, new keys' default: one key) and text length (200 and 20,000 tokens of random ids, vocabulary 8192; detection
 cost does not depend on whether a text is watermarked): the median time of
 :func:`detector.detect.detect` after a warm-up (numba compiled and loaded), and of the PRF
 alone (``detector.scoring.uniforms_many`` over the text's scored positions). The goal of
@@ -59,12 +59,15 @@ def main() -> int:
     texts = {n: rng.integers(0, 8192, n).tolist() for n in (200, 20_000)}
     rows = []
     for algorithm in ("gumbel", "dual_key_gumbel"):
-        for mode in ("deterministic", "diverse"):
+        for mode in ("deterministic", "diverse-salt", "diverse-head"):
             for n, tokens in texts.items():
                 base = {}
                 for prf in PRFS:
                     secret = 0x0123456789ABCDEF if prf.startswith("philox") else (2**255 + 0xABCDEF)
-                    key = WatermarkKey(secret, WatermarkSpec(algorithm=algorithm, mode=mode, prf=prf))
+                    extra = {} if mode == "deterministic" else (
+                        {"mode": "diverse", "diversity": "salt"} if mode == "diverse-salt" else
+                        {"mode": "diverse", "diversity": "head", "dedup": "all"})
+                    key = WatermarkKey(secret, WatermarkSpec(algorithm=algorithm, prf=prf, **extra))
                     candidates = salted_candidates([Candidate.inline(key)])
                     config = DetectorConfig()
                     repeats = args.repeats if n <= 200 or prf.startswith("philox") else max(3, args.repeats // 2)

@@ -27,12 +27,19 @@ class KeyInfo:
     salt: int | None = None
     """The salt tested (a `diverse` key, expanded into its salted candidates by
     :func:`salted_candidates`); None for a `deterministic` key. Only then in ``to_dict``."""
+    prf: str = "philox4x32-10-v1"
+    """The key's PRF; with ``key_bits``, in ``to_dict`` only for a key that is not a 64-bit
+    Philox key (absent: ``philox4x32-10-v1``, 64 bits), so results about such keys read as before."""
+    key_bits: int = 64
+    """The secret's size: what a key search must cover (docs: concepts/threat-model.md)."""
 
     def to_dict(self) -> dict[str, Any]:
         out = {"tenant": self.tenant, "key_id": self.key_id, "version": self.version,
                "state": self.state, "fingerprint": self.fingerprint, "algorithm": self.algorithm}
         if self.salt is not None:
             out["salt"] = self.salt
+        if self.key_bits != 64:
+            out["prf"], out["key_bits"] = self.prf, self.key_bits
         return out
 
 
@@ -47,7 +54,8 @@ class Candidate:
     def inline(cls, key: WatermarkKey, label: str = "inline") -> "Candidate":
         """A key given directly (CLI, tests): no tenant, no stored id."""
         return cls(key=key, info=KeyInfo(tenant=None, key_id=label, version=None, state="active",
-                                         fingerprint=key.fingerprint, algorithm=key.spec.algorithm, salt=key.salt))
+                                         fingerprint=key.fingerprint, algorithm=key.spec.algorithm, salt=key.salt,
+                                         prf=key.spec.prf, key_bits=key.spec.key_bits))
 
 
 def salted_candidates(candidates: Sequence[Candidate], known_salt: dict[str, int] | None = None) -> list[Candidate]:

@@ -16,7 +16,8 @@ a signature by a key the log does not hold, by a revoked key, or dated (by the s
 own time field, :data:`STATEMENT_TIME`) outside the key's window (:func:`check_window`).
 
 A receipt's statement (type ``hallmark.receipt``, version 2) holds: generation_id,
-tenant_id, tenant, key (key_id, version, fingerprint, state; null when unwatermarked), spec,
+tenant_id, tenant, key (key_id, version, fingerprint, state, and prf and key_bits for a key that is not
+a 64-bit Philox key; null when unwatermarked), spec,
 model, engine, created_at and finished_at (when the generation started, from its ``started``
 entry or a one-entry generation's ``details.started_at``, and when its attested entry was
 written), finish_reason,

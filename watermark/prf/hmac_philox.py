@@ -137,5 +137,11 @@ class HmacPhilox(PRF):
         mids = hmac_compiled.midstates_table(midstates, keys)
         return hmac_compiled.philox_uniforms_many(mids, contexts, tokens_by_key)
 
+    def words_many(self, keys: Sequence[int], contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """uint32 words [K, P]: each key over the same contexts and tokens (the many-key screen)."""
+        if hmac_compiled.compiled() is None:  # pragma: no cover - exercised where numba is missing
+            return np.stack([words_reference(k, contexts, tokens).astype(np.uint32) for k in keys])
+        return hmac_compiled.philox_words_many(hmac_compiled.midstates_table(midstates, keys), contexts, tokens)
+
 
 HMAC_PHILOX = HmacPhilox()

@@ -85,5 +85,11 @@ class HmacSha256(PRF):
             return np.stack([self.uniforms(k, contexts, t) for k, t in zip(keys, per_key)])
         return hmac_compiled.vllm_uniforms_many(hmac_compiled.midstates_table(midstates, keys), contexts, tokens_by_key)
 
+    def words_many(self, keys: Sequence[int], contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """uint32 words [K, P]: each key over the same contexts and tokens (the many-key screen)."""
+        if hmac_compiled.compiled() is None:  # pragma: no cover - exercised where numba is missing
+            return np.stack([words_reference(k, contexts, tokens).astype(np.uint32) for k in keys])
+        return hmac_compiled.vllm_words_many(hmac_compiled.midstates_table(midstates, keys), contexts, tokens)
+
 
 HMAC_SHA256 = HmacSha256()
