@@ -26,19 +26,20 @@ from detector.multikey import KeySet, detect_many
 from detector.result import Candidate, salted_candidates
 from detector.scoring import ScoreMemo
 from service import generation_ids
-from watermark import jit
+from watermark import jit, prf
 from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
 
 log = logging.getLogger("hallmark.warmup")
 
-SPECS = tuple(WatermarkSpec(algorithm=algorithm, coin=coin, **scheme)
+SPECS = tuple(WatermarkSpec(algorithm=algorithm, coin=coin, prf=name, **scheme)
+              for name in sorted(set(prf.NAMES.values()))
               for algorithm in ("gumbel", "dual_key_gumbel") for coin in ("ordinary", "keyed")
               for scheme in ({"mode": "deterministic"}, {"mode": "diverse"},
                              {"mode": "diverse", "diversity": "head", "dedup": "all"})
               if algorithm == "dual_key_gumbel" or coin == "ordinary")
-"""A key of every kind a store can hold (a keyed coin is a dual-key option; a `diverse` key
-salted, or with its unwatermarked head: watermark.head)."""
+"""A key of every kind a store can hold (every PRF; a keyed coin is a dual-key option; a
+`diverse` key salted, or with its unwatermarked head: watermark.head)."""
 
 
 def warm_detection(engine=None) -> float:
