@@ -166,6 +166,9 @@ class DetectionResult:
     key: KeyInfo | None
     """The winning key when the text is watermarked, else None."""
     keys_tested: int
+    """The tests the global p is Šidák-corrected for: one per candidate, so a `diverse` key
+    tested under its 16 salts counts 16. The result's dict calls this ``tests`` and counts keys
+    in its ``keys_tested`` (:meth:`keys`): salts are not keys (issue 34, item 5)."""
     per_key: tuple[KeyResult, ...]
     spans: tuple[Span, ...] = ()
     ledger_matches: tuple[dict[str, Any], ...] = ()
@@ -178,6 +181,13 @@ class DetectionResult:
     def p_value(self) -> float:
         return _p(self.log10_p_value)
 
+    def keys(self) -> int:
+        """Distinct keys tested (a key under several salts once): counted from ``per_key``
+        (one entry per candidate); without entries, :attr:`keys_tested`."""
+        if not self.per_key:
+            return self.keys_tested
+        return len({(r.key.tenant, r.key.key_id, r.key.version, r.key.fingerprint) for r in self.per_key})
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "watermarked": self.watermarked,
@@ -187,7 +197,8 @@ class DetectionResult:
             "scored_tokens": self.scored_tokens,
             "total_tokens": self.total_tokens,
             "key": self.key.to_dict() if self.key else None,
-            "keys_tested": self.keys_tested,
+            "keys_tested": self.keys(),
+            "tests": self.keys_tested,
             "per_key": [r.to_dict() for r in self.per_key],
             "spans": [s.to_dict() for s in self.spans],
             "ledger_matches": list(self.ledger_matches),
