@@ -26,12 +26,11 @@ import base64
 import binascii
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
+from ledger import sigalg
 from ledger.log import merkle
 from ledger.log.leaves import KEY_EVENT_TYPE, key_event_leaf
 from ledger.log.note import Checkpoint, NoteError, Verifier, open_checkpoint
-from ledger.receipts import ALGORITHM, ReceiptInvalid, TrustedKey, TrustedKeys, key_id_of, unb64url
+from ledger.receipts import ReceiptInvalid, TrustedKey, TrustedKeys, key_id_of, unb64url
 
 
 def _trusted(entry: Any, checkpoint: Checkpoint) -> TrustedKey | None:
@@ -41,13 +40,14 @@ def _trusted(entry: Any, checkpoint: Checkpoint) -> TrustedKey | None:
         index = log["leaf_index"]
         proof = [base64.b64decode(h, validate=True) for h in log["inclusion_proof"]]
         raw = unb64url(event["public_key"])
-        if (event.get("type") != KEY_EVENT_TYPE or event.get("alg") != ALGORITHM or len(raw) != 32
+        public = sigalg.PublicKey.load(event.get("alg"), raw)  # the logged algorithm decides what must verify
+        if (event.get("type") != KEY_EVENT_TYPE or entry.get("alg", event.get("alg")) != event.get("alg")
                 or key_id_of(raw) != event["kid"] or entry.get("kid") != event["kid"]
                 or not isinstance(index, int) or isinstance(index, bool)):
             return None
         merkle.verify_inclusion(index, checkpoint.size, merkle.leaf_hash(key_event_leaf(event)), proof,
                                 checkpoint.root)
-        return TrustedKey(kid=event["kid"], public_key=Ed25519PublicKey.from_public_bytes(raw),
+        return TrustedKey(kid=event["kid"], public_key=public.ed25519, ml_dsa_public_key=public.ml_dsa,
                           not_before=event.get("not_before"), not_after=event.get("not_after"),
                           revoked_at=event.get("revoked_at"), trusted_below=event.get("trusted_below"),
                           revocation_reason=entry.get("revocation_reason") if event.get("revoked_at") else None)

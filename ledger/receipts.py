@@ -1,4 +1,5 @@
-"""Signed statements: generation receipts and detection reports (Ed25519), verifiable offline.
+"""Signed statements: generation receipts and detection reports (Ed25519, or Ed25519 + ML-DSA-44),
+verifiable offline.
 
 A signed document is ``{"statement": {...}, "signature": {"alg": "Ed25519", "kid": ...,
 "sig": ...}}``. The signature covers exactly::
@@ -6,7 +7,9 @@ A signed document is ``{"statement": {...}, "signature": {"alg": "Ed25519", "kid
     f"{statement['type']}/v{statement['version']}\\n".encode() || canonical_json(statement)
 
 with :func:`ledger.chain.canonical_json` (keys sorted, no whitespace, UTF-8, shortest
-floats) and ``sig`` the 64-byte Ed25519 signature in unpadded base64url. ``kid`` names
+floats) and ``sig`` the 64-byte Ed25519 signature in unpadded base64url. A composite key
+(``alg`` ``Ed25519+ML-DSA-44``, ledger.sigalg) adds ``ml_dsa_44_sig``, the ML-DSA-44 signature
+of the same bytes; both must verify, as the key's logged algorithm (not the document) says. ``kid`` names
 the signing key in the key set served at ``/.well-known/hallmark-keys.json`` (ledger.keyset:
 each key with its window and the proof that the transparency log holds it).
 
@@ -47,12 +50,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from ledger import sigalg
 from ledger.chain import canonical_json
 
-ALGORITHM = "Ed25519"
+ALGORITHM = sigalg.ED25519
+"""The default (and, before composite keys, the only) algorithm."""
 RECEIPT_TYPE = "hallmark.receipt"
 REPORT_TYPE = "hallmark.detection_report"
 KID_PREFIX = "sk_"
@@ -73,7 +77,8 @@ def unb64url(text: str) -> bytes:
 
 
 def key_id_of(public_raw: bytes) -> str:
-    """``sk_`` + 16 hex digits of SHA-256 of the raw 32-byte public key."""
+    """``sk_`` + 16 hex digits of SHA-256 of the raw public key (32 bytes; a composite key's
+    1344: both halves, ledger.sigalg)."""
     return KID_PREFIX + hashlib.sha256(public_raw).hexdigest()[:16]
 
 
@@ -91,13 +96,16 @@ class Signer:
 
     kid: str
     private_key: Ed25519PrivateKey
+    ml_dsa_key: Any = None
+    """A composite key's ML-DSA-44 half (``mldsa.MLDSA44PrivateKey``); None for Ed25519."""
 
     def __repr__(self) -> str:
         return f"Signer(kid={self.kid!r})"
 
     def sign(self, statement: dict[str, Any]) -> dict[str, Any]:
-        signature = self.private_key.sign(signed_bytes(statement))
-        return {"statement": statement, "signature": {"alg": ALGORITHM, "kid": self.kid, "sig": b64url(signature)}}
+        fields = sigalg.PrivateKey(self.private_key, self.ml_dsa_key).sign(signed_bytes(statement), b64url)
+        signature = {"alg": fields.pop("alg"), "kid": self.kid, "sig": fields.pop("sig"), **fields}
+        return {"statement": statement, "signature": signature}
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,13 @@ class TrustedKey:
     ``trusted_below``). A receipt of this key whose entry is one of those first leaves, and whose
     content is that entry's, stays verifiable: the log, not the signature, shows it was made
     before the compromise. None: nothing it signed is trusted."""
+    ml_dsa_public_key: Any = None
+    """A composite key's ML-DSA-44 half (its signatures then need both); None for Ed25519."""
+
+    @property
+    def verifying_key(self) -> sigalg.PublicKey:
+        alg = sigalg.COMPOSITE if self.ml_dsa_public_key is not None else sigalg.ED25519
+        return sigalg.PublicKey(alg, self.public_key, self.ml_dsa_public_key)
 
 
 class TrustedKeys(dict):
@@ -221,19 +236,20 @@ def check_window(statement: dict[str, Any], key: TrustedKey, document: Any = Non
                              f"({key.not_after})")
 
 
-def public_keys(keyset: dict[str, Any]) -> dict[str, Ed25519PublicKey]:
+def public_keys(keyset: dict[str, Any]) -> dict[str, Any]:
     """Public keys by kid from a key set document, unchecked against any log (a kid must
     match its key). Trust no signature on these alone: ledger.keyset.trusted_keys checks the
     set against the pinned log key and gives each key its window."""
     if not isinstance(keyset, dict) or not isinstance(keyset.get("keys"), list):
         raise ReceiptInvalid("the key set is not a {\"keys\": [...]} document")
-    found: dict[str, Ed25519PublicKey] = {}
+    found: dict[str, Any] = {}
     for entry in keyset["keys"]:
         try:
             raw = unb64url(entry["public_key"])
-            if entry.get("alg") != ALGORITHM or len(raw) != 32 or key_id_of(raw) != entry["kid"]:
+            if key_id_of(raw) != entry["kid"]:
                 continue
-            found[entry["kid"]] = Ed25519PublicKey.from_public_bytes(raw)
+            key = sigalg.PublicKey.load(entry.get("alg"), raw)
+            found[entry["kid"]] = key.ed25519 if key.alg == ALGORITHM else key
         except (KeyError, TypeError, ValueError):
             continue
     return found
@@ -252,21 +268,20 @@ def verify_signed(document: Any, keys: Mapping[str, TrustedKey | Ed25519PublicKe
     statement, signature = document["statement"], document["signature"]
     if expected_type is not None and statement.get("type") != expected_type:
         raise ReceiptInvalid(f"the statement is a {statement.get('type')!r}, not a {expected_type!r}")
-    if signature.get("alg") != ALGORITHM:
-        raise ReceiptInvalid(f"unsupported signature algorithm {signature.get('alg')!r}; expected Ed25519")
+    if signature.get("alg") not in sigalg.ALGORITHMS:
+        raise ReceiptInvalid(f"unsupported signature algorithm {signature.get('alg')!r}; expected one of "
+                             f"{', '.join(sigalg.ALGORITHMS)}")
     kid = signature.get("kid")
     if not isinstance(kid, str) or kid not in keys:
         raise ReceiptInvalid(f"unknown signing key {kid!r}: the log's key set does not contain it")
     key = keys[kid]
-    public = key.public_key if isinstance(key, TrustedKey) else key
+    public = key.verifying_key if isinstance(key, TrustedKey) else \
+        key if isinstance(key, sigalg.PublicKey) else sigalg.PublicKey(ALGORITHM, key)
+    data = signed_bytes(statement)
     try:
-        raw = unb64url(signature.get("sig"))
-    except (ValueError, TypeError):
-        raise ReceiptInvalid("the signature is not base64url") from None
-    try:
-        public.verify(raw, signed_bytes(statement))
-    except (InvalidSignature, ValueError):
-        raise ReceiptInvalid(f"bad signature: the statement was altered or not signed by {kid}") from None
+        public.check(signature, data, unb64url)
+    except sigalg.BadSignature as exc:
+        raise ReceiptInvalid(f"bad signature: the statement was altered or not signed by {kid} ({exc})") from None
     if isinstance(key, TrustedKey):
         check_window(statement, key, document)
     return statement

@@ -1,7 +1,7 @@
 """Signed detection reports (format v2): what a detection checked, and how to verify one.
 
-A report is a signed document like a receipt (:mod:`ledger.receipts`: the same Ed25519
-signature over ``hallmark.detection_report/v2\\n`` || canonical JSON, the same key set).
+A report is a signed document like a receipt (:mod:`ledger.receipts`: the same Ed25519, or
+Ed25519 + ML-DSA-44, signature over ``hallmark.detection_report/v2\\n`` || canonical JSON, the same key set).
 Its statement says what was checked, as the EU AI Act Code of Practice asks of a
 detection result (the content's hash, the detector's identity, a timestamp, the scope and
 settings, and whether the result rests on a watermark, on the ledger, or both)::
@@ -50,8 +50,6 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
 from ledger.chain import canonical_json, hash_token_ids
 from ledger.receipts import REPORT_TYPE, ReceiptInvalid, verify_signed
 
@@ -95,7 +93,7 @@ class ReportCheck:
     token_ids_match: bool | None = None
 
 
-def verify_report(document: Any, keys: dict[str, Ed25519PublicKey], *, text: str | None = None,
+def verify_report(document: Any, keys: dict[str, Any], *, text: str | None = None,
                   token_ids: list[int] | None = None) -> ReportCheck:
     """Verify a detection report's signature and content (see the module docstring) and,
     given ``text`` or ``token_ids``, that the report is about them; :class:`ReportInvalid`

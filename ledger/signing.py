@@ -1,6 +1,7 @@
-"""Signing keys in the store: Ed25519 keys that sign receipts and detection reports.
+"""Signing keys in the store: Ed25519 keys, or composite Ed25519 + ML-DSA-44 keys
+(ledger.sigalg; ``--alg ed25519+ml-dsa-44``), that sign receipts and detection reports.
 
-The private key (32 raw bytes) is sealed with AES-256-GCM under the KEK, like a watermark
+The private key (32 raw bytes; a composite key's two 32-byte seeds) is sealed with AES-256-GCM under the KEK, like a watermark
 secret, with associated data binding the key id and the sealing KEK id; one opaque
 :class:`~keys.errors.UnwrapError` on any failure. One key is ``active`` (signs); ``rotate``
 retires it and makes a new one active in one transaction; ``revoke`` (a compromise) retires
@@ -29,9 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
@@ -46,6 +45,7 @@ from ledger.chain import timestamp
 from ledger.log import tlog
 from ledger.log.key import LogAuthority
 from ledger.receipts import ALGORITHM, Signer, b64url, key_id_of
+from ledger.sigalg import ALGORITHMS, PrivateKey, alg_of_public
 
 AD_LABEL = b"hallmark/signing-key-wrap/v1"
 ACTIVE, RETIRED, REVOKED = "active", "retired", "revoked"
@@ -74,9 +74,10 @@ class SigningKeyInfo:
     consistent: bool = True
     """Whether the row agrees with the key's latest logged event (False: someone changed
     the row without the log key)."""
+    alg: str = ALGORITHM
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kid": self.kid, "alg": ALGORITHM, "state": self.state, "kek_id": self.kek_id,
+        return {"kid": self.kid, "alg": self.alg, "state": self.state, "kek_id": self.kek_id,
                 "public_key": self.public_key, "created_at": timestamp(self.created_at),
                 "not_before": timestamp(self.created_at),
                 "not_after": timestamp(self.retired_at) if self.retired_at else None,
@@ -94,21 +95,21 @@ def _seal(kek: Kek, kid: str, private_raw: bytes) -> tuple[bytes, bytes]:
     return AESGCM(kek.material).encrypt(nonce, private_raw, _ad(kid, kek.id)), nonce
 
 
-def _open(keyring: Keyring, row: Row) -> Ed25519PrivateKey:
+def _open(keyring: Keyring, row: Row) -> PrivateKey:
     kek = keyring.get(row.kek_id)
     try:
         raw = AESGCM(kek.material).decrypt(row.nonce, row.wrapped_private, _ad(row.id, kek.id))
-        private = Ed25519PrivateKey.from_private_bytes(raw)
+        private = PrivateKey.from_seeds(raw)
     except (InvalidTag, ValueError):
         raise UnwrapError(row.id) from None
-    if private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw) != row.public_key:
+    if private.public_raw() != row.public_key:
         raise UnwrapError(row.id)
     return private
 
 
 def rewrap_signing_key(row: Row, current: Keyring, new: Kek) -> None:
     """Re-seal ``row``'s private key under ``new`` (KEK rotation)."""
-    raw = _open(current, row).private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    raw = _open(current, row).seeds()
     row.wrapped_private, row.nonce = _seal(new, row.id, raw)
     row.kek_id = new.id
 
@@ -166,7 +167,7 @@ def _info(row: Row, logged: LoggedKey | None) -> SigningKeyInfo:
     return SigningKeyInfo(kid=row.id, state=state, kek_id=row.kek_id, public_key=b64url(row.public_key),
                           created_at=row.created_at, retired_at=row.retired_at, revoked_at=row.revoked_at,
                           revocation_reason=row.revocation_reason, logged=logged is not None,
-                          consistent=logged is not None and _consistent(row, logged))
+                          consistent=logged is not None and _consistent(row, logged), alg=alg_of_public(row.public_key))
 
 
 def _log_event(session: Session, row: Row, event: str, now: datetime, **extra: Any) -> None:
@@ -208,12 +209,16 @@ def _may_write(session: Session) -> None:
                                 "run `hallmark signing-keys` as the database owner")
 
 
-def _insert(session: Session, keyring: Keyring, now: datetime) -> Row:
-    private = Ed25519PrivateKey.generate()
-    public_raw = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+def _check_alg(alg: str) -> None:
+    if alg not in ALGORITHMS:
+        raise InvalidInput(f"unknown signing algorithm {alg!r}; expected one of {', '.join(ALGORITHMS)}")
+
+
+def _insert(session: Session, keyring: Keyring, now: datetime, alg: str = ALGORITHM) -> Row:
+    private = PrivateKey.generate(alg)
+    public_raw = private.public_raw()
     kid = key_id_of(public_raw)
-    wrapped, nonce = _seal(keyring.primary, kid,
-                           private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption()))
+    wrapped, nonce = _seal(keyring.primary, kid, private.seeds())
     row = Row(id=kid, public_key=public_raw, wrapped_private=wrapped, nonce=nonce, kek_id=keyring.primary.id,
               state=ACTIVE, created_at=now, retired_at=None, revoked_at=None)
     session.add(row)
@@ -229,17 +234,19 @@ def _active(session: Session, *, lock: bool = False) -> Row | None:
     return session.scalar(query)
 
 
-def create_signing_key(session: Session, keyring: Keyring, *, actor: str, now: datetime | None = None
-                       ) -> SigningKeyInfo:
-    """The first signing key; :class:`InvalidTransition` if one is active (use rotate)."""
+def create_signing_key(session: Session, keyring: Keyring, *, actor: str, now: datetime | None = None,
+                       alg: str = ALGORITHM) -> SigningKeyInfo:
+    """The first signing key, of ``alg`` (ledger.sigalg.ALGORITHMS); :class:`InvalidTransition`
+    if one is active (use rotate)."""
     now = clock.resolve(now)
+    _check_alg(alg)
     _may_write(session)
     check_wrapping_kek(session, keyring)
     if _active(session, lock=True) is not None:
         raise InvalidTransition("a signing key is already active; use `hallmark signing-keys rotate`")
-    row = _insert(session, keyring, now)
-    record_audit(session, actor=actor, action="signing_key.created", details={"kid": row.id, "kek_id": row.kek_id},
-                 now=now)
+    row = _insert(session, keyring, now, alg)
+    record_audit(session, actor=actor, action="signing_key.created",
+                 details={"kid": row.id, "kek_id": row.kek_id, "alg": alg}, now=now)
     return _info(row, logged_keys(session).get(row.id))
 
 
@@ -248,19 +255,21 @@ def _retire(session: Session, row: Row, now: datetime) -> None:
     session.flush()
 
 
-def rotate_signing_key(session: Session, keyring: Keyring, *, actor: str, now: datetime | None = None
-                       ) -> tuple[SigningKeyInfo, SigningKeyInfo | None]:
-    """Retire the active key (if any) and make a new one active. Returns (new, retired)."""
+def rotate_signing_key(session: Session, keyring: Keyring, *, actor: str, now: datetime | None = None,
+                       alg: str = ALGORITHM) -> tuple[SigningKeyInfo, SigningKeyInfo | None]:
+    """Retire the active key (if any) and make a new one of ``alg`` active. Returns (new, retired)."""
     now = clock.resolve(now)
+    _check_alg(alg)
     _may_write(session)
     check_wrapping_kek(session, keyring)
     current = _active(session, lock=True)
     if current is not None:
         _retire(session, current, now)
         _log_event(session, current, "retired", now)
-    row = _insert(session, keyring, now)
+    row = _insert(session, keyring, now, alg)
     record_audit(session, actor=actor, action="signing_key.rotated",
-                 details={"kid": row.id, "retired_kid": current.id if current else None, "kek_id": row.kek_id},
+                 details={"kid": row.id, "retired_kid": current.id if current else None, "kek_id": row.kek_id,
+                          "alg": alg},
                  now=now)
     logged = logged_keys(session)
     return _info(row, logged.get(row.id)), _info(current, logged.get(current.id)) if current else None
@@ -273,7 +282,8 @@ def revoke_signing_key(session: Session, keyring: Keyring, *, kid: str, reason: 
     Its logged event records that time as ``revoked_at`` and, as ``trusted_below``, how many
     leaves the log shows were appended before it (:func:`size_before`): verifiers keep its
     receipts of those entries (ledger.receipts.check_window) and refuse everything else it
-    signed. The active key's revocation makes a new key active in the same transaction.
+    signed. The active key's revocation makes a new key of its algorithm active in the same
+    transaction.
     Returns (revoked, new or None)."""
     now = clock.resolve(now)
     compromised_at = now if compromised_at is None else clock.resolve(compromised_at)
@@ -295,7 +305,7 @@ def revoke_signing_key(session: Session, keyring: Keyring, *, kid: str, reason: 
     row.revoked_at, row.revocation_reason = compromised_at, reason.strip()
     session.flush()
     _log_event(session, row, "revoked", now, trusted_below=below)
-    new = _insert(session, keyring, now) if was_active else None
+    new = _insert(session, keyring, now, alg_of_public(row.public_key)) if was_active else None
     record_audit(session, actor=actor, action="signing_key.revoked",
                  details={"kid": row.id, "reason": reason.strip(), "new_kid": new.id if new else None,
                           "compromised_at": timestamp(compromised_at), "trusted_below": below}, now=now)
@@ -339,7 +349,8 @@ def active_signer(session: Session, keyring: Keyring) -> Signer:
     row = session.get(Row, active[-1].event["kid"])
     if row is None or b64url(row.public_key) != active[-1].event["public_key"]:
         raise NoSigningKey()
-    return Signer(kid=row.id, private_key=_open(keyring, row))
+    private = _open(keyring, row)
+    return Signer(kid=row.id, private_key=private.ed25519, ml_dsa_key=private.ml_dsa)
 
 
 def public_keyset(session: Session) -> dict[str, Any]:
@@ -355,7 +366,7 @@ def public_keyset(session: Session) -> dict[str, Any]:
     keys = []
     for kid, found in sorted(logged.items(), key=lambda item: item[1].event["not_before"]):
         event = found.event
-        keys.append({"kid": kid, "alg": ALGORITHM, "public_key": event["public_key"], "state": found.state,
+        keys.append({"kid": kid, "alg": event.get("alg", ALGORITHM), "public_key": event["public_key"], "state": found.state,
                      "not_before": event["not_before"], "not_after": event["not_after"],
                      "revoked_at": event["revoked_at"], "trusted_below": event.get("trusted_below"),
                      "revocation_reason": rows[kid].revocation_reason if kid in rows else None,

@@ -30,14 +30,14 @@ class LedgerPosition(_Body):
 
 
 class SignedDocument(_Body):
-    """A statement and its Ed25519 signature (ledger.receipts): a receipt or a detection report,
+    """A statement and its signature (ledger.receipts): a receipt or a detection report,
     verifiable offline against /.well-known/hallmark-keys.json (`hallmark receipt verify`,
     `hallmark report verify`)."""
 
     statement: dict[str, Any]
     """What is attested (type `hallmark.receipt` or `hallmark.detection_report`)."""
     signature: dict[str, Any]
-    """`alg` (Ed25519), `kid` (the signing key) and `sig` (base64url)."""
+    """`alg` (Ed25519, or Ed25519+ML-DSA-44 with `ml_dsa_44_sig` too: both must verify), `kid` (the signing key) and `sig` (base64url)."""
     log: dict[str, Any] | None = None
     """A receipt's transparency-log proof: `leaf_index`, `tree_size`, a signed `checkpoint`, the
     `inclusion_proof`, and all of it as `tlog_proof` (c2sp.org/tlog-proof@v1 text; against a

@@ -35,6 +35,7 @@ from ledger.log.key import LogAuthority, log_verifier
 from ledger.log.leaves import EMPTY_KGRAMS, entry_leaf, key_event_leaf, kgram_rows_commitment
 from ledger.log.note import Checkpoint, NoteError, Verifier, open_checkpoint
 from ledger.receipts import b64url
+from ledger.sigalg import alg_of_public
 
 
 @dataclass
@@ -198,7 +199,8 @@ def _audit_keys(session: Session, events: dict[str, dict[str, Any]], problem) ->
         window = (b64url(row.public_key), timestamp(row.created_at),
                   timestamp(row.retired_at) if row.retired_at else None,
                   timestamp(row.revoked_at) if row.revoked_at else None)
-        if window != (event["public_key"], event["not_before"], event["not_after"], event["revoked_at"]):
+        if window != (event["public_key"], event["not_before"], event["not_after"], event["revoked_at"]) \
+                or event.get("alg") != alg_of_public(row.public_key):
             problem(f"signing key {row.id}: its row differs from its latest logged event (changed without the "
                     "log key; the log's version is the one trusted)")
 

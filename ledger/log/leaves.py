@@ -65,11 +65,12 @@ def entry_leaf(entry_hash: str, kgrams_sha256: str) -> bytes:
 
 
 def key_event(*, kid: str, public_key: str, event: str, at: datetime, not_before: datetime,
-              not_after: datetime | None, revoked_at: datetime | None) -> dict[str, Any]:
-    """A signing-key event as its leaf records it (``public_key``: base64url, as in the key set)."""
+              not_after: datetime | None, revoked_at: datetime | None, alg: str = "Ed25519") -> dict[str, Any]:
+    """A signing-key event as its leaf records it (``public_key``: base64url, as in the key set;
+    ``alg``: ``Ed25519``, or ``Ed25519+ML-DSA-44`` whose public key is both halves, ledger.sigalg)."""
     if event not in KEY_EVENTS:
         raise ValueError(f"unknown signing-key event {event!r}")
-    return {"type": KEY_EVENT_TYPE, "version": 1, "kid": kid, "alg": "Ed25519", "public_key": public_key,
+    return {"type": KEY_EVENT_TYPE, "version": 1, "kid": kid, "alg": alg, "public_key": public_key,
             "event": event, "at": timestamp(at), "not_before": timestamp(not_before),
             "not_after": timestamp(not_after) if not_after else None,
             "revoked_at": timestamp(revoked_at) if revoked_at else None}

@@ -46,6 +46,7 @@ from ledger.log import rows as log_rows
 from ledger.log.key import LogAuthority, LogKeyError, create_log_key, forget_log_key, load_log_key, store_log_key
 from ledger.log.leaves import EMPTY_KGRAMS, entry_leaf, key_event, key_event_leaf, kgram_rows_commitment
 from ledger.log.note import Checkpoint
+from ledger.sigalg import alg_of_public
 
 PUBLISH_EVERY_ENTRIES = 256
 PUBLISH_EVERY_SECONDS = 30.0
@@ -208,7 +209,7 @@ def key_event_of(key: SigningKey, event: str, at: datetime) -> dict[str, Any]:
     """The leaf event of a signing key as its row stands (ledger.log.leaves.key_event)."""
     return key_event(kid=key.id, public_key=base64.urlsafe_b64encode(key.public_key).rstrip(b"=").decode("ascii"),
                      event=event, at=at, not_before=key.created_at, not_after=key.retired_at,
-                     revoked_at=key.revoked_at)
+                     revoked_at=key.revoked_at, alg=alg_of_public(key.public_key))
 
 
 def _kgram_sets(session: Session, generation_ids: Iterable[str] | None = None) -> dict[str, list[tuple[int, int]]]:

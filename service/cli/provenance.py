@@ -163,28 +163,43 @@ def _signing_line(info: Any) -> str:
     window = f"{info.created_at.isoformat()} .. {info.retired_at.isoformat() if info.retired_at else ''}"
     flags = ("" if info.logged else "  NOT IN THE LOG") + ("" if info.consistent or not info.logged else
                                                             "  ROW DIFFERS FROM THE LOG")
-    return f"{info.kid}  {info.state:<8} kek {info.kek_id}  valid {window}{flags}"
+    return f"{info.kid}  {info.state:<8} {info.alg:<17} kek {info.kek_id}  valid {window}{flags}"
+
+
+ALG_OPTION = typer.Option("ed25519", "--alg", help="ed25519 (default) or ed25519+ml-dsa-44: a composite key "
+                          "that signs every receipt and report with both Ed25519 and ML-DSA-44 (post-quantum); "
+                          "verifiers then require both signatures.")
+
+
+def _alg(name: str) -> str:
+    from ledger.sigalg import CLI_NAMES
+
+    if name.lower() not in CLI_NAMES:
+        raise CliError(f"--alg must be one of {', '.join(CLI_NAMES)}")
+    return CLI_NAMES[name.lower()]
 
 
 @signing_app.command("create")
 @_domain_errors
-def signing_create(as_json: bool = JSON_OPTION) -> None:
+def signing_create(alg: str = ALG_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Create the first signing key (the gateway also creates one at start if none exists)."""
     from ledger.signing import create_signing_key
 
+    algorithm = _alg(alg)
     with cli_store(require_kek=True) as store, store.transaction() as session:
-        info = create_signing_key(session, store.keyring, actor=_actor())
+        info = create_signing_key(session, store.keyring, actor=_actor(), alg=algorithm)
     emit(info.to_dict(), as_json, f"created signing key {info.kid}")
 
 
 @signing_app.command("rotate")
 @_domain_errors
-def signing_rotate(as_json: bool = JSON_OPTION) -> None:
+def signing_rotate(alg: str = ALG_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Retire the active signing key (it stays published) and make a new one active."""
     from ledger.signing import rotate_signing_key
 
+    algorithm = _alg(alg)
     with cli_store(require_kek=True) as store, store.transaction() as session:
-        new, retired = rotate_signing_key(session, store.keyring, actor=_actor())
+        new, retired = rotate_signing_key(session, store.keyring, actor=_actor(), alg=algorithm)
     emit({"new": new.to_dict(), "retired": retired.to_dict() if retired else None}, as_json,
          f"signing key {new.kid} active" + (f"; {retired.kid} retired (still published)" if retired else ""))
 

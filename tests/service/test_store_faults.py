@@ -206,7 +206,7 @@ def test_a_revoked_signing_key_keeps_what_the_log_shows_it_signed_before_the_com
     store = open_store(StoreSettings(database_url=stack.owner_url, kek_file=stack.kek_file), require_kek=True)
     try:
         with store.transaction(write=False) as session:
-            signer = Signer(kid=kid, private_key=_open(store.keyring, session.get(SigningKey, kid)))
+            signer = Signer(kid=kid, private_key=_open(store.keyring, session.get(SigningKey, kid)).ed25519)
     finally:
         store.close()
     forged = dict(before["receipt"], **signer.sign({**before["receipt"]["statement"], "output_sha256": "cd" * 32}))
