@@ -104,6 +104,7 @@ def receipt_verify(receipt: Path = typer.Argument(..., help="The receipt (JSON; 
     from ledger.receipts import ReceiptInvalid, verify_receipt, verify_tlog_proof
 
     from ledger.receipts import REPORT_TYPE
+    from ledger.sigalg import COMPOSITE
 
     document = _load_json(receipt, "receipt")
     if isinstance(document, dict) and "statement" not in document:
@@ -130,7 +131,10 @@ def receipt_verify(receipt: Path = typer.Argument(..., help="The receipt (JSON; 
         raise CliError(f"receipt rejected: {exc}") from None
     summary = (f"ok: receipt of generation {statement['generation_id']} (tenant {statement['tenant']}, "
                f"ledger seq {statement['ledger']['seq']}, log leaf {statement['ledger'].get('leaf_index')}) "
-               f"signed by {document['signature']['kid']}; in the log {trusted.log_key.name}"
+               f"signed by {document['signature']['kid']}"
+               + (" (Ed25519 and ML-DSA-44 signatures both verified)" if document["signature"].get("alg") == COMPOSITE
+                  else "")
+               + f"; in the log {trusted.log_key.name}"
                + (f"; witnessed at size {witnessed['tree_size']} by {', '.join(witnessed['cosigned_by']) or 'no one'}"
                   f" (quorum {policy.quorum} met)" if witnessed else "")
                + ("; the text matches" if text is not None else ""))
@@ -139,7 +143,8 @@ def receipt_verify(receipt: Path = typer.Argument(..., help="The receipt (JSON; 
         summary += (f"\nnote: its signing key was revoked as compromised at {signer.revoked_at}; the log, which held "
                     "this entry before then, vouches for what the receipt says (but for the tenant's name and the "
                     "key's fingerprint, which only the signature states)")
-    emit({"valid": True, "text_matches": True if text is not None else None, "statement": statement,
+    emit({"valid": True, "alg": document["signature"].get("alg"), "text_matches": True if text is not None else None,
+          "statement": statement,
           "log": {"origin": trusted.log_key.name, "leaf_index": statement["ledger"].get("leaf_index")},
           "witnessed": witnessed}, as_json, summary)
 

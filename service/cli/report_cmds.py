@@ -66,6 +66,7 @@ def report_verify(
     from ledger.receipts import ReceiptInvalid
 
     from ledger.receipts import RECEIPT_TYPE
+    from ledger.sigalg import COMPOSITE
 
     document = _report_of(_load_json(report, "report"))
     if signed_type(document) == RECEIPT_TYPE or (isinstance(document, dict) and "receipt" in document):
@@ -84,6 +85,8 @@ def report_verify(
         raise CliError(f"report rejected: {exc}") from None
     statement = check.statement
     kid = document["signature"]["kid"]
+    if document["signature"].get("alg") == COMPOSITE:  # verify_signed required both to verify
+        kid += " (Ed25519 and ML-DSA-44 signatures both verified)"
     matched = [what for what, ok in (("the text matches", check.text_matches),
                                      ("the token ids match", check.token_ids_match)) if ok]
     if check.version == 1:
