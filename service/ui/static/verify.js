@@ -242,6 +242,11 @@ async function verifySigned(rawDocument, { text, expectedType, keys } = {}) {
   const type = statement.type;
   const version = statement.version instanceof RawNumber ? statement.version.text : String(statement.version);
   if (expectedType && type !== expectedType) return { ok: false, message: `a ${type}, not a ${expectedType}` };
+  // A composite key (ledger/sigalg.py) needs its ML-DSA-44 signature checked too, and WebCrypto has
+  // no ML-DSA: the page says it cannot check rather than vouch for half of it.
+  if (signature.alg === "Ed25519+ML-DSA-44") {
+    return { ok: null, message: "signed with Ed25519 + ML-DSA-44: this page cannot check ML-DSA-44 signatures (browsers have no ML-DSA); verify it with `hallmark receipt verify` (or `hallmark report verify`), which requires both" };
+  }
   if (signature.alg !== "Ed25519") return { ok: false, message: `unsupported algorithm ${signature.alg}` };
   // `keys`: a key set's "keys" array the caller vouches for (as ledger.receipts.public_keys: no log,
   // no window); otherwise the server's key set, trusted only as the pinned log holds it.
