@@ -172,7 +172,7 @@ async function trustedKeys() {
         const leaf = await leafHash(concat(new Uint8Array([2]), new TextEncoder().encode(canonical(event))));
         const root = await rootFromInclusion(index, checkpoint.size, leaf, entry.log.inclusion_proof.map(b64));
         if (!same(root, checkpoint.root) || event.kid !== entry.kid) continue;
-        keys.set(event.kid, { publicKey: unb64url(event.public_key), notBefore: event.not_before,
+        keys.set(event.kid, { alg: event.alg, publicKey: unb64url(event.public_key), notBefore: event.not_before,
                               notAfter: event.not_after, revokedAt: event.revoked_at, reason: entry.revocation_reason });
       } catch (_) { /* a key the log does not hold is left out */ }
     }
@@ -263,6 +263,9 @@ async function verifySigned(rawDocument, { text, expectedType, keys } = {}) {
     entry = trusted.keys.get(signature.kid);
     if (!entry) return { ok: false, message: `unknown signing key ${signature.kid}: the log's key set does not contain it` };
     raw = entry.publicKey;
+    // The key's logged algorithm decides what must verify (ledger/sigalg.py): a composite key's
+    // document relabelled "Ed25519", its ML-DSA-44 signature dropped, is refused here too.
+    if (entry.alg !== "Ed25519") return { ok: false, message: `signed as Ed25519, but key ${signature.kid} is ${entry.alg}, which requires both an Ed25519 and an ML-DSA-44 signature` };
   }
   let key;
   try {
