@@ -85,3 +85,40 @@ def test_receipts_are_checked_against_the_log_in_the_browser(server, browser):  
     pinned = _check(browser, receipt, out["text"])
     assert pinned["ok"] is False and "pinned" in pinned["message"]
     browser.execute_script("localStorage.clear()")
+
+
+def test_the_page_does_not_vouch_for_a_composite_signature_it_cannot_check(server, browser):  # noqa: F811
+    """Issue 32 item 5: WebCrypto has no ML-DSA, so a receipt signed Ed25519 + ML-DSA-44 is
+    "cannot check here" (pointing to `hallmark receipt verify`), never a half-checked "ok"; the
+    same receipt stripped of its ML-DSA-44 signature and relabelled Ed25519 is refused, since
+    the key's logged algorithm requires both."""
+    from keys.db import open_store
+    from ledger.signing import active_signer, rotate_signing_key
+    from ledger.sigalg import COMPOSITE
+
+    out = generate(server, seed=32, max_tokens=16)
+    store = open_store(server.store_settings, require_kek=True)
+    try:
+        with store.transaction() as session:
+            new, _ = rotate_signing_key(session, store.keyring, actor="test", alg=COMPOSITE)
+            signer = active_signer(session, store.keyring)
+    finally:
+        store.close()
+    deadline = time.monotonic() + 60  # the key set is served from a cache: wait for the new key
+    while not any(k["kid"] == new.kid for k in httpx.get(f"{server.url}/.well-known/hallmark-keys.json",
+                                                          timeout=30).json()["keys"]):
+        assert time.monotonic() < deadline, "the key set never showed the composite signing key"
+        time.sleep(0.1)
+    signed = signer.sign(dict(out["receipt"]["statement"], finished_at=timestamp(clock.utcnow())))
+    signed["log"] = out["receipt"]["log"]
+    _open(browser, server, "acme")
+    browser.execute_script("localStorage.clear()")
+    browser.set_script_timeout(30)
+    unchecked = _check(browser, signed)
+    assert unchecked["ok"] is None and "cannot check ML-DSA-44" in unchecked["message"]
+    assert "hallmark receipt verify" in unchecked["message"]
+    stripped = json.loads(json.dumps(signed))
+    del stripped["signature"]["ml_dsa_44_sig"]
+    stripped["signature"]["alg"] = "Ed25519"
+    refused = _check(browser, stripped)
+    assert refused["ok"] is False and "requires both" in refused["message"], refused
