@@ -22,9 +22,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -35,18 +33,10 @@ from detector.result import Candidate, salted_candidates  # noqa: E402
 from watermark import jit  # noqa: E402
 from watermark.key import WatermarkKey  # noqa: E402
 from watermark.spec import WatermarkSpec  # noqa: E402
+from bench.detect_throughput import _median_seconds as _median_s  # noqa: E402
 
 PRFS = ("philox4x32-10-v1", "hmac-sha256-philox-v1", "hmac-sha256-v1")
 
-
-def _median_s(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> int:
