@@ -29,7 +29,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
        "font-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'")
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
            "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY", "Cache-Control": "no-cache"}
-ASSETS = {"app.js": "text/javascript; charset=utf-8", "check.js": "text/javascript; charset=utf-8", "heat.js": "text/javascript; charset=utf-8", "verify.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8",
+ASSETS = {"app.js": "text/javascript; charset=utf-8", "check.js": "text/javascript; charset=utf-8", "heat.js": "text/javascript; charset=utf-8", "verify.js": "text/javascript; charset=utf-8", "quorum.js": "text/javascript; charset=utf-8", "app.css": "text/css; charset=utf-8",
           "favicon.svg": "image/svg+xml", "docs.js": "text/javascript; charset=utf-8"}
 DOCS_HTML = """<!doctype html>
 <html lang="en">

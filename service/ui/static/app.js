@@ -380,6 +380,7 @@ async function lookUp(id) {
   // The previous record leaves first: a failed look-up must not leave it under the error.
   $("record-result").hidden = true;
   clear($("record-facts"));
+  $("record-receipt-status").hidden = true;
   if (!id) throw new ApiError(0, "enter a generation id (32 hex digits) to look up its record", "empty");
   await adoptTypedToken();
   const record = await api("GET", "/v1/generations/" + encodeURIComponent(id));
