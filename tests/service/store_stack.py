@@ -38,13 +38,13 @@ class Stack:
         return create_engine(self.owner_url)
 
 
-def start(server, tmp: Path, **overrides) -> Stack:
+def provision_owned(server, tmp: Path, *, with_log: bool) -> tuple[str, str, str, object, dict[str, str]]:
+    """A fresh database migrated and provisioned by its owner, a separated service role granted
+    on it (keys.roles), the signing key (and, ``with_log``, the log's key) made by the owner:
+    (database name, owner DSN, service role, store settings, tokens)."""
     from keys.db import open_store
     from keys.roles import grant_service_role
-    from keys.settings import StoreSettings
     from ledger.signing import create_signing_key
-    from service.app import create_app
-    from service.settings import ServiceSettings
 
     name = server.create_database()
     owner_url = server.url_for(name)
@@ -58,13 +58,23 @@ def start(server, tmp: Path, **overrides) -> Stack:
     engine.dispose()
     store = open_store(store_settings, require_kek=True)
     try:
-        with store.transaction() as session:  # the owner sets the log and the signing key up
+        with store.transaction() as session:  # the owner sets the signing key (and the log) up
             create_signing_key(session, store.keyring, actor="test")
-            from ledger.log.tlog import ensure_log
+            if with_log:
+                from ledger.log.tlog import ensure_log
 
-            ensure_log(session, store.keyring, actor="test")
+                ensure_log(session, store.keyring, actor="test")
     finally:
         store.close()
+    return name, owner_url, role, store_settings, tokens
+
+
+def start(server, tmp: Path, **overrides) -> Stack:
+    from keys.settings import StoreSettings
+    from service.app import create_app
+    from service.settings import ServiceSettings
+
+    name, owner_url, role, store_settings, tokens = provision_owned(server, tmp, with_log=True)
     parsed = make_url(owner_url)
     proxy = Blackhole((parsed.host or "127.0.0.1", parsed.port or 5432))
     direct = parsed.set(username=role)

@@ -32,6 +32,7 @@ from ledger.kgrams import find_matches
 from ledger.entries import find_generations_by_output_hash, hash_output
 from tests.keys.conftest import Cli
 from tests.service import gateway
+from tests.service.store_stack import provision_owned
 from tests.service.tamper import Stack, entries, insert_entry, owner, rebuild_log, rechain
 
 PROMPTS = ["The function returns", "Return a new list", "This module provides", "If the argument is"]
@@ -111,29 +112,11 @@ class _Capture:
 
 
 def _postgres_stack(server, tmp: Path):
-    from keys.db import open_store
-    from keys.roles import grant_service_role
     from keys.settings import StoreSettings
-    from ledger.signing import create_signing_key
     from service.app import create_app
     from service.settings import ServiceSettings
 
-    name = server.create_database()
-    owner_url = server.url_for(name)
-    store_settings, tokens = gateway.provision(tmp, owner_url)
-    role = f"hallmark_svc_{secrets.token_hex(4)}"
-    with server.engine.connect() as connection:
-        connection.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
-    engine = create_engine(owner_url)
-    with engine.begin() as connection:
-        grant_service_role(connection, role)
-    engine.dispose()
-    store = open_store(store_settings, require_kek=True)
-    try:
-        with store.transaction() as session:  # the owner sets the log and the signing key up
-            create_signing_key(session, store.keyring, actor="test")
-    finally:
-        store.close()
+    name, owner_url, role, store_settings, tokens = provision_owned(server, tmp, with_log=False)
     service_url = make_url(owner_url).set(username=role).render_as_string(hide_password=False)
     settings = ServiceSettings(model=gateway.TEST_MODEL, draft_model=gateway.TEST_DRAFT, device="cpu", max_batch=8,
                                detect_rate_per_minute=100_000, detect_burst=100_000)
