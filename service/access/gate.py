@@ -15,7 +15,7 @@
    level, one after another (service.access.budgets);
 5. the core (:func:`service.detection.detect`) at full precision;
 6. in one write: the difference between the tokens scored and the reservation is charged
-   (or refunded), and an expert's request or an evidence use is audited (no text, no text
+   (or refunded), and an expert's or operator's request or an evidence use is audited (no text, no text
    hash); a request that fails between 4 and 6 gets its reservation back;
 7. the tier's answer (:mod:`service.access.shape`), its report re-signed.
 
@@ -43,7 +43,7 @@ from service.access.budgets import Budget, Budgets
 from service.access.group_commit import GroupCommit
 from service.access.slots import Slots
 from service.access.tiers import EXPERT, OPERATOR, PUBLIC, TENANT, Principal, access_secret, principal_of
-from service.auth import Identity
+from service.auth import Identity, resolve_tenant
 from service.errors import Forbidden, RateLimited, TooLarge
 from service.http_errors import store_error
 from service.limits import retry_after
@@ -110,6 +110,9 @@ def _budgets(settings, who: Principal) -> list[Budget]:
 
 def _check_options(tier: str, identity: Identity | None, body: DetectBody) -> bool:
     """Whether per-token evidence is asked for and allowed (403 if asked for without the scope)."""
+    if tier == TENANT:
+        # Another tenant named: 403 before admission (a refused query is not one of a family's checks).
+        resolve_tenant(None, identity, body.tenant)
     if tier == TENANT and body.threshold is not None:
         exponent = math.log10(body.threshold)
         if abs(exponent - round(exponent)) > 1e-9:
@@ -218,7 +221,7 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
 async def _settle(services, access: Access, who: Principal, identity: Identity | None, tokens: int, *,
                   evidence: bool, verdict: str, charge: Charge) -> None:
     budgets = _budgets(services.settings, who)
-    audit = who.tier == EXPERT or (evidence and who.tier == TENANT)
+    audit = who.tier in (EXPERT, OPERATOR) or (evidence and who.tier == TENANT)
     if not budgets and not audit:
         charge.settled = True
         return
@@ -228,13 +231,17 @@ async def _settle(services, access: Access, who: Principal, identity: Identity |
             access.budgets.charge(session, budgets, float(tokens) - charge.reserved)
         if audit:
             record_audit(session, actor=f"api:{identity.token_id}",
-                         action="detection.expert" if who.tier == EXPERT else "detection.evidence",
+                         action=_AUDIT_ACTIONS[who.tier] if who.tier in _AUDIT_ACTIONS else "detection.evidence",
                          tenant_id=identity.tenant_id,
                          details={"token_id": identity.token_id, "tier": who.tier, "tokens": tokens,
                                   "evidence": evidence, "verdict": verdict})
 
     await _write(access, settle)
     charge.settled = True  # only once committed: a settle that failed leaves the refund to answer()
+
+
+_AUDIT_ACTIONS = {EXPERT: "detection.expert", OPERATOR: "detection.operator"}
+"""Full-result tiers: every request is an audit event (token, tokens scored, verdict; no text)."""
 
 
 def _attributed(services) -> set[str]:

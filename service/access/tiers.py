@@ -5,10 +5,12 @@ tier       who                          answer                                  
 =========  ===========================  ============================================  ===================
 public     anyone, no account           verdict in words, provider, opted-in tenant,  per client address
                                         confidence band, tokens, basis, signed report and in all
-tenant     a tenant's API token         verdict, key, p to a power of ten, spans;     per tenant
-                                        evidence with the ``evidence`` scope
+tenant     a tenant's API token, or     verdict, key, p to a power of ten, spans;     per tenant
+           its tenant-scoped admin      evidence with the ``evidence`` scope on its
+           token                        own unedited generations
 expert     admin-issued expert token    the full result, evidence included; audited   unlimited
-operator   an admin token               the full result (the provider itself)         unlimited
+operator   the global admin token       the full result (the provider itself);        unlimited
+                                        audited
 =========  ===========================  ============================================  ===================
 """
 
@@ -35,11 +37,14 @@ class Principal:
 
 
 def tier_of(identity: Identity | None) -> str:
+    """The tier follows what the token may reach, not whether it administers something: a
+    tenant-scoped admin token manages its tenant's keys and tokens but detects as that tenant
+    (issue 31: it had the operator tier, exact p and no guard, and spoofed in 5 queries)."""
     if identity is None:
         return PUBLIC
     if identity.expert:
         return EXPERT
-    if identity.admin:
+    if identity.admin and identity.tenant_id is None:
         return OPERATOR
     return TENANT
 
