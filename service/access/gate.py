@@ -96,12 +96,13 @@ def check_size(settings, tier: str, body: DetectBody) -> None:
 
 
 def principal(services, identity: Identity | None, client_address: str | None) -> Principal:
-    return principal_of(identity, client_address, access_of(services).secret)
+    return principal_of(identity, client_address, access_of(services).secret, services.settings)
 
 
 def _budgets(settings, who: Principal) -> list[Budget]:
     if who.tier == PUBLIC:
         return [Budget(f"public:{who.key}", settings.public_tokens_per_day),
+                Budget(f"public-wide:{who.wide}", settings.public_wide_tokens_per_day),
                 Budget("public:all", settings.public_global_tokens_per_day)]
     if who.tier == TENANT:
         return [Budget(f"tenant:{who.key}", settings.tenant_detect_tokens_per_day)]
@@ -199,7 +200,7 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
                               f"{wait:.0f} s", headers=retry_after(wait) if math.isfinite(wait) else None,
                               code="detection_budget_exhausted")
         if guarded:
-            verdict = probe.guard(session, principal=who.key, query=sketch, per_day=settings.probe_family_per_day,
+            verdict = probe.guard(session, principal=who.family, query=sketch, per_day=settings.probe_family_per_day,
                                   min_share=settings.probe_share)
             if not verdict.admitted:
                 raise RateLimited(

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from service.access import gate
+from service.access.addresses import client_address, parse_networks
 from service.errors import NotFound
 from service.responses import DetectResponse, PublicDetectResponse, ok
 from service.routes.deps import DetectIdentityDep, ServicesDep
@@ -58,4 +59,13 @@ async def public_detect_route(body: PublicDetectBody, services: ServicesDep, req
     a day per client address and for all together, and the probe guard (429 `probe_guard`)."""
     if not services.settings.public_detect:
         raise NotFound("the public detection check is not offered by this gateway")
-    return await _answer(services, None, DetectBody(text=body.text), request.client.host if request.client else None)
+    return await _answer(services, None, DetectBody(text=body.text), public_client(services, request))
+
+
+def public_client(services, request: Request) -> str | None:
+    """The public caller's address: the peer, or X-Forwarded-For through trusted proxies only."""
+    proxies = getattr(services, "_trusted_proxies", None)
+    if proxies is None:
+        proxies = services._trusted_proxies = parse_networks(services.settings.trusted_proxies)
+    return client_address(request.client.host if request.client else None,
+                          request.headers.get("x-forwarded-for"), proxies)
