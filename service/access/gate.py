@@ -281,11 +281,14 @@ async def answer(services, identity: Identity | None, body: DetectBody, who: Pri
         if not charge.settled and (charge.reserved or charge.evidence):
             _refund(access, who, services.settings, charge)
         raise
+    key_state = (full.get("key") or {}).get("state")
     if tier in (EXPERT, OPERATOR):
         shown = shape.full_answer(full, tier)
-        return shown  # the core's report already states the full result
+        if shown.get("report") is not None:  # the core's report states the full result; the policy may re-sign it
+            shown["report"] = await _call(inline, shape.full_report, services, full)
+        return shown
     shown = shape.tenant_answer(full, evidence=evidence)
-    shown["report"] = shape.resign(services, full.get("report"), shown, tier)
+    shown["report"] = shape.resign(services, full.get("report"), shown, tier, key_state)
     return shown
 
 
@@ -345,13 +348,13 @@ async def _public(services, access: Access, who: Principal, body: DetectBody, in
     attributed = await _call(inline, _attributed, services)
     shown = shape.public_answer(full, tokens=tokens, min_tokens=settings.public_min_tokens,
                                 provider=settings.provider_name, attributed=attributed)
-    shown["report"] = shape.resign(services, full.get("report"), shown, PUBLIC)
+    shown["report"] = shape.resign(services, full.get("report"), shown, PUBLIC, (full.get("key") or {}).get("state"))
     return shown
 
 
 def _too_short_report(services, body: DetectBody, shown: dict[str, Any]) -> dict[str, Any] | None:
-    """A signed report of a text the public tier did not test: verdict not_watermarked (no
-    evidence was established), the subject's hashes, and why."""
+    """A signed report of a text the public tier did not test: verdict ``not_tested`` (never
+    ``not_watermarked``: nothing was tested; issue 31), the subject's hashes, and why."""
     from service.provenance import report_scope, report_settings, report_statement
 
     config = detection.detector_config(body)
@@ -361,5 +364,11 @@ def _too_short_report(services, body: DetectBody, shown: dict[str, Any]) -> dict
                                  scope=report_scope(candidates, keys_of="all_tenants", tenant=None),
                                  settings=report_settings(config, normalize=body.normalize))
     statement["verdict_text"] = shown["verdict_text"]
+    statement["verdict"], statement["basis"] = shape.NOT_TESTED, []
+    statement["scope"] = {"keys_of": "provider", "tenant": None}
     statement["access"] = {"tier": PUBLIC, "confidence": "none"}
-    return services.sign(statement)
+    return services.sign(shape.policy(statement, max_p=settings_max_p(services), key_state=None))
+
+
+def settings_max_p(services) -> float:
+    return services.settings.signed_max_p

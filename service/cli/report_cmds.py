@@ -53,6 +53,9 @@ def report_verify(
     url: Optional[str] = typer.Option(None, "--url", help="Gateway base URL (https://) to fetch the public keys from."),
     trust_log_key: Optional[Path] = typer.Option(None, "--trust-log-key",
                                                  help="The log key you pinned (verifier key file or witness state)."),
+    max_p: Optional[float] = typer.Option(None, "--max-p", min=0.0, max=1.0,
+                                          help="Refuse a 'watermarked' verdict signed at a threshold above this "
+                                               "(your policy maximum, e.g. 1e-6)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Verify a detection report offline: signature and signing key, the format's own
@@ -72,7 +75,8 @@ def report_verify(
     try:
         # Keys as the pinned log holds them: a key it does not hold, a revoked one, or a report
         # dated outside its key's window is refused (ledger.keyset, ledger.receipts.check_window).
-        check = verify_report(document, trusted_keyset(keys, url, trust_log_key), text=text, token_ids=token_ids)
+        check = verify_report(document, trusted_keyset(keys, url, trust_log_key), text=text, token_ids=token_ids,
+                              max_p=max_p)
     except ReceiptInvalid as exc:
         raise CliError(f"report rejected: {exc}") from None
     statement = check.statement
