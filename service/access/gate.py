@@ -29,7 +29,7 @@ import asyncio
 import logging
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sqlalchemy import select
@@ -161,6 +161,9 @@ class Charge:
     """A request's token reservation, and whether it was settled against the actual cost."""
 
     reserved: float = 0.0
+    rows: dict[str, str] = field(default_factory=dict)
+    """Budget name -> the reservation's spend row (what a refund names: service.access.budgets)."""
+    evidence_rows: dict[str, str] = field(default_factory=dict)
     settled: bool = False
     evidence: bool = False
     """Whether admission took one use of the evidence budget (given back if no answer leaves)."""
@@ -170,9 +173,7 @@ def reservation(settings, body: DetectBody, budgets: list[Budget]) -> float:
     """What admission takes from the token budgets before the work: the token ids sent, or a
     text's UTF-8 bytes (the bundled byte-level tokenizer makes at most one token a byte), at
     most the detection token limit and at most the smallest budget's day. Settling charges or
-    refunds the difference. The last bound keeps the whole reservation within what a budget
-    can take (admitted at a level of at least 1, it never meets charge's floor of minus one
-    day), so a refund never gives back more than was taken."""
+    refunds the difference (a refund names the reservation's row: never more than it took)."""
     if body.text is None:
         estimate = float(len(body.token_ids or ()))
     else:
@@ -210,9 +211,9 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
                     "one edited text are how a detector is turned against the watermark)",
                     headers=retry_after(3600), code="probe_guard")
         if budgets and charge.reserved:
-            access.budgets.charge(session, budgets, charge.reserved)
+            charge.rows = access.budgets.charge(session, budgets, charge.reserved)
         if evidence_budget:
-            access.budgets.charge(session, evidence_budget, 1.0)
+            charge.evidence_rows = access.budgets.charge(session, evidence_budget, 1.0)
 
     await _write(access, admit)
     charge.evidence = bool(evidence_budget)
@@ -229,7 +230,7 @@ async def _settle(services, access: Access, who: Principal, identity: Identity |
 
     def settle(session) -> None:
         if budgets and float(tokens) != charge.reserved:
-            access.budgets.charge(session, budgets, float(tokens) - charge.reserved)
+            access.budgets.charge(session, budgets, float(tokens) - charge.reserved, settles=charge.rows)
         if audit:
             record_audit(session, actor=f"api:{identity.token_id}",
                          action=_AUDIT_ACTIONS[who.tier] if who.tier in _AUDIT_ACTIONS else "detection.evidence",
@@ -302,9 +303,9 @@ def _refund(access: Access, who: Principal, settings, charge: Charge) -> None:
 
     def refund(session) -> None:
         if budgets:
-            access.budgets.charge(session, budgets, -charge.reserved)
+            access.budgets.charge(session, budgets, -charge.reserved, settles=charge.rows)
         if evidence_budget:
-            access.budgets.charge(session, evidence_budget, -1.0)
+            access.budgets.charge(session, evidence_budget, -1.0, settles=charge.evidence_rows)
 
     def failed(future) -> None:
         if not future.cancelled() and future.exception() is not None:

@@ -110,6 +110,17 @@ def share(query: Sketch, other: Sketch) -> float:
     return len(mine & other.at(level)) / len(mine)
 
 
+def prune(session, now: float) -> None:
+    """Delete the guard's and the budgets' rows outside their windows: on PostgreSQL through
+    the owner's ``hallmark_prune_access()`` (migration 0011: the service role may not delete
+    them itself, so it cannot reset a family or a budget), directly on SQLite."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT hallmark_prune_access()"))
+        return
+    session.execute(delete(ProbeQuery).where(ProbeQuery.created < now - WINDOW_S))
+    session.execute(text("DELETE FROM access_spend WHERE created < :before"), {"before": now - WINDOW_S - 600.0})
+
+
 @dataclass(frozen=True)
 class Verdict:
     family: str
@@ -130,7 +141,7 @@ def guard(session, *, principal: str, query: Sketch, per_day: int, min_share: fl
         lock = int.from_bytes(hashlib.sha256(b"hallmark-probe:" + principal.encode()).digest()[:8], "big",
                               signed=True)
         session.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": lock})
-    session.execute(delete(ProbeQuery).where(ProbeQuery.created < now - WINDOW_S))
+    prune(session, now)
     rows = session.execute(
         select(ProbeQuery.family, ProbeQuery.hashes).where(ProbeQuery.principal == principal,
                                                            ProbeQuery.created >= now - WINDOW_S)
