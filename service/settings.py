@@ -125,11 +125,13 @@ class ServiceSettings(BaseSettings):
     evidence_per_day: float = Field(default=20.0, gt=0)
     """Detections with per-token evidence a day, per token holding the `evidence` scope (audited each)."""
     probe_family_per_day: int = Field(default=3, ge=1)
-    """Queries a text family (>= probe_share of its word k-grams shared with one of the same
-    principal's queries of the last 24 h) may make in 24 h; 429 probe_guard beyond."""
+    """Queries a text family (a query containing >= probe_share of the token k-grams of one of
+    the same family space's queries of the last 24 h, or contained in it) may make in 24 h;
+    429 probe_guard beyond."""
     probe_share: float = Field(default=0.5, gt=0, le=1)
-    probe_kgram: int = Field(default=4, ge=1, le=16)
-    """Words per k-gram of the probe guard (service/access/probe.py says why 4, not 8)."""
+    probe_kgram: int = Field(default=5, ge=1, le=17)
+    """Tokens per k-gram of the probe guard: the detector's context (4) and the token scored
+    (service/access/probe.py)."""
     detect_slots: int = Field(default=2, ge=0)
     """Detections one principal (a tenant, an expert token, a client address) may run at once in
     this replica; 429 beyond, before any tokenisation (0: no limit)."""

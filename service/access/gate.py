@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from sqlalchemy import select
 
+from detector.forms import text_forms
 from keys.audit import record_audit
 from keys.errors import KeyStoreError
 from keys.models import Tenant
@@ -129,18 +130,13 @@ def _check_options(tier: str, identity: Identity | None, body: DetectBody) -> bo
 
 
 def _sketch_of(services, secret: bytes, body: DetectBody, k: int) -> probe.Sketch:
-    if body.text is not None:
-        return probe.sketch(secret, body.text, k)
-    return probe.sketch_of_ids(secret, body.token_ids, _decoded(services, body.token_ids), k)
-
-
-def _decoded(services, token_ids) -> str | None:
-    """The text ``token_ids`` decode to, as detection decodes them (None: ids outside the
-    vocabulary, which detection refuses, 422)."""
-    vocab = getattr(services.engine, "vocab_size", None)
-    if not token_ids or vocab is None or not all(0 <= t < vocab for t in token_ids):
-        return None
-    return services.engine.tokenizer().decode(list(token_ids), skip_special_tokens=True)
+    """The query's token k-grams as the detector will score them: the token ids sent, or the
+    text's tokens as sent and in its normalised forms (service.access.probe)."""
+    if body.text is None:
+        return probe.sketch_of_forms(secret, [body.token_ids], k)
+    texts = [form.text for form in text_forms(body.text)[0]] if body.normalize else [body.text]
+    tokenizer = services.engine.tokenizer()
+    return probe.sketch_of_forms(secret, [detection.tokenize_with_offsets(tokenizer, t)[0] for t in texts], k)
 
 
 async def _write(access: Access, write: Callable[[Any], Any]) -> Any:
@@ -205,11 +201,11 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
                                   min_share=settings.probe_share)
             if not verdict.admitted:
                 raise RateLimited(
-                    f"this text shares at least {settings.probe_share:.0%} of its "
-                    f"{settings.probe_kgram}-word k-grams with {verdict.queries} of your queries of the last "
-                    f"24 hours; a text family may be checked {settings.probe_family_per_day} times a day (probe guard: repeated checks of "
-                    "one edited text are how a detector is turned against the watermark)",
-                    headers=retry_after(3600), code="probe_guard")
+                    f"this text contains (or is contained in) at least {settings.probe_share:.0%} of a text checked "
+                    f"{verdict.queries} times in the last 24 hours, and a text family may be checked "
+                    f"{settings.probe_family_per_day} times a day (probe guard: repeated checks of one edited text, "
+                    "padded or not, are how a detector is turned against the watermark); `hallmark detect` checks "
+                    "locally without this limit", headers=retry_after(3600), code="probe_guard")
         if budgets and charge.reserved:
             charge.rows = access.budgets.charge(session, budgets, charge.reserved)
         if evidence_budget:
