@@ -70,13 +70,29 @@ def _rounded(value: Any) -> Any:
 def tenant_answer(full: dict[str, Any], *, evidence: bool) -> dict[str, Any]:
     """The tenant tier: verdict, key, p to a whole power of ten, spans and the ledger's
     citations (generation ids, k-gram counts, whether each match passes; bounds to a power of
-    ten); no scores, no per-test p-values; per-token evidence only with the ``evidence`` scope."""
+    ten); no scores, no per-test p-values; per-token evidence only with the ``evidence`` scope
+    and only of the tenant's own generation, unedited (issue 31 item 3: evidence on any other
+    text plans the next edit)."""
     out = {k: v for k, v in full.items() if k not in ("report", "evidence")}
     out = _rounded(out)
     out["tier"] = TENANT
     if evidence and full.get("evidence"):
-        out["evidence"] = coarse_evidence(full["evidence"])
+        if own_unedited(full):
+            out["evidence"] = coarse_evidence(full["evidence"])
+        else:
+            out["evidence_withheld"] = EVIDENCE_WITHHELD
     return out
+
+
+EVIDENCE_WITHHELD = ("per-token evidence is shown to a tenant only for a text the ledger holds unedited as one of "
+                     "its own generations (an edited or foreign text's per-token scores would show where to edit "
+                     "next); spans and the rounded p are above, and `hallmark detect` shows evidence locally")
+
+
+def own_unedited(full: dict[str, Any]) -> bool:
+    """Whether the tenant's ledger holds this exact text (or token ids) as one of its own
+    generations: the core's ``ledger_matches`` (exact copies only, of the caller's tenant)."""
+    return bool(full.get("ledger_matches"))
 
 
 EVIDENCE_DECIMALS = 1

@@ -162,9 +162,11 @@ def test_evidence_scope_is_audited_per_use_and_has_its_own_budget(tiers):
         response = tiers.client.post("/v1/detect", json={"text": variant(tiers.generated, 40 + i) if i else
                                                          tiers.generated, "evidence": True}, headers=headers)
         statuses.append(response.status_code)
-        if response.status_code == 200:
+        if response.status_code == 200 and i == 0:  # its own generation, unedited: evidence, coarsened
             scores = [t["score"] for t in response.json()["evidence"]["tokens"] if t["score"] is not None]
             assert scores and all(round(x, 1) == x for x in scores)  # coarsened to one decimal
+        elif response.status_code == 200:  # an edited copy: withheld (issue 31 item 3), the use counted
+            assert "evidence" not in response.json() and response.json()["evidence_withheld"]
     assert statuses == [200, 200, 200, 429], statuses
     assert response.json()["error"]["code"] == "detection_budget_exhausted"
     events = _audit(tiers, "detection.evidence")[before:]

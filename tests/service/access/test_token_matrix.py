@@ -146,3 +146,20 @@ def test_a_tenant_admin_token_shares_its_tenants_budget_and_text_families(tmp_pa
         assert statuses == [200, 200, 200, 429]
     finally:
         gateway.stop()
+
+
+def test_a_tenants_per_token_evidence_is_only_of_its_own_unedited_generation(matrix):
+    """Issue 31 item 3: per-token scores plan the next edit. A tenant with the `evidence` scope
+    gets them for its own recorded generation as recorded; for an edited copy or another text
+    the answer says why they are withheld. Experts and the operator get them everywhere."""
+    edited = matrix.generated.replace(" ", "  ", 3).split()
+    edited[5] = "harbour"
+    edited = " ".join(edited)
+    for text, shown in ((matrix.generated, True), (edited, False)):
+        answer = matrix.client.post("/v1/detect", json={"text": text, "evidence": True},
+                                    headers=_headers(matrix, "tenant_evidence")).json()
+        assert bool(answer.get("evidence")) is shown, text[:40]
+        assert ("evidence_withheld" in answer) is (not shown)
+        full = matrix.client.post("/v1/detect", json={"text": text, "evidence": True},
+                                  headers=_headers(matrix, "expert")).json()
+        assert full["evidence"]["tokens"]
