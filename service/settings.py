@@ -132,6 +132,9 @@ class ServiceSettings(BaseSettings):
     probe_kgram: int = Field(default=5, ge=1, le=17)
     """Tokens per k-gram of the probe guard: the detector's context (4) and the token scored
     (service/access/probe.py)."""
+    detect_queue: int = Field(default=16, ge=0)
+    """Detections one principal may have waiting for its lane in this replica (one of its
+    detections runs at a time: service/access/lanes.py); 429 beyond."""
     detect_slots: int = Field(default=2, ge=0)
     """Detections one principal (a tenant, an expert token, a client address) may run at once in
     this replica; 429 beyond, before any tokenisation (0: no limit)."""

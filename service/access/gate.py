@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -42,6 +43,7 @@ from service import detection
 from service.access import probe, shape
 from service.access.budgets import Budget, Budgets
 from service.access.group_commit import GroupCommit
+from service.access.lanes import Lanes
 from service.access.slots import Slots
 from service.access.tiers import EXPERT, OPERATOR, PUBLIC, TENANT, Principal, access_secret, principal_of
 from service.auth import Identity, resolve_tenant
@@ -52,6 +54,7 @@ from service.schemas import DetectBody
 
 log = logging.getLogger("hallmark.access")
 _lock = threading.Lock()
+FAIR_SWITCH_INTERVAL = 0.001
 
 
 @dataclass
@@ -60,6 +63,7 @@ class Access:
     budgets: Budgets
     slots: Slots
     writes: GroupCommit
+    lanes: Lanes
 
 
 def access_of(services) -> Access:
@@ -69,7 +73,13 @@ def access_of(services) -> Access:
             found = getattr(services, "_access", None)
             if found is None:
                 found = Access(access_secret(services), Budgets(services.store), Slots(services.settings.detect_slots),
-                               GroupCommit(services.store))
+                               GroupCommit(services.store), Lanes(services.settings.detect_queue))
+                # A detection in a worker thread holds the interpreter up to the switch interval
+                # (5 ms) each time the event loop asks for it back, and another principal's
+                # check hands it over a dozen times (each await): 1 ms keeps that wait small
+                # (service.access.lanes). A lower interval set already (the CUDA engine's) stays.
+                if sys.getswitchinterval() > FAIR_SWITCH_INTERVAL:
+                    sys.setswitchinterval(FAIR_SWITCH_INTERVAL)
                 services._access = found
     return found
 

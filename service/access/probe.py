@@ -11,8 +11,8 @@ a query tells the attacker about a position of an earlier text only where it rep
 position's window of 5 tokens. The guard therefore sketches a query by its **token 5-grams**
 (of the text as sent and as the detector normalises it: invisible characters, bidi controls,
 look-alike letters; token ids as sent, so a text and its token ids are one family), and a
-query joins an earlier query's family when the two share at least :data:`ABSOLUTE` (24)
-5-grams, or at least ``share`` (default 50 %) of the smaller one's (a short text; a piece of a
+query joins an earlier query's family when the two share at least :data:`ABSOLUTE` (32)
+5-grams (2 % of the smaller one's for long queries, at most 200), or at least ``share`` (default 50 %) of the smaller one's (a short text; a piece of a
 text split over queries). A count of shared windows is what padding cannot lower (added junk
 adds 5-grams to a query, never removes the text's), and interleaving lowers it only by hiding
 the text's positions from the detector, which is what the guard protects. A
@@ -53,10 +53,13 @@ _MAX_HASHES = 1024
 MIN_MATCH = 3
 """5-grams two queries must share at least (at level 0) before either joins the other's family:
 a tiny query (a few tokens) is otherwise "contained" in any text that happens to share one."""
-ABSOLUTE = 24
+ABSOLUTE = 32
 """k-grams two queries may share before they are one text's family, however much else either
-holds: about 28 tokens of one text repeated. Distinct texts rarely repeat 24 windows of 5
+holds: about 36 tokens of one text repeated. Distinct texts rarely repeat 32 windows of 5
 tokens (quotes and boilerplate do: then they are counted together, which errs towards refusing)."""
+DENSITY, CAP = 0.02, 10_000
+"""For long queries the bar is 2 % of the smaller one's windows, at most 200 (2 % of 10,000):
+padding either query beyond 10,000 windows cannot raise it further."""
 _WORD = re.compile(r"\w+")
 _cache: dict[str, "Sketch"] = {}
 _CACHE_MAX = 200_000
@@ -140,7 +143,10 @@ def related(query: Sketch, other: Sketch, min_share: float, absolute: int = ABSO
     smaller = min(len(mine), len(theirs)) * scale
     if common < min(MIN_MATCH, smaller):
         return False
-    return common >= min(absolute, min_share * smaller)
+    # Long texts share some windows by chance (common phrases): the bar rises with the smaller
+    # one's size, up to DENSITY of CAP windows, which a padded text of 200 tokens still clears.
+    bar = max(absolute, DENSITY * min(smaller, CAP))
+    return common >= min(bar, min_share * smaller)
 
 
 def contained(query: Sketch, other: Sketch) -> float:
