@@ -110,11 +110,14 @@ def principal(services, identity: Identity | None, client_address: str | None) -
     return principal_of(identity, client_address, access_of(services).secret, services.settings)
 
 
+GLOBAL_PUBLIC = "public:all"
+
+
 def _budgets(settings, who: Principal) -> list[Budget]:
     if who.tier == PUBLIC:
         return [Budget(f"public:{who.key}", settings.public_tokens_per_day),
                 Budget(f"public-wide:{who.wide}", settings.public_wide_tokens_per_day),
-                Budget("public:all", settings.public_global_tokens_per_day)]
+                Budget(GLOBAL_PUBLIC, settings.public_global_tokens_per_day)]
     if who.tier == TENANT:
         return [Budget(f"tenant:{who.key}", settings.tenant_detect_tokens_per_day)]
     return []  # expert and operator: unlimited volume
@@ -167,6 +170,8 @@ class Charge:
     """A request's token reservation, and whether it was settled against the actual cost."""
 
     reserved: float = 0.0
+    budgets: list[Budget] = field(default_factory=list)
+    """The token budgets admission charged (settling and refunds charge the same ones)."""
     rows: dict[str, str] = field(default_factory=dict)
     """Budget name -> the reservation's spend row (what a refund names: service.access.budgets)."""
     evidence_rows: dict[str, str] = field(default_factory=dict)
@@ -193,13 +198,21 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
     evidence_budget = [Budget(f"evidence:{who.key}", settings.evidence_per_day)] if evidence and who.tier == TENANT \
         else []
     guarded = who.tier in (PUBLIC, TENANT)
-    charge = Charge(reserved=reservation(settings, body, budgets) if budgets else 0.0)
+    charge = Charge(reserved=reservation(settings, body, budgets) if budgets else 0.0, budgets=budgets)
     if not budgets and not evidence_budget and not guarded:
         return charge
     sketch = await _call(inline, _sketch_of, services, access.secret, body, settings.probe_kgram) if guarded else None
 
     def admit(session) -> None:
         short = access.budgets.admit(session, budgets + evidence_budget)
+        if short is not None and short[0].name == GLOBAL_PUBLIC and who.wide:
+            # The global public budget is used up (a flood from many networks): this network
+            # still has its reserve (issue 31: no actor closes the public check for others).
+            reserve = Budget(f"public-reserve:{who.wide}", settings.public_reserved_tokens_per_day)
+            others = [b for b in budgets if b.name != GLOBAL_PUBLIC]
+            short = access.budgets.admit(session, others + evidence_budget + [reserve])
+            if short is None:
+                budgets[:] = others + [reserve]  # charged (and settled) instead of the global one
         if short is not None:
             budget, wait = short
             what = "per-token evidence uses" if budget in evidence_budget else "detection tokens"
@@ -228,7 +241,7 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
 
 async def _settle(services, access: Access, who: Principal, identity: Identity | None, tokens: int, *,
                   evidence: bool, verdict: str, charge: Charge) -> None:
-    budgets = _budgets(services.settings, who)
+    budgets = charge.budgets
     audit = who.tier in (EXPERT, OPERATOR) or (evidence and who.tier == TENANT)
     if not budgets and not audit:
         charge.settled = True
@@ -303,7 +316,7 @@ def _refund(access: Access, who: Principal, settings, charge: Charge) -> None:
     """Give back the reservation (and the evidence use) of a request that failed (or was
     cancelled) before its answer left: queued, not awaited (a cancelled task may not await
     again), ahead of any later write of this process."""
-    budgets = _budgets(settings, who) if charge.reserved else []
+    budgets = charge.budgets if charge.reserved else []
     evidence_budget = [Budget(f"evidence:{who.key}", settings.evidence_per_day)] if charge.evidence else []
     charge.settled = True
 

@@ -67,3 +67,32 @@ def test_through_a_trusted_proxy_networks_share_families_and_other_networks_do_n
             assert _checks(client, ["192.0.2.1"]) == [200]
     finally:
         gateway.stop()
+
+
+def test_a_flood_that_empties_the_global_public_budget_leaves_other_networks_their_reserve(tmp_path):
+    """Issue 31: many addresses emptied the global public budget in minutes, and then one check a
+    minute kept the public check closed for everyone. Each /24 now keeps a reserve."""
+    import random
+
+    gateway = gw.start(tmp_path, draft_model=None, trusted_proxies="127.0.0.1", public_global_tokens_per_day=3000,
+                       public_reserved_tokens_per_day=1500, public_tokens_per_day=1e6, public_wide_tokens_per_day=1e6)
+    rng = random.Random(3)
+
+    def text() -> str:
+        return " ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(5)) for _ in range(120))
+
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=120) as client:
+            flood = []
+            for i in range(40):  # the flooder walks addresses of its networks until refused
+                r = client.post("/v1/public/detect", json={"text": text()},
+                                headers={"X-Forwarded-For": f"198.51.{i % 2}.{i}"})
+                flood.append(r.status_code)
+                if flood[-2:] == [429, 429]:
+                    break
+            assert flood[-1] == 429 and r.json()["error"]["code"] == "detection_budget_exhausted", flood
+            # Another network: answered, from its reserve.
+            other = client.post("/v1/public/detect", json={"text": text()}, headers={"X-Forwarded-For": "192.0.2.7"})
+            assert other.status_code == 200, other.text
+    finally:
+        gateway.stop()
