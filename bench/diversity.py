@@ -154,7 +154,7 @@ def engine_generate(jobs: list[dict], max_tokens: int) -> list[dict]:
                     plan = None
                     key = job["key"]
                     if key is not None:
-                        if key.spec.mode == "diverse" and key.salt is None:  # a seeded request's salt
+                        if key.spec.salted and key.salt is None:  # a seeded request's salt
                             key = key.with_salt(job["salt"] if job.get("salt") is not None else salt_for(job["seed"]))
                         plan = WatermarkPlan(key=key, key_id="bench", version=1, fingerprint=key.fingerprint)
                     requests.append(GenerationRequest(f"r{start + i}", tuple(tokenizer.encode(job["prompt"])),
@@ -168,7 +168,7 @@ def engine_generate(jobs: list[dict], max_tokens: int) -> list[dict]:
                 done = await asyncio.gather(*(one(r) for r in requests))
                 for job, request, event in zip(wave, requests, done):
                     out.append({**job, "key": request.watermark.key if request.watermark else None,
-                                "tokens": list(event.token_ids)})
+                                "tokens": list(event.token_ids), "text": tokenizer.decode(list(event.token_ids))})
                 print(f"generated {len(out)}/{len(jobs)}", flush=True)
         finally:
             await engine.stop()

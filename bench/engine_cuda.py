@@ -17,11 +17,16 @@ round's ratio. Per round, without a profiler: engine steps, ms per step, tokens 
 **GPU busy**: the union of the graph-replayed blocks' spans (CUDA events recorded around
 each block, a few microseconds each) over the round's wall time, which leaves out prefills
 and eager blocks, so it is a lower bound; the GPU's idle time between blocks; host seconds
-spent admitting; the engine's host phase counters per block. At ``--profile-at`` N one
-more watermark-on round runs under torch.profiler: GPU busy as the union of every GPU
-activity (the issue's definition) and the GPU kernels by name. ``--stacks-at`` N: one
-round under a stack sampler (every thread's Python stack every ~0.5 ms). Then batch 1
-(ms per token) and single-key requests (the plain path) at 16.
+spent admitting; the engine's host phase counters per block. Then batch 1 (ms per token)
+and single-key requests (the plain path) at 16. At ``--profile-at`` N one more
+watermark-on round runs under torch.profiler: GPU busy as the union of every GPU activity
+(the issue's definition) and the GPU kernels by name. ``--stacks-at`` N: one round under a
+stack sampler (every thread's Python stack every ~0.5 ms).
+
+A device run with little time: ``--rounds-at 256=24,16=6`` sets each size's rounds,
+``--stop-rounds-after S`` stops a size's rounds after S seconds (each size not begun by
+then still gets one round within ``--grace``), and the JSON file is rewritten after each
+size, batch 1 and the profile, so a run killed at its time limit keeps what it measured.
 
 ``--parity-out`` records the fixed request set (tests/service/engines/local/parity.py) run
 first; ``--parity-check`` compares this tree's outputs with such a file and says whether
@@ -53,11 +58,19 @@ def _args():
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=24, help="rounds of each mode per size up to 256")
     parser.add_argument("--big-rounds", type=int, default=4, help="rounds of each mode per size above 256")
+    parser.add_argument("--rounds-at", default="", help="N=R,...: rounds of each mode at size N (overrides the two above)")
+    parser.add_argument("--warmups", type=int, default=2, help="untimed batches per size before its rounds")
+    parser.add_argument("--grace", type=float, default=20.0,
+                        help="seconds past --stop-rounds-after in which a size not begun yet still runs one round")
+    parser.add_argument("--stop-rounds-after", type=float, default=0.0,
+                        help="seconds since the start after which no size's second round begins (0: no limit); "
+                             "batch 1 and the profiled round still run")
     parser.add_argument("--small-rounds", type=int, default=5, help="rounds of batch 1 and of single-key plain")
     parser.add_argument("--profile-at", type=int, default=256, help="one profiled round at this size (0: none)")
     parser.add_argument("--stacks-at", type=int, default=0, help="one stack-sampled round at this size (0: none)")
     parser.add_argument("--parity-out", default=None)
     parser.add_argument("--parity-check", default=None)
+    parser.add_argument("--parity-last", action="store_true", help="the parity set after everything else")
     parser.add_argument("--parity-tokens", type=int, default=96)
     parser.add_argument("--parity-extra", type=int, default=48)
     parser.add_argument("--engine-options", default="{}", help="JSON: more LocalEngine keyword arguments")
@@ -289,6 +302,7 @@ async def _parity(engine, result: dict) -> None:
 
 async def main_async() -> dict:
     sizes = [int(x) for x in ARGS.requests.split(",")]
+    rounds_at = {int(n): int(r) for n, r in (x.split("=") for x in ARGS.rounds_at.split(",") if x)}
     blocks, admission = BlockEvents(), Admission()
     options = json.loads(ARGS.engine_options)
     if not CUDA:  # the CUDA path's blocks, eagerly (and text on its thread, where the tree has one)
@@ -310,20 +324,31 @@ async def main_async() -> dict:
     result["batched_prefill"] = {name: getattr(g, "batched_prefill", None) for name, g in groups.items()}
     print("started", json.dumps(result), flush=True)
     tok = engine.tokenizer()
-    if ARGS.parity_out or ARGS.parity_check:
+    if (ARGS.parity_out or ARGS.parity_check) and not ARGS.parity_last:
         await _parity(engine, result)
-    engine.eos_ids = frozenset()  # every request generates exactly --tokens tokens
+    eos_ids, engine.eos_ids = engine.eos_ids, frozenset()  # every request generates exactly --tokens tokens
+    began = time.perf_counter()  # --stop-rounds-after counts from here (a fresh machine's start varies)
     result["sizes"] = {}
     detection_rows = None
+    def out_of_time(grace: float = 0.0) -> bool:
+        return bool(ARGS.stop_rounds_after) and time.perf_counter() - began > ARGS.stop_rounds_after + grace
+
     for n in sizes:
-        for salt in (0, 1):
-            await _generate(engine, _batch(tok, n, ARGS.tokens, salt == 0, salt)[0])
+        if out_of_time(ARGS.grace):  # past the limit, a size still gets one round within the grace
+            print(json.dumps({"requests": n, "skipped": "--stop-rounds-after"}), flush=True)
+            continue
+        for salt in range(ARGS.warmups):
+            await _generate(engine, _batch(tok, n, ARGS.tokens, salt % 2 == 0, salt)[0])
         rounds = {"on": [], "off": []}
-        for r in range(ARGS.rounds if n <= 256 else ARGS.big_rounds):
+        for r in range(rounds_at.get(n, ARGS.rounds if n <= 256 else ARGS.big_rounds)):
+            if out_of_time() and r > 0:
+                break
             for watermark in ((True, False) if r % 2 == 0 else (False, True)):
                 reqs, keys = _batch(tok, n, ARGS.tokens, watermark, (10 if watermark else 20) + r)
                 done, stats = await _round(engine, reqs, blocks, admission)
                 rounds["on" if watermark else "off"].append(stats)
+                result["sizes"][n] = {"partial": True, "rounds": rounds}  # a run killed mid-size keeps its rounds
+                Path(ARGS.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
                 if watermark and n == 256:
                     detection_rows = (keys, done)
         on = [s["tokens_per_second"] for s in rounds["on"]]
@@ -342,6 +367,22 @@ async def main_async() -> dict:
         print(json.dumps({"requests": n, **{k: (v["median"] if isinstance(v, dict) and "median" in v else v)
                                              for k, v in summary.items()}}), flush=True)
         Path(ARGS.out).write_text(json.dumps(result, indent=1, default=str) + "\n")  # what is done so far
+    batch1, plain = [], []
+    for r in range(ARGS.small_rounds):
+        reqs, _ = _batch(tok, 1, ARGS.tokens, True, 60 + r)
+        _sync()
+        t = time.perf_counter()
+        done = await _generate(engine, reqs)
+        batch1.append(1e3 * (time.perf_counter() - t) / len(done[0].token_ids))
+        reqs, _ = _batch(tok, 16, ARGS.tokens, True, 70 + r, algorithm="gumbel")
+        _sync()
+        t = time.perf_counter()
+        done = await _generate(engine, reqs)
+        plain.append(sum(len(d.token_ids) for d in done) / (time.perf_counter() - t))
+        result["batch1_ms_per_token"] = _spread(batch1)
+        result["single_key_plain_16_tokens_per_second"] = _spread(plain)
+        Path(ARGS.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
+        print("batch1", json.dumps({"ms_per_token": batch1[-1], "plain16_tok_s": plain[-1]}), flush=True)
     if ARGS.profile_at:
         from torch.profiler import ProfilerActivity, profile
 
@@ -358,6 +399,7 @@ async def main_async() -> dict:
                                     "tokens_per_second_under_profiler": round(ARGS.profile_at * ARGS.tokens / wall, 1),
                                     **_kernels(trace, wall)}
         Path(trace).unlink()
+        Path(ARGS.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
         print("profile", json.dumps({k: v for k, v in result["profiled_round"].items() if k != "top_kernels"}),
               flush=True)
     if ARGS.stacks_at:
@@ -365,20 +407,10 @@ async def main_async() -> dict:
             _, stats = await _round(engine, _batch(tok, ARGS.stacks_at, ARGS.tokens, True, 51)[0], blocks,
                                     admission)
         result["stack_sampled_round"] = {"round": stats, "threads": sampler.report()}
-    batch1, plain = [], []
-    for r in range(ARGS.small_rounds):
-        reqs, _ = _batch(tok, 1, ARGS.tokens, True, 60 + r)
-        _sync()
-        t = time.perf_counter()
-        done = await _generate(engine, reqs)
-        batch1.append(1e3 * (time.perf_counter() - t) / len(done[0].token_ids))
-        reqs, _ = _batch(tok, 16, ARGS.tokens, True, 70 + r, algorithm="gumbel")
-        _sync()
-        t = time.perf_counter()
-        done = await _generate(engine, reqs)
-        plain.append(sum(len(d.token_ids) for d in done) / (time.perf_counter() - t))
-    result["batch1_ms_per_token"] = _spread(batch1)
-    result["single_key_plain_16_tokens_per_second"] = _spread(plain)
+    if (ARGS.parity_out or ARGS.parity_check) and ARGS.parity_last:
+        engine.eos_ids = eos_ids
+        await _parity(engine, result)
+        Path(ARGS.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
     result["speculative_blocks"] = {k: v for k, v in vars(engine._blocks.counts).items()  # noqa: SLF001
                                     if isinstance(v, (int, float))}
     result["telemetry"] = engine.telemetry.snapshot()
@@ -406,7 +438,7 @@ def main() -> None:
                      f"{m.get('gpu_busy_blocks_on', {}).get('median', float('nan')):.3f}"
                      f" ms/step {m['ms_per_step_on']['median']:.2f} tok/step {m['tokens_per_step_on']['median']:.1f}")
     print("\n".join(table))
-    print("batch1 ms/token", result["batch1_ms_per_token"]["median"], "startup", result["startup_seconds"],
+    print("batch1 ms/token", result.get("batch1_ms_per_token", {}).get("median"), "startup", result["startup_seconds"],
           "parity", result.get("parity"))
 
 

@@ -1,30 +1,58 @@
 #!/bin/bash
-# Issue 33's device run: the baseline tree ($1, main as shipped to the device) and this tree
-# on one card, in one call; results under $2. Each stage has its own time limit, so a slow
-# stage leaves the others' results.
-#   bash bench/engine_device_run.sh ROOT OUT [short]
-# ``short``: what fits a device budget of about two minutes: parity, 16 and 256 only.
-ROOT=$1
-OUT=$2
+# Issue 33's device run in one command, most important first; every stage writes what it has
+# measured to OUT as it goes, and is time-boxed from what is left of BUDGET seconds, so a slow
+# stage (a fresh machine compiles every Triton kernel before the first capture) costs the
+# later stages, never the results already written.
+#   bash bench/engine_device_run.sh OUT [BUDGET=150] [DEVICE=cuda]
+# Stages: 1. bench/engine_cuda.py: 256 on/off alternating, as many rounds (up to 24) as fit in
+# 55 s after the engine started; then 16 and 64 (up to 6 rounds each), 512 and 1,024 (one
+# each), each size at least one round within 15 s more; batch 1 and single-key 16; one
+# profiled round at 256 (GPU busy, kernels); last, the parity set's outputs recorded (no
+# baseline tree runs: it would cost a second start). Its JSON is rewritten after every round;
+# it may use all but 40 s. 2. bench/engine_http.py at 64 and 256, one round of each mode.
+# 3. The engine's GPU tests, if time is left.
+# DEVICE=cpu: the same stages on tiny sizes (a dry run of this script on any machine).
+# Gateway dependencies: cp312 wheels in .whl/ (carried), installed with --no-deps --target.
+set -u
+OUT=${1:?usage: engine_device_run.sh OUT [BUDGET] [DEVICE]}
+BUDGET=${2:-150}
+DEVICE=${3:-cuda}
+mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-log() { grep -v "Loading weights" | tee -a "$OUT/log.txt"; }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.used --format=csv | log
-if [ "$3" = short ]; then
-    timeout 50 python3 bench/engine_cuda.py --tree "$ROOT" --requests 256 --rounds 1 --small-rounds 3 \
-        --profile-at 0 --parity-out "$OUT/parity-baseline.json" --out "$OUT/engine-baseline.json" 2>&1 | log
-    timeout 70 python3 bench/engine_cuda.py --requests 16,256 --rounds 8 --small-rounds 3 --profile-at 0 \
-        --parity-check "$OUT/parity-baseline.json" --out "$OUT/engine-cuda.json" 2>&1 | log
-    exit 0
+START=$(date +%s)
+PY=${PYTHON:-python3}
+log() { grep --line-buffered -v "Loading weights" | tee -a "$OUT/log.txt"; }
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+box() { local s=$(($(left) - $1)); [ "$s" -lt 10 ] && s=10; echo "$s"; }  # what is left less $1, 10 s at least
+stage() { echo "== $1 at $(($(date +%s) - START)) s, $(left) s left" | log; }
+
+if [ "$DEVICE" = cuda ]; then
+    nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.used --format=csv 2>&1 | log
+    SIZES=256,16,64,512,1024 ROUNDS=256=24,16=6,64=6,512=1,1024=1 STOP=55 HTTP=64,256 TOKENS=128 PROFILE=256
+else
+    SIZES=8,4,16 ROUNDS=8=2,4=1,16=1 STOP=60 HTTP=4,8 TOKENS=16 PROFILE=8
 fi
-# 1. Baseline: the parity set recorded, 16 and 256 rounds, batch 1.
-timeout 75 python3 bench/engine_cuda.py --tree "$ROOT" --requests 16,256 --rounds 2 --small-rounds 3 \
-    --profile-at 0 --parity-out "$OUT/parity-baseline.json" --out "$OUT/engine-baseline.json" 2>&1 | log
-# 2. This tree: parity against 1, 24 rounds each at 16/64/256, 2 at 512/1024, a profiled round.
-timeout 200 python3 bench/engine_cuda.py --requests 16,64,256,512,1024 --rounds 24 --big-rounds 2 \
-    --small-rounds 3 --profile-at 256 --parity-check "$OUT/parity-baseline.json" \
+if [ -d .whl ] && ! "$PY" -c "import fastapi, httpx, sqlalchemy, pydantic_settings" 2>/dev/null; then
+    stage "installing the gateway's wheels"
+    "$PY" -m pip install -q --no-deps --no-index --target .dev/site .whl/*.whl 2>&1 | tail -3 | log
+    export PYTHONPATH=$PWD/.dev/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+stage "1. engine_cuda: $SIZES ($ROUNDS), profile at $PROFILE, batch 1"
+timeout --kill-after=5 "$(box 40)" "$PY" bench/engine_cuda.py --device "$DEVICE" --requests "$SIZES" \
+    --rounds-at "$ROUNDS" --warmups 1 --stop-rounds-after "$STOP" --grace 15 --tokens "$TOKENS" \
+    --profile-at "$PROFILE" --small-rounds 3 --parity-last --parity-out "$OUT/parity-this-tree.json" \
     --out "$OUT/engine-cuda.json" 2>&1 | log
-# 3. End to end: 64 and 256 streaming clients against the engine alone, SQLite ledger.
-timeout 80 python3 bench/engine_http.py --requests 64,256 --rounds 2 --out "$OUT/engine-http.json" 2>&1 | log
-# 4. The engine's GPU tests.
-timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/service/engines/local/test_static_runner.py \
-    -k "graph_engine_is_batch or block_graphs_replay" 2>&1 | tail -15 | tee "$OUT/pytest-gpu-engine.txt" | log
+
+if [ "$(left)" -gt 25 ]; then
+    stage "2. engine_http: $HTTP streaming clients, SQLite ledger"
+    timeout --kill-after=5 "$(box 5)" "$PY" bench/engine_http.py --device "$DEVICE" --requests "$HTTP" \
+        --rounds 1 --tokens "$TOKENS" --out "$OUT/engine-http.json" 2>&1 | log
+fi
+
+if [ "$(left)" -gt 30 ] && [ "$DEVICE" = cuda ]; then
+    stage "3. the engine's GPU tests"
+    timeout --kill-after=5 "$(box 3)" "$PY" -m pytest -q -x -m gpu -p no:cacheprovider \
+        tests/service/engines/local/test_static_runner.py 2>&1 | tail -15 | tee "$OUT/pytest-gpu-engine.txt" | log
+fi
+stage "done"

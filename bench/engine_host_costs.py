@@ -6,8 +6,10 @@ the streamer thread and the event loop each spend on one speculative block's tok
 1. ``take``: OutputTable.take of a block (k = 4) for N rows, then the pending inputs, as
    SpeculativeBlocks._take does (the step loop's share);
 2. ``streamer_pass``: one streamer pass over that block's tokens (N requests, two new tokens
-   each, outputs of 64 tokens so far): batched decode, releasable text, N Deltas handed to
-   an Outbox (the streamer thread's share, GIL held except inside the Rust decode);
+   each, outputs of ``--history`` tokens so far): batched decode, releasable text, N Deltas
+   handed to an Outbox (the streamer thread's share); ``streamer_decode`` is the part spent
+   in the Rust decode (without the GIL, plus converting the id lists, with it), and
+   ``streamer_gil`` the rest, Python holding the GIL;
 3. ``event_loop_delivery``: one hand-over of N events to N consumer coroutines, each awaiting
    its queue as LocalEngine.generate does (the event loop's share).
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -32,6 +35,7 @@ from service.engines.base import GenerationRequest  # noqa: E402
 from service.engines.local.outbox import Outbox  # noqa: E402
 from service.engines.local.outputs import OutputTable  # noqa: E402
 from service.engines.local.request import RequestState  # noqa: E402
+from service.engines.local import streamer as streamer_module  # noqa: E402
 from service.engines.local.streamer import Streamer  # noqa: E402
 from service.model_paths import resolve_model_path  # noqa: E402
 
@@ -46,6 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=200)
+    parser.add_argument("--history", type=int, default=64, help="tokens each request has generated before")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     from transformers import AutoTokenizer
@@ -77,13 +82,26 @@ def main() -> None:
     states = [RequestState(GenerationRequest(f"r{i}", (5, 6), 4000, seed=i), tok, frozenset(),
                            outbox.sink(loop, queues[i]), streamer=streamer) for i in range(n)]
     for state in states:
-        state.tracker.token_ids.extend(rng.integers(3, 8000, 64).tolist())
-    passes = []
+        state.tracker.token_ids.extend(rng.integers(3, 8000, args.history).tolist())
+    passes, decoding = [], [0.0]
+    decode_many = streamer_module.decode_many
+
+    def timed_decode(*a, **k):  # the Rust decode, which runs without the GIL: timed apart
+        t = time.perf_counter()
+        try:
+            return decode_many(*a, **k)
+        finally:
+            decoding[0] += time.perf_counter() - t
+
+    streamer_module.decode_many = timed_decode
+    decodes = []
     for _ in range(args.repeats // 4):
         new = rng.integers(3, 8000, (n, 2))
         t = time.perf_counter()
         streamer.block(states, np.arange(n), new, np.full(n, 2), np.zeros((n, 4), dtype=np.int64))
         passes.append(time.perf_counter() - t)
+        decodes.append(decoding[0])
+        decoding[0] = 0.0
         outbox._pending.clear()  # noqa: SLF001 - the hand-over is timed below
 
     async def consumers(rounds: int) -> list[float]:
@@ -107,9 +125,12 @@ def main() -> None:
 
     delivery = loop.run_until_complete(consumers(args.repeats // 4))
     loop.close()
-    row = {"bench": "engine_host_costs", "rows": n, "k": K,
+    row = {"bench": "engine_host_costs", "rows": n, "k": K, "history": args.history,
+           "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM", "default"),
            "take_us_per_block": _median_us(take), "take_us_per_row": round(_median_us(take) / n, 3),
            "streamer_pass_us_per_block": _median_us(passes), "streamer_pass_us_per_row": round(_median_us(passes) / n, 2),
+           "streamer_decode_us_per_block": _median_us(decodes),
+           "streamer_gil_us_per_block": _median_us([a - b for a, b in zip(passes, decodes)]),
            "event_loop_delivery_us_per_block": _median_us(delivery),
            "event_loop_delivery_us_per_row": round(_median_us(delivery) / n, 2),
            "command": "python bench/engine_host_costs.py " + " ".join(sys.argv[1:])}

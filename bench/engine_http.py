@@ -142,6 +142,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--database-url", default=None, help="default: a new SQLite file")
+    parser.add_argument("--ledger-single", action="store_true",
+                        help="the ledger's writes each alone in the group's transaction (as before ledger.grouped)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.client:
@@ -153,6 +155,10 @@ def main() -> None:
     from service.settings import ServiceSettings
     from tests.service.gateway import TEST_DRAFT, TEST_MODEL, provision, serve
 
+    if args.ledger_single:
+        from service.access.group_commit import GroupCommit
+
+        GroupCommit._batches = lambda self, session, group: {}  # noqa: SLF001 - the control arm
     sizes = [int(x) for x in args.requests.split(",")]
     most = max(sizes)
     tmp = Path(tempfile.mkdtemp(prefix="engine-http-"))
@@ -177,6 +183,7 @@ def main() -> None:
         return json.loads(client.stdout.readline())
 
     result = {"device": _device_name(args.device), "startup_seconds": round(startup, 2),
+              "ledger_grouped_appends": not args.ledger_single,
               "database": store_settings.database_url.split(":")[0], "tokens": args.tokens, "sizes": {},
               "command": "python bench/engine_http.py " + " ".join(sys.argv[1:])}
     try:
@@ -184,7 +191,8 @@ def main() -> None:
             http_round(n, 1)  # warm-up: the gateway's first requests at this size
             asyncio.run(_engine_round(engine, n, args.tokens, 1))
             rounds = {"http": [], "engine": []}
-            groups_before = (services.ledger_writes.groups, services.ledger_writes.writes)
+            groups_before = (services.ledger_writes.groups, services.ledger_writes.writes,
+                             services.ledger_writes.batched)
             for r in range(args.rounds):
                 for mode in (("http", "engine") if r % 2 == 0 else ("engine", "http")):
                     if mode == "http":
@@ -193,6 +201,8 @@ def main() -> None:
                         rounds["engine"].append(asyncio.run(_engine_round(engine, n, args.tokens, 10 + r)))
             groups = services.ledger_writes.groups - groups_before[0]
             writes = services.ledger_writes.writes - groups_before[1]
+            batched = services.ledger_writes.batched - groups_before[2]
+            http_seconds = sum(x["seconds"] for x in rounds["http"])
             http = [x["tokens_per_second"] for x in rounds["http"]]
             alone = [x["tokens_per_second"] for x in rounds["engine"]]
             firsts = [t for x in rounds["http"] for t in x.pop("first_token_s")]
@@ -204,7 +214,9 @@ def main() -> None:
                 "receipts_signed": sum(x["receipts"] for x in rounds["http"]),
                 "requests_ok": sum(x["ok"] for x in rounds["http"]),
                 "ledger_groups": groups, "ledger_writes": writes,
-                "ledger_writes_per_group": round(writes / max(groups, 1), 2), "rounds": rounds}
+                "ledger_writes_per_group": round(writes / max(groups, 1), 2), "ledger_writes_batched": batched,
+                "ledger_entries_per_second_of_http_rounds": round(writes / max(http_seconds, 1e-9), 1),
+                "rounds": rounds}
             print(json.dumps({"requests": n, **{k: v for k, v in result["sizes"][n].items() if k != "rounds"}}),
                   flush=True)
             if args.out:  # what is done so far

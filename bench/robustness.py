@@ -75,8 +75,10 @@ def _contexts(texts: list[list[int]]) -> np.ndarray:
     return out
 
 
-def generate(keys: list[WatermarkKey], n: int, sigma: float, seed: int, alpha: float = 0.1) -> list[list[int]]:
-    """One n-token text per key (vectorised over texts, sequential over positions)."""
+def generate(keys: list[WatermarkKey], n: int, sigma: float, seed: int, alpha: float = 0.1,
+             head: int = 0) -> list[list[int]]:
+    """One n-token text per key (vectorised over texts, sequential over positions). ``head``:
+    the first positions sampled without the watermark (a `head`-diverse key: watermark.head)."""
     rng = np.random.default_rng(seed)
     m = len(keys)
     dual = keys[0].spec.algorithm == "dual_key_gumbel"
@@ -85,7 +87,7 @@ def generate(keys: list[WatermarkKey], n: int, sigma: float, seed: int, alpha: f
     texts: list[list[int]] = [[] for _ in range(m)]
     seen: list[set] = [set() for _ in range(m)]
     vocab = np.arange(VOCAB, dtype=np.int64)
-    for _ in range(n):
+    for position in range(n):
         logits = rng.normal(0.0, sigma, (m, VOCAB))
         ctx = _contexts(texts)
         use_b = rng.random(m) < alpha if dual else np.zeros(m, bool)
@@ -96,7 +98,7 @@ def generate(keys: list[WatermarkKey], n: int, sigma: float, seed: int, alpha: f
         plain = np.argmax(logits + rng.gumbel(size=(m, VOCAB)), axis=1)
         for i in range(m):
             c = tuple(ctx[i])
-            token = int(plain[i]) if c in seen[i] else int(keyed[i])
+            token = int(plain[i]) if c in seen[i] or position < head else int(keyed[i])
             seen[i].add(c)
             texts[i].append(token)
     return texts

@@ -74,8 +74,12 @@ class KeySet:
         for spec, indices in members.items():
             keys = [candidates[i].key for i in indices]
             dual = spec.algorithm == "dual_key_gumbel"
-            keys_a = np.array([k.key_a if dual else k.prf_secret for k in keys], dtype=np.uint64)
-            keys_b = np.array([k.key_b for k in keys], dtype=np.uint64) if dual else None
+            if spec.key_bits != 64:  # the scan is Philox's: 256-bit keys skip the screen (GroupPlan.screened)
+                keys_a = np.zeros(len(keys), dtype=np.uint64)
+                keys_b = np.zeros(len(keys), dtype=np.uint64) if dual else None
+            else:
+                keys_a = np.array([k.key_a if dual else k.prf_secret for k in keys], dtype=np.uint64)
+                keys_b = np.array([k.key_b for k in keys], dtype=np.uint64) if dual else None
             groups.append(KeyGroup(spec=spec, indices=np.array(indices, dtype=np.int64), keys_a=keys_a, keys_b=keys_b))
         return cls(candidates=tuple(candidates), groups=tuple(groups))
 
@@ -92,7 +96,8 @@ class GroupPlan:
 
     @property
     def screened(self) -> bool:
-        return self.statistic != "routed"
+        # 256-bit keys are computed in full (the screen's scan runs Philox keys only).
+        return self.statistic != "routed" and self.group.spec.key_bits == 64
 
     @property
     def sum_form(self) -> str:

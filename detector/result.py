@@ -54,12 +54,13 @@ def salted_candidates(candidates: Sequence[Candidate], known_salt: dict[str, int
     """Every candidate as the detector tests it: a `diverse` key without a salt becomes
     its :data:`watermark.salt.SALTS` salted keys (one candidate per salt, ``info.salt`` set),
     so the many-key detection's Šidák correction counts each salt as a key (at most
-    log2(SALTS) bits of p-value); a `deterministic` or already-salted key stays as it is.
+    log2(SALTS) bits of p-value); a `deterministic`, `head`-diverse or already-salted key stays
+    as it is.
     ``known_salt``: key id -> the salt the ledger recorded, which tests that salt alone."""
     out: list[Candidate] = []
     for candidate in candidates:
         key = candidate.key
-        if key.spec.mode != "diverse" or key.salt is not None:
+        if not key.spec.salted or key.salt is not None:  # a `head` key is one key (watermark.head)
             out.append(candidate)
             continue
         known = (known_salt or {}).get(candidate.info.key_id) if candidate.info.key_id else None

@@ -83,6 +83,9 @@ def uniforms_many(requests: list[tuple[int, np.ndarray | None]], scored: ScoredP
     impl = prf.lookup(prf_name)
     n = len(scored.tokens)
     m = len(requests)
+    if impl.key_bits != 64:  # 256-bit keys: one HMAC per position and key (compiled, watermark.prf.hmac_compiled)
+        return impl.uniforms_many([key for key, _ in requests], scored.contexts,
+                                  [scored.tokens if o is None else o for _, o in requests])
     if jit.loaded() and impl.version == prf.PHILOX_V1:  # the compiled pass: the same uniforms
         if all(override is None for _, override in requests):
             keys = np.array([prf.check_key(key) for key, _ in requests], dtype=np.uint64)

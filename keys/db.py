@@ -83,7 +83,8 @@ def create_store_engine(url: str | URL, *, busy_timeout_ms: int = 5000) -> Engin
     if parsed.get_backend_name() == "postgresql":
         connect_args: dict[str, Any] = {}
         if "connect_timeout" not in parsed.query:
-            connect_args["connect_timeout"] = 5
+            # libpq's least: a lost database is otherwise noticed by keys.breaker's probe
+            connect_args["connect_timeout"] = 2
         return create_engine(parsed, pool_pre_ping=True, connect_args=connect_args, hide_parameters=True)
 
     engine = create_engine(parsed, connect_args={"timeout": busy_timeout_ms / 1000}, hide_parameters=True)
@@ -157,6 +158,9 @@ class Store:
         """Secrets that packages built on the store opened with its keyring, kept for the
         store's life under their own names (the transparency-log key: :func:`ledger.log.key.
         store_log_key`). The store holds them without knowing them: it never imports them."""
+        self.breaker: Any = None
+        """A PostgreSQL store's circuit breaker (keys.breaker) once a long-running process started
+        one (the gateway): while open, :meth:`transaction` fails at once as StoreUnavailable."""
         self.sequencing = True
         """False only in a benchmark's control arm: ledger entries are written without
         transparency-log leaves (never cited by detection, and no receipt carries a proof)."""
@@ -171,6 +175,8 @@ class Store:
         """A session in one transaction: committed on success, rolled back on any error,
         with database faults raised as :class:`~keys.errors.KeyStoreError`."""
         factory = self._write_sessions if write else self.sessions
+        if self.breaker is not None:
+            self.breaker.check()
         session = factory()
         try:
             yield session
@@ -178,6 +184,8 @@ class Store:
         except BaseException as exc:
             session.rollback()
             mapped = translate_error(exc, self.url)
+            if self.breaker is not None and isinstance(mapped, StoreUnavailable):
+                self.breaker.failed(exc)
             if mapped is not None and mapped is not exc:
                 raise mapped from None
             raise

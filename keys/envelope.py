@@ -1,6 +1,7 @@
 """Envelope encryption of watermark secrets: AES-256-GCM under a KEK.
 
-A 64-bit secret (8 bytes, big-endian) is sealed with a fresh random 96-bit nonce and
+A secret (8 bytes big-endian for a 64-bit key, 32 for a 256-bit one:
+:func:`watermark.prf.secret_bytes`) is sealed with a fresh random 96-bit nonce and
 associated data that binds the row it belongs to (tenant id, key id, version) and the id
 of the KEK that sealed it. A ciphertext copied into another row, a row whose version or
 tenant was edited, or a flipped bit all fail to open, with one opaque error
@@ -17,12 +18,14 @@ from dataclasses import dataclass
 
 from keys.errors import InvalidInput, UnwrapError
 from keys.kek import Kek, Keyring
+from watermark.prf import secret_bytes
 
 NONCE_BYTES = 12
 SECRET_BYTES = 8
+WIDE_SECRET_BYTES = 32
 TAG_BYTES = 16
 AD_LABEL = b"hallmark/key-wrap/v1"
-MAX_SECRET = 2**64 - 1
+MAX_SECRET = 2**256 - 1
 
 # cryptography is imported where a secret is sealed or opened: `keys list` and `keys show`
 # load this module (through keys.lifecycle) without doing either, and the import is a few
@@ -61,7 +64,7 @@ def associated_data(binding: KeyBinding, kek_id: str) -> bytes:
 
 def _check_secret(secret: int) -> None:
     if isinstance(secret, bool) or not isinstance(secret, int) or not 0 <= secret <= MAX_SECRET:
-        raise InvalidInput("a watermark secret must be an integer in [0, 2**64 - 1]")
+        raise InvalidInput("a watermark secret must be an integer in [0, 2**256 - 1]")
 
 
 def wrap_secret(keyring: Keyring, *, secret: int, binding: KeyBinding) -> WrappedSecret:
@@ -72,7 +75,7 @@ def wrap_secret(keyring: Keyring, *, secret: int, binding: KeyBinding) -> Wrappe
     kek = keyring.primary
     nonce = secrets.token_bytes(NONCE_BYTES)
     ciphertext = AESGCM(kek.material).encrypt(
-        nonce, secret.to_bytes(SECRET_BYTES, "big"), associated_data(binding, kek.id)
+        nonce, secret_bytes(secret), associated_data(binding, kek.id)
     )
     return WrappedSecret(ciphertext=ciphertext, nonce=nonce, kek_id=kek.id)
 
@@ -87,7 +90,8 @@ def unwrap_secret(keyring: Keyring, *, wrapped: WrappedSecret, binding: KeyBindi
     from cryptography.exceptions import InvalidTag
 
     kek: Kek = keyring.get(wrapped.kek_id)
-    if len(wrapped.nonce) != NONCE_BYTES or len(wrapped.ciphertext) != SECRET_BYTES + TAG_BYTES:
+    if len(wrapped.nonce) != NONCE_BYTES or len(wrapped.ciphertext) not in (SECRET_BYTES + TAG_BYTES,
+                                                                             WIDE_SECRET_BYTES + TAG_BYTES):
         raise UnwrapError(binding.key_id)
     try:
         plaintext = kek.aead.decrypt(

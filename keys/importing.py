@@ -18,25 +18,26 @@ from watermark import prf
 from watermark.spec import WatermarkSpec
 from watermark.validation import summary
 
-_DECIMAL = re.compile(r"[0-9]{1,20}")
-_HEX = re.compile(r"0[xX][0-9a-fA-F]{1,16}")
+_DECIMAL = re.compile(r"[0-9]{1,78}")
+_HEX = re.compile(r"0[xX][0-9a-fA-F]{1,64}")
 # vLLM's own config file nests the watermark settings under this option name.
 _NESTED_NAMES = ("watermark_config", "watermark-config")
 
 
-def parse_secret(text: str, *, source: str) -> int:
-    """A 64-bit secret written in decimal or 0x hex (surrounding whitespace ignored)."""
+def parse_secret(text: str, *, source: str, bits: int = 256) -> int:
+    """A secret of at most ``bits`` bits (64 or 256) written in decimal or 0x hex (surrounding
+    whitespace ignored). The key's own size is checked against its spec's PRF on import."""
     token = text.strip() if isinstance(text, str) else ""
     if _DECIMAL.fullmatch(token):
         value = int(token, 10)
     elif _HEX.fullmatch(token):
         value = int(token, 16)
     else:
-        raise InvalidInput(f"{source} does not hold a 64-bit key (a decimal or 0x-hex integer)")
+        raise InvalidInput(f"{source} does not hold a key (a decimal or 0x-hex integer of at most {bits} bits)")
     try:
-        return prf.check_key(value)
+        return prf.check_key(value, bits)
     except ValueError:
-        raise InvalidInput(f"the key in {source} is not in [0, 2**64 - 1]") from None
+        raise InvalidInput(f"the key in {source} is not in [0, 2**{bits} - 1]") from None
 
 
 def _read(path: Path, what: str) -> str:
@@ -78,8 +79,12 @@ def read_vllm_config(path: Path | str) -> tuple[int, WatermarkSpec]:
         raise InvalidInput(f"the vLLM watermark config in {path} has no 'key'")
     raw_key = config.pop("key")
     if isinstance(raw_key, bool) or not isinstance(raw_key, (int, str)):
-        raise InvalidInput(f"the 'key' in {path} is not a 64-bit integer")
-    secret = parse_secret(str(raw_key), source=f"the 'key' of {path}")
+        raise InvalidInput(f"the 'key' in {path} is not an integer")
+    try:
+        bits = prf.key_bits(str(config.get("prf", prf.DEFAULT)))
+    except ValueError as exc:
+        raise InvalidInput(f"the vLLM watermark config in {path}: {exc}") from None
+    secret = parse_secret(str(raw_key), source=f"the 'key' of {path}", bits=bits)
     try:
         _, spec = WatermarkSpec.from_vllm({**config, "key": secret})
     except ValidationError as exc:

@@ -32,7 +32,7 @@ from keys.models import KeyRow
 from keys.tenants import get_tenant, get_tenant_by_id, new_id
 from watermark import prf
 from watermark.key import check_value, fingerprint
-from watermark.spec import NEW_KEY_MODE, WatermarkSpec
+from watermark.spec import NEW_KEY_DIVERSITY, NEW_KEY_MODE, NEW_KEY_PRF, WatermarkSpec
 from watermark.validation import summary
 
 log = logging.getLogger("hallmark.keys")
@@ -67,7 +67,8 @@ class KeyRecord:
 
         return {"key_id": self.key_id, "tenant": self.tenant, "tenant_id": self.tenant_id,
                 "version": self.version, "state": self.state, "fingerprint": self.fingerprint,
-                "spec": self.spec.public_dict(), "kek_id": self.kek_id, "imported": self.imported,
+                "spec": self.spec.public_dict(), "key_bits": self.spec.key_bits, "kek_id": self.kek_id,
+                "imported": self.imported,
                 "import_source": self.import_source, "created_at": iso(self.created_at),
                 "activated_at": iso(self.activated_at), "verify_only_at": iso(self.verify_only_at),
                 "revoked_at": iso(self.revoked_at), "revocation_reason": self.revocation_reason}
@@ -95,12 +96,37 @@ def build_spec(base: WatermarkSpec | None = None, **changes: Any) -> WatermarkSp
     is a value, e.g. ``dedup_max_history=None`` searches everything). A ``base`` keeps its
     mode (a rotation does not change how a tenant's text is generated unless asked).
     Invalid values raise :class:`InvalidInput` in one line."""
-    fields = base.public_dict() if base is not None else {"mode": NEW_KEY_MODE}
+    fields = base.public_dict() if base is not None else {"mode": NEW_KEY_MODE, "prf": NEW_KEY_PRF}
     fields.update(changes)
+    fields = _with_diversity(fields, changes, new=base is None)
     try:
         return WatermarkSpec.model_validate(fields)
     except ValidationError as exc:
         raise InvalidInput(f"invalid watermark spec: {summary(exc, default='spec')}") from None
+
+
+def _with_diversity(fields: dict[str, Any], changes: Mapping[str, Any], new: bool) -> dict[str, Any]:
+    """``fields`` with a `diverse` key's scheme where nobody named one: a key that becomes
+    `diverse` here (a new key, or ``mode`` changed to it) gets :data:`NEW_KEY_DIVERSITY`
+    (`head`) with dedup scope `all`, which it needs, unless the creator named another scope
+    (then `salt`); a base that is already `diverse` keeps its scheme (a rotation does not
+    change how a tenant's text is generated unless asked) unless a named scope other than
+    `all` rules `head` out (then `salt`); a key made `deterministic` has none."""
+    if "diversity" in changes:
+        return fields
+    if fields.get("mode") != "diverse":  # a base's scheme does not outlive its mode
+        return {name: value for name, value in fields.items() if name != "diversity"}
+    scope = fields.get("dedup", fields.get("deduplicate_contexts"))
+    if fields.get("diversity") == "head" and scope is not None and scope != "all":
+        return {**fields, "diversity": "salt"}  # the head scheme needs scope all: a named scope wins
+    became = new or "mode" in changes
+    if not became or fields.get("diversity") is not None:
+        return fields
+    named_dedup = changes.get("dedup", changes.get("deduplicate_contexts"))
+    if named_dedup is None and new:
+        fields = {**fields, "dedup": "all"}
+    scope = fields.get("dedup", fields.get("deduplicate_contexts"))
+    return {**fields, "diversity": NEW_KEY_DIVERSITY if scope == "all" else "salt"}
 
 
 def spec_for_new_key(session: Session, *, tenant: str,
@@ -167,8 +193,9 @@ def create_key(session: Session, keyring: Keyring, *, tenant: str, actor: str,
     tenant_row = get_tenant(session, name=tenant, lock=True)
     check_wrapping_kek(session, keyring)
     state = VERIFY_ONLY if _active_row(session, tenant_row.id) is not None else ACTIVE
-    row = _insert_key(session, keyring, tenant=tenant_row, secret=secrets.randbits(64),
-                      spec=spec or build_spec(), state=state, imported=False,
+    spec = spec or build_spec()
+    row = _insert_key(session, keyring, tenant=tenant_row, secret=secrets.randbits(spec.key_bits),
+                      spec=spec, state=state, imported=False,
                       import_source=None, now=now)
     record_audit(session, actor=actor, action="key.created", tenant_id=tenant_row.id, key_id=row.id,
                  details=_new_key_details(row), now=now)
@@ -183,9 +210,10 @@ def import_key(session: Session, keyring: Keyring, *, tenant: str, secret: int, 
     that its text is detected and attributed. State as for :func:`create_key`. Audited,
     without the secret. :class:`DuplicateKey` if the same secret is already stored."""
     try:
-        prf.check_key(secret)
+        prf.check_key(secret, spec.key_bits)
     except ValueError:
-        raise InvalidInput("the imported secret must be an integer in [0, 2**64 - 1]") from None
+        raise InvalidInput(f"the imported secret must be an integer in [0, 2**{spec.key_bits} - 1] "
+                           f"(prf {spec.prf})") from None
     source = (source or "vllm").strip()[:MAX_SOURCE_LENGTH] or "vllm"
     now = clock.resolve(now)
     tenant_row = get_tenant(session, name=tenant, lock=True)
@@ -225,7 +253,7 @@ def rotate_key(session: Session, keyring: Keyring, *, tenant: str, actor: str,
     current.verify_only_at = now
     # The old key must stop being active before the new one is inserted (one-active index).
     session.flush()
-    row = _insert_key(session, keyring, tenant=tenant_row, secret=secrets.randbits(64), spec=spec,
+    row = _insert_key(session, keyring, tenant=tenant_row, secret=secrets.randbits(spec.key_bits), spec=spec,
                       state=ACTIVE, imported=False, import_source=None, now=now)
     record_audit(session, actor=actor, action="key.verify_only", tenant_id=tenant_row.id,
                  key_id=current.id, details={"version": current.version, "previous_state": ACTIVE,

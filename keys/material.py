@@ -67,8 +67,12 @@ class ExportedKey:
 
     def vllm_watermark_config(self) -> dict[str, Any] | None:
         """vLLM's ``--watermark-config`` for this key (with the key), or None when vLLM cannot
-        express the spec (a keyed acceptance coin, or a `diverse` key's per-generation salt)."""
-        if self.spec.coin != "ordinary" or self.spec.mode != "deterministic":
+        express the spec (a keyed acceptance coin, a `salt`-diverse key's per-generation salt, or a
+        PRF vLLM does not have: ``hmac-sha256-philox-v1``); a `head`-diverse key is vLLM's scheme
+        with dedup scope `all`."""
+        from watermark.prf import VLLM_NAMES
+
+        if self.spec.coin != "ordinary" or self.spec.salted or self.spec.prf not in VLLM_NAMES:
             return None
         return {**self.spec.to_vllm(), "key": self.secret}
 

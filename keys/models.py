@@ -179,6 +179,17 @@ class ApiToken(Base):
     detection token: every tenant's keys, the full result, each request audited)."""
     scopes: Mapped[str] = mapped_column(String(200), default="")
     """Space-separated extra scopes an admin granted (``evidence``: per-token evidence)."""
+    expires_at: Mapped[datetime | None]
+    """When it stops working (None: never). Rotation sets the old token's to the overlap's end."""
+
+
+class ApiTokenUse(Base):
+    """When a gateway last saw a token (at most once a minute per process; keys.tokens)."""
+
+    __tablename__ = "api_token_uses"
+
+    token_id: Mapped[str] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), primary_key=True)
+    last_used_at: Mapped[datetime]
 
 
 class RateLimitBucket(Base):

@@ -41,5 +41,9 @@ class StoreSettings(BaseSettings):
     kek_previous_file: Path | None = None
     """A file holding the previous KEK; use instead of ``kek_previous``."""
 
+    token_ttl_days: float = Field(default=90.0, ge=0)
+    """How long an API token works by default (``hallmark tokens issue``, which ``--ttl``
+    overrides); 0: tokens never expire unless given a ``--ttl``."""
+
     busy_timeout_ms: int = Field(default=5000, ge=0)
     """SQLite: how long a writer waits for another writer before giving up."""

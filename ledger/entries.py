@@ -46,7 +46,7 @@ from ledger.chain import GENESIS_HASH, entry_fields, entry_hash, hash_token_ids,
 from ledger.log import tlog
 from ledger.log.leaves import EMPTY_KGRAMS, kgram_commitment
 from ledger.read import (MAX_OFFSET, MAX_RESULTS, STALE_AFTER, STARTED_AT, ChainEntry, GenerationEntry, _check_hash,  # noqa: F401
-                         _entries_of, _generation, find_generations_by_output_hash, generation_entries,
+                         _entries_of, _generation, authentic, find_generations_by_output_hash, generation_entries,
                          get_generation, hash_output, list_generations, writer_gone, writer_id)
 from ledger.verify import ChainHead, ChainProblem, ChainReport, verify_chain  # noqa: F401
 from watermark.spec import WatermarkSpec
@@ -120,7 +120,18 @@ def _output(output_text: str | None, output_sha256: str | None,
     return digest, ids_digest, _count("output_tokens", output_tokens)
 
 
-def _key_state(session: Session, tenant_id: str, key_id: str | None, key_version: int | None) -> str | None:
+def _key_state(session: Session, tenant_id: str, key_id: str | None, key_version: int | None,
+               memo: dict | None = None) -> str | None:
+    """The key's state now (``memo``: states already read in this transaction, by key)."""
+    if memo is not None and (tenant_id, key_id, key_version) in memo:
+        return memo[tenant_id, key_id, key_version]
+    state = _read_key_state(session, tenant_id, key_id, key_version)
+    if memo is not None:
+        memo[tenant_id, key_id, key_version] = state
+    return state
+
+
+def _read_key_state(session: Session, tenant_id: str, key_id: str | None, key_version: int | None) -> str | None:
     if (key_id is None) != (key_version is None):
         raise InvalidInput("give key_id and key_version together, or neither")
     if key_id is None:
@@ -160,33 +171,55 @@ def _append(session: Session, *, tenant_id: str, values: dict[str, Any], now: da
             kgram_set: Kgrams | None = None) -> _Appended:
     """Chain the entry, store its k-grams, and log it, in the caller's transaction."""
     auth = tlog.writer_authority(session)
-    hashed = None
-    if kgram_set is not None:
-        # Scheme 2 under the store's k-gram key (the log key's; ledger.kgrams), scheme 1 only for
-        # a store with no log key at all (sequencing switched off before one was made); hashed
-        # before the tenant's chain lock is taken, which the hashing need not hold.
-        keyed = auth if auth is not None else tlog.authority(session)
-        hashed = kgram_set.digests(None if keyed is None else keyed.kgram_key)
-    _lock_chain(session, tenant_id)
-    head = session.execute(select(Row.seq, Row.entry_hash).where(Row.tenant_id == tenant_id)
-                           .order_by(Row.seq.desc()).limit(1)).first()
-    seq, prev = (head[0] + 1, head[1]) if head is not None else (1, GENESIS_HASH)
-    row = Row(tenant_id=tenant_id, seq=seq, prev_hash=prev, created_at=now, **values)
-    row.entry_hash = entry_hash(entry_fields(row))
-    session.add(row)
+    return _append_rows(session, auth, [(tenant_id, values, now, kgram_set, _hashed(session, auth, kgram_set))])[0]
+
+
+def _hashed(session: Session, auth, kgram_set: Kgrams | None):
+    """A finished generation's k-gram digests (None without k-grams). Scheme 2 under the
+    store's k-gram key (the log key's; ledger.kgrams), scheme 1 only for a store with no log
+    key at all (sequencing switched off before one was made); hashed before the tenant's
+    chain lock is taken, which the hashing need not hold."""
+    if kgram_set is None:
+        return None
+    keyed = auth if auth is not None else tlog.authority(session)
+    return kgram_set.digests(None if keyed is None else keyed.kgram_key)
+
+
+def _append_rows(session: Session, auth, items: Sequence[tuple]) -> list[_Appended]:
+    """Append entries in order (``items``: tenant id, the row's values, its time, its k-gram
+    set and their digests from :func:`_hashed`): each tenant's chain locked and its head read
+    once, the rows chained and inserted in one flush, then each one's k-grams and log leaf
+    (tlog.append_entry, one leaf after another). One item is exactly one entry's append;
+    many (ledger.grouped) are the same entries as one after another."""
+    for tenant_id in sorted({item[0] for item in items}):  # one order: two groups never wait on each other
+        _lock_chain(session, tenant_id)
+    heads: dict[str, tuple[int, str]] = {}
+    rows = []
+    for tenant_id, values, now, _, _ in items:
+        if tenant_id not in heads:
+            head = session.execute(select(Row.seq, Row.entry_hash).where(Row.tenant_id == tenant_id)
+                                   .order_by(Row.seq.desc()).limit(1)).first()
+            heads[tenant_id] = (head[0], head[1]) if head is not None else (0, GENESIS_HASH)
+        seq, prev = heads[tenant_id]
+        row = Row(tenant_id=tenant_id, seq=seq + 1, prev_hash=prev, created_at=now, **values)
+        row.entry_hash = entry_hash(entry_fields(row))
+        heads[tenant_id] = (row.seq, row.entry_hash)
+        rows.append(row)
+    session.add_all(rows)
     session.flush()
-    commitment = EMPTY_KGRAMS
-    if hashed is not None:
-        scheme, digests = hashed
-        kgrams.store(session, tenant_id=tenant_id, generation_id=row.generation_id, key_id=kgram_set.key_id,
-                     digests=digests, scheme=scheme)
-        commitment = kgram_commitment(digests, scheme)
-    sequenced = None if auth is None else tlog.append_entry(session, auth, row, commitment, now=now)
-    return _Appended(row, commitment, sequenced)
+    stored = [(tenant_id, row.generation_id, kgram_set.key_id, hashed[1], hashed[0])
+              for row, (tenant_id, _, _, kgram_set, hashed) in zip(rows, items) if hashed is not None]
+    kgrams.store_many(session, stored)
+    commitments = [EMPTY_KGRAMS if hashed is None else kgram_commitment(hashed[1], hashed[0])
+                   for _, _, _, _, hashed in items]
+    return [_Appended(row, commitment, None if auth is None else tlog.append_entry(session, auth, row, commitment,
+                                                                                   now=item[2]))
+            for row, commitment, item in zip(rows, commitments, items)]
 
 
 def _logged(entry: GenerationEntry, appended: _Appended) -> GenerationEntry:
-    return dataclasses.replace(entry, kgrams_sha256=appended.kgrams_sha256, log=appended.log)
+    return dataclasses.replace(entry, kgrams_sha256=appended.kgrams_sha256, log=appended.log,
+                               fields=entry_fields(appended.row))
 
 
 def record_generation(
@@ -236,28 +269,34 @@ def _new_generation(session: Session, *, generation_id: str | None, tenant_id: s
     columns; :class:`InvalidInput` for bad values or an id already recorded."""
     generation_id = _check_generation_id(generation_id)
     tenant = get_tenant_by_id(session, tenant_id=tenant_id)
-    if (key_id is None) != (key_version is None):
-        raise InvalidInput("give key_id and key_version together, or neither")
-    header = {"key_id": key_id, "key_version": key_version,
-              "engine": _text("engine", engine, 64), "model": _text("model", model, 200),
-              "spec": spec.public_dict() if spec is not None else None,
-              "prompt_tokens": _count("prompt_tokens", prompt_tokens)}
+    header = _header(key_id=key_id, key_version=key_version, engine=engine, model=model, spec=spec,
+                     prompt_tokens=prompt_tokens)
     if _entries_of(session, generation_id):
         raise InvalidInput(f"generation {generation_id} is already recorded")
     return generation_id, tenant.name, header
 
 
+def _header(*, key_id: str | None, key_version: int | None, engine: str, model: str, spec: WatermarkSpec | None,
+            prompt_tokens: int) -> dict[str, Any]:
+    if (key_id is None) != (key_version is None):
+        raise InvalidInput("give key_id and key_version together, or neither")
+    return {"key_id": key_id, "key_version": key_version,
+            "engine": _text("engine", engine, 64), "model": _text("model", model, 200),
+            "spec": spec.public_dict() if spec is not None else None,
+            "prompt_tokens": _count("prompt_tokens", prompt_tokens)}
+
+
 def _progress(session: Session, tenant_id: str, key_id: str | None, key_version: int | None, *,
               output_text: str | None, output_sha256: str | None, token_ids: Sequence[int] | None,
               output_tokens: int | None, watermarked_tokens: int,
-              unwatermarked_reason: str | None) -> dict[str, Any]:
+              unwatermarked_reason: str | None, memo: dict | None = None) -> dict[str, Any]:
     digest, ids_digest, count = _output(output_text, output_sha256, token_ids, output_tokens)
     _count("watermarked_tokens", watermarked_tokens)
     if watermarked_tokens > count:
         raise InvalidInput("watermarked_tokens cannot exceed output_tokens")
     if key_id is None and watermarked_tokens:
         raise InvalidInput("a record without a key cannot have watermarked tokens")
-    return {"key_state": _key_state(session, tenant_id, key_id, key_version), "output_tokens": count,
+    return {"key_state": _key_state(session, tenant_id, key_id, key_version, memo), "output_tokens": count,
             "watermarked_tokens": watermarked_tokens, "unwatermarked_reason": _check_reason(unwatermarked_reason),
             "output_sha256": digest, "token_ids_sha256": ids_digest}
 
@@ -284,13 +323,19 @@ def start_generation(
     generation_id, tenant_name, header = _new_generation(
         session, generation_id=generation_id, tenant_id=tenant_id, key_id=key_id, key_version=key_version,
         engine=engine, model=model, spec=spec, prompt_tokens=prompt_tokens)
-    appended = _append(session, tenant_id=tenant_id, now=clock.resolve(now), values={
-        **header, "generation_id": generation_id, "kind": "started", "writer": writer_id(),
-        **_progress(session, tenant_id, key_id, key_version, output_text="", output_sha256=None,
-                    token_ids=(), output_tokens=None, watermarked_tokens=0,
-                    unwatermarked_reason=unwatermarked_reason),
-        "finish_reason": None, "details": _check_details(details)})
+    appended = _append(session, tenant_id=tenant_id, now=clock.resolve(now), values=_started_values(
+        session, tenant_id, generation_id, header, unwatermarked_reason=unwatermarked_reason, details=details))
     return _logged(_generation([appended.row], tenant_name), appended)
+
+
+def _started_values(session: Session, tenant_id: str, generation_id: str, header: dict[str, Any], *,
+                    unwatermarked_reason: str | None, details: dict[str, Any] | None,
+                    memo: dict | None = None) -> dict[str, Any]:
+    return {**header, "generation_id": generation_id, "kind": "started", "writer": writer_id(),
+            **_progress(session, tenant_id, header["key_id"], header["key_version"], output_text="",
+                        output_sha256=None, token_ids=(), output_tokens=None, watermarked_tokens=0,
+                        unwatermarked_reason=unwatermarked_reason, memo=memo),
+            "finish_reason": None, "details": _check_details(details)}
 
 
 def _continue(session: Session, *, generation_id: str, tenant_id: str, kind: str, output_text: str | None,
@@ -298,7 +343,22 @@ def _continue(session: Session, *, generation_id: str, tenant_id: str, kind: str
               finish_reason: str | None, details: dict[str, Any] | None, now: datetime | None,
               output_sha256: str | None = None, output_tokens: int | None = None,
               token_ids_sha256: str | None = None, kgram_set: Kgrams | None = None) -> GenerationEntry:
-    rows = _entries_of(session, generation_id, tenant_id)
+    rows = authentic(session, _entries_of(session, generation_id, tenant_id))  # a forged row ends no stream
+    values = _continued_values(session, rows, generation_id=generation_id, tenant_id=tenant_id, kind=kind,
+                               output_text=output_text, token_ids=token_ids, watermarked_tokens=watermarked_tokens,
+                               unwatermarked_reason=unwatermarked_reason, finish_reason=finish_reason,
+                               details=details, output_sha256=output_sha256, output_tokens=output_tokens,
+                               token_ids_sha256=token_ids_sha256)
+    appended = _append(session, tenant_id=tenant_id, now=clock.resolve(now), kgram_set=kgram_set, values=values)
+    return _logged(_generation([*rows, appended.row], get_tenant_by_id(session, tenant_id=tenant_id).name), appended)
+
+
+def _continued_values(session: Session, rows: Sequence[Row], *, generation_id: str, tenant_id: str, kind: str,
+                      output_text: str | None, token_ids: Sequence[int] | None, watermarked_tokens: int,
+                      unwatermarked_reason: str | None, finish_reason: str | None, details: dict[str, Any] | None,
+                      output_sha256: str | None = None, output_tokens: int | None = None,
+                      token_ids_sha256: str | None = None, memo: dict | None = None) -> dict[str, Any]:
+    """The values of a later entry of the generation whose entries so far are ``rows``."""
     if not rows or rows[0].kind != "started":
         raise InvalidInput(f"generation {generation_id} has no started entry for this tenant")
     if rows[-1].kind == "finished":
@@ -308,13 +368,11 @@ def _continue(session: Session, *, generation_id: str, tenant_id: str, kind: str
                                                       "prompt_tokens")}
     progress = _progress(session, tenant_id, first.key_id, first.key_version, output_text=output_text,
                          output_sha256=output_sha256, token_ids=token_ids, output_tokens=output_tokens,
-                         watermarked_tokens=watermarked_tokens, unwatermarked_reason=unwatermarked_reason)
+                         watermarked_tokens=watermarked_tokens, unwatermarked_reason=unwatermarked_reason, memo=memo)
     if token_ids is None and token_ids_sha256 is not None:
         progress["token_ids_sha256"] = _check_hash(token_ids_sha256, "token_ids_sha256")
-    appended = _append(session, tenant_id=tenant_id, now=clock.resolve(now), kgram_set=kgram_set, values={
-        **header, "generation_id": generation_id, "kind": kind, "writer": writer_id(), **progress,
-        "finish_reason": finish_reason, "details": _check_details(details)})
-    return _logged(_generation([*rows, appended.row], get_tenant_by_id(session, tenant_id=tenant_id).name), appended)
+    return {**header, "generation_id": generation_id, "kind": kind, "writer": writer_id(), **progress,
+            "finish_reason": finish_reason, "details": _check_details(details)}
 
 
 def checkpoint_generation(

@@ -49,7 +49,7 @@ def _trusted(entry: Any, checkpoint: Checkpoint) -> TrustedKey | None:
                                 checkpoint.root)
         return TrustedKey(kid=event["kid"], public_key=Ed25519PublicKey.from_public_bytes(raw),
                           not_before=event.get("not_before"), not_after=event.get("not_after"),
-                          revoked_at=event.get("revoked_at"),
+                          revoked_at=event.get("revoked_at"), trusted_below=event.get("trusted_below"),
                           revocation_reason=entry.get("revocation_reason") if event.get("revoked_at") else None)
     except (KeyError, TypeError, ValueError, binascii.Error, merkle.ProofError):
         return None

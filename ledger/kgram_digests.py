@@ -17,8 +17,10 @@ V1, V2 = 1, 2
 
 
 def kgram_key(secret: int) -> bytes:
-    """Scheme 1's k-gram HMAC key of a watermark key secret (64-bit)."""
-    return hashlib.sha256(b"hallmark-kgram-v1" + int(secret).to_bytes(8, "big")).digest()
+    """Scheme 1's k-gram HMAC key of a watermark key secret: over its 8 bytes (a 64-bit key, as
+    always) or 32 (a 256-bit key), as watermark.prf.secret_bytes encodes secrets."""
+    secret = int(secret)
+    return hashlib.sha256(b"hallmark-kgram-v1" + secret.to_bytes(8 if secret < 2**64 else 32, "big")).digest()
 
 
 def position_digests(token_ids: Sequence[int], secret: int, k: int = K,

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, select, text
 from sqlalchemy.orm import Session
 
 from keys.models import LedgerKgram
@@ -51,6 +51,10 @@ _SHARED = select(LedgerKgram.generation_id, LedgerKgram.scheme, LedgerKgram.dige
     LedgerKgram.key_id == bindparam("key_id"), LedgerKgram.digest.in_(bindparam("digests", expanding=True)),
     LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
 _INSERT = LedgerKgram.__table__.insert()
+_PG_INSERT = text("INSERT INTO ledger_kgrams (tenant_id, generation_id, key_id, digest, scheme) "
+                  "SELECT * FROM unnest(CAST(:t AS varchar[]), CAST(:g AS varchar[]), CAST(:k AS varchar[]), "
+                  "CAST(:d AS bigint[]), CAST(:s AS smallint[]))")
+"""PostgreSQL: every row in one statement (psycopg's executemany sends one query per row)."""
 
 
 def matched_positions(session: Session, *, key_id: str, generation_id: str, secret: int,
@@ -95,10 +99,24 @@ def store(session: Session, *, tenant_id: str, generation_id: str, key_id: str, 
           scheme: int = V1) -> int:
     """Insert one generation's digests under ``scheme`` in the caller's transaction (ledger.entries
     does, with the entry that commits to them); returns how many."""
+    return store_many(session, [(tenant_id, generation_id, key_id, digests, scheme)])
+
+
+def store_many(session: Session, generations: Sequence[tuple[str, str, str, Iterable[int], int]]) -> int:
+    """:func:`store` of several generations (tenant id, generation id, key id, digests, scheme)
+    in one statement (ledger.grouped: a group of streams' finished entries)."""
     rows = [{"tenant_id": tenant_id, "generation_id": generation_id, "key_id": key_id, "digest": int(d),
-             "scheme": scheme} for d in sorted(set(digests))]
-    if rows:
-        session.connection().execute(_INSERT, rows)  # Core: the ORM's bulk insert costs more than the rows
+             "scheme": scheme}
+            for tenant_id, generation_id, key_id, digests, scheme in generations for d in sorted(set(digests))]
+    if not rows:
+        return 0
+    connection = session.connection()
+    if connection.dialect.name == "postgresql":
+        connection.execute(_PG_INSERT, {"t": [r["tenant_id"] for r in rows], "g": [r["generation_id"] for r in rows],
+                                        "k": [r["key_id"] for r in rows], "d": [r["digest"] for r in rows],
+                                        "s": [r["scheme"] for r in rows]})
+    else:
+        connection.execute(_INSERT, rows)  # Core: the ORM's bulk insert costs more than the rows
     return len(rows)
 
 

@@ -15,15 +15,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import bindparam, exists, func, select
 from sqlalchemy.orm import Session
 
 from keys import clock
 from keys.errors import InvalidInput
 from keys.models import LedgerEntry as Row
-from keys.models import Tenant
+from keys.models import LogLeaf, Tenant
 from ledger.chain import entry_fields
-from ledger.log import tlog
+from ledger.log import faults, tlog
 from ledger.log.tlog import Sequenced
 from watermark.spec import WatermarkSpec
 
@@ -147,6 +147,9 @@ class GenerationEntry:
     """The latest entry's k-gram commitment in the log (ledger.log.leaves); None when not known here."""
     log: Sequenced | None = field(default=None, compare=False)
     """Where the write that returned this put its leaf in the transparency log (None on reads)."""
+    fields: dict[str, Any] | None = field(default=None, compare=False)
+    """The hashed fields (ledger.chain) of the entry a receipt attests, when known: a receipt
+    carries them so that its content can be checked against its logged entry_hash."""
 
     @property
     def watermarked(self) -> bool:
@@ -230,6 +233,29 @@ def _entries_of(session: Session, generation_id: str, tenant_id: str | None = No
     return list(session.scalars(query.order_by(Row.seq)))
 
 
+def authentic(session: Session, rows: Sequence[Row]) -> list[Row]:
+    """Of ``rows``, those the transparency log holds as written (ledger.log.tlog.logged_entries),
+    in order; the others are reported (ledger.log.faults) and left out. A row inserted or changed
+    by anyone without the log key (a leaked DSN of the gateway's role) is never shown as a
+    generation, signed or cited. Without the log key at hand (a session of no store, or a
+    process without the KEK) nothing can be told apart and every row is kept."""
+    if not rows or tlog.authority(session) is None:
+        return list(rows)
+    logged = tlog.logged_entries(session, rows)
+    dropped = [row for row in rows if row.id not in logged]
+    if dropped:
+        faults.report_unlogged(session, dropped)
+    return [row for row in rows if row.id in logged]
+
+
+def _logged_only(session: Session):
+    """A WHERE clause keeping entries that have a leaf at all (the cheap half of :func:`authentic`,
+    in SQL, so that pages stay full), or None where nothing can be told apart."""
+    if tlog.authority(session) is None:
+        return None
+    return exists().where(LogLeaf.entry_id == Row.id)
+
+
 def _tenant_names(session: Session, tenant_ids: set[str]) -> dict[str, str]:
     if not tenant_ids:
         return {}
@@ -243,7 +269,7 @@ def _generations(session: Session, generation_ids: Sequence[str], tenant_id: str
     if tenant_id is not None:
         query = query.where(Row.tenant_id == tenant_id)
     grouped: dict[str, list[Row]] = {}
-    for row in session.scalars(query.order_by(Row.tenant_id, Row.seq)):
+    for row in authentic(session, list(session.scalars(query.order_by(Row.tenant_id, Row.seq)))):
         grouped.setdefault(row.generation_id, []).append(row)
     names = _tenant_names(session, {rows[0].tenant_id for rows in grouped.values()})
     now = clock.utcnow()
@@ -260,13 +286,13 @@ def get_generation(session: Session, *, generation_id: str, tenant_id: str | Non
 
 def latest_row(session: Session, *, generation_id: str, tenant_id: str) -> Row | None:
     """The generation's newest chain row in ``tenant_id``'s chain (what a receipt attests)."""
-    rows = _entries_of(session, generation_id, tenant_id)
+    rows = authentic(session, _entries_of(session, generation_id, tenant_id))
     return rows[-1] if rows else None
 
 
 def generation_entries(session: Session, *, generation_id: str, tenant_id: str | None) -> list[ChainEntry]:
     """The generation's chain entries, oldest first, scoped as :func:`get_generation`."""
-    return [_chain_entry(row) for row in _entries_of(session, generation_id, tenant_id)]
+    return [_chain_entry(row) for row in authentic(session, _entries_of(session, generation_id, tenant_id))]
 
 
 def _by_hash(scoped: bool):
@@ -315,7 +341,10 @@ def find_generations_by_output_hash(session: Session, *, output_sha256: str, ten
     ids = sorted(last, key=lambda g: last[g], reverse=True)
     # Only what the transparency log holds as written is cited: an entry inserted or edited
     # by anyone without the log key (the gateway's database role, the tables' owner) is not.
-    logged = tlog.logged_entries(session, [row for found in grouped.values() for row in found])
+    everything = [row for found in grouped.values() for row in found]
+    logged = tlog.logged_entries(session, everything)
+    if len(logged) < len(everything) and tlog.authority(session) is not None:
+        faults.report_unlogged(session, [row for row in everything if row.id not in logged])
     now = clock.utcnow()
     out = []
     for g in ids:
@@ -344,6 +373,9 @@ def list_generations(session: Session, *, tenant_id: str | None, limit: int = 50
         query = query.where(Row.tenant_id == tenant_id)
     if key_id is not None:
         query = query.where(Row.key_id == key_id)
+    logged_only = _logged_only(session)
+    if logged_only is not None:
+        query = query.where(logged_only)
     query = query.group_by(Row.generation_id)
     if since is not None:
         query = query.having(func.min(Row.created_at) >= clock.resolve(since))

@@ -111,6 +111,11 @@ class TrustedKey:
     not_after: str | None = None
     revoked_at: str | None = None
     revocation_reason: str | None = None
+    trusted_below: int | None = None
+    """For a revoked key: the log size before its compromise time (the revocation's logged
+    ``trusted_below``). A receipt of this key whose entry is one of those first leaves, and whose
+    content is that entry's, stays verifiable: the log, not the signature, shows it was made
+    before the compromise. None: nothing it signed is trusted."""
 
 
 class TrustedKeys(dict):
@@ -141,13 +146,67 @@ def _instant(value: Any) -> datetime | None:
         return None
 
 
-def check_window(statement: dict[str, Any], key: TrustedKey) -> None:
-    """:class:`ReceiptInvalid` when ``key`` may not have signed ``statement``: revoked, or
-    the statement's own time (:data:`STATEMENT_TIME`) outside the key's window."""
+_BOUND = (("generation_id", "generation_id"), ("tenant_id", "tenant_id"), ("model", "model"), ("engine", "engine"),
+          ("spec", "spec"), ("finish_reason", "finish_reason"), ("output_sha256", "output_sha256"),
+          ("token_ids_sha256", "token_ids_sha256"), ("output_tokens", "output_tokens"),
+          ("watermarked_tokens", "watermarked_tokens"), ("unwatermarked_reason", "unwatermarked_reason"),
+          ("finished_at", "created_at"))
+UNBOUND = ("tenant", "key.fingerprint", "created_at (of a streamed generation)")
+"""What a receipt says that its entry does not fix: vouched for by the signature alone."""
+
+
+def check_entry(document: Any, statement: dict[str, Any]) -> None:
+    """:class:`ReceiptInvalid` unless the receipt carries its entry (``entry``: every hashed
+    field, ledger.chain) and that entry hashes to the statement's ``ledger.entry_hash`` and says
+    what the statement says (all but :data:`UNBOUND`). Then the statement's content is the
+    logged entry's, whoever signed it."""
+    from ledger.chain import HASHED_FIELDS, entry_hash
+
+    entry = document.get("entry") if isinstance(document, dict) else None
+    ledger = statement.get("ledger") if isinstance(statement.get("ledger"), dict) else {}
+    if not isinstance(entry, dict) or set(entry) != set(HASHED_FIELDS):
+        raise ReceiptInvalid("the receipt does not carry its ledger entry, so its content cannot be checked "
+                             "against the log (receipts issued before revocation times existed do not)")
+    try:
+        if entry_hash(entry) != ledger.get("entry_hash"):
+            raise ReceiptInvalid("the receipt's entry does not hash to its ledger.entry_hash")
+    except (TypeError, ValueError):
+        raise ReceiptInvalid("the receipt's entry is malformed") from None
+    key = statement.get("key") if isinstance(statement.get("key"), dict) else None
+    wrong = [name for name, field in _BOUND if statement.get(name) != entry.get(field)]
+    wrong += [] if entry.get("kind") == "finished" else ["kind"]
+    wrong += [] if ledger.get("seq") == entry.get("seq") else ["ledger.seq"]
+    wrong += [] if (key or {}).get("key_id") == entry.get("key_id") and (key or {}).get("version") == \
+        entry.get("key_version") and (key or {}).get("state") == entry.get("key_state") else ["key"]
+    started = (entry.get("details") or {}).get("started_at") if isinstance(entry.get("details"), dict) else None
+    if started is not None and statement.get("created_at") != started:
+        wrong.append("created_at")
+    if wrong:
+        raise ReceiptInvalid(f"the receipt says what its logged entry does not ({', '.join(wrong)})")
+
+
+def check_window(statement: dict[str, Any], key: TrustedKey, document: Any = None) -> None:
+    """:class:`ReceiptInvalid` when ``key`` may not have signed ``statement``: the statement's
+    own time (:data:`STATEMENT_TIME`) outside the key's window, or the key revoked, unless the
+    log shows the statement was made before the compromise (:attr:`TrustedKey.trusted_below`: a
+    receipt, with its entry (:func:`check_entry`), at a leaf before that size; its inclusion is
+    :func:`verify_receipt`'s to check, and that function requires it for such a key)."""
     if key.revoked_at is not None:
         why = f": {key.revocation_reason}" if key.revocation_reason else ""
-        raise ReceiptInvalid(f"signed by revoked key {key.kid} (revoked at {key.revoked_at}{why}); "
-                             "nothing it signed is trusted")
+        head = f"signed by revoked key {key.kid} (compromised at {key.revoked_at}{why})"
+        below = key.trusted_below
+        if below is None or isinstance(below, bool) or not isinstance(below, int) or below <= 0:
+            raise ReceiptInvalid(f"{head}; nothing it signed is trusted")
+        if statement.get("type") != RECEIPT_TYPE:
+            raise ReceiptInvalid(f"{head}; the log records receipts' entries, not detection reports, so no report "
+                                 "it signed can be shown to predate the compromise")
+        index = (statement.get("ledger") or {}).get("leaf_index") if isinstance(statement.get("ledger"), dict) \
+            else None
+        if not isinstance(index, int) or isinstance(index, bool) or index >= below:
+            raise ReceiptInvalid(f"{head}; the log shows only its first {below} leaves before that, and this "
+                                 f"receipt's entry is leaf {index}")
+        check_entry(document, statement)
+        return
     name = STATEMENT_TIME.get(statement.get("type"), "created_at")
     when = _instant(statement.get(name))
     if when is None:
@@ -208,7 +267,7 @@ def verify_signed(document: Any, keys: Mapping[str, TrustedKey | Ed25519PublicKe
     except (InvalidSignature, ValueError):
         raise ReceiptInvalid(f"bad signature: the statement was altered or not signed by {kid}") from None
     if isinstance(key, TrustedKey):
-        check_window(statement, key)
+        check_window(statement, key, document)
     return statement
 
 
@@ -252,6 +311,10 @@ def verify_receipt(receipt: Any, keys: Mapping[str, TrustedKey | Ed25519PublicKe
     UTF-8 bytes)."""
     statement = verify_signed(receipt, keys, expected_type=RECEIPT_TYPE)
     log_key = log_key if log_key is not None else getattr(keys, "log_key", None)
+    signer = keys.get(receipt["signature"].get("kid"))
+    if log_key is None and isinstance(signer, TrustedKey) and signer.revoked_at is not None:
+        raise ReceiptInvalid(f"signed by revoked key {signer.kid}: only the log can vouch for it, and no log key "
+                             "was given")
     if log_key is not None:
         verify_log_proof(receipt, statement, log_key)
     if text is not None:

@@ -169,11 +169,33 @@ def _info(row: Row, logged: LoggedKey | None) -> SigningKeyInfo:
                           consistent=logged is not None and _consistent(row, logged))
 
 
-def _log_event(session: Session, row: Row, event: str, now: datetime) -> None:
+def _log_event(session: Session, row: Row, event: str, now: datetime, **extra: Any) -> None:
     auth = tlog.writer_authority(session)
     if auth is None:
         raise KeyStoreError("signing-key changes need the transparency log, which is switched off in this store")
-    tlog.append_key_event(session, auth, tlog.key_event_of(row, event, now), now=now)
+    tlog.append_key_event(session, auth, {**tlog.key_event_of(row, event, now), **extra}, now=now)
+
+
+def size_before(session: Session, when: datetime, now: datetime) -> int:
+    """How many leaves the log shows were appended before ``when``: the current size for a
+    time not in the past, else the largest checkpoint signed (under the log key: a row of
+    log_checkpoints anyone could insert proves nothing) no later than ``when``; 0 if none."""
+    auth = tlog.required_authority(session)
+    if when >= now:
+        return tlog.read_head(session, auth, lock=True)[0]
+    from keys.models import LogCheckpoint
+    from ledger.log.note import NoteError, open_checkpoint
+
+    limit = int(when.timestamp() * 1e9)
+    best = 0
+    for note in session.scalars(select(LogCheckpoint.note).order_by(LogCheckpoint.size.desc())):
+        try:
+            checkpoint = open_checkpoint(note, auth.verifier)
+        except NoteError:
+            continue
+        if checkpoint.timestamp_ns <= limit:
+            best = max(best, checkpoint.size)
+    return best
 
 
 # --- changes ---------------------------------------------------------------------------------
@@ -245,11 +267,18 @@ def rotate_signing_key(session: Session, keyring: Keyring, *, actor: str, now: d
 
 
 def revoke_signing_key(session: Session, keyring: Keyring, *, kid: str, reason: str, actor: str,
-                       now: datetime | None = None) -> tuple[SigningKeyInfo, SigningKeyInfo | None]:
-    """Revoke ``kid`` (its private key is compromised: verifiers refuse everything it
-    signed). The active key's revocation makes a new key active in the same transaction.
+                       now: datetime | None = None, compromised_at: datetime | None = None,
+                       ) -> tuple[SigningKeyInfo, SigningKeyInfo | None]:
+    """Revoke ``kid``: its private key is compromised since ``compromised_at`` (default: now).
+    Its logged event records that time as ``revoked_at`` and, as ``trusted_below``, how many
+    leaves the log shows were appended before it (:func:`size_before`): verifiers keep its
+    receipts of those entries (ledger.receipts.check_window) and refuse everything else it
+    signed. The active key's revocation makes a new key active in the same transaction.
     Returns (revoked, new or None)."""
     now = clock.resolve(now)
+    compromised_at = now if compromised_at is None else clock.resolve(compromised_at)
+    if compromised_at > now:
+        raise InvalidInput("the compromise time cannot be in the future")
     if not isinstance(reason, str) or not reason.strip() or len(reason) > 500:
         raise InvalidInput("give a reason for the revocation (1-500 characters)")
     _may_write(session)
@@ -262,12 +291,14 @@ def revoke_signing_key(session: Session, keyring: Keyring, *, kid: str, reason: 
     if was_active:
         check_wrapping_kek(session, keyring)
         _retire(session, row, now)
-    row.revoked_at, row.revocation_reason = now, reason.strip()
+    below = size_before(session, compromised_at, now)
+    row.revoked_at, row.revocation_reason = compromised_at, reason.strip()
     session.flush()
-    _log_event(session, row, "revoked", now)
+    _log_event(session, row, "revoked", now, trusted_below=below)
     new = _insert(session, keyring, now) if was_active else None
     record_audit(session, actor=actor, action="signing_key.revoked",
-                 details={"kid": row.id, "reason": reason.strip(), "new_kid": new.id if new else None}, now=now)
+                 details={"kid": row.id, "reason": reason.strip(), "new_kid": new.id if new else None,
+                          "compromised_at": timestamp(compromised_at), "trusted_below": below}, now=now)
     logged = logged_keys(session)
     return _info(row, logged.get(row.id)), _info(new, logged.get(new.id)) if new else None
 
@@ -326,7 +357,7 @@ def public_keyset(session: Session) -> dict[str, Any]:
         event = found.event
         keys.append({"kid": kid, "alg": ALGORITHM, "public_key": event["public_key"], "state": found.state,
                      "not_before": event["not_before"], "not_after": event["not_after"],
-                     "revoked_at": event["revoked_at"],
+                     "revoked_at": event["revoked_at"], "trusted_below": event.get("trusted_below"),
                      "revocation_reason": rows[kid].revocation_reason if kid in rows else None,
                      "log": {"leaf_index": found.leaf_index, "event": event,
                              "inclusion_proof": [b64(h) for h in tlog.inclusion_proof(session, found.leaf_index, size)]}})

@@ -55,6 +55,16 @@ def _prepare_provenance(store: Store) -> None:
     _retrying(store, lambda session: ensure_signing_key(session, store.keyring, actor="service:start"))
 
 
+def _start_breaker(store: Store):
+    """A PostgreSQL store's circuit breaker (keys.breaker): a lost database answers 503 at once."""
+    if store.engine.dialect.name != "postgresql" or store.breaker is not None:
+        return None
+    from keys.breaker import Breaker
+
+    store.breaker = Breaker(store.engine).start()
+    return store.breaker
+
+
 def _metrics_listener(settings: ServiceSettings, services: Services):
     """/metrics alone on ``settings.metrics_listen`` (host:port), or None."""
     if not settings.metrics_listen:
@@ -67,6 +77,18 @@ def _metrics_listener(settings: ServiceSettings, services: Services):
     server, _ = start_http_server(int(port), addr=host or "127.0.0.1", registry=CoarseDetections(services.metrics.registry))
     log.info("metrics on their own listener: http://%s:%s/metrics", host or "127.0.0.1", port)
     return server
+
+
+async def _flush_token_uses(services: Services) -> None:
+    """Write when tokens were last used every FLUSH_EVERY seconds (service.token_uses)."""
+    from service.token_uses import FLUSH_EVERY
+
+    while True:
+        await asyncio.sleep(FLUSH_EVERY)
+        try:
+            await asyncio.to_thread(services.token_uses.flush)
+        except Exception:  # noqa: BLE001 - a database outage: kept for the next round
+            log.warning("could not record API tokens' last use; retrying")
 
 
 async def _publish_checkpoints(services: Services) -> None:
@@ -111,9 +133,11 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
 
             own_engine = create_engine(settings)
         services = Services(settings=settings, store=own_store, engine=own_engine)
+        breaker = _start_breaker(own_store)
         await asyncio.to_thread(_prepare_provenance, own_store)
         await asyncio.to_thread(services.publish_checkpoint)
         publisher = asyncio.create_task(_publish_checkpoints(services))
+        uses = asyncio.create_task(_flush_token_uses(services))
         await asyncio.to_thread(trgof.warm_up)  # Tr-GoF's compiled tail: no request compiles it
         state["services"] = services
         app.state.services = services
@@ -132,11 +156,19 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
                 metrics_server.shutdown()
                 metrics_server.server_close()
             publisher.cancel()
+            uses.cancel()
+            try:
+                await asyncio.to_thread(services.token_uses.flush)
+            except Exception:  # noqa: BLE001 - the store may be down at shutdown
+                log.warning("could not record API tokens' last use at shutdown")
             try:  # what this process logged is handed to witnesses before it goes
                 await asyncio.to_thread(services.publish_checkpoint, if_older_than=0.0)
             except Exception:  # noqa: BLE001 - the store may be down at shutdown
                 log.warning("could not publish a last transparency-log checkpoint at shutdown")
             await own_engine.stop()
+            if breaker is not None:
+                own_store.breaker = None
+                await asyncio.to_thread(breaker.stop)
             if store is None:
                 own_store.close()
             # Back in the collector's reach, so the interpreter's final collection frees them:

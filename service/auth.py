@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 
+from keys import clock
 from keys.errors import KeyStoreError
 from keys.tenants import same_name
 from keys.tokens import authenticate_token, well_formed
@@ -32,6 +34,9 @@ class Identity:
     kind: str = "standard"
     """``standard`` or ``expert`` (keys.tokens.KINDS)."""
     scopes: tuple[str, ...] = ()
+    expires_at: datetime | None = None
+    previous_use: datetime | None = field(default=None, compare=False)
+    """When this process saw the token before this request (None: not since it started)."""
 
     @property
     def expert(self) -> bool:
@@ -62,12 +67,15 @@ def _load(services: Services, raw: str) -> Identity | None:
     if found is None:
         return None
     return Identity(token_id=found.token_id, tenant_id=found.tenant_id, tenant=found.tenant, admin=found.admin,
-                    kind=found.kind, scopes=found.scopes)
+                    kind=found.kind, scopes=found.scopes, expires_at=found.expires_at)
 
 
-def _known(identity: Identity | None) -> Identity:
-    if identity is None:
-        raise Unauthorized("unknown or revoked API token", headers={"WWW-Authenticate": "Bearer"})
+def _known(identity: Identity | None, services: Services | None = None) -> Identity:
+    # A cached identity may outlive its token's expiry by the cache's few seconds: checked here too.
+    if identity is None or (identity.expires_at is not None and identity.expires_at <= clock.utcnow()):
+        raise Unauthorized("unknown, revoked or expired API token", headers={"WWW-Authenticate": "Bearer"})
+    if services is not None:
+        identity = replace(identity, previous_use=services.token_uses.saw(identity.token_id))
     return identity
 
 
@@ -76,7 +84,7 @@ def authenticate(services: Services, header: str | None) -> Identity:
     Blocking on a cache miss: from async code use :func:`authenticate_async`."""
     raw = bearer_token(header)
     cache_key = hashlib.sha256(raw.encode()).hexdigest()
-    return _known(services.token_cache.get_or_load(cache_key, lambda: _load(services, raw)))
+    return _known(services.token_cache.get_or_load(cache_key, lambda: _load(services, raw)), services)
 
 
 async def authenticate_async(services: Services, header: str | None) -> Identity:
@@ -87,14 +95,14 @@ async def authenticate_async(services: Services, header: str | None) -> Identity
     cache_key = hashlib.sha256(raw.encode()).hexdigest()
     found, identity = services.token_cache.lookup(cache_key)
     if found:
-        return _known(identity)
+        return _known(identity, services)
     slots = _lookup_slots.setdefault(id(asyncio.get_running_loop()), asyncio.Semaphore(_LOOKUPS))
     async with slots:
         found, identity = services.token_cache.lookup(cache_key)  # another waiter may have loaded it
         if not found:
             identity = await asyncio.to_thread(_load, services, raw)
             services.token_cache.store(cache_key, identity)
-    return _known(identity)
+    return _known(identity, services)
 
 
 def resolve_tenant(services: Services, identity: Identity, requested: str | None) -> tuple[str | None, str | None]:

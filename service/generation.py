@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from keys import clock
-from ledger import kgrams
+from ledger import grouped, kgrams
+from ledger.log.faults import LogBlocked
 from keys.errors import KeyRevoked, KeyStoreError
 from ledger.entries import (CHECKPOINT_TOKENS, GenerationEntry, checkpoint_generation, finish_generation,
                             record_generation, start_generation)
@@ -157,7 +158,7 @@ def _generation_key(services: Services, key: WatermarkKey, key_id: str, params: 
                     prompt_ids: tuple[int, ...]) -> WatermarkKey:
     """The key this generation runs under: a `diverse` key with the generation's salt (given,
     else from the seed, else the prompt's next salt in turn: watermark.salt)."""
-    if key.spec.mode != "diverse":
+    if not key.spec.salted:  # deterministic, or `head` diversity (its stream varies the text)
         return key
     if params.salt is not None:
         salt = params.salt
@@ -250,9 +251,10 @@ def _unwatermarked_reason(prepared: _Prepared, plain: int) -> str | None:
     return prepared.reason or ("dedup" if prepared.plan and plain else None)
 
 
-async def _written(services: Services, write) -> GenerationEntry:
-    """``write(session)``'s entry, once the ledger group it joined has committed."""
-    return await asyncio.wrap_future(services.ledger_writes.submit(write))
+async def _written(services: Services, write, batch=None) -> GenerationEntry:
+    """``write(session)``'s entry, once the ledger group it joined has committed (``batch``:
+    how to write it with others at once, GroupCommit.submit)."""
+    return await asyncio.wrap_future(services.ledger_writes.submit(write, batch))
 
 
 async def _record(services: Services, prepared: _Prepared, done: Finished, started_at=None) -> Outcome:
@@ -281,9 +283,7 @@ async def _record(services: Services, prepared: _Prepared, done: Finished, start
         raise Unavailable("the watermark key was revoked while this generation ran, so the output is "
                           "withheld; retry (the tenant's new active key will be used)") from None
     except KeyStoreError as exc:
-        log.error("provenance record failed for generation %s: %s", prepared.request.request_id, exc.user_message)
-        raise Unavailable("the provenance record could not be written, so the output is withheld; "
-                          "retry later") from None
+        raise _unrecorded(services, exc, prepared.request.request_id, "the output is withheld") from None
     _logged(services, entry)
     return await asyncio.to_thread(_outcome, services, prepared, done, entry)
 
@@ -301,7 +301,22 @@ def _kgram_set(prepared: _Prepared, token_ids) -> kgrams.KgramSet | None:
 def _logged(services: Services, entry: GenerationEntry) -> None:
     """Count a committed append toward the next published checkpoint."""
     if entry.log is not None:
+        services.store_faults.appended()
         services.logged(entry.log.size)
+
+
+def _unrecorded(services: Services, exc: KeyStoreError, generation_id: str, what: str) -> Unavailable:
+    """The 503 for a record that could not be written (``what`` says what is withheld), with
+    the cause's code (``ledger_blocked``, ``database_unavailable``, ...) and Retry-After."""
+    log.error("provenance record failed for generation %s: %s", generation_id, exc.user_message)
+    if isinstance(exc, LogBlocked):
+        services.store_faults.log_blocked(exc)
+    cause = store_error(exc)
+    reason = ("the transparency log is blocked by a row this gateway did not write (the operator must run "
+              "`hallmark ledger repair`)" if isinstance(exc, LogBlocked) else "the provenance record could not be "
+              "written")
+    return Unavailable(f"{reason}, so {what}; retry later", code=cause.code if cause.status == 503 else "store_error",
+                       headers={"Retry-After": "30" if isinstance(exc, LogBlocked) else "1"})
 
 
 def _engine_reason(reason: str) -> str:
@@ -447,21 +462,25 @@ class _Progress:
                       output_text="".join(self.text), token_ids=list(self.token_ids),
                       watermarked_tokens=min(self.routes.watermarked, len(self.token_ids)) if plan else 0,
                       unwatermarked_reason=_unwatermarked_reason(prepared, self.routes.plain))
-        kgram_set = _kgram_set(prepared, values["token_ids"]) if finish_reason is not None else None
+        if finish_reason is None:
+            kind, kwargs = grouped.CHECKPOINT, values
+        else:
+            kind, kwargs = grouped.FINISHED, dict(values, finish_reason=finish_reason,
+                                                  details=_salt_details(prepared, details),
+                                                  kgram_set=_kgram_set(prepared, values["token_ids"]))
 
         def write(session) -> GenerationEntry:
             if finish_reason is None:
-                return checkpoint_generation(session, **values)
-            return finish_generation(session, finish_reason=finish_reason, details=_salt_details(prepared, details),
-                                     kgram_set=kgram_set, **values)
+                return checkpoint_generation(session, **kwargs)
+            return finish_generation(session, **kwargs)
 
-        return write, len(values["token_ids"])
+        return write, (grouped.append_many, (kind, kwargs)), len(values["token_ids"])
 
     def write(self, services: Services, prepared: _Prepared, *, finish_reason: str | None,
               details: dict | None = None) -> GenerationEntry:
         """The entry, committed (blocking: for threads)."""
-        write, covered = self._write(prepared, finish_reason, details)
-        entry = services.ledger_writes.submit(write).result()
+        write, batch, covered = self._write(prepared, finish_reason, details)
+        entry = services.ledger_writes.submit(write, batch).result()
         self.covered = covered
         _logged(services, entry)
         return entry
@@ -469,8 +488,8 @@ class _Progress:
     async def write_async(self, services: Services, prepared: _Prepared, *, finish_reason: str | None,
                           details: dict | None = None) -> GenerationEntry:
         """The entry, committed (awaited on the event loop: no worker thread waits)."""
-        write, covered = self._write(prepared, finish_reason, details)
-        entry = await _written(services, write)
+        write, batch, covered = self._write(prepared, finish_reason, details)
+        entry = await _written(services, write, batch)
         self.covered = covered
         _logged(services, entry)
         return entry
@@ -485,20 +504,19 @@ class _Progress:
 
 async def _start(services: Services, prepared: _Prepared) -> None:
     plan = prepared.plan
+    kwargs = dict(tenant_id=prepared.tenant_id, key_id=plan.key_id if plan else None,
+                  key_version=plan.version if plan else None, engine=services.engine.name,
+                  model=services.engine.model_name, spec=prepared.spec,
+                  prompt_tokens=len(prepared.request.prompt_ids), unwatermarked_reason=prepared.reason,
+                  generation_id=prepared.request.request_id, details=_salt_details(prepared, None))
 
     def write(session) -> GenerationEntry:
-        return start_generation(session, tenant_id=prepared.tenant_id, key_id=plan.key_id if plan else None,
-                                key_version=plan.version if plan else None, engine=services.engine.name,
-                                model=services.engine.model_name, spec=prepared.spec,
-                                prompt_tokens=len(prepared.request.prompt_ids), unwatermarked_reason=prepared.reason,
-                                generation_id=prepared.request.request_id, details=_salt_details(prepared, None))
+        return start_generation(session, **kwargs)
 
     try:
-        entry = await _written(services, write)
+        entry = await _written(services, write, (grouped.append_many, (grouped.STARTED, kwargs)))
     except KeyStoreError as exc:
-        log.error("provenance record failed for generation %s: %s", prepared.request.request_id, exc.user_message)
-        raise Unavailable("the provenance record could not be written, so nothing is generated; "
-                          "retry later") from None
+        raise _unrecorded(services, exc, prepared.request.request_id, "nothing is generated") from None
     _logged(services, entry)
 
 
@@ -569,10 +587,9 @@ async def stream(services: Services, identity: Identity, params: GenerateParams)
         except KeyStoreError as exc:
             # A checkpoint could not be written: stop sending what would go unrecorded.
             finished = True
-            log.error("ledger checkpoint failed for generation %s: %s", prepared.request.request_id,
-                      exc.user_message)
+            failure = _unrecorded(services, exc, prepared.request.request_id, "the stream stops here")
             await asyncio.to_thread(progress.close_quietly, services, prepared, "engine_failure")
-            raise Unavailable("the provenance record could not be written, so the stream stops here") from None
+            raise failure from None
         except Exception as exc:  # noqa: BLE001 - every engine or remote failure ends in a record
             finished = True
             reason = _failure_reason(exc)
@@ -607,7 +624,6 @@ async def _finish(services: Services, prepared: _Prepared, done: Finished, progr
         entry = await progress.write_async(services, prepared, finish_reason=_engine_reason(done.finish_reason),
                                            details=details)
     except KeyStoreError as exc:
-        log.error("final ledger entry failed for generation %s: %s", prepared.request.request_id, exc.user_message)
-        raise Unavailable("the final provenance record could not be written; the stream's record stops "
-                          "at its last checkpoint") from None
+        raise _unrecorded(services, exc, prepared.request.request_id,
+                          "the stream's record stops at its last checkpoint") from None
     return await asyncio.to_thread(_outcome, services, prepared, done, entry)

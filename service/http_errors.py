@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from keys.errors import (ConcurrentChange, KekError, KeyStoreError, NoActiveKey, NotMigrated, ReadOnlyStore,
                          StoreBusy, StoreUnavailable, UnknownTenant)
+from ledger.log.faults import LogBlocked
 from service.errors import Conflict, NotFound, ServiceError, Unavailable
 from service.request_log import request_id_of
 from watermark.validation import summary
@@ -70,6 +71,8 @@ def store_error(exc: KeyStoreError) -> ServiceError:
         return Conflict(exc.user_message, code="no_active_key", headers={"x-should-retry": "false"})
     if isinstance(exc, UnknownTenant):
         return NotFound(exc.user_message, code="unknown_tenant")
+    if isinstance(exc, LogBlocked):
+        return Unavailable(exc.user_message, code="ledger_blocked", headers={"Retry-After": "30"})
     if isinstance(exc, ReadOnlyStore):
         return Unavailable(_redacted(exc, "the database is read-only"), code="database_read_only",
                            headers={"Retry-After": "30"})

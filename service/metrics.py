@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import math
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.metrics_core import Metric
 
 from service.engines.base import Finished
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+# No ``*_created`` samples: a series' creation time dates its first event (the first request
+# of a route and status, the first 500) to the microsecond for anyone who can scrape.
+disable_created_metrics()
 
 
 class Metrics:

@@ -4,7 +4,9 @@ The statement is rebuilt from the generation's ``finished`` entry as the gateway
 when the generation ended (same fields, same key fingerprint, same ledger position), and
 its log proof is the entry's inclusion in the tree its append committed (the same
 ``tree_size`` and proof as the original receipt's), under a checkpoint signed now. A
-generation still running has no receipt yet (409); another tenant's reads as unknown (404).
+generation still running has no receipt yet (409); another tenant's reads as unknown (404),
+and so does a row the log does not hold as written (ledger.read.authentic): only entries whose
+leaf authenticates are ever signed.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ledger.chain import entry_fields
 from ledger.log import tlog
 from keys.errors import KeyStoreError
 from ledger.read import get_generation, latest_row
@@ -34,11 +37,17 @@ def receipt_again(services: Services, *, generation_id: str, tenant_id: str | No
                                "issued when it finishes", code="generation_unfinished")
             key = session.get(KeyRow, entry.key_id) if entry.key_id is not None else None
             leaf = tlog.logged_entries(session, [last]).get(last.id)
-            if leaf is not None:
-                size = leaf.idx + 1
-                entry = dataclasses.replace(entry, kgrams_sha256=leaf.kgrams_sha256, log=tlog.Sequenced(
-                    leaf_index=leaf.idx, size=size, root=tlog.root_at(session, size),
-                    proof=tuple(tlog.inclusion_proof(session, leaf.idx, size))))
+            if leaf is None:
+                # Nothing is signed that the log does not hold (issue 35): a row without an
+                # authentic leaf is not shown at all (ledger.read.authentic); this is a store
+                # whose log was off (a benchmark's control arm) or a process without the log key.
+                raise Conflict(f"generation {generation_id} is not in the transparency log, so no receipt is "
+                               "signed for it", code="generation_not_logged", headers={"x-should-retry": "false"})
+            size = leaf.idx + 1
+            entry = dataclasses.replace(entry, kgrams_sha256=leaf.kgrams_sha256, fields=entry_fields(last),
+                                        log=tlog.Sequenced(
+                leaf_index=leaf.idx, size=size, root=tlog.root_at(session, size),
+                proof=tuple(tlog.inclusion_proof(session, leaf.idx, size))))
     except KeyStoreError as exc:
         raise store_error(exc) from None
     receipt = services.receipt_for(entry, fingerprint=key.shown_fingerprint if key is not None else None)

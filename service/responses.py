@@ -41,6 +41,9 @@ class SignedDocument(_Body):
     log: dict[str, Any] | None = None
     """A receipt's transparency-log proof: `leaf_index`, `tree_size`, a signed `checkpoint` and
     the `inclusion_proof`."""
+    entry: dict[str, Any] | None = None
+    """A receipt's attested ledger entry, every hashed field (they hash to `statement.ledger.entry_hash`):
+    what keeps the receipt verifiable through the log if its signing key is revoked later."""
 
 
 class Watermark(_Body):
@@ -230,6 +233,10 @@ class Me(_Body):
     """``standard`` (a tenant's or an admin's token); expert tokens detect only and get 403 here."""
     scopes: list[str]
     """Extra scopes an admin granted (``evidence``: per-token evidence in the tenant tier)."""
+    expires_at: str | None = None
+    """When the token stops working (ISO 8601); null: never."""
+    last_used_at: str | None = None
+    """When it was last used before this request (to about a minute); null: not yet."""
 
 
 class TenantList(_Body):

@@ -31,6 +31,8 @@ from service.errors import Unavailable
 from service.metrics import Metrics
 from service.limits import TenantLimits, create_buckets
 from service.settings import ServiceSettings
+from service.store_faults import StoreFaults
+from service.token_uses import TokenUses
 from watermark.salt import SaltRotation
 
 log = logging.getLogger("hallmark.log")
@@ -64,6 +66,9 @@ class Services:
         self.salts = SaltRotation()
         # Generation records (started, checkpoints, finished), committed in groups (service.generation).
         self.ledger_writes = GroupCommit(self.store, name="ledger")
+        # Rows the log's writer did not write: counted, alerted once each (service.store_faults).
+        self.store_faults = StoreFaults(self.metrics.registry, self.store)
+        self.token_uses = TokenUses(self.store)  # when each token was last used (service.token_uses)
 
     def detect_wait(self, token_id: str) -> float:
         """Take one detection from the token's shared budget: 0, or seconds to wait (blocking)."""
@@ -126,6 +131,11 @@ class Services:
         """The signed receipt of a recorded generation (None when no signing key exists),
         with its transparency-log proof: a checkpoint of the tree its append committed,
         signed now (after the commit, never before), and the entry's inclusion proof."""
+        if entry.log is None and self.store.sequencing:
+            # Only an entry the log holds is signed: one that is not (no leaf) is no receipt's subject.
+            log.error("generation %s: its entry has no transparency-log leaf, so its receipt is null", entry.id)
+            self.metrics.receipts_unsigned.inc()
+            return None
         signer = self.signer()
         if signer is None:
             log.error("generation %s: no signing key in the transparency log, so its receipt is null", entry.id)
@@ -137,6 +147,11 @@ class Services:
             receipt["log"] = {"leaf_index": position.leaf_index, "tree_size": position.size,
                               "checkpoint": tlog.signed_checkpoint(self.log_authority(), position.size, position.root),
                               "inclusion_proof": [base64.b64encode(h).decode() for h in position.proof]}
+        if entry.fields is not None:
+            # The attested entry's hashed fields (unsigned, like `log`): they hash to the statement's
+            # entry_hash, so a verifier can bind the statement to its logged entry without trusting the
+            # signature, which is what keeps it verifiable if its key is later revoked (ledger.receipts).
+            receipt["entry"] = entry.fields
         return receipt
 
     # --- checkpoints for witnesses ---------------------------------------------------------

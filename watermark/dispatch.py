@@ -34,11 +34,27 @@ def sample(logits: torch.Tensor, rows: SamplerRows, lane: int = stream.LANE_SAMP
     return sample_reference(logits, rows, lane=lane)
 
 
+def _sample_cuda_wide(logits: torch.Tensor, rows: SamplerRows, contexts: torch.Tensor, widths: torch.Tensor,
+                      lane: int) -> SampleResult:
+    """Rows with 256-bit keys on CUDA: the HMAC row setup kernel, then the race with the rows'
+    keys and states given (:mod:`watermark.kernels.hmac`)."""
+    from watermark.kernels.hmac import gumbel_sample_hmac
+
+    result = gumbel_sample_hmac(logits, temperature=(~rows.greedy).to(torch.float32), key_a=rows.key_a,
+                                key_b=rows.key_b, mids_a=rows.wide.mids_a, mids_b=rows.wide.mids_b,
+                                wide=rows.wide.wide, alpha=rows.alpha, contexts=contexts, widths=widths,
+                                watermark=rows.watermark, stream_keys=rows.stream_keys, positions=rows.positions,
+                                lane=lane)
+    return SampleResult(tokens=result.tokens, routes=result.routes)
+
+
 def sample_cuda(logits: torch.Tensor, rows: SamplerRows, lane: int = stream.LANE_SAMPLE) -> SampleResult:
     """The fused Triton sampler: row setup, routing and the race in one launch."""
     from watermark.kernels.gumbel import gumbel_sample
 
     contexts, widths = padded_contexts(rows.contexts, logits.device)
+    if rows.wide is not None:
+        return _sample_cuda_wide(logits, rows, contexts, widths, lane)
     # Logits arrive processed: temperature 1 keeps them as they are, 0 marks greedy rows.
     temperature = (~rows.greedy).to(torch.float32)
     result = gumbel_sample(logits, temperature=temperature, key_a=rows.key_a, key_b=rows.key_b, alpha=rows.alpha,
@@ -56,6 +72,8 @@ def sample_padded(logits: torch.Tensor, rows: SamplerRows, contexts: torch.Tenso
     if logits.device.type == "cuda":
         from watermark.kernels.gumbel import gumbel_sample
 
+        if rows.wide is not None:
+            return _sample_cuda_wide(logits, rows, contexts, widths, lane)
         temperature = (~rows.greedy).to(torch.float32)
         result = gumbel_sample(logits, temperature=temperature, key_a=rows.key_a, key_b=rows.key_b, alpha=rows.alpha,
                                contexts=contexts, widths=widths, watermark=rows.watermark,

@@ -1,9 +1,11 @@
-"""A watermark key: a 64-bit secret with its spec, and the sub-keys derived from it.
+"""A watermark key: a secret (64 or 256 bits, as its spec's PRF says) with its spec, and the
+sub-keys derived from it (each as wide as the secret).
 
 The secret never appears in ``repr``/``str``; :func:`fingerprint` names a key without
 revealing it.
 
-Two values are computed from HMAC-SHA256(secret as 8 bytes big-endian, label):
+Two values are computed from HMAC-SHA256(secret as 8 bytes big-endian, or 32 for a secret
+above 2**64 (:func:`watermark.prf.secret_bytes`), label):
 
 - :func:`check_value`, its first 16 hex digits (64 bits). It confirms a guessed secret
   offline, so it never leaves the store: it is the ``watermark_keys.fingerprint`` column,
@@ -50,10 +52,9 @@ FINGERPRINT_HEX_DIGITS = 6
 def check_value(secret: int) -> str:
     """16 hex digits of HMAC-SHA256(secret, label): the store's private integrity and
     duplicate check. It identifies the secret, so never show it (see the module docstring)."""
-    prf.check_key(secret)
     # hmac.digest: the one-shot HMAC in C, a few times faster than hmac.new (keys are
     # checked one by one when a store's keys are opened).
-    return hmac.digest(secret.to_bytes(8, "big"), FINGERPRINT_LABEL, "sha256").hex()[:CHECK_VALUE_HEX_DIGITS]
+    return hmac.digest(prf.secret_bytes(secret), FINGERPRINT_LABEL, "sha256").hex()[:CHECK_VALUE_HEX_DIGITS]
 
 
 def fingerprint(secret: int) -> str:
@@ -81,11 +82,11 @@ class WatermarkKey:
     salt: int | None = None
 
     def __post_init__(self) -> None:
-        prf.check_key(self.secret)
+        prf.check_key(self.secret, self.spec.key_bits)
         if self.salt is not None:
             salts.check_salt(self.salt)
-            if self.spec.mode != "diverse":
-                raise ValueError("only a key in mode 'diverse' takes a salt")
+            if not self.spec.salted:
+                raise ValueError("only a key in mode 'diverse' with diversity 'salt' takes a salt")
 
     @property
     def fingerprint(self) -> str:
@@ -102,11 +103,12 @@ class WatermarkKey:
         derived here in one pass. Opening a store derives these 3 x SALTS sub-keys for every
         diverse key; one at a time through ``with_salt`` and the cached properties, Python's
         per-object overhead cost several times the SHA-256s themselves."""
-        if self.spec.mode != "diverse" or self.salt is not None:
-            raise ValueError("only an unsalted key in mode 'diverse' has salted keys")
+        if not self.spec.salted or self.salt is not None:
+            raise ValueError("only an unsalted key in mode 'diverse' with diversity 'salt' has salted keys")
         dual = self.spec.algorithm == "dual_key_gumbel"
         out = []
-        for salt, derived in enumerate(salts.salted_secrets(self.secret, _DUAL_TAGS if dual else ())):
+        for salt, derived in enumerate(salts.salted_secrets(self.secret, _DUAL_TAGS if dual else (),
+                                                            self.spec.key_bits)):
             values = {"secret": self.secret, "spec": self.spec, "salt": salt, "prf_secret": derived[0]}
             if dual:
                 values["key_a"], values["key_b"] = derived[1], derived[2]
@@ -121,20 +123,20 @@ class WatermarkKey:
     # every text, and a service keeps its keys' objects in its key cache.
     @functools.cached_property
     def prf_secret(self) -> int:
-        """The 64-bit secret the PRFs run under: the secret, or its salted secret."""
-        return self.secret if self.salt is None else salts.salted_secret(self.secret, self.salt)
+        """The secret the PRFs run under (as wide as the secret): the secret, or its salted secret."""
+        return self.secret if self.salt is None else salts.salted_secret(self.secret, self.salt, self.spec.key_bits)
 
     @functools.cached_property
     def key_a(self) -> int:
-        return prf.derive_key(self.prf_secret, KEY_A_DOMAIN)
+        return prf.derive_key(self.prf_secret, KEY_A_DOMAIN, self.spec.key_bits)
 
     @functools.cached_property
     def key_b(self) -> int:
-        return prf.derive_key(self.prf_secret, KEY_B_DOMAIN)
+        return prf.derive_key(self.prf_secret, KEY_B_DOMAIN, self.spec.key_bits)
 
     @functools.cached_property
     def key_coin(self) -> int:
-        return prf.derive_key(self.prf_secret, KEY_COIN_DOMAIN)
+        return prf.derive_key(self.prf_secret, KEY_COIN_DOMAIN, self.spec.key_bits)
 
     def row_keys(self) -> "RowKeys":
         """The keys and routing share of this key's sampler rows (:class:`RowKeys`)."""
@@ -149,7 +151,7 @@ class WatermarkKey:
 
 @dataclass(frozen=True)
 class RowKeys:
-    """What one request's sampler rows carry (unsigned 64-bit keys): the single source of
+    """What one request's sampler rows carry (unsigned keys, as wide as the PRF's): the single source of
     the key A / key B / alpha derivation for every engine (local scheduler, vLLM plugin,
     route replay).
 
@@ -168,6 +170,9 @@ class RowKeys:
     """The keyed acceptance coin's key (dual-key only; 0 otherwise)."""
     alpha: float
     """Probability of key B for a non-speculative token (0 for `gumbel`)."""
+    prf: str = prf.PHILOX_V1
+    """The PRF version the keys are for: 256-bit keys go to the samplers as HMAC midstates
+    (:mod:`watermark.hmac_rows`)."""
 
 
 UNKEYED = RowKeys(key_a=0, key_b=0, key_coin=0, alpha=0.0)
@@ -179,5 +184,5 @@ def row_keys(key: WatermarkKey | None) -> RowKeys:
     if key is None:
         return UNKEYED
     if key.spec.algorithm == "gumbel":
-        return RowKeys(key_a=key.prf_secret, key_b=key.prf_secret, key_coin=0, alpha=0.0)
-    return RowKeys(key_a=key.key_a, key_b=key.key_b, key_coin=key.key_coin, alpha=key.spec.alpha)
+        return RowKeys(key_a=key.prf_secret, key_b=key.prf_secret, key_coin=0, alpha=0.0, prf=key.spec.prf)
+    return RowKeys(key_a=key.key_a, key_b=key.key_b, key_coin=key.key_coin, alpha=key.spec.alpha, prf=key.spec.prf)

@@ -43,19 +43,20 @@ def check_salt(salt: int) -> int:
     return salt
 
 
-def salted_secret(secret: int, salt: int) -> int:
-    """The 64-bit secret a `diverse` key's generation with ``salt`` runs under:
-    SHA-256("hallmark_salt/<salt>" || secret as 8 bytes big-endian), first 8 bytes."""
-    return prf.derive_key(secret, f"{SALT_DOMAIN}{check_salt(salt)}")
+def salted_secret(secret: int, salt: int, bits: int = 64) -> int:
+    """The secret a `diverse` key's generation with ``salt`` runs under:
+    SHA-256("hallmark_salt/<salt>" || secret big-endian): its first 8 bytes for a 64-bit key,
+    all 32 for a 256-bit one (:func:`watermark.prf.derive_key`)."""
+    return prf.derive_key(secret, f"{SALT_DOMAIN}{check_salt(salt)}", bits)
 
 
 _SALT_TAGS = tuple(f"{SALT_DOMAIN}{salt}".encode() for salt in range(SALTS))
 
 
-def salted_secrets(secret: int, sub_tags: tuple[bytes, ...] = ()) -> list[tuple[int, ...]]:
+def salted_secrets(secret: int, sub_tags: tuple[bytes, ...] = (), bits: int = 64) -> list[tuple[int, ...]]:
     """For each salt in order: ``(salted_secret(secret, salt), *sub-keys)``, each sub-key
     ``prf.derive_key(salted, tag)`` for a tag of ``sub_tags``, all derived in one call."""
-    return prf.derive_keys(secret, _SALT_TAGS, sub_tags)
+    return prf.derive_keys(secret, _SALT_TAGS, sub_tags, bits)
 
 
 def salt_for(seed: int | None, index: int = 0) -> int:

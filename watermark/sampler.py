@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from watermark import stream
+from watermark import hmac_rows, stream
 from watermark.prf import philox, philox_torch
 from watermark.gumbel import gumbel_argmax_cpu
 from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, SampleResult
@@ -53,6 +53,9 @@ class SamplerRows:
     """int64 bit patterns of each request's stream key."""
     positions: torch.Tensor
     """int64: each row's position in its request's output (stream counter)."""
+    wide: hmac_rows.WideRows | None = None
+    """Rows with 256-bit keys (their midstates; their key_a / key_b hold 0), or None when
+    every row's key is 64-bit (:mod:`watermark.hmac_rows`)."""
 
 
 def sampler_rows(keys: Sequence[RowKeys], *, contexts: Sequence[Sequence[int]], watermark: Sequence[bool],
@@ -62,14 +65,15 @@ def sampler_rows(keys: Sequence[RowKeys], *, contexts: Sequence[Sequence[int]], 
     (unsigned keys; stream keys unsigned too). ``routed`` False draws dual-key rows under
     key A whatever alpha (speculative drafts)."""
     return SamplerRows(
-        key_a=philox_torch.keys_tensor([k.key_a for k in keys], device),
-        key_b=philox_torch.keys_tensor([k.key_b for k in keys], device),
+        key_a=philox_torch.keys_tensor([hmac_rows.narrow_key(k, "key_a") for k in keys], device),
+        key_b=philox_torch.keys_tensor([hmac_rows.narrow_key(k, "key_b") for k in keys], device),
         alpha=host_tensor([k.alpha if routed else 0.0 for k in keys], torch.float32, device),
         contexts=contexts,
         watermark=host_tensor(list(watermark), torch.bool, device),
         greedy=host_tensor(list(greedy), torch.bool, device),
         stream_keys=philox_torch.keys_tensor(list(stream_keys), device),
         positions=host_tensor(list(positions), torch.int64, device),
+        wide=hmac_rows.wide_rows(keys, device),
     )
 
 
@@ -102,6 +106,7 @@ def sample_reference(logits: torch.Tensor, rows: SamplerRows, argmax=gumbel_argm
     keys, use_b = route_keys(rows)
     keys = torch.where(rows.watermark, keys, rows.stream_keys)
     states = row_states(rows, keys, lane)
+    keys, states = hmac_rows.override_reference(rows.wide, use_b, rows.watermark, rows.contexts, keys, states)
     tokens = argmax(logits, keys, states)
     clean = logits.to(torch.float32)
     clean = torch.where(torch.isnan(clean), torch.full_like(clean, float("-inf")), clean)
@@ -151,6 +156,7 @@ def sample_cpu_table(logits: torch.Tensor, rows: SamplerRows, contexts: np.ndarr
     keys, states, use_b = cpu_race.row_setup(
         unsigned(rows.key_a), unsigned(rows.key_b), rows.alpha.numpy(), unsigned(rows.stream_keys), contexts, widths,
         watermark, rows.positions.numpy(), lane)
+    hmac_rows.override_cpu(rows.wide, use_b, watermark, contexts, widths, keys, states)
     routes = np.where(use_b, np.int8(ROUTE_KEY_B), np.int8(ROUTE_KEY_A))
     routes = np.where(watermark, routes, np.int8(ROUTE_PLAIN))
     routes = np.where(greedy, np.int8(ROUTE_GREEDY), routes).astype(np.int8)
@@ -181,7 +187,7 @@ def _sample_cpu_py(logits: torch.Tensor, rows: SamplerRows, lane: int) -> Sample
     watermark, greedy, positions = rows.watermark.tolist(), rows.greedy.tolist(), rows.positions.tolist()
     keys = np.zeros(batch, dtype=np.uint64)
     states = np.zeros((batch, 4), dtype=np.uint64)
-    routes = []
+    routes, use_bs = [], []
     for b in range(batch):
         # alpha 0 never and alpha 1 always picks key B (the coin lies in (0, 1)).
         use_b = alpha[b] >= 1.0 or (alpha[b] > 0.0 and
@@ -200,5 +206,9 @@ def _sample_cpu_py(logits: torch.Tensor, rows: SamplerRows, lane: int) -> Sample
             state = stream_state_py(key, positions[b], lane)
         keys[b] = key
         states[b] = state
+        use_bs.append(use_b)
+    contexts, widths = padded_contexts(rows.contexts, "cpu")
+    hmac_rows.override_cpu(rows.wide, np.array(use_bs, dtype=bool), np.array(watermark, dtype=bool),
+                           contexts.numpy(), widths.numpy(), keys, states)
     return SampleResult(tokens=torch.from_numpy(_race(logits, keys, states, greedy)),
                         routes=torch.tensor(routes, dtype=torch.int8))

@@ -14,6 +14,7 @@ from bench.sampler_kernels.sampler import (headline, section_bounded, section_co
                                            section_pruning_sweep, section_sampler, section_sweep, section_temperature)
 from bench.sampler_kernels.sections import (section_dedup, section_dedup_parity, section_device, section_error_bound,
                                             section_pytest, section_speculative, section_warm_up)
+from bench.sampler_kernels.vllm_draft import section_hmac_sampler, section_vllm_draft, section_vllm_temperature
 from bench.sampler_kernels.vllm_side import prepare_vllm, section_vllm
 
 
@@ -75,6 +76,9 @@ def main() -> int:
         "sampler_headline": (lambda: section_sampler(run, (S.big, S.small), (fp32,), ("normal", "zipf"),
                                                      ("single", "dual"), "sampler", budget_each=0), 0),
         "vllm": (lambda: section_vllm(run, options.vllm_from), 20),
+        "vllm_draft": (lambda: section_vllm_draft(run, options.vllm_from), 10),
+        "vllm_temperature": (lambda: section_vllm_temperature(run, options.vllm_from), 5),
+        "hmac_sampler": (lambda: section_hmac_sampler(run), 10),
         "pruning_sweep": (lambda: section_pruning_sweep(run), 20),
         "bounded": (lambda: section_bounded(run), 20),
         "sampler_bf16_b256_b1": (lambda: section_sampler(run, (S.big, S.small), (bf16,), ("normal", "zipf"),

@@ -1,5 +1,13 @@
-"""vLLM 0.32's own watermark kernels beside ours: copy them out of an installed vLLM, load
-them from that folder, and time both in the same harness on the same logits."""
+"""vLLM's own watermark kernels (0.32 or 0.34) beside ours: copy them out of an installed vLLM
+or an unzipped wheel, load them from that folder, and time both in the same harness on the
+same logits.
+
+0.34's ``gumbel.py`` imports ``draft_logits_row`` from ``spec_decode/draft_logits.py``, a
+module that pulls in vLLM's distributed state; :func:`prepare_vllm` writes that one function
+(taken from the file by its syntax tree) into a module of its own, so the copy still loads
+with torch and Triton only. 0.34 also adds the fused draft sampler
+(``draft_philox_gumbel_sample``): :mod:`bench.sampler_kernels.vllm_draft` compares it.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +20,25 @@ from bench.sampler_kernels.harness import Run, S, free, graph_time_us, make_logi
 
 
 VLLM_FILES = ("v1/worker/gpu/sample/watermark.py", "v1/worker/gpu/sample/gumbel.py",
-              "v1/watermarking/prfs/base.py", "v1/watermarking/prfs/philox.py",
-              "v1/sample/logits_processor/interface.py")
+              "v1/watermarking/prfs/base.py", "v1/watermarking/prfs/philox.py")
+OPTIONAL_FILES = ("v1/sample/logits_processor/interface.py",  # 0.32
+                  "v1/worker/gpu/sample/logits_processor/interface.py")  # 0.34
+
+
+DRAFT_LOGITS = "v1/worker/gpu/spec_decode/draft_logits.py"
+
+
+def _function_module(source: str, name: str) -> str:
+    """A module holding only the function ``name`` of ``source`` (decorators included), after
+    the Triton imports it needs."""
+    import ast
+
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            body = "\n".join(source.splitlines()[first - 1:node.end_lineno])
+            return f"from vllm.triton_utils import tl, triton  # noqa: F401\n\n\n{body}\n"
+    raise ValueError(f"{name} not found")
 
 
 def prepare_vllm(site: Path, dest: Path) -> None:
@@ -22,10 +47,15 @@ def prepare_vllm(site: Path, dest: Path) -> None:
     import shutil
 
     package = site if (site / "v1").is_dir() else site / "vllm"
-    for rel in VLLM_FILES:
+    for rel in VLLM_FILES + tuple(rel for rel in OPTIONAL_FILES if (package / rel).exists()):
         target = dest / "vllm" / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(package / rel, target)
+    draft = package / DRAFT_LOGITS
+    if draft.exists():  # vLLM >= 0.34
+        target = dest / "vllm" / DRAFT_LOGITS
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(_function_module(draft.read_text(), "draft_logits_row"))
     for folder in [dest / "vllm", *(p for p in (dest / "vllm").rglob("*") if p.is_dir())]:
         (folder / "__init__.py").touch()
     (dest / "vllm" / "triton_utils.py").write_text(

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from keys.models import LedgerEntry, LedgerKgram, LogCheckpoint, LogLeaf, LogNode, SigningKey, Tenant
 from ledger.chain import entry_fields, entry_hash, timestamp
-from ledger.log import merkle, tlog
+from ledger.log import faults, merkle, tlog
 from ledger.log.key import LogAuthority, log_verifier
 from ledger.log.leaves import EMPTY_KGRAMS, entry_leaf, key_event_leaf, kgram_rows_commitment
 from ledger.log.note import Checkpoint, NoteError, Verifier, open_checkpoint
@@ -97,6 +97,8 @@ def audit_log(session: Session, auth: LogAuthority | None, *, pinned: list[tuple
     last_events: dict[str, dict[str, Any]] = {}
     tenant_leaves: dict[str, int] = defaultdict(int)
     for position, leaf in enumerate(leaves):
+        if leaf.idx >= size:
+            break  # beyond the head: foreign (faults.foreign_rows, below)
         if leaf.idx != position:
             problem(f"log leaf {position} is missing (the log was cut or a leaf deleted; next is {leaf.idx})")
             break
@@ -135,7 +137,10 @@ def audit_log(session: Session, auth: LogAuthority | None, *, pinned: list[tuple
                     "committed to (rows deleted, inserted, moved or relabelled)")
         if leaf.tenant_id != row.tenant_id:
             problem(f"{at}: the entry moved to another tenant")
-    if len(leaves) != size and not any("missing" in p for p in problems):
+    beyond = faults.foreign_rows(session, size)
+    for line in beyond.describe():  # rows that block every append (issue 35): `ledger repair` removes them
+        problem(line)
+    if len(leaves) < size and not any("missing" in p for p in problems):
         problem(f"the log's head says {size} leaves but {len(leaves)} are stored")
     for row in entries.values():
         if row.id not in seen_entries:

@@ -11,10 +11,15 @@ CTEs), so an append is two round trips. The columns and their encodings are the 
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import contextmanager
 from datetime import timezone
-from typing import Any
+from typing import Any, Iterator
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
+
+from ledger.log.faults import LogBlocked
 
 _SQLITE_TIME = "%Y-%m-%d %H:%M:%S.%f"
 _PG_WRITE = """
@@ -36,13 +41,39 @@ def _cursor(session: Session) -> tuple[Any, bool]:
     return connection.connection.driver_connection.cursor(), connection.dialect.name == "postgresql"
 
 
+def _blocking(exc: Exception) -> str | None:
+    """The row an append collided with, for a unique violation: only a row inserted by someone
+    else can be there (the head's lock serialises appends, and each writes past the head)."""
+    if getattr(exc, "sqlstate", None) == "23505":
+        return f"a row of {getattr(exc.diag, 'table_name', None) or 'the log'} already holds its position " \
+               f"({getattr(exc.diag, 'constraint_name', None) or 'unique key'})"
+    if isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc):
+        return f"a row already holds its position ({str(exc).split(':', 1)[-1].strip()})"
+    return None
+
+
+@contextmanager
+def _driver_errors(session: Session, statement: str) -> Iterator[None]:
+    """The DB-API cursor's errors as SQLAlchemy's (so keys.db.translate_error names a database
+    fault: a 503, not an unhandled driver exception), and a collision as :class:`LogBlocked`."""
+    dbapi = session.get_bind().dialect.loaded_dbapi
+    try:
+        yield
+    except dbapi.Error as exc:
+        blocking = _blocking(exc)
+        if blocking is not None:
+            raise LogBlocked(blocking) from None
+        raise DBAPIError.instance(statement, None, exc, dbapi.Error, hide_parameters=True) from None
+
+
 def read_head(session: Session, *, lock: bool) -> tuple[int, bytes, bytes | None]:
     """(size, border bytes, mac) of the head row, locked for the transaction with ``lock``."""
     cursor, postgres = _cursor(session)
     try:
-        cursor.execute("SELECT size, border, mac FROM log_head WHERE id = 1" + (" FOR UPDATE" if lock and postgres
-                                                                                 else ""))
-        size, border, mac = cursor.fetchone()
+        with _driver_errors(session, "SELECT ... FROM log_head"):
+            cursor.execute("SELECT size, border, mac FROM log_head WHERE id = 1" + (" FOR UPDATE" if lock and postgres
+                                                                                     else ""))
+            size, border, mac = cursor.fetchone()
     finally:
         cursor.close()
     border = border.encode() if isinstance(border, str) else bytes(border)  # the migration's '' on SQLite
@@ -55,19 +86,25 @@ def write_append(session: Session, leaf: dict[str, Any], completed: list[tuple[i
     move the head to ``size``/``border``, in the session's transaction."""
     cursor, postgres = _cursor(session)
     try:
-        if postgres:
-            cursor.execute(_PG_WRITE, {**leaf, "levels": [c[0] for c in completed],
-                                       "indexes": [c[1] for c in completed], "hashes": [c[2] for c in completed],
-                                       "size": size, "border": border, "head_mac": head_mac})
-            return
-        when = leaf["created_at"].astimezone(timezone.utc).strftime(_SQLITE_TIME)
-        cursor.execute("INSERT INTO log_leaves (idx, leaf_hash, kind, entry_id, tenant_id, kgrams_sha256, kid, data, "
-                       "mac, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (leaf["idx"], leaf["leaf_hash"], leaf["kind"], leaf["entry_id"], leaf["tenant_id"],
-                        leaf["kgrams_sha256"], leaf["kid"], leaf["data"], leaf["mac"], when))
-        if completed:
-            cursor.executemany("INSERT INTO log_nodes (level, idx, hash) VALUES (?, ?, ?)", completed)
-        cursor.execute("UPDATE log_head SET size = ?, border = ?, mac = ?, updated_at = ? WHERE id = 1",
-                       (size, border, head_mac, when))
+        with _driver_errors(session, "INSERT INTO log_leaves ..."):
+            _write(cursor, postgres, leaf, completed, size, border, head_mac)
     finally:
         cursor.close()
+
+
+def _write(cursor: Any, postgres: bool, leaf: dict[str, Any], completed: list[tuple[int, int, bytes]], size: int,
+           border: bytes, head_mac: bytes) -> None:
+    if postgres:
+        cursor.execute(_PG_WRITE, {**leaf, "levels": [c[0] for c in completed],
+                                   "indexes": [c[1] for c in completed], "hashes": [c[2] for c in completed],
+                                   "size": size, "border": border, "head_mac": head_mac})
+        return
+    when = leaf["created_at"].astimezone(timezone.utc).strftime(_SQLITE_TIME)
+    cursor.execute("INSERT INTO log_leaves (idx, leaf_hash, kind, entry_id, tenant_id, kgrams_sha256, kid, data, "
+                   "mac, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (leaf["idx"], leaf["leaf_hash"], leaf["kind"], leaf["entry_id"], leaf["tenant_id"],
+                    leaf["kgrams_sha256"], leaf["kid"], leaf["data"], leaf["mac"], when))
+    if completed:
+        cursor.executemany("INSERT INTO log_nodes (level, idx, hash) VALUES (?, ?, ?)", completed)
+    cursor.execute("UPDATE log_head SET size = ?, border = ?, mac = ?, updated_at = ? WHERE id = 1",
+                   (size, border, head_mac, when))

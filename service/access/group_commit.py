@@ -27,6 +27,12 @@ gets an error that other requests' grouping caused.
 
 Generation records (a stream's started, checkpoint and finished entries) go through a
 second instance (``Services.ledger_writes``, service.generation), for the same reasons.
+Their writes also say how to run many of them at once (``submit(write, batch=(run_many,
+item))``): the group's writes with the same ``run_many`` run as one call in one savepoint
+(ledger.grouped.append_many: the entries of 256 streams cost about as much as a few single
+ones, where each entry alone cost ~10 ms of the ORM's per-statement work and so bounded
+generation under many streams: bench/ledger_groups.py). If that call raises, each of its
+writes runs alone as above, so a refused write still fails alone with its own error.
 """
 
 from __future__ import annotations
@@ -58,15 +64,20 @@ class GroupCommit:
         self.groups = 0  # groups run (transactions), and writes in them: how well writes are grouped
         self.writes = 0
         self.max_group = max_group
-        self._queue: queue.SimpleQueue[tuple[Callable[[Any], Any], Future]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self.batched = 0  # writes that ran as part of a batch (run_many)
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
 
-    def submit(self, write: Callable[[Any], Any]) -> Future:
+    def submit(self, write: Callable[[Any], Any], batch: tuple[Callable[[Any, list], list], Any] | None = None
+               ) -> Future:
         """Queue ``write(session)``; the future holds its result once the group committed,
-        or its exception (its own, or the group's commit failure, as a KeyStoreError)."""
+        or its exception (its own, or the group's commit failure, as a KeyStoreError).
+        ``batch``: (``run_many``, ``item``), where ``run_many(session, items)`` does the
+        writes of ``items`` at once and returns their results in order, and ``write`` is
+        this item's write alone."""
         future: Future = Future()
-        self._queue.put((write, future))
+        self._queue.put((write, future, batch))
         if self._thread is None or not self._thread.is_alive():
             self._start()
         return future
@@ -94,15 +105,19 @@ class GroupCommit:
                 # The type only: a database error's text can quote the statement's parameters.
                 log.error("the %s writes' thread failed on a group of %d: %s", self.name, len(group),
                           type(exc).__name__)
-                for _, future in group:
-                    if not future.done():
-                        _resolve(future, False, exc)
+                for item in group:
+                    if not item[1].done():
+                        _resolve(item[1], False, exc)
 
-    def _commit(self, group: list[tuple[Callable[[Any], Any], Future]], attempt: int = 0) -> None:
+    def _commit(self, group: list[tuple], attempt: int = 0) -> None:
         outcomes: list[tuple[Callable[[Any], Any], Future, bool, Any]] = []
         try:
             with self.store.transaction() as session:
-                for write, future in group:
+                done = self._batches(session, group)
+                for index, (write, future, _) in enumerate(group):
+                    if index in done:
+                        outcomes.append((write, future, True, done[index]))
+                        continue
                     try:
                         with session.begin_nested():
                             outcomes.append((write, future, True, write(session)))
@@ -117,19 +132,42 @@ class GroupCommit:
                 return
             log.warning("a group of %d %s writes failed to commit: %s", len(group), self.name,
                         type(failure).__name__)
-            for _, future in group:
-                _resolve(future, False, failure)
+            for item in group:
+                _resolve(item[1], False, failure)
             return
         lost = []
         for write, future, ok, value in outcomes:
             if not ok and isinstance(value, ConcurrentChange) and attempt < RETRIES:
-                lost.append((write, future))
+                lost.append((write, future, None))
             else:
                 _resolve(future, ok, value)
         if lost:
             self._again(lost, attempt)
 
-    def _again(self, writes: list[tuple[Callable[[Any], Any], Future]], attempt: int) -> None:
+    def _batches(self, session, group: list[tuple]) -> dict[int, Any]:
+        """Run the group's batchable writes, each ``run_many`` once over its items in one
+        savepoint; by index in the group, the results of those that ran (none of a batch
+        that raised: its writes then run alone)."""
+        batches: dict[Callable, list[int]] = {}
+        for index, (_, _, batch) in enumerate(group):
+            if batch is not None:
+                batches.setdefault(batch[0], []).append(index)
+        done: dict[int, Any] = {}
+        for run_many, indexes in batches.items():
+            if len(indexes) < 2:
+                continue
+            try:
+                with session.begin_nested():
+                    results = run_many(session, [group[i][2][1] for i in indexes])
+            except Exception as exc:  # noqa: BLE001 - some write of it is refused: each runs alone
+                log.debug("a batch of %d %s writes ran one by one (%s)", len(indexes), self.name,
+                          type(exc).__name__)
+                continue
+            done.update(zip(indexes, results))
+            self.batched += len(indexes)
+        return done
+
+    def _again(self, writes: list[tuple], attempt: int) -> None:
         """Each of ``writes`` (none took effect) again, alone; the other transaction of the
         race has committed or is about to (a deadlock's survivor goes on once its victim aborts)."""
         time.sleep(0.005 * (attempt + 1))

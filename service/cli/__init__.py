@@ -14,5 +14,6 @@ from service.cli import tenant_cmds, key_cmds, token_cmds, audit_cmds, kek_cmds,
 from service.cli import serve, generate, deploy, doctor  # noqa: F401,E402
 from service.cli import provenance  # noqa: F401,E402  (ledger, receipt, signing-keys, kek status, db grant)
 from service.cli import ledger_cmds  # noqa: F401,E402  (ledger verify, checkpoint, witness, init)
+from service.cli import ledger_repair  # noqa: F401,E402  (ledger repair)
 from service.cli import report_cmds  # noqa: F401,E402  (report verify)
 from service.cli import ledger_list  # noqa: F401,E402  (ledger list)

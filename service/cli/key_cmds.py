@@ -27,11 +27,11 @@ if TYPE_CHECKING:
 
 def _spec_changes(algorithm: str | None, context_width: int | None, alpha: float | None,
                   dedup: str | None, dedup_max_history: str | None, coin: str | None,
-                  mode: str | None = None) -> dict[str, Any]:
+                  mode: str | None = None, prf: str | None = None) -> dict[str, Any]:
     """The spec fields given on the command line (absent options are left out)."""
     changes: dict[str, Any] = {}
     for name, value in (("algorithm", algorithm), ("context_width", context_width), ("alpha", alpha),
-                        ("dedup", dedup), ("coin", coin), ("mode", mode)):
+                        ("dedup", dedup), ("coin", coin), ("mode", mode), ("prf", prf)):
         if value is not None:
             changes[name] = value
     if dedup_max_history is not None:
@@ -54,7 +54,24 @@ def _spec_text(spec: "WatermarkSpec") -> str:
     text = f"{spec.algorithm}, context width {spec.context_width}, dedup {spec.dedup} ({history})"
     if spec.algorithm == "dual_key_gumbel":
         text += f", alpha {spec.alpha}, coin {spec.coin}"
-    return text + f", mode {spec.mode}"
+    return text + f", mode {spec.mode}, prf {spec.prf} ({spec.key_bits}-bit key)"
+
+
+def _prf_note(spec: "WatermarkSpec") -> str:
+    """Why this key size: what a key search costs, and what the PRF gives up (docs:
+    concepts/threat-model.md, the brute-force arithmetic)."""
+    from watermark import prf
+
+    if spec.prf == prf.PHILOX_V1:
+        return ("key: 64-bit (philox4x32-10-v1, vLLM's default): bit-compatible with vLLM, but text or per-token "
+                "scores let anyone test guesses offline, and 2**64 guesses take about 2 H100-years (18 hours on "
+                "1,000 H100s). Unless the key must run in vLLM, use --prf hmac-sha256-philox-v1 (256-bit).")
+    if spec.prf == prf.HMAC_SHA256_V1:
+        return ("key: 256-bit (hmac-sha256-v1, vLLM's hmac_sha256): a key search needs 2**256 guesses; sampling "
+                "costs one HMAC per vocabulary entry, so use it only for keys shared with a vLLM deployment.")
+    return ("key: 256-bit (hmac-sha256-philox-v1, the default): a key search needs 2**256 guesses, and sampling "
+            "runs at Philox's speed. vLLM cannot generate with it: for a key that must run in vLLM, "
+            "--prf philox (64-bit) or hmac_sha256.")
 
 
 def _key_line(info: "KeyRecord") -> str:
@@ -83,9 +100,12 @@ DEDUP_MAX_HISTORY = typer.Option(None, "--dedup-max-history", metavar="N|all",
                                  help="Positions searched for a repeated context (a positive integer), or 'all'.")
 COIN = typer.Option(None, "--coin", help="dual_key_gumbel's speculative acceptance coin: ordinary (vLLM's) or "
                     "keyed (lets the detector weigh each token's key).")
-MODE = typer.Option(None, "--mode", help="diverse (a new key's default: each generation draws a salt, so "
-                    "regenerating gives a new text) or deterministic (vLLM's scheme bit for bit: one prompt, "
-                    "one text; imported keys' default).")
+PRF = typer.Option(None, "--prf", help="hmac-sha256-philox-v1 (a new key's default: 256-bit key, Philox's speed), "
+                   "philox (64-bit, vLLM's default) or hmac_sha256 (256-bit, vLLM's; slow to sample).")
+MODE = typer.Option(None, "--mode", help="diverse (a new key's default: its first context-width tokens are "
+                    "sampled unwatermarked from the request's random stream, so regenerating gives a new text; "
+                    "with a --dedup other than all, each generation draws one of 16 salts instead) or "
+                    "deterministic (vLLM's scheme bit for bit: one prompt, one text; imported keys' default).")
 
 
 @keys_app.command("create")
@@ -94,7 +114,7 @@ def keys_create(tenant: str = typer.Option(..., "--tenant", help="Tenant name.")
                 algorithm: Optional[Algorithm] = ALGORITHM, context_width: Optional[int] = CONTEXT_WIDTH,
                 alpha: Optional[float] = ALPHA, dedup: Optional[DedupScope] = DEDUP,
                 dedup_max_history: Optional[str] = DEDUP_MAX_HISTORY, coin: Optional[CoinKind] = COIN,
-                mode: Optional[Mode] = MODE,
+                mode: Optional[Mode] = MODE, prf: Optional[str] = PRF,
                 as_json: bool = JSON_OPTION) -> None:
     """Create a random key: active if the tenant has none, else verify-only. It keeps the
     tenant's current spec (its active key's, else its newest key's) except what the options
@@ -102,7 +122,7 @@ def keys_create(tenant: str = typer.Option(..., "--tenant", help="Tenant name.")
     from keys.audit import default_actor
     from keys.lifecycle import create_key, spec_for_new_key
 
-    changes = _spec_changes(algorithm, context_width, alpha, dedup, dedup_max_history, coin, mode)
+    changes = _spec_changes(algorithm, context_width, alpha, dedup, dedup_max_history, coin, mode, prf)
     with cli_store(require_kek=True) as store, store.transaction() as session:
         spec, source = spec_for_new_key(session, tenant=tenant, changes=changes)
         info = create_key(session, store.keyring, tenant=tenant, spec=spec, actor=default_actor())
@@ -115,20 +135,21 @@ def keys_create(tenant: str = typer.Option(..., "--tenant", help="Tenant name.")
     note = "" if info.state == "active" else "; the tenant already has an active key: use `keys rotate` to replace it"
     payload = {**info.to_dict(), "spec_source": None if source is None else
                {"key_id": source.key_id, "version": source.version, "state": source.state}}
-    emit(payload, as_json, f"created {_key_line(info)}\nspec: {_spec_text(info.spec)}; from {origin}{note}")
+    emit(payload, as_json, f"created {_key_line(info)}\nspec: {_spec_text(info.spec)}; from {origin}{note}\n"
+                           f"{_prf_note(info.spec)}")
 
 
 @keys_app.command("import")
 @one_line_errors()
 def keys_import(tenant: str = typer.Option(..., "--tenant", help="Tenant name."),
                 secret_file: Optional[Path] = typer.Option(
-                    None, "--secret-file", help="File holding the 64-bit key (decimal or 0x hex)."),
+                    None, "--secret-file", help="File holding the key (decimal or 0x hex; 64-bit for philox, 256 for --prf hmac_sha256)."),
                 vllm_config: Optional[Path] = typer.Option(
                     None, "--vllm-config", help="JSON/YAML file with vLLM's --watermark-config (key included)."),
                 algorithm: Optional[Algorithm] = ALGORITHM, context_width: Optional[int] = CONTEXT_WIDTH,
                 alpha: Optional[float] = ALPHA, dedup: Optional[DedupScope] = DEDUP,
                 dedup_max_history: Optional[str] = DEDUP_MAX_HISTORY, coin: Optional[CoinKind] = COIN,
-                mode: Optional[Mode] = MODE,
+                mode: Optional[Mode] = MODE, prf: Optional[str] = PRF,
                 source: Optional[str] = typer.Option(None, "--source", help="Where the key comes from (recorded)."),
                 as_json: bool = JSON_OPTION) -> None:
     """Import an existing deployment's key (for example vLLM's) so its text is detected."""
@@ -136,7 +157,7 @@ def keys_import(tenant: str = typer.Option(..., "--tenant", help="Tenant name.")
     from keys.importing import read_secret_file, read_vllm_config
     from keys.lifecycle import build_spec, import_key
 
-    changes = _spec_changes(algorithm, context_width, alpha, dedup, dedup_max_history, coin, mode)
+    changes = _spec_changes(algorithm, context_width, alpha, dedup, dedup_max_history, coin, mode, prf)
     if (secret_file is None) == (vllm_config is None):
         raise CliError("give exactly one of --secret-file F (with --algorithm and --context-width) "
                        "or --vllm-config F")
@@ -150,8 +171,9 @@ def keys_import(tenant: str = typer.Option(..., "--tenant", help="Tenant name.")
         if algorithm is None or context_width is None:
             raise CliError("--secret-file needs --algorithm and --context-width, exactly as the "
                            "deployment used them (a wrong spec detects nothing)")
-        # Another deployment's key: deterministic (its scheme) unless --mode says otherwise.
-        spec = build_spec(**{"mode": "deterministic", **changes})
+        # Another deployment's key: deterministic with vLLM's default PRF (its scheme) unless
+        # --mode / --prf say otherwise.
+        spec = build_spec(**{"mode": "deterministic", "prf": "philox", **changes})
         secret = read_secret_file(secret_file)
     with cli_store(require_kek=True) as store, store.transaction() as session:
         info = import_key(session, store.keyring, tenant=tenant, secret=secret, spec=spec,
@@ -165,13 +187,13 @@ def keys_rotate(tenant: str = typer.Option(..., "--tenant", help="Tenant name.")
                 algorithm: Optional[Algorithm] = ALGORITHM, context_width: Optional[int] = CONTEXT_WIDTH,
                 alpha: Optional[float] = ALPHA, dedup: Optional[DedupScope] = DEDUP,
                 dedup_max_history: Optional[str] = DEDUP_MAX_HISTORY, coin: Optional[CoinKind] = COIN,
-                mode: Optional[Mode] = MODE,
+                mode: Optional[Mode] = MODE, prf: Optional[str] = PRF,
                 as_json: bool = JSON_OPTION) -> None:
     """New active key (same spec unless options change it); the old one becomes verify-only."""
     from keys.audit import default_actor
     from keys.lifecycle import rotate_key
 
-    changes = _spec_changes(algorithm, context_width, alpha, dedup, dedup_max_history, coin, mode)
+    changes = _spec_changes(algorithm, context_width, alpha, dedup, dedup_max_history, coin, mode, prf)
     with cli_store(require_kek=True) as store, store.transaction() as session:
         rotation = rotate_key(session, store.keyring, tenant=tenant, spec_changes=changes,
                               actor=default_actor())
@@ -241,11 +263,13 @@ def keys_export(key_id: str = typer.Argument(..., help="Key id."),
     payload = {"key_id": exported.key_id, "tenant": exported.tenant, "version": exported.version,
                "state": exported.state, "fingerprint": exported.fingerprint,
                "spec": exported.spec.public_dict(), "secret": exported.secret,
-               "secret_hex": f"0x{exported.secret:016x}", "vllm_watermark_config": vllm}
+               "secret_hex": f"0x{exported.secret:0{exported.spec.key_bits // 4}x}", "key_bits": exported.spec.key_bits,
+               "vllm_watermark_config": vllm}
     text = "\n".join([
         f"key {exported.key_id} (tenant {exported.tenant}, version {exported.version}, {exported.state})",
         f"fingerprint: {exported.fingerprint}",
-        f"secret: {exported.secret} (0x{exported.secret:016x})",
-        f"vllm --watermark-config: {json.dumps(vllm) if vllm else '(not expressible: keyed coin or diverse mode)'}",
+        f"secret: {exported.secret} (0x{exported.secret:0{exported.spec.key_bits // 4}x}; "
+        f"{exported.spec.key_bits}-bit key, prf {exported.spec.prf})",
+        f"vllm --watermark-config: {json.dumps(vllm) if vllm else '(not expressible: keyed coin, salted diverse mode or a PRF vLLM lacks)'}",
     ])
     emit(payload, as_json, text)

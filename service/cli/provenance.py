@@ -120,6 +120,11 @@ def receipt_verify(receipt: Path = typer.Argument(..., help="The receipt (JSON; 
                f"ledger seq {statement['ledger']['seq']}, log leaf {statement['ledger'].get('leaf_index')}) "
                f"signed by {document['signature']['kid']}; in the log {trusted.log_key.name}"
                + ("; the text matches" if text is not None else ""))
+    signer = trusted.get(document["signature"]["kid"])
+    if signer is not None and signer.revoked_at is not None:
+        summary += (f"\nnote: its signing key was revoked as compromised at {signer.revoked_at}; the log, which held "
+                    "this entry before then, vouches for what the receipt says (but for the tenant's name and the "
+                    "key's fingerprint, which only the signature states)")
     emit({"valid": True, "text_matches": True if text is not None else None, "statement": statement,
           "log": {"origin": trusted.log_key.name, "leaf_index": statement["ledger"].get("leaf_index")}},
          as_json, summary)
@@ -162,15 +167,28 @@ def signing_rotate(as_json: bool = JSON_OPTION) -> None:
 @_domain_errors
 def signing_revoke(kid: str = typer.Argument(..., help="The signing key's id (sk_...)."),
                    reason: str = typer.Option(..., "--reason", help="Why (e.g. 'leaked'); logged and published."),
+                   compromised_at: Optional[str] = typer.Option(None, "--compromised-at", help="When the key was compromised (ISO 8601, UTC if no zone; default: now). Receipts of entries the log shows were appended before then stay verifiable; everything else it signed is refused. Unsure? Give the key's creation time."),
                    as_json: bool = JSON_OPTION) -> None:
-    """Revoke a signing key (its private key is compromised): verifiers refuse everything it
-    signed. Revoking the active key makes a new one active."""
+    """Revoke a signing key (its private key is compromised since --compromised-at): verifiers
+    keep its receipts of entries the log held before then and refuse everything else it signed.
+    Revoking the active key makes a new one active."""
+    from datetime import datetime, timezone
+
     from ledger.signing import revoke_signing_key
 
+    when = None
+    if compromised_at is not None:
+        try:
+            when = datetime.fromisoformat(compromised_at.replace("Z", "+00:00"))
+        except ValueError:
+            raise CliError("--compromised-at must be an ISO 8601 time, e.g. 2026-12-07T10:00:00Z") from None
+        when = when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
     with cli_store(require_kek=True) as store, store.transaction() as session:
-        revoked, new = revoke_signing_key(session, store.keyring, kid=kid, reason=reason, actor=_actor())
+        revoked, new = revoke_signing_key(session, store.keyring, kid=kid, reason=reason, actor=_actor(),
+                                          compromised_at=when)
     emit({"revoked": revoked.to_dict(), "new": new.to_dict() if new else None}, as_json,
-         f"signing key {revoked.kid} revoked" + (f"; {new.kid} active" if new else ""))
+         f"signing key {revoked.kid} revoked as compromised at {revoked.revoked_at.isoformat()}"
+         + (f"; {new.kid} active" if new else ""))
 
 
 @signing_app.command("list")

@@ -138,7 +138,7 @@ def _bootstrap_demo() -> str | None:
     from keys.tenants import create_tenant, get_tenant
     from keys.tokens import issue_token
     from service.cli.store import cli_store
-    from watermark.spec import NEW_KEY_MODE, WatermarkSpec
+    from watermark.spec import NEW_KEY_DIVERSITY, NEW_KEY_MODE, WatermarkSpec
 
     with cli_store(require_kek=True, check_schema=False, create=True) as store:
         migrate.upgrade(store.engine)
@@ -152,7 +152,8 @@ def _bootstrap_demo() -> str | None:
             create_tenant(session, name=DEMO_TENANT, actor=actor)
             # The bundled engine speculates, which needs a dual-key key.
             create_key(session, store.keyring, tenant=DEMO_TENANT, actor=actor,
-                       spec=WatermarkSpec(algorithm="dual_key_gumbel", mode=NEW_KEY_MODE))
+                       spec=WatermarkSpec(algorithm="dual_key_gumbel", mode=NEW_KEY_MODE,
+                                          diversity=NEW_KEY_DIVERSITY, dedup="all"))
             return issue_token(session, tenant=DEMO_TENANT, actor=actor).raw_token
 
 
@@ -188,7 +189,7 @@ def quickstart_command(
         from watermark.spec import NEW_KEY_MODE
 
         typer.echo(f"created tenant 'demo' with an active dual-key watermark key (mode {NEW_KEY_MODE}: "
-                   "each regeneration of a prompt gets its own salt).")
+                   "each regeneration of a prompt starts from its own random tokens).")
         typer.echo(f"API token for 'demo' (shown once, store it now): {token}")
     else:
         typer.echo(f"tenant 'demo' exists; use the token you saved (or "

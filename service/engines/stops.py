@@ -8,6 +8,15 @@ Each push decodes the request's whole output (what ``tokenizer.decode`` gives is
 text by definition, for any tokenizer). :func:`decode_many` decodes many requests' outputs
 in one call of the Rust tokenizer, which runs them in parallel without holding the GIL,
 so that the local engine's detokenising thread does not hold up its step loop.
+
+Requests without stop strings (the local engine's streamer) may decode only a window of
+their newest tokens instead (:meth:`StopTextTracker.windows`,
+:meth:`~StopTextTracker.release_window`): the text between two offsets, as vLLM's
+detokenizer does, so that a pass costs the same at token 1,000 as at token 10 (whole
+outputs took 2.7 ms of decode per pass at 256 rows of 64 tokens on this CPU, the windows
+0.4 ms). Only where :func:`windowed_decoding` says the tokenizer's decode is its Rust
+backend's with no clean-up pass; the text at the end is the whole output's decode all the
+same (:meth:`~StopTextTracker.finish_with`).
 """
 
 from __future__ import annotations
@@ -23,6 +32,12 @@ def decode_many(tokenizer, sequences: Sequence[Sequence[int]]) -> list[str]:
     if len(sequences) > 1 and _batched(tokenizer):
         return tokenizer._tokenizer.decode_batch([list(s) for s in sequences], skip_special_tokens=True)  # noqa: SLF001
     return [tokenizer.decode(list(s), skip_special_tokens=True) for s in sequences]
+
+
+def windowed_decoding(tokenizer) -> bool:
+    """Whether a request's text may be made from windows of its tokens (its decode is the
+    Rust backend's, without a clean-up pass that looks across the whole text)."""
+    return _batched(tokenizer)
 
 
 def _batched(tokenizer) -> bool:
@@ -56,6 +71,9 @@ class StopTextTracker:
     released: int = 0  # characters of text already emitted
     text: str = ""
     stopped: bool = False
+    prefix_offset: int = 0
+    read_offset: int = 0
+    windowed: bool = False  # its text is made by release_window: ``text`` is what was released
 
     def push(self, token_ids: list[int]) -> str:
         """Add tokens; return the newly releasable text. Sets ``stopped`` at a stop string."""
@@ -90,3 +108,42 @@ class StopTextTracker:
         delta = self.text[self.released:]
         self.released = len(self.text)
         return delta
+
+    # ------------------------------------------------------------------ windows (no stop strings)
+
+    def windows(self) -> tuple[list[int], list[int]]:
+        """The two windows whose decodes :meth:`release_window` takes: the tokens from the
+        prefix offset to the read offset (text already released, decoded again as context:
+        a token's text may depend on the one before it, e.g. a SentencePiece leading space),
+        and from the prefix offset to the end."""
+        ids = self.token_ids
+        return ids[self.prefix_offset:self.read_offset], ids[self.prefix_offset:]
+
+    def release_window(self, prefix_text: str, new_text: str) -> str:
+        """The newly releasable text given the decodes of :meth:`windows`: what ``new_text``
+        adds to ``prefix_text``, unless it ends in a partial character (U+FFFD), which waits
+        for the tokens that complete it. Moves the offsets on; only for trackers without
+        stop strings. A window starts where a release ended, on a whole character, so what
+        it adds is what the whole output's decode adds (a byte-level decode of two lists
+        joined is their decodes joined when the first ends on a whole character; a
+        SentencePiece first-token space is inside the prefix window)."""
+        self.windowed = True
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+            return ""
+        delta = new_text[len(prefix_text):]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
+        self.text += delta
+        self.released = len(self.text)
+        return delta
+
+    def finish_with(self, full: str) -> tuple[str, bool]:
+        """The rest of a windowed request's text at its end, given ``full``, the whole
+        output's decode (which becomes its text), and whether what was released is the
+        beginning of ``full`` (False: a tokenizer whose windows decode differently; what was
+        released stays released, and the final text is the whole decode all the same)."""
+        released = self.text
+        self.text = full
+        self.released = len(full)
+        if full.startswith(released):
+            return full[len(released):], True
+        return "", False

@@ -8,6 +8,7 @@ with the actor ``api:<token id>``. Also ``GET /v1/me``: what the presented token
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import contextmanager
 from typing import Annotated, Iterator
 
@@ -78,11 +79,18 @@ router = APIRouter()
 
 
 @router.get("/v1/me", tags=["Account"], summary="Who this token is", responses=ok(Me))
-async def me_route(identity: IdentityDep):
+async def me_route(identity: IdentityDep, services: ServicesDep):
     """What the presented token is: its tenant (null for a global admin token), whether it is an
-    admin, its kind and the extra scopes an admin granted it."""
+    admin, its kind, the extra scopes an admin granted it, when it expires (null: never) and
+    when it was last used before this request (null: not yet; kept to about a minute)."""
+    try:
+        last = await asyncio.to_thread(services.token_uses.last_use, identity.token_id, identity.previous_use)
+    except KeyStoreError as exc:
+        raise store_error(exc) from None
     return {"token_id": identity.token_id, "tenant": identity.tenant, "admin": identity.admin, "kind": identity.kind,
-            "scopes": list(identity.scopes)}
+            "scopes": list(identity.scopes),
+            "expires_at": identity.expires_at.isoformat() if identity.expires_at else None,
+            "last_used_at": last.isoformat() if last else None}
 
 
 @router.get("/v1/admin/tenants", tags=["Admin"], summary="List tenants", responses=ok(TenantList))

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Header
 from fastapi.responses import JSONResponse, Response
 
-from service.errors import NotFound, Unavailable
+from keys.tokens import METRICS_SCOPE
+from service.auth import authenticate_async
+from service.errors import Forbidden, NotFound, Unavailable
 from service.http_errors import error_payload
 from service.responses import Health, Ready, ok
 from service.routes.deps import ServicesDep
@@ -38,15 +42,19 @@ def readyz(services: ServicesDep):
 
 
 @router.get("/metrics", summary="Prometheus metrics")
-def metrics_route(services: ServicesDep):
-    """Prometheus text, without a token on purpose: scrapers rarely carry per-target
-    credentials, and nothing here names a tenant, key, token, generation or text (labels are
-    engines, verdicts and route templates such as ``/v1/generations/{generation_id}``). What
-    it does tell is aggregate traffic (request counts, latencies, token volumes) across
-    tenants, so keep it off the public listener: expose only ``/v1/*`` and
-    ``/.well-known/*`` through the proxy, or firewall the port to the scraper, or set
-    HALLMARK_METRICS_LISTEN to serve it on its own listener. Detection counts are exported in
-    whole tens and detection latencies not at all (service.metrics.CoarseDetections)."""
+async def metrics_route(services: ServicesDep, authorization: Annotated[str | None, Header()] = None):
+    """Prometheus text, for a token holding the ``metrics`` scope or a global admin token
+    (Prometheus: ``authorization: {credentials_file: ...}``). Nothing here names a tenant, key,
+    token, generation or text, but it does tell aggregate traffic across tenants (request
+    counts, latencies, token volumes), so it is not public on the API's port. Or set
+    HALLMARK_METRICS_LISTEN (e.g. 127.0.0.1:9464) to serve it, without a token, on a listener
+    of its own (this port then answers 404). Detection counts are exported in whole tens and
+    detection latencies not at all (service.metrics.CoarseDetections), and no series carries a
+    creation time (which would date its first event)."""
     if services.settings.metrics_listen:
         raise NotFound(f"metrics are served on their own listener ({services.settings.metrics_listen}), not here")
+    identity = await authenticate_async(services, authorization)
+    if not (METRICS_SCOPE in identity.scopes or (identity.admin and identity.tenant_id is None)):
+        raise Forbidden("/metrics needs a token with the 'metrics' scope (`hallmark tokens grant TOKEN_ID metrics`) "
+                        "or a global admin token")
     return Response(services.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -11,15 +11,16 @@ from watermark.spec import WatermarkSpec
 
 
 def _material(cli, key_id: str, salt: int | None = None) -> WatermarkKey:
-    """The key as a generation runs under it: new keys are `diverse`, so with a salt."""
+    """The key as a generation runs under it: a salted `diverse` key with its salt."""
     exported = cli.ok("keys", "export", key_id, "--yes", "--json").json()
     key = WatermarkKey(int(exported["secret"]), WatermarkSpec.model_validate(exported["spec"]))
-    return key.with_salt(salt) if key.spec.mode == "diverse" else key
+    return key.with_salt(salt) if key.spec.salted else key
 
 
 def test_detect_against_a_tenants_history(cli):
     cli.ok("tenants", "create", "acme")
-    first = cli.ok("keys", "create", "--tenant", "acme", "--json").json()["key_id"]
+    # --dedup single_turn: a diverse key of the salt scheme (a rotation keeps it).
+    first = cli.ok("keys", "create", "--tenant", "acme", "--dedup", "single_turn", "--json").json()["key_id"]
     cli.ok("keys", "rotate", "--tenant", "acme")
     keys = {k["key_id"]: k for k in cli.ok("keys", "list", "--tenant", "acme", "--json").json()}
     second = next(k for k in keys if k != first)
@@ -119,3 +120,16 @@ def test_shared_phrases_without_the_watermark_are_not_a_ledger_basis(cli, store)
     assert match["shared_tokens"] >= 20 and match["log10_shared_p"] > -3 and not match["passes"]
     assert result["basis"] == [] and not result["watermarked"]
     assert "ledger" not in cli.ok("detect", "--tenant", "acme", "--token-ids", json.dumps(text)).stdout
+
+
+def test_a_new_diverse_key_is_one_test(cli):
+    # A new key's default `diverse` scheme is the unwatermarked head (watermark.head): never
+    # salted, so detection tests it once, with no salt and no correction for salts.
+    cli.ok("tenants", "create", "acme")
+    key_id = cli.ok("keys", "create", "--tenant", "acme", "--json").json()["key_id"]
+    key = _material(cli, key_id)
+    assert key.spec.mode == "diverse" and key.spec.diversity == "head" and key.salt is None
+    tokens, _ = generate(key, 120, seed=7)
+    result = cli.ok("detect", "--tenant", "acme", "--token-ids", json.dumps(tokens), "--json").json()
+    assert result["watermarked"] and result["keys_tested"] == 1
+    assert result["key"]["key_id"] == key_id and "salt" not in result["key"]

@@ -101,10 +101,17 @@ def test_a_kek_not_on_the_ring_is_a_kek_error(ring):
     assert "KEK" in caught.value.user_message
 
 
-@pytest.mark.parametrize("bad", [-1, 2**64, True, 1.0, "5"])
-def test_only_64_bit_integers_are_wrapped(ring, bad):
+@pytest.mark.parametrize("bad", [-1, 2**256, True, 1.0, "5"])
+def test_only_64_or_256_bit_integers_are_wrapped(ring, bad):
     with pytest.raises(InvalidInput):
         wrap_secret(ring, secret=bad, binding=BINDING)
+
+
+@pytest.mark.parametrize("secret", [2**64, 2**256 - 1, secrets.randbits(256) | 2**255])
+def test_256_bit_secrets_seal_as_32_bytes(ring, secret):
+    wrapped = wrap_secret(ring, secret=secret, binding=BINDING)
+    assert len(wrapped.ciphertext) == 32 + 16
+    assert unwrap_secret(ring, wrapped=wrapped, binding=BINDING) == secret
 
 
 def test_rewrap_moves_a_secret_to_the_newest_kek():

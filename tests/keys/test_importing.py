@@ -18,15 +18,21 @@ def test_decimal_and_hex(text):
     assert parse_secret(text, source="test") == SECRET
 
 
-@pytest.mark.parametrize("text", ["", "abc", "-5", "1.5", "0x", "0x1g", str(2**64), "0x1" + "0" * 16,
-                                  f"{SECRET} {SECRET}"])
-def test_malformed_secrets_are_refused_without_echo(text):
+@pytest.mark.parametrize("text, bits", [("", 256), ("abc", 256), ("-5", 256), ("1.5", 256), ("0x", 256),
+                                        ("0x1g", 256), (str(2**256), 256), ("0x1" + "0" * 64, 256),
+                                        (str(2**64), 64), ("0x1" + "0" * 16, 64), (f"{SECRET} {SECRET}", 256)])
+def test_malformed_secrets_are_refused_without_echo(text, bits):
     with pytest.raises(InvalidInput) as caught:
-        parse_secret(text, source="the secret file s.txt")
+        parse_secret(text, source="the secret file s.txt", bits=bits)
     message = caught.value.user_message
     assert "s.txt" in message
     if len(text.strip()) > 3:  # shorter inputs ("abc", "0x") occur in any sentence
         assert text.strip() not in message
+
+
+def test_256_bit_secrets_parse():
+    assert parse_secret(str(2**256 - 1), source="test") == 2**256 - 1
+    assert parse_secret("0x" + "f" * 64, source="test") == 2**256 - 1
 
 
 def test_secret_file(tmp_path):
@@ -65,8 +71,11 @@ def test_vllm_config_yaml_nested_under_watermark_config_with_a_hex_key(tmp_path)
     (f'{{"key": {SECRET}, "algorithm": "kgw"}}', "unsupported vLLM watermark algorithm"),
     (f'{{"key": {SECRET}, "context_width": 0}}', "context_width"),
     (f'{{"key": {SECRET}, "bogus": 1}}', "bogus"),
-    ('{"key": -3}', "64-bit key"),
-    ('{"key": true}', "not a 64-bit integer"),
+    ('{"key": -3}', "does not hold a key .* at most 64 bits"),
+    ('{"key": true}', "not an integer"),
+    (f'{{"key": {2**64}}}', r"not in \[0, 2\*\*64 - 1\]"),
+    (f'{{"key": {2**256}, "prf": "hmac_sha256"}}', r"not in \[0, 2\*\*256 - 1\]"),
+    (f'{{"key": {SECRET}, "prf": "sha1"}}', "unknown prf"),
 ])
 def test_bad_vllm_configs(tmp_path, content, message):
     path = tmp_path / "wm.json"

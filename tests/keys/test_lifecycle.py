@@ -45,7 +45,11 @@ def test_first_key_is_active_a_second_one_verify_only(store, acme):
     first = _create(store)
     assert (first.version, first.state, first.tenant) == (1, "active", "acme")
     assert first.activated_at == first.created_at and first.created_at.tzinfo == timezone.utc
-    assert first.spec == WatermarkSpec(mode="diverse") and not first.imported
+    # New keys are diverse by an unwatermarked head (watermark.head), which needs dedup scope all,
+    # on the 256-bit PRF (issue 36).
+    assert first.spec == WatermarkSpec(mode="diverse", diversity="head", dedup="all",
+                                       prf="hmac-sha256-philox-v1") and not first.imported
+    assert first.to_dict()["key_bits"] == 256
     second = _create(store, algorithm="dual_key_gumbel", context_width=2)
     assert (second.version, second.state) == (2, "verify-only")
     assert second.activated_at is None and second.verify_only_at is not None

@@ -30,11 +30,12 @@ ACTOR = "test:grep"
 
 
 def encodings(secret: int) -> list[bytes]:
-    """Every way a 64-bit secret is commonly written down."""
-    raw_be, raw_le = secret.to_bytes(8, "big"), secret.to_bytes(8, "little")
-    forms = [str(secret), f"{secret:x}", f"{secret:X}", f"{secret:016x}", f"{secret:016X}",
+    """Every way a secret (64- or 256-bit) is commonly written down."""
+    size = 8 if secret < 2**64 else 32
+    raw_be, raw_le = secret.to_bytes(size, "big"), secret.to_bytes(size, "little")
+    forms = [str(secret), f"{secret:x}", f"{secret:X}", f"{secret:0{2 * size}x}", f"{secret:0{2 * size}X}",
              base64.b64encode(raw_be).decode()]
-    if secret >= 2**63:
+    if 2**63 <= secret < 2**64:
         forms.append(str(secret - 2**64))  # the int64 bit pattern torch holds
     return [form.encode() for form in forms] + [raw_be, raw_le]
 

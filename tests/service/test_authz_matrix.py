@@ -149,7 +149,8 @@ ROUTES = [
     ("GET", "/v1/ledger/proof/consistency?from=0", None, _public),
     ("GET", "/healthz", None, _public),
     ("GET", "/readyz", None, _public),
-    ("GET", "/metrics", None, _public),
+    # Aggregate traffic: a global admin's, or a token's with the `metrics` scope (issue 35 item 5).
+    ("GET", "/metrics", None, lambda c, t: 401 if c in UNAUTHENTICATED else 200 if c == GLOBAL else 403),
     ("GET", "/", None, lambda c, t: 307),  # the /ui page's redirect (static, public)
 ]
 

@@ -175,7 +175,9 @@ def test_health_ready_and_metrics(server):
     assert httpx.get(server.url + "/readyz").json()["status"] == "ready"
     generate(server, max_tokens=10)
     client(server).post("/v1/detect", json={"text": "some text to score"})
-    metrics = httpx.get(server.url + "/metrics").text
+    assert httpx.get(server.url + "/metrics").status_code == 401  # not public on the API's port
+    metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {server.tokens['admin']}"}).text
+    assert "_created" not in metrics  # no series dates its first event
     for name in ("hallmark_http_requests_total", "hallmark_http_request_duration_seconds",
                  "hallmark_generated_tokens_total", "hallmark_watermarked_share", "hallmark_dedup_skipped_tokens_total",
                  "hallmark_speculative_acceptance_rate", "hallmark_detections_total",

@@ -23,6 +23,8 @@ from watermark.salt import SALTS
 from watermark.spec import WatermarkSpec
 
 
+SALTED = WatermarkSpec(mode="diverse")
+
 @pytest.fixture
 def settings(tmp_path):
     kek = tmp_path / "kek.key"
@@ -34,7 +36,8 @@ def settings(tmp_path):
         with store.transaction() as session:
             for tenant in ("acme", "beta"):
                 create_tenant(session, name=tenant, actor="test")
-                create_key(session, store.keyring, tenant=tenant, actor="test")  # diverse (the default)
+                # diverse, salt scheme: one stored key, SALTS candidates (the default head scheme is one)
+                create_key(session, store.keyring, tenant=tenant, actor="test", spec=SALTED)
             create_key(session, store.keyring, tenant="acme", actor="test", spec=WatermarkSpec())
     finally:
         store.close()
@@ -77,7 +80,7 @@ def test_changes_through_another_gateway_are_seen_at_the_next_load(gateways):
     victim = before[0].info.key_id
     with other.transaction() as session:
         revoke_key(session, key_id=victim, reason="leaked", actor="test")
-        create_key(session, other.keyring, tenant="acme", actor="test")
+        create_key(session, other.keyring, tenant="acme", actor="test", spec=SALTED)
     after = scopes.load(store, "acme")
     assert after == _fresh(store, "acme") and len(after) == len(before) + SALTS
     assert {c.info.state for c in after if c.info.key_id == victim} == {"revoked"}

@@ -272,5 +272,5 @@ def test_remote_style_output_is_verified_before_it_is_recorded(server):
     assert generated["watermark"]["verification"]["verified"] is False
     final = _entries(server, generated["generation_id"])[-1]
     assert final.details["watermark_verified"] is False and final.details["watermark_log10_p"] > -3
-    metrics = httpx.get(server.url + "/metrics").text
+    metrics = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {server.tokens['admin']}"}).text
     assert 'hallmark_watermark_unverified_total{engine="scripted"}' in metrics

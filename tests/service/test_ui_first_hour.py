@@ -47,6 +47,11 @@ LETTER = ("Dear Sam, thank you for the books you sent last month. I have finishe
 
 
 @pytest.fixture(scope="module")
+
+def _salted(key: dict) -> bool:
+    """Whether the detector tests this listed key under each of its salts (watermark.spec.salted)."""
+    return key["spec"].get("mode") == "diverse" and key["spec"].get("diversity", "salt") == "salt"
+
 def server(tmp_path_factory):
     # No `scopes`: the tenant tokens are the demo's kind. acme's key is diverse, as `make run`'s is.
     gateway = gw.start(tmp_path_factory.mktemp("ui-first-hour"), secrets=gw.FIXED_SECRETS, modes={"acme": "diverse"},
@@ -252,7 +257,7 @@ def test_a_diverse_key_is_one_key_under_its_salts_on_the_page_and_in_the_report(
     admin = client(server, "admin")
     keys = [k for t in admin.get("/v1/admin/tenants").json()["tenants"]
             for k in admin.get("/v1/admin/keys", params={"tenant": t["name"]}).json()["keys"]]
-    tests = sum(SALTS if k["spec"].get("mode") == "diverse" else 1 for k in keys)
+    tests = sum(SALTS if _salted(k) else 1 for k in keys)
     states = [s for s in ("active", "verify-only", "revoked") if any(k["state"] == s for k in keys)]
     counted = f"all {states[0]}" if len(states) == 1 else ", ".join(
         f"{sum(k['state'] == s for k in keys)} {s}" for s in states)
@@ -265,7 +270,7 @@ def test_a_diverse_key_is_one_key_under_its_salts_on_the_page_and_in_the_report(
     assert sorted(r[1] for r in rows) == sorted(k["key_id"] for k in keys), rows
     salts = {r[1]: r[4] for r in rows}
     for k in keys:
-        diverse = k["spec"].get("mode") == "diverse"
+        diverse = _salted(k)
         assert re.fullmatch(rf"{SALTS}, best \d+", salts[k["key_id"]]) if diverse else salts[k["key_id"]] == "—", salts
     assert _text(browser, "per-key-summary") == f"Every key tested: {tested}"
     _check(browser, server, "acme", text)

@@ -108,10 +108,23 @@ def words_numpy(key: int, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarra
 def words_for_rows_numpy(k0, k1, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """Like :func:`words_numpy` with k0/k1 uint64 scalars or per-row arrays [N]."""
     s0, s1, s2, s3 = context_state_numpy(k0, k1, contexts)
+    return _token_stage_numpy(k0, k1, (s0, s1, s2, s3), tokens)
+
+
+def _token_stage_numpy(k0, k1, state, tokens: np.ndarray) -> np.ndarray:
+    s0, s1, s2, s3 = state
     tok = tokens.astype(np.int64, copy=False).astype(np.uint64) & _NP_MASK
     out = philox_numpy(tok >> _U64(2), s0, s1, s2, k0 ^ s3, k1 ^ _U64(TOKEN_DOMAIN))
     lane = (tok & _U64(3)).astype(np.intp)
     return np.choose(lane, out)
+
+
+def words_from_states_numpy(keys: np.ndarray, states: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """The token stage alone: per-row 64-bit keys [N] (uint64), states [N, 4] and tokens [N]
+    give the words. (``hmac-sha256-philox-v1`` supplies its own per-context keys and states.)"""
+    keys = np.asarray(keys, dtype=np.uint64)
+    states = np.asarray(states, dtype=np.uint64)
+    return _token_stage_numpy(keys & _NP_MASK, keys >> _NP_32, tuple(states[:, i] for i in range(4)), tokens)
 
 
 def uniforms_from_words_numpy(words: np.ndarray) -> np.ndarray:

@@ -31,9 +31,9 @@ import numpy as np
 import torch
 
 from service.model_paths import BUNDLED_MODELS, resolve_model_path
-from service.engines.base import EngineBusy, EngineFailure, Event, Finished, GenerationRequest, WatermarkPlan
+from service.engines.base import Delta, EngineBusy, EngineFailure, Event, Finished, GenerationRequest, WatermarkPlan
 from service.engines.local.batch import BatchSteps
-from service.engines.local.outbox import Outbox
+from service.engines.local.outbox import Outbox, merged
 from service.engines.local.outputs import OutputTable
 from service.engines.local.request import RequestState
 from service.engines.local.rows import DedupSlots
@@ -277,9 +277,19 @@ class LocalEngine(BatchSteps):
                 raise EngineBusy("the generation queue is full; retry shortly")
             self._waiting.append(state)
             self._wake.notify_all()
+        held = None
         try:
             while True:
-                event = await queue.get()
+                event, held = (held, None) if held is not None else (await queue.get(), None)
+                # A consumer that fell behind (a stream awaiting its ledger checkpoint) takes every
+                # Delta already queued as one: fewer, larger events, so it catches up in one step
+                # and covers them with one checkpoint rather than one per 32 tokens.
+                while isinstance(event, Delta) and not queue.empty():
+                    following = queue.get_nowait()
+                    if not isinstance(following, Delta):
+                        held = following
+                        break
+                    event = merged(event, following)
                 if isinstance(event, BaseException):
                     raise EngineFailure(str(event)) from event
                 yield event

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from service.engines.local.request import RequestState
+from watermark.hmac_rows import WideRows, narrow_key, wide_rows
 from watermark.prf import philox_torch
 from watermark.processing import ProcessingParams, process_logits
 from watermark.sampler import SamplerRows
@@ -59,6 +60,8 @@ class RowTable:
     """[B] the context widths, on the host."""
     prompt_lengths: np.ndarray
     """[B] the rows' prompt tokens, on the host."""
+    wide: WideRows | None = None
+    """Rows with 256-bit keys (watermark.hmac_rows), or None."""
 
     @classmethod
     def build(cls, rows: list[RequestState], device: torch.device, k: int) -> RowTable:
@@ -82,11 +85,11 @@ class RowTable:
         index = (width + torch.arange(k + 1).view(1, -1, 1) - torch.tensor(widths).view(-1, 1, 1) + lane)
         return cls(
             ids=tuple(r.rid for r in rows),
-            key_a=philox_torch.keys_tensor([r.keys.key_a for r in rows], device),
-            key_b=philox_torch.keys_tensor([r.keys.key_b for r in rows], device),
+            key_a=philox_torch.keys_tensor([narrow_key(r.keys, "key_a") for r in rows], device),
+            key_b=philox_torch.keys_tensor([narrow_key(r.keys, "key_b") for r in rows], device),
             alpha=dev([r.keys.alpha for r in rows], torch.float32),
             no_alpha=torch.zeros(len(rows), dtype=torch.float32, device=device),
-            key_coin=philox_torch.keys_tensor([r.keys.key_coin for r in rows], device),
+            key_coin=philox_torch.keys_tensor([narrow_key(r.keys, "key_coin") for r in rows], device),
             keyed_coin=dev([r.keyed_coin for r in rows], torch.bool),
             stream_keys=philox_torch.keys_tensor([r.stream_key for r in rows], device),
             watermarked=dev([r.watermarked for r in rows], torch.bool),
@@ -99,6 +102,7 @@ class RowTable:
             out_rows=np.array([r.row for r in rows], dtype=np.int64),
             widths_host=np.array(widths, dtype=np.int64),
             prompt_lengths=np.array([len(r.request.prompt_ids) for r in rows], dtype=np.int64),
+            wide=wide_rows([r.keys for r in rows], device),
         )
 
     def process(self, logits: torch.Tensor, repeat: int = 1) -> torch.Tensor:
@@ -109,7 +113,7 @@ class RowTable:
         """The sampler's rows (contexts are passed as a table: dispatch.sample_padded)."""
         return SamplerRows(key_a=self.key_a, key_b=self.key_b, alpha=self.alpha if routed else self.no_alpha,
                            contexts=(), watermark=watermark, greedy=self.greedy, stream_keys=self.stream_keys,
-                           positions=positions)
+                           positions=positions, wide=self.wide)
 
     def block_contexts(self, sequence: torch.Tensor, position: int | None = None) -> torch.Tensor:
         """Watermark contexts from ``sequence`` [B, width + k] (committed context right-aligned,

@@ -26,7 +26,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from service.engines.base import Delta, Finished, RouteCounts
-from service.engines.stops import StopTextTracker, decode_many
+from service.engines.stops import StopTextTracker, decode_many, windowed_decoding
 
 log = logging.getLogger("hallmark.engine.local")
 
@@ -132,12 +132,15 @@ class Streamer:
         self.passes += 1
         new: dict[RequestState, list[int]] = {}
         routes: dict[RequestState, RouteCounts | np.ndarray] = {}
+        finishing: list[tuple[RequestState, Finished]] = []
         for message in messages:
             kind = message[0]
             if kind == _TOKENS:
                 _, states, index, tokens, taken, counts = message
                 rows = tokens.tolist() if isinstance(tokens, np.ndarray) else tokens
                 ns = [len(r) for r in rows] if taken is None else taken.tolist()
+                if isinstance(counts, np.ndarray):  # Python ints once per block, not per row later
+                    counts = counts.tolist()
                 for i, b in enumerate(range(len(states)) if index is None else index.tolist()):
                     state = states[b]
                     if ns[i] and not state.failed:
@@ -145,18 +148,17 @@ class Streamer:
                         routes[state] = counts[i]
             elif kind == _MARK:
                 continue
+            elif kind == _FINISH:  # its last event: made at the end of the pass, its tokens' Delta first
+                finishing.append((message[1], message[2]))
             else:
                 state = message[1]
                 if state in new:  # its tokens first
                     self._deltas({state: new.pop(state)}, routes)
-                if kind == _EVENT:
-                    state.sink(message[2])
-                elif kind == _FAIL:
-                    state.sink(message[2])
-                else:
-                    self._finished(state, message[2])
+                state.sink(message[2])
         if new:
             self._deltas(new, routes)
+        if finishing:
+            self._finish_all(finishing)
 
     def _deltas(self, new: dict, routes: dict) -> None:
         """One Delta per request for its new tokens, decoded together."""
@@ -169,32 +171,68 @@ class Streamer:
 
     def _decoded(self, states: list[RequestState], new: dict, routes: dict) -> None:
         tokenizer = states[0].tracker.tokenizer
-        try:
-            texts = decode_many(tokenizer, [s.tracker.token_ids for s in states])
-        except Exception:  # noqa: BLE001 - one request's tokens may not decode: find it, fail it alone
-            texts = []
-            for state in states:
-                try:
-                    texts.append(tokenizer.decode(state.tracker.token_ids, skip_special_tokens=True))
-                except Exception as exc:  # noqa: BLE001
-                    texts.append(exc)
+        windowed = windowed_decoding(tokenizer)
+        texts = _decode(tokenizer, [w for s in states for w in s.tracker.windows()] if windowed
+                        else [s.tracker.token_ids for s in states], pairs=windowed)
         self.rows_decoded += len(states)
         for state, text in zip(states, texts):
             if isinstance(text, BaseException):
                 state.fail_from_stream(text)
                 continue
             counts = routes[state]
-            state.sink(Delta(text=state.tracker.release(text), token_ids=tuple(new[state]),
+            released = state.tracker.release_window(*text) if windowed else state.tracker.release(text)
+            state.sink(Delta(text=released, token_ids=tuple(new[state]),
                              routes=counts if isinstance(counts, RouteCounts) else route_counts(counts)))
 
-    @staticmethod
-    def _finished(state: RequestState, finished: Finished) -> None:
-        if state.failed:
-            return
-        rest = state.tracker.finish()
-        if rest:
-            state.sink(Delta(text=rest, token_ids=(), routes=finished.routes))
-        state.sink(Finished(text=state.tracker.text, token_ids=finished.token_ids,
-                            finish_reason=finished.finish_reason, prompt_tokens=finished.prompt_tokens,
-                            routes=finished.routes, drafted_tokens=finished.drafted_tokens,
-                            accepted_tokens=finished.accepted_tokens))
+    def _finish_all(self, finishing: list[tuple[RequestState, Finished]]) -> None:
+        """The rest of each request's text, then its Finished; windowed requests' text is
+        their whole output's decode (one batched call for all of them)."""
+        windowed = [s for s, _ in finishing if s.tracker.windowed and not s.failed]
+        full: dict[RequestState, object] = {}
+        by_tokenizer: dict[int, list[RequestState]] = {}
+        for state in windowed:
+            by_tokenizer.setdefault(id(state.tracker.tokenizer), []).append(state)
+        for states in by_tokenizer.values():
+            full.update(zip(states, _decode(states[0].tracker.tokenizer, [s.tracker.token_ids for s in states])))
+        for state, finished in finishing:
+            if state.failed:
+                continue
+            text = full.get(state)
+            if isinstance(text, BaseException):
+                state.fail_from_stream(text)
+                continue
+            if text is None:
+                rest = state.tracker.finish()
+            else:
+                rest, agrees = state.tracker.finish_with(text)
+                if not agrees:
+                    log.warning("request text made in windows differs from its whole decode (tokenizer %s)",
+                                type(state.tracker.tokenizer).__name__)
+            if rest:
+                state.sink(Delta(text=rest, token_ids=(), routes=finished.routes))
+            state.sink(Finished(text=state.tracker.text, token_ids=finished.token_ids,
+                                finish_reason=finished.finish_reason, prompt_tokens=finished.prompt_tokens,
+                                routes=finished.routes, drafted_tokens=finished.drafted_tokens,
+                                accepted_tokens=finished.accepted_tokens))
+
+
+def _decode(tokenizer, sequences: list[list[int]], pairs: bool = False) -> list:
+    """Each sequence's text (in one batched call), or, where that fails, each decoded alone
+    with an exception in place of the text of any that does not decode (its request fails
+    alone). ``pairs``: the texts two by two, as tuples (a tracker's two windows)."""
+    try:
+        texts = decode_many(tokenizer, sequences)
+    except Exception:  # noqa: BLE001 - one request's tokens may not decode: find it, fail it alone
+        texts = []
+        for ids in sequences:
+            try:
+                texts.append(tokenizer.decode(list(ids), skip_special_tokens=True))
+            except Exception as exc:  # noqa: BLE001
+                texts.append(exc)
+    if not pairs:
+        return texts
+    out = []
+    for first, second in zip(texts[0::2], texts[1::2]):
+        failed = first if isinstance(first, BaseException) else second
+        out.append(failed if isinstance(failed, BaseException) else (first, second))
+    return out

@@ -137,9 +137,9 @@ def _salt_arg(key: WatermarkKey) -> dict[str, Any]:
 
 def _salted(key: WatermarkKey, salt: Any) -> WatermarkKey:
     """The request's key under its salt: required for a `diverse` key, refused otherwise."""
-    if key.spec.mode != "diverse":
+    if not key.spec.salted:  # deterministic, or `head` diversity (the request's stream varies it)
         if salt is not None:
-            raise WatermarkArgsError(f"{SALT} is only for a key in mode 'diverse'")
+            raise WatermarkArgsError(f"{SALT} is only for a key in mode 'diverse' with diversity 'salt'")
         return key
     if salt is None:
         raise WatermarkArgsError(f"a key in mode 'diverse' needs {SALT!r} (the generation's salt)")

@@ -1,0 +1,195 @@
+"""Detection of generated text as text: what re-tokenising costs (issue 30, item 1);
+writes bench/results/retokenisation-<source>.json.
+
+    nice -n 10 .venv/bin/python -m bench.retokenisation bundled [--texts 48 --tokens 100]
+    nice -n 10 .venv/bin/python -m bench.retokenisation vllm      # bench/results/vllm-diverse-batch.json's texts
+
+A model may emit a segmentation that its tokenizer's ``encode`` never produces (merged
+newline + indent, another split of a word); the text re-encodes differently, and each
+changed token costs its own score and those of the w tokens whose contexts hold it. For each
+generation: log10 p (default config, its own key) of (a) its token ids (what a ledger exact
+copy is scored on), (b) its decoded text as the service scores text (every distinct form of
+detector.forms.text_forms, canonically encoded, Bonferroni over the forms), and (c) the text's
+canonical encoding alone; unedited, and with 10 % of the ids substituted before decoding
+(an edited copy), and at 25- and 50-token prefixes. TPR at 1e-6 and 1e-3. The unmatched
+tokens are classified: whitespace (the token or its re-encoding is a run of whitespace,
+merged newline + indent) or within-word (another split of a word).
+
+* ``bundled``: the local engine on CPU (bundled target + draft, as the service runs it),
+  T = 0.7 and 1.0, deterministic `gumbel` and keyed-coin `dual_key_gumbel` keys.
+* ``vllm``: the token ids vLLM's CPU build emitted through Hallmark's plugin (bundled dense
+  draft model, T = 1), from ``bench.vllm_diverse_batch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import time
+
+import numpy as np
+
+from bench.diversity import PROMPTS, RESULTS, _meta, _seed, engine_generate
+
+WS = set("ĠĊĉč")  # byte-level BPE's space, newline, tab, carriage return
+
+
+def _is_ws(token: str) -> bool:
+    return bool(token) and all(c in WS for c in token)
+
+
+def _unmatched(tokenizer, ids: list[int], encoded: list[int]) -> dict:
+    a = [tokenizer.id_to_token(t) for t in ids]
+    b = [tokenizer.id_to_token(t) for t in encoded]
+    out = {"whitespace": 0, "within_word": 0}
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if op != "equal":
+            ws = any(_is_ws(t) for t in a[i1:i2] + b[j1:j2])
+            out["whitespace" if ws else "within_word"] += i2 - i1
+    return out
+
+
+def evaluate(items: list[dict], tokenizer) -> dict:
+    """items: {"key", "tokens"}; the three scores per condition (see the module docstring)."""
+    from bench.robustness import attack
+    from detector.detect import DetectorConfig, detect
+    from detector.forms import detect_forms, text_forms
+    from detector.result import Candidate, salted_candidates
+
+    config = DetectorConfig()
+    vocab = tokenizer.get_vocab_size()
+    out = {}
+    for condition in ("unedited", "substituted 10%", "prefix 50", "prefix 25"):
+        rng = np.random.default_rng(_seed("retok", condition))
+        scores = {"ids": [], "text_forms": [], "text_canonical": []}
+        retokenised = 0
+        unmatched = {"whitespace": 0, "within_word": 0}
+        for item in items:
+            ids = list(item["tokens"])
+            if condition.startswith("prefix"):
+                ids = ids[:int(condition.split()[1])]
+            elif condition.startswith("substituted"):
+                ids = attack(ids, "substitution", 0.1, rng, vocab)
+            candidates = salted_candidates([Candidate.inline(item["key"])])
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            canonical = tokenizer.encode(text, add_special_tokens=False).ids
+            forms, _ = text_forms(text)
+            encoded = [tokenizer.encode(f.text, add_special_tokens=False).ids for f in forms]
+            scores["ids"].append(detect(ids, candidates, config).log10_p_value)
+            scores["text_canonical"].append(detect(canonical, candidates, config).log10_p_value if canonical else 0.0)
+            scores["text_forms"].append(detect_forms(encoded, candidates, config)[0].log10_p_value if canonical else 0.0)
+            if canonical != ids:
+                retokenised += 1
+                for k, v in _unmatched(tokenizer, ids, canonical).items():
+                    unmatched[k] += v
+        row = {"texts": len(items), "retokenised_differently": retokenised, "unmatched_tokens": unmatched,
+               "tokens": int(sum(min(len(i["tokens"]), int(condition.split()[1])) if condition.startswith("prefix")
+                                 else len(i["tokens"]) for i in items))}
+        for name, values in scores.items():
+            v = np.array(values)
+            row[name] = {"tpr_1e-6": float(np.mean(v <= -6)), "tpr_1e-3": float(np.mean(v <= -3)),
+                         "median_log10_p": round(float(np.median(v)), 2)}
+        ids6 = row["ids"]["tpr_1e-6"]
+        row["tpr_1e-6_lost_as_text"] = round(ids6 - row["text_forms"]["tpr_1e-6"], 4)
+        row["tpr_1e-3_lost_as_text"] = round(row["ids"]["tpr_1e-3"] - row["text_forms"]["tpr_1e-3"], 4)
+        out[condition] = row
+        print(condition, row, flush=True)
+    return out
+
+
+def run_bundled(texts: int, tokens: int) -> dict:
+    from tokenizers import Tokenizer
+
+    from service.model_paths import resolve_model_path
+    from watermark.key import WatermarkKey
+    from watermark.spec import WatermarkSpec
+
+    tokenizer = Tokenizer.from_file(str(resolve_model_path("bundled")) + "/tokenizer.json")
+    out = {}
+    for temperature in (0.7, 1.0):
+        jobs = []
+        for i in range(texts):
+            algorithm = "gumbel" if i % 2 == 0 else "dual_key_gumbel"
+            spec = WatermarkSpec(algorithm=algorithm, coin="keyed" if algorithm != "gumbel" else "ordinary")
+            jobs.append({"prompt": PROMPTS[i % len(PROMPTS)], "seed": _seed("retok-bench", temperature, i),
+                         "key": WatermarkKey(_seed("retok-bench-key", i) | (1 << 40), spec)})
+        t0 = time.perf_counter()
+        done = _generate(jobs, tokens, temperature)
+        out[f"T={temperature}"] = {"generation_s": round(time.perf_counter() - t0, 1),
+                                   **evaluate([d for d in done if d["tokens"]], tokenizer)}
+    return {"source": "bundled target + draft (local engine, CPU)", "tokens": tokens, "rows": out}
+
+
+def _generate(jobs: list[dict], tokens: int, temperature: float) -> list[dict]:
+    import bench.diversity as diversity
+
+    if temperature == 1.0:
+        return engine_generate(jobs, tokens)
+    # engine_generate runs T = 1; the same engine at another temperature.
+    import asyncio
+
+    from service.engines.base import Finished, GenerationRequest, WatermarkPlan
+    from service.engines.local.engine import LocalEngine
+
+    async def run() -> list[dict]:
+        engine = LocalEngine("bundled", "hallmark-tiny-draft", device="cpu", max_batch=16, speculative_k=4)
+        await engine.start()
+        tokenizer = engine.tokenizer()
+        out = []
+        try:
+            for start in range(0, len(jobs), 16):
+                wave = jobs[start:start + 16]
+                requests = [GenerationRequest(f"r{start + i}", tuple(tokenizer.encode(job["prompt"])), tokens,
+                                              temperature=temperature, seed=job["seed"],
+                                              watermark=WatermarkPlan(key=job["key"], key_id="bench", version=1,
+                                                                      fingerprint=job["key"].fingerprint))
+                            for i, job in enumerate(wave)]
+
+                async def one(request):
+                    async for event in engine.generate(request):
+                        if isinstance(event, Finished):
+                            return event
+
+                done = await asyncio.gather(*(one(r) for r in requests))
+                out += [{**job, "tokens": list(event.token_ids)} for job, event in zip(wave, done)]
+                print(f"generated {len(out)}/{len(jobs)}", flush=True)
+        finally:
+            await engine.stop()
+        return out
+
+    del diversity
+    return asyncio.run(run())
+
+
+def run_vllm() -> dict:
+    from tokenizers import Tokenizer
+
+    from bench.vllm_diverse_batch import RESULTS_NAME, bench_keys
+    from service.model_paths import BUNDLED_DRAFT, resolve_model_path
+
+    source = json.loads((RESULTS / RESULTS_NAME).read_text())
+    keys = bench_keys()
+    tokenizer = Tokenizer.from_file(str(resolve_model_path(BUNDLED_DRAFT)) + "/tokenizer.json")
+    items = [{"key": keys[r["scheme"]] if r["salt"] is None else keys[r["scheme"]].with_salt(r["salt"]),
+              "tokens": r["token_ids"]} for r in source["rows"] if r["token_ids"]]
+    return {"source": f"vLLM CPU + plugin, bundled dense draft, T = 1 ({source['meta']['command']})",
+            "rows": {"T=1.0": evaluate(items, tokenizer)}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("source", choices=["bundled", "vllm"])
+    parser.add_argument("--texts", type=int, default=48)
+    parser.add_argument("--tokens", type=int, default=100)
+    args = parser.parse_args()
+    meta = _meta(args.source)
+    meta["command"] = meta["command"].replace("bench.diversity ", "bench.retokenisation ")
+    payload = run_bundled(args.texts, args.tokens) if args.source == "bundled" else run_vllm()
+    path = RESULTS / f"retokenisation-{args.source}.json"
+    path.write_text(json.dumps({"meta": meta, **payload}, indent=1) + "\n")
+    print("wrote", path, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Parity checks of the 256-bit kernels (watermark.kernels.hmac) against their references, on
+any device: the GPU tests call them on CUDA, ``hmac_interpreter`` through Triton's interpreter.
+Run as ``TRITON_INTERPRET=1 python -m tests.watermark.kernels.hmac_parity [seed]``."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from tests.watermark.kernels.parity import assert_same, sampler_case
+from watermark import gumbel, sampler, stream
+from watermark.hmac_rows import WideRows
+from watermark.prf import hmac_philox
+from watermark.processing import ProcessingParams, process_logits
+
+
+def _wide_keys(gen: torch.Generator, batch: int) -> list[int]:
+    edges = [0, 1, 2**64 - 1, 2**64, 2**255, 2**256 - 1]
+    out = []
+    for b in range(batch):
+        out.append(edges[b] if b < len(edges) else int.from_bytes(torch.randint(0, 256, (32,), generator=gen,
+                                                                               dtype=torch.uint8).numpy(), "big"))
+    return out
+
+
+def _mids(keys: list[int], device) -> torch.Tensor:
+    return torch.tensor([hmac_philox.midstates(k) for k in keys], dtype=torch.int64, device=device)
+
+
+def check_hmac_rows(seed: int, batch: int, device) -> None:
+    """The rows' HMAC setup against hashlib's HMAC, every width 1..16."""
+    from watermark.kernels.hmac import hmac_rows
+
+    gen = torch.Generator().manual_seed(seed)
+    keys_a, keys_b = _wide_keys(gen, batch), _wide_keys(gen, batch)[::-1]
+    widths = (torch.arange(batch) % 16 + 1).to(torch.int32)
+    contexts = torch.randint(-1, 2**31 - 1, (batch, 16), generator=gen, dtype=torch.int64)
+    keys, states = hmac_rows(_mids(keys_a, device), _mids(keys_b, device), contexts.to(device), widths.to(device))
+    keys, states = keys.cpu(), states.cpu()
+    for b in range(batch):
+        for slot, key in enumerate((keys_a[b], keys_b[b])):
+            philox_key, state = hmac_philox.context_key_state(key, contexts[b, :int(widths[b])].tolist())
+            assert int(keys[b, slot]) % 2**64 == philox_key, (b, slot)
+            assert [int(s) % 2**32 for s in states[b, slot]] == list(state), (b, slot)
+
+
+def hmac_case(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *, dist: str = "normal"):
+    """gumbel_sample's random case with about two thirds of the rows on 256-bit keys."""
+    logits, kernel_logits, args = sampler_case(seed, batch, vocab, dtype, device, dist=dist)
+    gen = torch.Generator().manual_seed(seed + 1000)
+    wide = torch.rand(batch, generator=gen) < 0.67
+    keys_a, keys_b = _wide_keys(gen, batch), _wide_keys(gen, batch)
+    zero = [0] * 16
+    mids_a = torch.tensor([hmac_philox.midstates(k) if w else zero for k, w in zip(keys_a, wide.tolist())],
+                          dtype=torch.int64)
+    mids_b = torch.tensor([hmac_philox.midstates(k) if w else zero for k, w in zip(keys_b, wide.tolist())],
+                          dtype=torch.int64)
+    rows = WideRows(mids_a=mids_a.to(device), mids_b=mids_b.to(device), wide=wide.to(device))
+    for name in ("key_a", "key_b"):  # a 256-bit row's 64-bit key is never read: make it 0 as the samplers do
+        args[name] = torch.where(rows.wide, torch.zeros_like(args[name]), args[name])
+    return logits, kernel_logits, args, rows
+
+
+def check_gumbel_sample_hmac(seed: int, batch: int, vocab: int, dtype: torch.dtype, device, *,
+                             dist: str = "normal", blocks_per_row: int | None = None,
+                             lane: int = stream.LANE_SAMPLE) -> None:
+    """The fused sampler with 256-bit rows against sampler.sample_reference (mixed batches:
+    64-bit, 256-bit single and dual-key, skip and greedy rows, every context width)."""
+    from watermark.kernels.hmac import gumbel_sample_hmac
+
+    logits, kernel_logits, args, wide = hmac_case(seed, batch, vocab, dtype, device, dist=dist)
+    got = gumbel_sample_hmac(kernel_logits, **args, mids_a=wide.mids_a, mids_b=wide.mids_b, wide=wide.wide,
+                             blocks_per_row=blocks_per_row, lane=lane)
+    want = reference_sample_wide(logits, args, wide, lane=lane)
+    assert_same(f"gumbel_sample_hmac tokens (seed {seed})", got.tokens, want.tokens)
+    assert_same(f"gumbel_sample_hmac routes (seed {seed})", got.routes, want.routes)
+
+
+def reference_sample_wide(logits, args, wide: WideRows, lane: int = stream.LANE_SAMPLE):
+    """parity.reference_sample's rows with the midstates: watermark.sampler.sample_reference."""
+    batch = logits.shape[0]
+    widths, ctx = args["widths"].tolist(), args["contexts"].tolist()
+    rows = sampler.SamplerRows(
+        key_a=args["key_a"], key_b=args["key_b"], alpha=args["alpha"],
+        contexts=[ctx[b][: widths[b]] for b in range(batch)], watermark=args["watermark"],
+        greedy=args["temperature"] == 0, stream_keys=args["stream_keys"], positions=args["positions"], wide=wide)
+    params = ProcessingParams(temperature=args["temperature"], top_k=torch.zeros(batch, dtype=torch.int64),
+                              top_p=torch.ones(batch))
+    return sampler.sample_reference(process_logits(logits, params), rows, argmax=gumbel.gumbel_argmax_reference,
+                                    lane=lane)
+
+
+def main(seed: int) -> int:
+    started = time.perf_counter()
+    cpu = torch.device("cpu")
+    checks = [
+        ("hmac_rows every width", lambda: check_hmac_rows(seed, 20, cpu)),
+        ("gumbel_sample_hmac fp32 mixed batch", lambda: check_gumbel_sample_hmac(seed, 12, 2100, torch.float32, cpu)),
+        ("gumbel_sample_hmac bf16 zipf, 2 programs per row", lambda: check_gumbel_sample_hmac(
+            seed + 1, 8, 5000, torch.bfloat16, cpu, dist="zipf", blocks_per_row=2)),
+        ("gumbel_sample_hmac draft lane", lambda: check_gumbel_sample_hmac(seed + 2, 6, 700, torch.float32, cpu,
+                                                                           lane=stream.LANE_DRAFT)),
+    ]
+    for name, check in checks:
+        t0 = time.perf_counter()
+        check()
+        print(f"ok  {name} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    print(f"all {len(checks)} checks passed in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 0))

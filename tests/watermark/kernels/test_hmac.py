@@ -1,0 +1,57 @@
+"""The 256-bit kernels (watermark.kernels.hmac): the rows' HMAC setup and the fused sampler
+with HMAC-derived rows, bit-exact against their references. On the GPU (``gpu``) at real
+sizes; on the CPU through Triton's interpreter (hmac_parity.main, in a subprocess because
+TRITON_INTERPRET must be set before the kernels are decorated)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.watermark.kernels import hmac_parity
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_hmac_kernels_match_references_in_the_interpreter(seed):
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONWARNINGS="ignore")
+    result = subprocess.run([sys.executable, "-m", "tests.watermark.kernels.hmac_parity", str(seed)],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+
+
+@pytest.mark.gpu
+def test_hmac_rows_gpu(seed, cuda):
+    hmac_parity.check_hmac_rows(seed, 300, cuda)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch, vocab, dist", [(256, 129_280, "normal"), (64, 151_936, "zipf"), (3, 1000, "normal")])
+def test_gumbel_sample_hmac_gpu(seed, cuda, dtype, batch, vocab, dist):
+    hmac_parity.check_gumbel_sample_hmac(seed, batch, vocab, dtype, cuda, dist=dist)
+
+
+@pytest.mark.gpu
+def test_dispatch_picks_the_hmac_kernel_for_wide_rows(cuda):
+    from watermark import dispatch, sampler
+    from watermark.key import WatermarkKey
+    from watermark.spec import WatermarkSpec
+
+    keys = [WatermarkKey(2**255 + 9, WatermarkSpec(prf="hmac-sha256-philox-v1")).row_keys(),
+            WatermarkKey(9, WatermarkSpec()).row_keys()]
+    rows = sampler.sampler_rows(keys, contexts=[(1, 2, 3), (4,)], watermark=[True, True], greedy=[False, False],
+                                stream_keys=[1, 2], positions=[0, 0], device=cuda)
+    logits = torch.randn(2, 50_000, device=cuda)
+    got = dispatch.sample(logits, rows)
+    want = sampler.sample_reference(logits.cpu(), sampler.sampler_rows(
+        keys, contexts=[(1, 2, 3), (4,)], watermark=[True, True], greedy=[False, False], stream_keys=[1, 2],
+        positions=[0, 0]))
+    assert torch.equal(got.tokens.cpu(), want.tokens) and torch.equal(got.routes.cpu(), want.routes)

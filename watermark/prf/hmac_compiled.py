@@ -1,0 +1,369 @@
+"""HMAC-SHA-256 compiled (numba) for the 256-bit PRFs: many keys over many positions.
+
+Each key enters as its 16 midstate words (:func:`watermark.prf.sha256.midstates`, computed
+and cached by the PRF modules, which call this one), so one
+HMAC over a short message costs its inner blocks plus one outer compression: two for a
+``hmac-sha256-philox-v1`` context of width <= 7 and for a ``hmac-sha256-v1`` token of width
+<= 4. Bit for bit :mod:`watermark.prf.hmac_philox` and :mod:`watermark.prf.hmac_sha256`
+(tested against hashlib and vLLM's reference vectors).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from watermark import jit
+from watermark.prf import philox, philox_compiled, sha256
+
+HP_DOMAIN = b"hallmark-hmac-philox-v1\0"
+"""``hmac-sha256-philox-v1``'s domain (24 bytes: six big-endian words), :mod:`watermark.prf.hmac_philox`."""
+VS_DOMAIN = b"vllm-watermark-hmac-sha256-v1\0"
+"""vLLM's ``hmac-sha256-v1`` domain (30 bytes), :mod:`watermark.prf.hmac_sha256`."""
+
+_K = np.array(sha256.K, dtype=np.uint32)
+_HP_DOMAIN = np.frombuffer(HP_DOMAIN, dtype=">u4").astype(np.uint32)
+_VS_DOMAIN = np.frombuffer(VS_DOMAIN, dtype=np.uint8).copy()
+_TOKEN_DOMAIN = np.uint32(philox.TOKEN_DOMAIN)
+_DENOMINATOR = float(philox.UNIFORM_DENOMINATOR)
+
+
+# numba widens uint32 arithmetic to 64 bits: every result below is cast back to uint32 (and
+# no signed value meets an unsigned one, which numba would make a float).
+_M32 = np.uint64(0xFFFFFFFF)
+_ONES = np.uint32(0xFFFFFFFF)
+
+
+def _rotr(x, n):  # pragma: no cover - compiled
+    v = np.uint64(x)
+    return np.uint32(((v >> np.uint64(n)) | (v << np.uint64(32 - n))) & _M32)
+
+
+def _compress(state, w):  # pragma: no cover - compiled
+    """state uint32[8] <- compression of the block in w[:16] (w is uint32[64] scratch)."""
+    for i in range(16, 64):
+        x, y = w[i - 15], w[i - 2]
+        s0 = np.uint32(_rotr(x, 7) ^ _rotr(x, 18) ^ np.uint32(x >> np.uint32(3)))
+        s1 = np.uint32(_rotr(y, 17) ^ _rotr(y, 19) ^ np.uint32(y >> np.uint32(10)))
+        w[i] = np.uint32((np.uint64(w[i - 16]) + np.uint64(s0) + np.uint64(w[i - 7]) + np.uint64(s1)) & _M32)
+    a, b, c, d, e, f, g, h = state[0], state[1], state[2], state[3], state[4], state[5], state[6], state[7]
+    for i in range(64):
+        ch = np.uint32((e & f) ^ (np.uint32(e ^ _ONES) & g))
+        big1 = np.uint32(_rotr(e, 6) ^ _rotr(e, 11) ^ _rotr(e, 25))
+        t1 = (np.uint64(h) + np.uint64(big1) + np.uint64(ch) + np.uint64(_K[i]) + np.uint64(w[i])) & _M32
+        big0 = np.uint32(_rotr(a, 2) ^ _rotr(a, 13) ^ _rotr(a, 22))
+        maj = np.uint32((a & b) ^ (a & c) ^ (b & c))
+        t2 = (np.uint64(big0) + np.uint64(maj)) & _M32
+        h, g, f = g, f, e
+        e = np.uint32((np.uint64(d) + t1) & _M32)
+        d, c, b = c, b, a
+        a = np.uint32((t1 + t2) & _M32)
+    state[0] = np.uint32((np.uint64(state[0]) + np.uint64(a)) & _M32)
+    state[1] = np.uint32((np.uint64(state[1]) + np.uint64(b)) & _M32)
+    state[2] = np.uint32((np.uint64(state[2]) + np.uint64(c)) & _M32)
+    state[3] = np.uint32((np.uint64(state[3]) + np.uint64(d)) & _M32)
+    state[4] = np.uint32((np.uint64(state[4]) + np.uint64(e)) & _M32)
+    state[5] = np.uint32((np.uint64(state[5]) + np.uint64(f)) & _M32)
+    state[6] = np.uint32((np.uint64(state[6]) + np.uint64(g)) & _M32)
+    state[7] = np.uint32((np.uint64(state[7]) + np.uint64(h)) & _M32)
+
+
+def _hmac_padded(mids, msg, nblocks, w, st):  # pragma: no cover - compiled
+    """st <- HMAC digest words of the padded inner message msg[:16 * nblocks] (uint32, its
+    length field counting the ipad block), under a key's midstates [16]."""
+    for i in range(8):
+        st[i] = mids[i]
+    for blk in range(nblocks):
+        for i in range(16):
+            w[i] = msg[16 * blk + i]
+        _compress(st, w)
+    for i in range(8):
+        w[i] = st[i]
+        st[i] = mids[8 + i]
+    w[8] = np.uint32(0x80000000)
+    for i in range(9, 15):
+        w[i] = np.uint32(0)
+    w[15] = np.uint32(768)  # (64 + 32) bytes, in bits
+    _compress(st, w)
+
+
+def _pad_words(msg, nwords):  # pragma: no cover - compiled
+    """Pad a word-aligned message of nwords in msg (after one 64-byte block); the block count."""
+    nblocks = (nwords + 2) // 16 + 1
+    msg[nwords] = np.uint32(0x80000000)
+    for i in range(nwords + 1, 16 * nblocks - 1):
+        msg[i] = np.uint32(0)
+    msg[16 * nblocks - 1] = np.uint32((64 + 4 * nwords) * 8)
+    return nblocks
+
+
+def _hp_digest(mids, ctx, width, msg, w, st):  # pragma: no cover - compiled
+    """st <- the hmac-sha256-philox-v1 digest of one context (ctx int64 [>= width])."""
+    for i in range(6):
+        msg[i] = _HP_DOMAIN[i]
+    msg[6] = np.uint32(width)
+    for i in range(width):
+        msg[7 + i] = np.uint32(ctx[i] & 0xFFFFFFFF)
+    _hmac_padded(mids, msg, _pad_words(msg, 7 + width), w, st)
+
+
+def _hp_words_rows(mids, contexts, tokens, out):  # pragma: no cover - compiled
+    """out[p] = word of tokens[p] under the key of row p (mids [P, 16]) at contexts[p]."""
+    msg = np.empty(64, dtype=np.uint32)
+    w = np.empty(64, dtype=np.uint32)
+    st = np.empty(8, dtype=np.uint32)
+    width = contexts.shape[1]
+    for p in range(contexts.shape[0]):
+        _hp_digest(mids[p], contexts[p], width, msg, w, st)
+        out[p] = _token_word(tokens[p], st[0], st[1], st[2], st[3], st[4], st[5] ^ _TOKEN_DOMAIN)
+
+
+def _hp_key_states(mids, contexts, widths, keys, states):  # pragma: no cover - compiled
+    """Sampler rows: keys[b] (uint64) and states[b, :4] of row b's context (its first widths[b] entries)."""
+    msg = np.empty(64, dtype=np.uint32)
+    w = np.empty(64, dtype=np.uint32)
+    st = np.empty(8, dtype=np.uint32)
+    for b in range(contexts.shape[0]):
+        _hp_digest(mids[b], contexts[b], widths[b], msg, w, st)
+        keys[b] = np.uint64(st[4]) | (np.uint64(st[5]) << np.uint64(32))
+        for i in range(4):
+            states[b, i] = np.uint64(st[i])
+
+
+def _vs_word(mids, ctx, token, mb, msg, w, st):  # pragma: no cover - compiled
+    """hmac-sha256-v1's word of one (context, token): the message bytes in mb, then words."""
+    width = ctx.shape[0]
+    n = 0
+    for i in range(_VS_DOMAIN.shape[0]):
+        mb[n] = _VS_DOMAIN[i]
+        n += 1
+    for i in range(4):
+        mb[n] = np.uint8((np.uint64(width) >> np.uint64(8 * i)) & np.uint64(0xFF))
+        n += 1
+    for j in range(width + 1):
+        v = np.uint64(ctx[j]) if j < width else np.uint64(token)  # two's complement bits of the int64
+        for i in range(8):
+            mb[n] = np.uint8((v >> np.uint64(8 * i)) & np.uint64(0xFF))
+            n += 1
+    nblocks = (n + 8) // 64 + 1
+    mb[n] = np.uint8(0x80)
+    for i in range(n + 1, 64 * nblocks - 8):
+        mb[i] = np.uint8(0)
+    bits = np.uint64((64 + n) * 8)
+    for i in range(8):
+        mb[64 * nblocks - 1 - i] = np.uint8((bits >> np.uint64(8 * i)) & np.uint64(0xFF))
+    for i in range(16 * nblocks):
+        msg[i] = np.uint32((np.uint64(mb[4 * i]) << np.uint64(24)) | (np.uint64(mb[4 * i + 1]) << np.uint64(16))
+                           | (np.uint64(mb[4 * i + 2]) << np.uint64(8)) | np.uint64(mb[4 * i + 3]))
+    _hmac_padded(mids, msg, nblocks, w, st)
+    h = st[0]  # the digest's first 4 bytes, read little-endian
+    v = np.uint64(h)
+    m8 = np.uint64(0xFF)
+    return np.uint32(((v & m8) << np.uint64(24)) | (((v >> np.uint64(8)) & m8) << np.uint64(16))
+                     | (((v >> np.uint64(16)) & m8) << np.uint64(8)) | (v >> np.uint64(24)))
+
+
+def _vs_words_many(mids, contexts, tokens, out):  # pragma: no cover - compiled
+    mb = np.empty(256, dtype=np.uint8)
+    msg = np.empty(64, dtype=np.uint32)
+    w = np.empty(64, dtype=np.uint32)
+    st = np.empty(8, dtype=np.uint32)
+    for k in range(mids.shape[0]):
+        for p in range(contexts.shape[0]):
+            out[k, p] = _vs_word(mids[k], contexts[p], tokens[k, p], mb, msg, w, st)
+
+
+def _vs_words_rows(mids, contexts, tokens, out):  # pragma: no cover - compiled
+    mb = np.empty(256, dtype=np.uint8)
+    msg = np.empty(64, dtype=np.uint32)
+    w = np.empty(64, dtype=np.uint32)
+    st = np.empty(8, dtype=np.uint32)
+    for p in range(contexts.shape[0]):
+        out[p] = _vs_word(mids[p], contexts[p], tokens[p], mb, msg, w, st)
+
+
+
+# --------------------------------------------------------------------------- many positions at once
+# Detection hashes every scored position of a text under each key: LANES positions go through
+# each compression together, so the loop over them (innermost) vectorises; a single HMAC's
+# rounds are one long dependency chain and leave most of the core idle. About 10x the
+# one-position-at-a-time rate (bench/results/prf-detect-cpu.json). Words are held in uint64
+# (numba widens uint32 arithmetic), masked to 32 bits.
+LANES = 64
+_K64 = _K.astype(np.uint64)
+_HP_DOMAIN64 = _HP_DOMAIN.astype(np.uint64)
+
+
+def _compress_lanes(st, w, n, v):  # pragma: no cover - compiled
+    """st [8, LANES] <- the compression of w[:16, :n] into it, lane by lane (w [64, LANES],
+    v [8, LANES]: scratch). The eight working variables rotate through v's rows."""
+    for i in range(16, 64):
+        for j in range(n):
+            x = w[i - 15, j]
+            y = w[i - 2, j]
+            s0 = (((x >> np.uint64(7)) | (x << np.uint64(25))) ^ ((x >> np.uint64(18)) | (x << np.uint64(14)))
+                  ^ (x >> np.uint64(3))) & _M32
+            s1 = (((y >> np.uint64(17)) | (y << np.uint64(15))) ^ ((y >> np.uint64(19)) | (y << np.uint64(13)))
+                  ^ (y >> np.uint64(10))) & _M32
+            w[i, j] = (w[i - 16, j] + s0 + w[i - 7, j] + s1) & _M32
+    for r in range(8):
+        for j in range(n):
+            v[r, j] = st[r, j]
+    for i in range(64):
+        ia = (8 - i % 8) % 8  # row of a at round i; b .. h follow it
+        ib, ic, idd = (ia + 1) % 8, (ia + 2) % 8, (ia + 3) % 8
+        ie, iff, ig, ih = (ia + 4) % 8, (ia + 5) % 8, (ia + 6) % 8, (ia + 7) % 8
+        k = _K64[i]
+        for j in range(n):
+            a, b, c, d = v[ia, j], v[ib, j], v[ic, j], v[idd, j]
+            e, f, g, h = v[ie, j], v[iff, j], v[ig, j], v[ih, j]
+            big1 = (((e >> np.uint64(6)) | (e << np.uint64(26))) ^ ((e >> np.uint64(11)) | (e << np.uint64(21)))
+                    ^ ((e >> np.uint64(25)) | (e << np.uint64(7)))) & _M32
+            t1 = (h + big1 + ((e & f) ^ ((e ^ _M32) & g)) + k + w[i, j]) & _M32
+            big0 = (((a >> np.uint64(2)) | (a << np.uint64(30))) ^ ((a >> np.uint64(13)) | (a << np.uint64(19)))
+                    ^ ((a >> np.uint64(22)) | (a << np.uint64(10)))) & _M32
+            v[ih, j] = (t1 + big0 + ((a & b) ^ (a & c) ^ (b & c))) & _M32  # the new a
+            v[idd, j] = (d + t1) & _M32  # the new e
+    for r in range(8):
+        for j in range(n):
+            st[r, j] = (st[r, j] + v[r, j]) & _M32
+
+
+def _hp_uniforms_lanes(mids, contexts, tokens, out):  # pragma: no cover - compiled
+    """out[k, p] = the uniform of tokens[k, p] under key k (midstates mids[k], uint64 [K, 16]) at
+    contexts[p], LANES positions at a time."""
+    count, width = contexts.shape
+    w = np.empty((64, LANES), np.uint64)
+    st = np.empty((8, LANES), np.uint64)
+    v = np.empty((8, LANES), np.uint64)
+    msg = np.zeros((32, LANES), np.uint64)
+    nwords = 7 + width
+    nblocks = (nwords + 2) // 16 + 1
+    bits = np.uint64((64 + 4 * nwords) * 8)
+    for k in range(mids.shape[0]):
+        for start in range(0, count, LANES):
+            n = min(LANES, count - start)
+            for i in range(16 * nblocks):
+                for j in range(n):
+                    msg[i, j] = 0
+            for i in range(6):
+                for j in range(n):
+                    msg[i, j] = _HP_DOMAIN64[i]
+            for j in range(n):
+                msg[6, j] = np.uint64(width)
+            for e in range(width):
+                for j in range(n):
+                    msg[7 + e, j] = np.uint64(contexts[start + j, e]) & _M32
+            for j in range(n):
+                msg[nwords, j] = np.uint64(0x80000000)
+                msg[16 * nblocks - 1, j] = bits
+            for r in range(8):
+                for j in range(n):
+                    st[r, j] = mids[k, r]
+            for blk in range(nblocks):
+                for i in range(16):
+                    for j in range(n):
+                        w[i, j] = msg[16 * blk + i, j]
+                _compress_lanes(st, w, n, v)
+            for i in range(8):
+                for j in range(n):
+                    w[i, j] = st[i, j]
+                    st[i, j] = mids[k, 8 + i]
+            for i in range(8, 16):
+                for j in range(n):
+                    w[i, j] = np.uint64(0x80000000) if i == 8 else (np.uint64(768) if i == 15 else np.uint64(0))
+            _compress_lanes(st, w, n, v)
+            for j in range(n):
+                word = _token_word(tokens[k, start + j], np.uint32(st[0, j]), np.uint32(st[1, j]),
+                                   np.uint32(st[2, j]), np.uint32(st[3, j]), np.uint32(st[4, j]),
+                                   np.uint32(st[5, j]) ^ _TOKEN_DOMAIN)
+                out[k, start + j] = np.float32((np.float64(word >> np.uint32(8)) + 1.0) / _DENOMINATOR)
+
+
+FUNCTIONS = {"_rotr": _rotr, "_compress": _compress, "_hmac_padded": _hmac_padded, "_pad_words": _pad_words,
+             "_hp_digest": _hp_digest, "_hp_words_rows": _hp_words_rows,
+             "_hp_key_states": _hp_key_states, "_vs_word": _vs_word, "_vs_words_many": _vs_words_many,
+             "_vs_words_rows": _vs_words_rows, "_compress_lanes": _compress_lanes,
+             "_hp_uniforms_lanes": _hp_uniforms_lanes}
+INLINE = ("_rotr",)
+
+
+@functools.cache
+def compiled():
+    """The compiled functions (name -> dispatcher), or None without numba."""
+    helpers = philox_compiled.compiled()
+    if helpers is None:  # pragma: no cover - exercised where numba is missing
+        return None
+    return jit.compile_all(FUNCTIONS, inline=INLINE, helpers={"_token_word": helpers["_token_word"]})
+
+
+def midstates_table(midstates, keys) -> np.ndarray:
+    """uint32 [K, 16]: each key's HMAC midstates, ``midstates(key)`` (the PRF module's, cached)."""
+    return np.array([midstates(int(k)) for k in keys], dtype=np.uint32).reshape(len(keys), 16)
+
+
+def _tokens_table(tokens_by_key, k: int, p: int) -> np.ndarray:
+    if isinstance(tokens_by_key, np.ndarray) and tokens_by_key.ndim == 1:
+        return np.ascontiguousarray(np.broadcast_to((tokens_by_key & 0xFFFFFFFF).astype(np.uint32), (k, p)))
+    if isinstance(tokens_by_key, np.ndarray):
+        return np.ascontiguousarray((tokens_by_key & 0xFFFFFFFF).astype(np.uint32))
+    return np.stack([(np.asarray(t, dtype=np.int64) & 0xFFFFFFFF).astype(np.uint32) for t in tokens_by_key]) \
+        if k else np.zeros((0, p), np.uint32)
+
+
+def philox_uniforms_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) -> np.ndarray:
+    """hmac-sha256-philox-v1 uniforms [K, P] of keys given by their midstates [K, 16] at contexts [P, w]."""
+    contexts = np.ascontiguousarray(contexts, dtype=np.int64)
+    out = np.empty((len(mids), contexts.shape[0]), dtype=np.float32)
+    if contexts.shape[0] and len(mids):
+        compiled()["_hp_uniforms_lanes"](np.ascontiguousarray(mids, np.uint64), contexts,
+                                         _tokens_table(tokens_by_key, len(mids), contexts.shape[0]), out)
+    return out
+
+
+def philox_words_rows(mids: np.ndarray, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """hmac-sha256-philox-v1 words (uint64) of N rows, one key (midstates [N, 16]) per row."""
+    contexts = np.ascontiguousarray(contexts, dtype=np.int64)
+    out = np.empty(len(tokens), dtype=np.uint32)
+    if len(tokens):
+        compiled()["_hp_words_rows"](np.ascontiguousarray(mids, np.uint32), contexts,
+                                     (np.asarray(tokens, np.int64) & 0xFFFFFFFF).astype(np.uint32), out)
+    return out.astype(np.uint64)
+
+
+def philox_key_states(mids: np.ndarray, contexts: np.ndarray, widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sampler rows: (per-context Philox keys [B] uint64, states [B, 4] uint64) from each row's
+    midstates [B, 16] and its context (the first widths[b] entries of contexts [B, C])."""
+    batch = contexts.shape[0]
+    keys, states = np.empty(batch, np.uint64), np.empty((batch, 4), np.uint64)
+    if batch:
+        compiled()["_hp_key_states"](np.ascontiguousarray(mids, np.uint32), np.ascontiguousarray(contexts, np.int64),
+                                     np.asarray(widths, np.int64), keys, states)
+    return keys, states
+
+
+def vllm_words_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) -> np.ndarray:
+    """hmac-sha256-v1 words [K, P] (uint32) of keys given by their midstates [K, 16]."""
+    contexts = np.ascontiguousarray(contexts, dtype=np.int64)
+    out = np.empty((len(mids), contexts.shape[0]), dtype=np.uint32)
+    if contexts.shape[0] and len(mids):
+        tokens = np.asarray(tokens_by_key if isinstance(tokens_by_key, np.ndarray) else np.stack(tokens_by_key))
+        tokens = np.ascontiguousarray(np.broadcast_to(tokens.astype(np.int64), (len(mids), contexts.shape[0])))
+        compiled()["_vs_words_many"](np.ascontiguousarray(mids, np.uint32), contexts, tokens, out)
+    return out
+
+
+def vllm_uniforms_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) -> np.ndarray:
+    """hmac-sha256-v1 uniforms [K, P]."""
+    return philox.uniforms_from_words_numpy(vllm_words_many(mids, contexts, tokens_by_key).astype(np.uint64))
+
+
+def vllm_words_rows(mids: np.ndarray, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """hmac-sha256-v1 words (uint64) of N rows, one key (midstates [N, 16]) per row."""
+    contexts = np.ascontiguousarray(contexts, dtype=np.int64)
+    out = np.empty(len(tokens), dtype=np.uint32)
+    if len(tokens):
+        compiled()["_vs_words_rows"](np.ascontiguousarray(mids, np.uint32), contexts,
+                                     np.asarray(tokens, np.int64), out)
+    return out.astype(np.uint64)
