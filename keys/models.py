@@ -223,7 +223,7 @@ class AccessSpend(Base):
     """One charge against a detection budget (service/access/budgets.py): a budget's level is
     its day's allowance less the sum of its rows of the last 24 hours. Rows are only ever
     inserted (on PostgreSQL the service role may not update or delete them, and a negative
-    row must give back part of a reservation of the last ten minutes, once: migration 0011),
+    row must give back part of a reservation of the last ten minutes, once: migration 0012),
     so a leaked database credential cannot reset a budget."""
 
     __tablename__ = "access_spend"

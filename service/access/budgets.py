@@ -4,7 +4,7 @@ A budget is the sum of its rows in the store's ``access_spend`` table over the l
 hours: it holds ``per_day`` units, and a charge comes back 24 hours after it was made. Rows
 are only ever inserted (issue 31: the service role could delete the old buckets and reset
 every budget): a charge is a row, and a refund is a negative row that names the reservation
-it settles. On PostgreSQL the migration (0011) lets the service role neither update nor
+it settles. On PostgreSQL the migration (0012) lets the service role neither update nor
 delete them, stamps every row with the database's clock, and admits a refund only once per
 reservation, for at most its amount, within ten minutes of it; old rows go only through
 the owner's ``hallmark_prune_access()``, which deletes nothing inside the window. On SQLite

@@ -172,7 +172,7 @@ def _sketch_of_row(row_id: str, packed: bytes | None) -> "Sketch | None":
 
 def prune(session, now: float) -> None:
     """Delete the guard's and the budgets' rows outside their windows: on PostgreSQL through
-    the owner's ``hallmark_prune_access()`` (migration 0011: the service role may not delete
+    the owner's ``hallmark_prune_access()`` (migration 0012: the service role may not delete
     them itself, so it cannot reset a family or a budget), directly on SQLite."""
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("SELECT hallmark_prune_access()"))

@@ -7,8 +7,8 @@ way rows are deleted: rows older than the window, nothing else. ``hallmark db
 grant-service-role`` then gives the service role SELECT, INSERT on ``access_spend`` and
 ``probe_queries`` and EXECUTE on that function (keys/roles.py).
 
-Revision ID: 0011_access_append_only
-Revises: 0010_kgram_scheme
+Revision ID: 0012_access_append_only
+Revises: 0011_token_expiry
 Create Date: 2026-12-07
 """
 
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0011_access_append_only"
-down_revision: str | None = "0010_kgram_scheme"
+revision: str = "0012_access_append_only"
+down_revision: str | None = "0011_token_expiry"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
