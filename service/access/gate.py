@@ -26,6 +26,7 @@ requests' writes in one transaction, off the event loop, and awaited before goin
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import sys
@@ -39,6 +40,7 @@ from detector.forms import text_forms
 from keys.audit import record_audit
 from keys.errors import KeyStoreError
 from keys.models import Tenant
+from ledger.read import find_generations_by_output_hash
 from service import detection
 from service.access import probe, shape
 from service.access.budgets import Budget, Budgets
@@ -152,6 +154,19 @@ def _sketch_of(services, secret: bytes, body: DetectBody, k: int) -> probe.Sketc
     return probe.sketch_of_forms(secret, [detection.tokenize_with_offsets(tokenizer, t)[0] for t in texts], k)
 
 
+def _own_recorded(session, identity: Identity | None, body: DetectBody) -> bool:
+    """Whether ``body`` is exactly the output of one of the caller's tenant's recorded
+    generations (authenticated by the log): such a check is not counted by the probe guard.
+    The same text always gets the same answer, so repeating it plans nothing; an edited copy
+    is another text and is counted (issue 34 item 2: the 4th check of a tenant's own
+    generation was refused; bench.legit_use: a tenant's 100 generations checked twice a day
+    merged into families through what the bundled model's outputs share)."""
+    if identity is None or identity.tenant_id is None or body.text is None:
+        return False
+    digest = hashlib.sha256(body.text.encode("utf-8", "surrogatepass")).hexdigest()
+    return bool(find_generations_by_output_hash(session, output_sha256=digest, tenant_id=identity.tenant_id, limit=1))
+
+
 async def _write(access: Access, write: Callable[[Any], Any]) -> Any:
     """``write(session)`` committed (in a group, off the event loop); KeyStoreError -> its HTTP error."""
     try:
@@ -192,7 +207,8 @@ def reservation(settings, body: DetectBody, budgets: list[Budget]) -> float:
     return min([estimate] + [budget.per_day for budget in budgets])
 
 
-async def _admit(services, access: Access, who: Principal, body: DetectBody, evidence: bool, inline: bool) -> Charge:
+async def _admit(services, access: Access, who: Principal, body: DetectBody, evidence: bool, inline: bool,
+                 identity: Identity | None = None) -> Charge:
     settings = services.settings
     budgets = _budgets(settings, who)
     evidence_budget = [Budget(f"evidence:{who.key}", settings.evidence_per_day)] if evidence and who.tier == TENANT \
@@ -219,7 +235,7 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
             raise RateLimited(f"your daily budget of {budget.per_day:.0f} {what} is used up; retry in "
                               f"{wait:.0f} s", headers=retry_after(wait) if math.isfinite(wait) else None,
                               code="detection_budget_exhausted")
-        if guarded:
+        if guarded and not (who.tier == TENANT and _own_recorded(session, identity, body)):
             verdict = probe.guard(session, principal=who.family, query=sketch, per_day=settings.probe_family_per_day,
                                   min_share=settings.probe_share)
             if not verdict.admitted:
@@ -289,7 +305,7 @@ async def answer(services, identity: Identity | None, body: DetectBody, who: Pri
     check_size(settings, tier, body)
     evidence = _check_options(tier, identity, body)
     _check_rate(services, identity, who)
-    charge = await _admit(services, access, who, body, evidence, inline)
+    charge = await _admit(services, access, who, body, evidence, inline, identity)
     try:
         if tier == PUBLIC:
             return await _public(services, access, who, body, inline, charge)

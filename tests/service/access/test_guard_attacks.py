@@ -115,3 +115,18 @@ def test_padding_on_the_public_check_from_one_network(guarded):
         "text": _edit(text, rng) + " " + _junk(rng, int(1.5 * len(text.split())))}).status_code
         for _ in range(LIMIT + 1)]
     assert statuses == [200] * LIMIT + [429]
+
+
+def test_a_tenants_own_recorded_generation_is_not_counted_but_its_edited_copies_are(guarded):
+    """The same text always gets the same answer: a tenant's own recorded generation, unedited,
+    is checked as often as it likes (issue 34 item 2); an edited copy is another text, and
+    counted."""
+    made = guarded.client.post("/v1/generate", json={"prompt": "The history of the city", "max_tokens": 120,
+                                                     "seed": 11},
+                               headers={"Authorization": f"Bearer {guarded.tokens['acme']}"}).json()
+    assert [_detect(guarded, "acme", text=made["text"]) for _ in range(LIMIT + 3)] == [200] * (LIMIT + 3)
+    rng = random.Random(8)
+    edited = [_detect(guarded, "acme", text=_edit(made["text"], rng)) for _ in range(LIMIT + 1)]
+    assert edited == [200] * LIMIT + [429]
+    # Another tenant's copy of it is not its own generation: counted.
+    assert [_detect(guarded, "globex", text=made["text"]) for _ in range(LIMIT + 1)] == [200] * LIMIT + [429]
