@@ -12,7 +12,7 @@ position's window of 5 tokens. The guard therefore sketches a query by its **tok
 (of the text as sent and as the detector normalises it: invisible characters, bidi controls,
 look-alike letters; token ids as sent, so a text and its token ids are one family), and a
 query joins an earlier query's family when the two share at least :data:`ABSOLUTE` (32)
-5-grams (2 % of the smaller one's for long queries, at most 200), or at least ``share`` (default 50 %) of the smaller one's (a short text; a piece of a
+5-grams (a quarter of the smaller one's, at most 100), or at least ``share`` (default 50 %) of the smaller one's (a short text; a piece of a
 text split over queries). A count of shared windows is what padding cannot lower (added junk
 adds 5-grams to a query, never removes the text's), and interleaving lowers it only by hiding
 the text's positions from the detector, which is what the guard protects. A
@@ -57,9 +57,12 @@ ABSOLUTE = 32
 """k-grams two queries may share before they are one text's family, however much else either
 holds: about 36 tokens of one text repeated. Distinct texts rarely repeat 32 windows of 5
 tokens (quotes and boilerplate do: then they are counted together, which errs towards refusing)."""
-DENSITY, CAP = 0.02, 10_000
-"""For long queries the bar is 2 % of the smaller one's windows, at most 200 (2 % of 10,000):
-padding either query beyond 10,000 windows cannot raise it further."""
+DENSITY, CAP = 0.25, 400
+"""The bar rises to a quarter of the smaller query's windows, at most 100 (a quarter of 400):
+texts that share boilerplate (pydoc's tables, licence clauses) share 30-180 windows by chance
+(bench.legit_use: at 32 flat, 2 of 150 distinct public checks were refused), while padding
+either query beyond 400 windows cannot raise the bar above 100, which a padded text of 200
+tokens edited a few percent a round still clears."""
 _WORD = re.compile(r"\w+")
 _cache: dict[str, "Sketch"] = {}
 _CACHE_MAX = 200_000
@@ -143,8 +146,8 @@ def related(query: Sketch, other: Sketch, min_share: float, absolute: int = ABSO
     smaller = min(len(mine), len(theirs)) * scale
     if common < min(MIN_MATCH, smaller):
         return False
-    # Long texts share some windows by chance (common phrases): the bar rises with the smaller
-    # one's size, up to DENSITY of CAP windows, which a padded text of 200 tokens still clears.
+    # Texts share some windows by chance (boilerplate): the bar rises with the smaller one's
+    # size, up to DENSITY of CAP windows, which a padded text of 200 tokens still clears.
     bar = max(absolute, DENSITY * min(smaller, CAP))
     return common >= min(bar, min_share * smaller)
 
