@@ -14,7 +14,7 @@ PORT ?= 8000
 DOCS_PORT ?= 8100
 DOCS_STAMP := $(VENV)/.hallmark-docs-installed
 
-.PHONY: test run install browser clean-venv bench docs
+.PHONY: test run install browser go clean-venv bench docs
 
 # Serving only, with pip's progress shown (the first run downloads for a few minutes).
 $(SERVE_STAMP): pyproject.toml Makefile
@@ -48,7 +48,11 @@ $(DOCS_STAMP): $(SERVE_STAMP)
 browser:
 	./scripts/ensure-browser.sh
 
-test: $(STAMP) browser
+# Go and golang.org/x/mod for the independent reader of the log's tiles (same rule as the browser).
+go:
+	./scripts/ensure-go.sh
+
+test: $(STAMP) browser go
 	$(BIN)/python -m pytest
 
 run: $(SERVE_STAMP)

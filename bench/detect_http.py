@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import statistics
@@ -45,6 +46,7 @@ from pathlib import Path
 
 import httpx
 
+from bench import edited
 from bench.gateway import REPO, Gateway, percentile
 
 SECRET = 0x5EED_1234_ABCD_0042
@@ -133,16 +135,17 @@ async def _load(port: int, token: str, bodies: list[dict | None], clients: int, 
     stop_at = time.perf_counter() + warmup + seconds
     measure_from = time.perf_counter() + warmup
 
+    sent = itertools.count()  # one sequence for every client: with --distinct no text is sent twice
+
     async def worker(i: int) -> None:
         nonlocal errors
         connection = _Connection("127.0.0.1", port)
         await connection.open()
-        n = i
         while time.perf_counter() < stop_at:
+            n = next(sent)
             start = time.perf_counter()
             status, _ = await connection.post(requests[n % len(requests)])
             end = time.perf_counter()
-            n += 1
             if status != 200:
                 errors += 1
             elif start >= measure_from:
@@ -186,6 +189,8 @@ class _Tree:
                 self.texts = _generate(server.url, self.token)
             texts = texts or self.texts
             bodies = [{"text": t} for t in texts]
+            if args.distinct:  # every request a text no cache has seen (bench.edited)
+                bodies = [{"text": t} for t in edited.variants(texts, args.distinct)]
             check = httpx.post(server.url + "/v1/detect", headers={"Authorization": f"Bearer {self.detect_token}"},
                                json=bodies[0], timeout=30).json()
             load_before = os.getloadavg()[0]
@@ -201,6 +206,8 @@ class _Tree:
         finally:
             server.stop(30)
         pct = lambda q: percentile(latencies, q) * 1e3  # noqa: E731
+        if args.distinct and len(latencies) + args.clients * 64 > args.distinct:
+            raise SystemExit(f"--distinct {args.distinct} is too few texts for {len(latencies)} requests")
         return texts, {
             "tree": self.name, "requests": len(latencies), "errors": errors,
             "requests_per_second": len(latencies) / args.seconds, "p50_ms": pct(0.50), "p90_ms": pct(0.90),
@@ -223,6 +230,8 @@ def main() -> None:
                         help="`hallmark serve --workers` of the --compare tree (one that has the option)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--floor", action="store_true", help="also drive GET /healthz of this tree (the HTTP floor)")
+    parser.add_argument("--distinct", type=int, default=0,
+                        help="this many distinct texts (generations with 3 words changed), none sent twice")
     parser.add_argument("--out", default="bench/results/detect_http.json")
     args = parser.parse_args()
     args_this = ("--workers", str(args.workers)) if args.workers > 1 else ()
@@ -249,7 +258,7 @@ def main() -> None:
                 "p99_ms_median": statistics.median(r["p99_ms"] for r in mine)}
     command = "python -m bench.detect_http " + " ".join(sys.argv[1:])
     result = {
-        "command": command, "clients": args.clients, "seconds": args.seconds, "workers": args.workers,
+        "command": command, "distinct_texts": args.distinct, "clients": args.clients, "seconds": args.seconds, "workers": args.workers,
         "compare_workers": args.compare_workers if args.compare is not None else None,
         "machine_cores": os.cpu_count(), "runs": runs, "this": summary("this"),
     }

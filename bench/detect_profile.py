@@ -25,7 +25,7 @@ import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from bench import rows  # noqa: E402
+from bench import edited, rows  # noqa: E402
 
 
 def main() -> None:
@@ -34,6 +34,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--texts", type=int, default=4)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--distinct", action="store_true",
+                        help="every request a distinct text (a generation with 3 words changed: bench.edited)")
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--filter", default=None, help="also print the profile's lines matching this regex")
     parser.add_argument("--out", default=None, help="append a JSON line with the figures")
@@ -79,19 +81,24 @@ def main() -> None:
             identity = authenticate(services, f"Bearer {tokens['expert']}")
             bodies = [DetectBody(text=t) for t in texts]
             sample = [detection.detect(services, identity, b) for b in bodies]  # warm: compiles, caches
+            rounds = max(1, args.repeats // len(bodies))
+            fresh = iter([DetectBody(text=t) for t in edited.variants(texts, len(bodies) * rounds * 2 + 8)]
+                         if args.distinct else [])
+            if args.distinct:
+                sample = [detection.detect(services, identity, next(fresh)) for _ in bodies]
 
             def run():
                 for body in bodies:
-                    detection.detect(services, identity, body)
+                    detection.detect(services, identity, next(fresh) if args.distinct else body)
 
             cpus = []
             for _ in range(max(1, args.repeats // len(bodies))):
                 start = time.process_time()
                 run()
                 cpus.append((time.process_time() - start) / len(bodies))
-            row = {"spec": args.spec, "texts": len(bodies), "cpu_ms_per_request_median": round(statistics.median(cpus) * 1e3, 3),
+            row = {"spec": args.spec, "texts": len(bodies), "distinct": args.distinct, "cpu_ms_per_request_median": round(statistics.median(cpus) * 1e3, 3),
                    "tokens": [s["total_tokens"] for s in sample], "log10_p": [s["log10_p_value"] for s in sample],
-                   "basis": [s["basis"] for s in sample], "scored": [s.get("normalization", {}).get("scored") for s in sample],
+                   "basis": [s["basis"] for s in sample], "scored": [s.get("scored_as") or s.get("normalization", {}).get("scored") for s in sample],
                    "load_average": os.getloadavg()}
             rows.emit(row, args.out)
             if args.profile:

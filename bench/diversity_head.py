@@ -4,6 +4,7 @@
     nice -n 10 .venv/bin/python -m bench.diversity_head bundled [--texts 48]
     nice -n 10 .venv/bin/python -m bench.diversity_head null [--null 100000]
     nice -n 10 .venv/bin/python -m bench.diversity_head regenerations [--prompts 20 --generations 6]
+    nice -n 10 .venv/bin/python -m bench.diversity_head head-cost [--texts 1000]
 
 * ``synthetic``: TPR at 1e-6 (global p, default config), 200 tokens, 20 % substitution
   (bench.robustness.attack), synthetic 1.7 nats/token text (bench.robustness.generate, the
@@ -19,6 +20,7 @@
 * ``null``: uniform 200-token texts (vocabulary 8192), each under a fresh `head`-diverse key
   (gumbel and dual in turn), default config: the rate at 1e-3 against its binomial 95 %
   interval and the count at 1e-6.
+* ``head-cost``: the head's own cost, paired (:func:`run_head_cost`).
 * ``regenerations``: unseeded generations of each prompt under one `head` key (the service's
   default key: gumbel, dedup all), 48 tokens, T = 1: distinct outputs, the longest shared
   prefix in characters between any two of a prompt's generations, and bench.diversity's
@@ -94,13 +96,15 @@ SYNTHETIC_KEYS = {"gumbel": ("gumbel", "ordinary"), "dual": ("dual_key_gumbel", 
                   "keyed": ("dual_key_gumbel", "keyed")}
 
 
-def run_synthetic(count: int, which: list[str]) -> dict:
+def run_synthetic(count: int, which: list[str], replicate: int = 0) -> dict:
     from bench import robustness
     from watermark.salt import salt_for
 
     rows = {}
     for algorithm, coin in (SYNTHETIC_KEYS[name] for name in which):
         label = f"{algorithm} {coin} coin" if algorithm != "gumbel" else algorithm
+        if replicate:  # other keys, logits and edits
+            label += f" replicate {replicate}"
         salt_keys = [_key(_seed("head-syn", label, i) | (1 << 40), algorithm, "salt", coin)
                      .with_salt(salt_for(_seed("head-syn-salt", label, i))) for i in range(count)]
         head_keys = [_key(_seed("head-syn", label, i) | (1 << 40), algorithm, "head", coin) for i in range(count)]
@@ -188,6 +192,34 @@ def run_null(total: int) -> dict:
             "smallest_log10_p": smallest, "seconds": round(time.perf_counter() - started, 1)}
 
 
+def run_head_cost(count: int) -> dict:
+    """The head's own cost, paired: the same synthetic texts (deterministic `gumbel` keys, 20 %
+    substitution) scored in full and without their first w positions (a spec with dedup scope
+    `all`, which skips the padded contexts: what a `head` key's detection scores)."""
+    from bench import robustness
+    from bench.robustness import attack
+    from detector.detect import DetectorConfig, detect
+    from detector.result import Candidate
+    from watermark.key import WatermarkKey
+    from watermark.spec import WatermarkSpec
+
+    keys = [WatermarkKey(_seed("head-cost", i) | (1 << 40), WatermarkSpec()) for i in range(count)]
+    texts = robustness.generate(keys, N, robustness.SIGMAS[1.7], seed=_seed("head-cost-gen"))
+    config = DetectorConfig()
+    rng = np.random.default_rng(_seed("head-cost-attack"))
+    full, skipped = [], []
+    for text, key in zip(texts, keys):
+        edited = attack(text, "substitution", 0.2, rng, robustness.VOCAB)
+        full.append(detect(edited, [Candidate.inline(key)], config).log10_p_value)
+        skipping = WatermarkKey(key.secret, WatermarkSpec(dedup="all"))
+        skipped.append(detect(edited, [Candidate.inline(skipping)], config).log10_p_value)
+    full, skipped = np.array(full), np.array(skipped)
+    return {"texts": count, "tpr6_all_positions": float(np.mean(full <= LEVEL)),
+            "tpr6_without_first_w": float(np.mean(skipped <= LEVEL)),
+            "median_log10_p_all": float(np.median(full)), "median_log10_p_without_first_w": float(np.median(skipped)),
+            "mean_log10_p_lost": float(np.mean(skipped - full))}
+
+
 def _shared_prefix(a: str, b: str) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -222,9 +254,10 @@ def run_regenerations(prompts: int, generations: int, tokens: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("part", choices=["synthetic", "bundled", "null", "regenerations"])
+    parser.add_argument("part", choices=["synthetic", "bundled", "null", "regenerations", "head-cost"])
     parser.add_argument("--texts", type=int, default=None)
     parser.add_argument("--keys", default="gumbel,dual,keyed", help="synthetic: which of gumbel, dual, keyed")
+    parser.add_argument("--replicate", type=int, default=0, help="synthetic: another draw of keys, logits, edits")
     parser.add_argument("--null", type=int, default=100_000)
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--generations", type=int, default=6)
@@ -233,14 +266,17 @@ def main() -> None:
     meta = _meta(args.part)
     meta["command"] = meta["command"].replace("bench.diversity ", "bench.diversity_head ")
     if args.part == "synthetic":
-        payload = run_synthetic(args.texts or 1000, args.keys.split(","))
+        payload = run_synthetic(args.texts or 1000, args.keys.split(","), args.replicate)
     elif args.part == "bundled":
         payload = run_bundled(args.texts or 48)
     elif args.part == "null":
         payload = run_null(args.null)
+    elif args.part == "head-cost":
+        payload = run_head_cost(args.texts or 1000)
     else:
         payload = run_regenerations(args.prompts, args.generations, args.tokens)
-    suffix = f"-{args.keys.replace(',', '-')}" if args.part == "synthetic" else ""
+    suffix = (f"-{args.keys.replace(',', '-')}" + (f"-replicate{args.replicate}" if args.replicate else "")
+              if args.part == "synthetic" else "")
     path = RESULTS / f"diversity-head-{args.part}{suffix}.json"
     path.write_text(json.dumps({"meta": meta, **payload}, indent=1) + "\n")
     print("wrote", path, flush=True)

@@ -5,7 +5,7 @@
 # later stages, never the results already written.
 #   bash bench/engine_device_run.sh OUT [BUDGET=150] [DEVICE=cuda]
 # Stages: 1. bench/engine_cuda.py: 256 on/off alternating, as many rounds (up to 24) as fit in
-# 55 s after the engine started; then 16 and 64 (up to 6 rounds each), 512 and 1,024 (one
+# 55 s after the engine started; then 16 and 64 (up to 4 rounds each), 512 and 1,024 (one
 # each), each size at least one round within 15 s more; batch 1 and single-key 16; one
 # profiled round at 256 (GPU busy, kernels); last, the parity set's outputs recorded (no
 # baseline tree runs: it would cost a second start). Its JSON is rewritten after every round;
@@ -28,7 +28,7 @@ stage() { echo "== $1 at $(($(date +%s) - START)) s, $(left) s left" | log; }
 
 if [ "$DEVICE" = cuda ]; then
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,memory.used --format=csv 2>&1 | log
-    SIZES=256,16,64,512,1024 ROUNDS=256=24,16=6,64=6,512=1,1024=1 STOP=55 HTTP=64,256 TOKENS=128 PROFILE=256
+    SIZES=256,16,64,512,1024 ROUNDS=256=24,16=4,64=4,512=1,1024=1 STOP=55 HTTP=64,256 TOKENS=128 PROFILE=256
 else
     SIZES=8,4,16 ROUNDS=8=2,4=1,16=1 STOP=60 HTTP=4,8 TOKENS=16 PROFILE=8
 fi

@@ -48,7 +48,10 @@ from watermark.key import WatermarkKey  # noqa: E402
 from watermark.prf import philox  # noqa: E402
 from watermark.spec import WatermarkSpec  # noqa: E402
 
-SPECS = {"gumbel": WatermarkSpec(), "dual_key_gumbel": WatermarkSpec(algorithm="dual_key_gumbel")}
+SPECS = {"gumbel": WatermarkSpec(), "dual_key_gumbel": WatermarkSpec(algorithm="dual_key_gumbel"),
+         # `diverse` keys: salted (16 candidates each), and the default new key's head scheme (one)
+         "gumbel-diverse": WatermarkSpec(mode="diverse"),
+         "gumbel-head": WatermarkSpec(mode="diverse", diversity="head", dedup="all")}
 TOKENS = 1000
 VOCAB = 32000
 

@@ -3,8 +3,8 @@
     .venv/bin/python -m bench.prf_detect_cpu [--out bench/results/prf-detect-cpu.json]
 
 For each PRF (``philox4x32-10-v1``, ``hmac-sha256-philox-v1``, vLLM's ``hmac-sha256-v1``),
-spec (``gumbel``, ``dual_key_gumbel``; ``deterministic``, and ``diverse``: 16 salted keys
-tested) and text length (200 and 20,000 tokens of random ids, vocabulary 8192; detection
+spec (``gumbel``, ``dual_key_gumbel``; ``deterministic``; ``diverse`` with salts: 16 salted keys
+tested; ``diverse`` with head diversity, new keys' default: one key) and text length (200 and 20,000 tokens of random ids, vocabulary 8192; detection
 cost does not depend on whether a text is watermarked): the median time of
 :func:`detector.detect.detect` after a warm-up (numba compiled and loaded), and of the PRF
 alone (``detector.scoring.uniforms_many`` over the text's scored positions). The goal of
@@ -22,9 +22,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -35,18 +33,10 @@ from detector.result import Candidate, salted_candidates  # noqa: E402
 from watermark import jit  # noqa: E402
 from watermark.key import WatermarkKey  # noqa: E402
 from watermark.spec import WatermarkSpec  # noqa: E402
+from bench.detect_throughput import _median_seconds as _median_s  # noqa: E402
 
 PRFS = ("philox4x32-10-v1", "hmac-sha256-philox-v1", "hmac-sha256-v1")
 
-
-def _median_s(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -59,12 +49,15 @@ def main() -> int:
     texts = {n: rng.integers(0, 8192, n).tolist() for n in (200, 20_000)}
     rows = []
     for algorithm in ("gumbel", "dual_key_gumbel"):
-        for mode in ("deterministic", "diverse"):
+        for mode in ("deterministic", "diverse-salt", "diverse-head"):
             for n, tokens in texts.items():
                 base = {}
                 for prf in PRFS:
                     secret = 0x0123456789ABCDEF if prf.startswith("philox") else (2**255 + 0xABCDEF)
-                    key = WatermarkKey(secret, WatermarkSpec(algorithm=algorithm, mode=mode, prf=prf))
+                    extra = {} if mode == "deterministic" else (
+                        {"mode": "diverse", "diversity": "salt"} if mode == "diverse-salt" else
+                        {"mode": "diverse", "diversity": "head", "dedup": "all"})
+                    key = WatermarkKey(secret, WatermarkSpec(algorithm=algorithm, prf=prf, **extra))
                     candidates = salted_candidates([Candidate.inline(key)])
                     config = DetectorConfig()
                     repeats = args.repeats if n <= 200 or prf.startswith("philox") else max(3, args.repeats // 2)

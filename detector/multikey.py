@@ -55,6 +55,9 @@ class KeyGroup:
     """uint64 [g]: the PRF key of each candidate's stream A (the secret, or key A)."""
     keys_b: np.ndarray | None
     """uint64 [g]: key B of dual keys; None for single keys."""
+    wide: tuple[tuple[int, ...], tuple[int, ...] | None] | None = None
+    """256-bit keys (their stream A and B keys as ints; keys_a / keys_b hold zeros): the scan
+    runs on their PRF's words (keyscan.scan_stats_from_words), not the compiled Philox scan."""
 
 
 @dataclass(frozen=True)
@@ -74,13 +77,17 @@ class KeySet:
         for spec, indices in members.items():
             keys = [candidates[i].key for i in indices]
             dual = spec.algorithm == "dual_key_gumbel"
-            if spec.key_bits != 64:  # the scan is Philox's: 256-bit keys skip the screen (GroupPlan.screened)
+            wide = None
+            if spec.key_bits != 64:  # the compiled scan runs Philox keys: 256-bit keys scan their words
+                wide = (tuple(k.key_a if dual else k.prf_secret for k in keys),
+                        tuple(k.key_b for k in keys) if dual else None)
                 keys_a = np.zeros(len(keys), dtype=np.uint64)
                 keys_b = np.zeros(len(keys), dtype=np.uint64) if dual else None
             else:
                 keys_a = np.array([k.key_a if dual else k.prf_secret for k in keys], dtype=np.uint64)
                 keys_b = np.array([k.key_b for k in keys], dtype=np.uint64) if dual else None
-            groups.append(KeyGroup(spec=spec, indices=np.array(indices, dtype=np.int64), keys_a=keys_a, keys_b=keys_b))
+            groups.append(KeyGroup(spec=spec, indices=np.array(indices, dtype=np.int64), keys_a=keys_a, keys_b=keys_b,
+                                   wide=wide))
         return cls(candidates=tuple(candidates), groups=tuple(groups))
 
 
@@ -96,8 +103,7 @@ class GroupPlan:
 
     @property
     def screened(self) -> bool:
-        # 256-bit keys are computed in full (the screen's scan runs Philox keys only).
-        return self.statistic != "routed" and self.group.spec.key_bits == 64
+        return self.statistic != "routed"
 
     @property
     def sum_form(self) -> str:
@@ -124,12 +130,26 @@ def scan_group(plan: GroupPlan, scored: scoring.ScoredPositions) -> np.ndarray:
     """Scan statistics [g, 4] of the group's keys over one text's scored positions."""
     n = len(scored.tokens)
     tables = group_tables(plan, n)
+    if plan.group.wide is not None:
+        return _scan_wide(plan, scored, tables)
     streams = 1 if plan.group.keys_b is None else 2
     # The compiled pass, unless this is a small one-off in a process without numba (its
     # numpy reference then costs less than loading numba: watermark.jit.worth_loading).
     fn = keyscan_cpu.scan_stats if jit.worth_loading(streams * n * len(plan.group.indices)) \
         else keyscan.scan_stats_reference
     return fn(plan.group.keys_a, plan.group.keys_b, scored.contexts, scored.tokens, np.array([0, n]), tables)[0]
+
+
+def _scan_wide(plan: GroupPlan, scored: scoring.ScoredPositions, tables: keyscan.ScanTables) -> np.ndarray:
+    """scan_group for 256-bit keys: their PRF's words (one compiled HMAC pass per stream), then
+    the scan statistics from them (the same integers the Philox scan computes from its words)."""
+    from watermark import prf
+
+    impl = prf.lookup(plan.group.spec.prf)
+    keys_a, keys_b = plan.group.wide
+    words_a = impl.words_many(keys_a, scored.contexts, scored.tokens)
+    words_b = None if keys_b is None else impl.words_many(keys_b, scored.contexts, scored.tokens)
+    return keyscan.scan_stats_from_words(words_a, words_b, np.array([0, len(scored.tokens)]), tables)[0]
 
 
 # --------------------------------------------------------------------------- the screen

@@ -27,12 +27,19 @@ class KeyInfo:
     salt: int | None = None
     """The salt tested (a `diverse` key, expanded into its salted candidates by
     :func:`salted_candidates`); None for a `deterministic` key. Only then in ``to_dict``."""
+    prf: str = "philox4x32-10-v1"
+    """The key's PRF; with ``key_bits``, in ``to_dict`` only for a key that is not a 64-bit
+    Philox key (absent: ``philox4x32-10-v1``, 64 bits), so results about such keys read as before."""
+    key_bits: int = 64
+    """The secret's size: what a key search must cover (docs: concepts/threat-model.md)."""
 
     def to_dict(self) -> dict[str, Any]:
         out = {"tenant": self.tenant, "key_id": self.key_id, "version": self.version,
                "state": self.state, "fingerprint": self.fingerprint, "algorithm": self.algorithm}
         if self.salt is not None:
             out["salt"] = self.salt
+        if self.key_bits != 64:
+            out["prf"], out["key_bits"] = self.prf, self.key_bits
         return out
 
 
@@ -47,7 +54,8 @@ class Candidate:
     def inline(cls, key: WatermarkKey, label: str = "inline") -> "Candidate":
         """A key given directly (CLI, tests): no tenant, no stored id."""
         return cls(key=key, info=KeyInfo(tenant=None, key_id=label, version=None, state="active",
-                                         fingerprint=key.fingerprint, algorithm=key.spec.algorithm, salt=key.salt))
+                                         fingerprint=key.fingerprint, algorithm=key.spec.algorithm, salt=key.salt,
+                                         prf=key.spec.prf, key_bits=key.spec.key_bits))
 
 
 def salted_candidates(candidates: Sequence[Candidate], known_salt: dict[str, int] | None = None) -> list[Candidate]:
@@ -158,6 +166,9 @@ class DetectionResult:
     key: KeyInfo | None
     """The winning key when the text is watermarked, else None."""
     keys_tested: int
+    """The tests the global p is Šidák-corrected for: one per candidate, so a `diverse` key
+    tested under its 16 salts counts 16. The result's dict calls this ``tests`` and counts keys
+    in its ``keys_tested`` (:meth:`keys`): salts are not keys (issue 34, item 5)."""
     per_key: tuple[KeyResult, ...]
     spans: tuple[Span, ...] = ()
     ledger_matches: tuple[dict[str, Any], ...] = ()
@@ -170,6 +181,13 @@ class DetectionResult:
     def p_value(self) -> float:
         return _p(self.log10_p_value)
 
+    def keys(self) -> int:
+        """Distinct keys tested (a key under several salts once): counted from ``per_key``
+        (one entry per candidate); without entries, :attr:`keys_tested`."""
+        if not self.per_key:
+            return self.keys_tested
+        return len({(r.key.tenant, r.key.key_id, r.key.version, r.key.fingerprint) for r in self.per_key})
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "watermarked": self.watermarked,
@@ -179,7 +197,8 @@ class DetectionResult:
             "scored_tokens": self.scored_tokens,
             "total_tokens": self.total_tokens,
             "key": self.key.to_dict() if self.key else None,
-            "keys_tested": self.keys_tested,
+            "keys_tested": self.keys(),
+            "tests": self.keys_tested,
             "per_key": [r.to_dict() for r in self.per_key],
             "spans": [s.to_dict() for s in self.spans],
             "ledger_matches": list(self.ledger_matches),

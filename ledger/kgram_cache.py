@@ -129,6 +129,8 @@ class KgramCache:
         self._store_key: bytes | None = None
         self._store_key_read = False
         self._v1_keys: frozenset[str] | None = None
+        self._recorded: dict[str, list[tuple[int, int]]] = {}
+        self._labels: dict[str, set[tuple[str, str]]] = {}
 
     def _keyed(self, token_ids: Sequence[int], key: bytes) -> list[int]:
         index = (key, tuple(token_ids))
@@ -254,16 +256,38 @@ class KgramCache:
         never make a match."""
         missing = [g for g in dict.fromkeys(generation_ids) if g not in self._stored]
         if missing:
-            found: dict[str, list[tuple[int, int]]] = {g: [] for g in missing}
-            labels: dict[str, set[tuple[str, str]]] = {g: set() for g in missing}
-            for chunk in chunks(missing):
-                for generation_id, scheme, digest, key_id, tenant_id in session.connection().execute(
-                        _STORED, {"generation_ids": chunk}):
-                    found[generation_id].append((int(scheme), int(digest)))
-                    labels[generation_id].add((key_id, tenant_id))
+            unread = [g for g in missing if g not in self._recorded]  # read already: the id recovery's
+            if unread:
+                self._read_recorded(session, unread)
+            found = {g: self._recorded[g] for g in missing}
+            labels = {g: self._labels[g] for g in missing}
             authentic = tlog.logged_kgrams(session, found, labels)
             self._stored.update((g, len({d for _, d in found[g]}) if g in authentic else None) for g in missing)
         return {g: c for g, c in self._stored.items() if c is not None}
+
+    def _read_recorded(self, session: Session, generation_ids: list[str]
+                       ) -> tuple[dict[str, list[tuple[int, int]]], dict[str, set[tuple[str, str]]]]:
+        """Every k-gram row of these generations: (scheme, digest) per generation, and the
+        (key id, tenant id) labels of its rows; kept for :meth:`recorded`."""
+        found: dict[str, list[tuple[int, int]]] = {g: [] for g in generation_ids}
+        labels: dict[str, set[tuple[str, str]]] = {g: set() for g in generation_ids}
+        for chunk in chunks(generation_ids):
+            for generation_id, scheme, digest, key_id, tenant_id in session.connection().execute(
+                    _STORED, {"generation_ids": chunk}):
+                found[generation_id].append((int(scheme), int(digest)))
+                labels[generation_id].add((key_id, tenant_id))
+        self._recorded.update(found)
+        self._labels.update(labels)
+        return found, labels
+
+    def recorded(self, session: Session, generation_id: str) -> tuple[int | None, set[int]]:
+        """(scheme, digests) a generation recorded (None, empty: none), one query shared with
+        :meth:`stored`. Not checked against the log: what reads it (the recovery of a
+        generation's ids, service.generation_ids) proves its result by the ids' SHA-256."""
+        if generation_id not in self._recorded:
+            self._read_recorded(session, [generation_id])
+        rows = self._recorded[generation_id]
+        return (rows[0][0] if rows else None), {d for _, d in rows}
 
     def shared(self, session: Session, key_id: str, generation_id: str, token_ids: Sequence[int],
                secret: int) -> tuple[list[int], set[int]] | None:

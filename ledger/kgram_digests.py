@@ -48,7 +48,7 @@ def keyed_position_digests(token_ids: Sequence[int], key: bytes, k: int = K,
         digest = memo.get(gram)
         if digest is None:
             if inner is None:
-                inner, outer = _hmac_states(key)
+                inner, outer = hmac_states(key)
             mac = inner.copy()
             mac.update(gram)
             final = outer.copy()
@@ -58,7 +58,7 @@ def keyed_position_digests(token_ids: Sequence[int], key: bytes, k: int = K,
     return out
 
 
-def _hmac_states(key: bytes) -> tuple["hashlib._Hash", "hashlib._Hash"]:
+def hmac_states(key: bytes) -> tuple["hashlib._Hash", "hashlib._Hash"]:
     """SHA-256 states after HMAC's inner and outer padded key blocks (a key of at most one
     64-byte block, as both schemes' 32 bytes)."""
     block = key.ljust(64, b"\0")

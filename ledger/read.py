@@ -406,3 +406,24 @@ def generation_salts(session: Session, generation_ids: Sequence[str]) -> dict[st
         if isinstance(salt, int) and not isinstance(salt, bool):
             out[generation_id] = salt
     return out
+
+
+_FACTS = (select(Row.generation_id, Row.id, Row.details, Row.key_state)
+          .where(Row.generation_id.in_(bindparam("ids", expanding=True))))
+
+
+def generation_facts(session: Session, generation_ids: Sequence[str]) -> tuple[dict[str, int], dict[str, str | None]]:
+    """:func:`generation_salts` and :func:`keys.key_states.states_at_generation` of the same
+    generations in one query (a detection reads both of what the ledger found)."""
+    if not generation_ids:
+        return {}, {}
+    salts: dict[str, int] = {}
+    latest: dict[str, tuple[int, str | None]] = {}
+    for generation_id, row_id, details, key_state in session.connection().execute(
+            _FACTS, {"ids": list(dict.fromkeys(generation_ids))}):
+        salt = details.get(SALT_DETAIL) if isinstance(details, dict) else None
+        if isinstance(salt, int) and not isinstance(salt, bool):
+            salts[generation_id] = salt
+        if generation_id not in latest or row_id > latest[generation_id][0]:
+            latest[generation_id] = (row_id, key_state)
+    return salts, {g: state for g, (_, state) in latest.items()}

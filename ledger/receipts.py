@@ -16,7 +16,8 @@ a signature by a key the log does not hold, by a revoked key, or dated (by the s
 own time field, :data:`STATEMENT_TIME`) outside the key's window (:func:`check_window`).
 
 A receipt's statement (type ``hallmark.receipt``, version 2) holds: generation_id,
-tenant_id, tenant, key (key_id, version, fingerprint, state; null when unwatermarked), spec,
+tenant_id, tenant, key (key_id, version, fingerprint, state, and prf and key_bits for a key that is not
+a 64-bit Philox key; null when unwatermarked), spec,
 model, engine, created_at and finished_at (when the generation started, from its ``started``
 entry or a one-entry generation's ``details.started_at``, and when its attested entry was
 written), finish_reason,
@@ -301,6 +302,32 @@ def verify_log_proof(receipt: dict[str, Any], statement: dict[str, Any], log_key
     except merkle.ProofError as exc:
         raise ReceiptInvalid(f"the receipt's entry is not in the log: {exc}") from None
     return checkpoint
+
+
+def verify_tlog_proof(receipt: dict[str, Any], statement: dict[str, Any], policy: Any) -> Any:
+    """The receipt's ``log.tlog_proof`` (c2sp.org/tlog-proof@v1) proves its entry's leaf at its
+    ``ledger.leaf_index`` under ``policy`` (ledger.log.policy: a listed log's signature and the
+    witness quorum), offline. Returns (checkpoint, witnesses that cosigned it)."""
+    from ledger.log import merkle
+    from ledger.log.leaves import entry_leaf
+    from ledger.log.proof import TlogProofError, verify_proof
+
+    ledger = statement.get("ledger") if isinstance(statement.get("ledger"), dict) else {}
+    text = receipt.get("log", {}).get("tlog_proof") if isinstance(receipt.get("log"), dict) else None
+    if not isinstance(text, str):
+        raise ReceiptInvalid("the receipt carries no tlog-proof (c2sp.org/tlog-proof@v1): fetch it again from "
+                             "GET /v1/generations/{id}/receipt once the log published a witnessed checkpoint")
+    try:
+        leaf = merkle.leaf_hash(entry_leaf(ledger["entry_hash"], ledger["kgrams_sha256"]))
+    except (KeyError, TypeError, ValueError):
+        raise ReceiptInvalid("the receipt's ledger entry is malformed") from None
+    try:
+        checkpoint, cosigned, proof = verify_proof(text, leaf, policy)
+    except TlogProofError as exc:
+        raise ReceiptInvalid(f"the receipt's tlog-proof: {exc}") from None
+    if proof.index != ledger.get("leaf_index"):
+        raise ReceiptInvalid("the receipt's tlog-proof is for another leaf than its ledger entry")
+    return checkpoint, cosigned
 
 
 def verify_receipt(receipt: Any, keys: Mapping[str, TrustedKey | Ed25519PublicKey], *, text: str | None = None,

@@ -135,6 +135,43 @@ def verify_report(document: Any, keys: dict[str, Ed25519PublicKey], *, text: str
     return ReportCheck(statement, version, text_matches, token_ids_match)
 
 
+def verify_report_proofs(document: dict[str, Any], statement: dict[str, Any], policy: Any) -> dict[str, Any]:
+    """Each ledger entry the report cites (``result.ledger_matches``) is proved in the log by
+    one of the report's ``log.tlog_proofs`` (c2sp.org/tlog-proof@v1) under ``policy``
+    (ledger.log.policy: a listed log's signature, the witness quorum), offline. A proof's
+    ``extra`` is the leaf's data, ``0x01 || entry_hash || kgrams_sha256``: its entry hash must
+    be the cited one. Returns generation id -> (leaf index, tree size, witnesses)."""
+    from ledger.log import merkle
+    from ledger.log.proof import TlogProofError, parse_proof, verify_proof
+
+    result = statement.get("result") if isinstance(statement.get("result"), dict) else {}
+    cited = {m["ledger"]["entry_hash"]: m.get("generation_id") for m in result.get("ledger_matches") or ()
+             if isinstance(m, dict) and isinstance(m.get("ledger"), dict) and isinstance(m["ledger"].get("entry_hash"),
+                                                                                         str)}
+    proofs = document.get("log", {}).get("tlog_proofs") if isinstance(document.get("log"), dict) else None
+    if cited and not isinstance(proofs, list):
+        raise ReportInvalid("the report cites ledger entries but carries no tlog-proof of them (a report signed "
+                            "before the log published a checkpoint covering them)")
+    proved: dict[str, Any] = {}
+    for text in proofs or ():
+        try:
+            extra = parse_proof(text).extra or b""
+            if len(extra) != 65 or extra[0] != 0x01:
+                raise TlogProofError("its extra data is not a ledger entry's leaf")
+            entry_hash = extra[1:33].hex()
+            if entry_hash not in cited:
+                continue
+            checkpoint, cosigned, proof = verify_proof(text, merkle.leaf_hash(extra), policy)
+        except TlogProofError as exc:
+            raise ReportInvalid(f"a tlog-proof of the report: {exc}") from None
+        proved[cited[entry_hash]] = {"leaf_index": proof.index, "tree_size": checkpoint.size,
+                                     "cosigned_by": sorted(cosigned)}
+    missing = [g for g in cited.values() if g not in proved]
+    if missing:
+        raise ReportInvalid(f"no tlog-proof for the cited entry of generation {missing[0]}")
+    return proved
+
+
 def _check_v2(statement: dict[str, Any]) -> None:
     """The consistency a signer of format v2 guarantees (a signature alone does not show
     that the signer followed the format)."""

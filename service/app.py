@@ -17,7 +17,6 @@ from sqlalchemy.orm import Session
 
 from fastapi import FastAPI
 
-from detector import trgof
 from keys.db import Store, open_store
 from keys.errors import ConcurrentChange
 from ledger.entries import recover_interrupted
@@ -25,7 +24,7 @@ from ledger.signing import ensure_signing_key
 from ledger.log.tlog import ensure_log
 from keys.settings import StoreSettings
 from service.engines.base import Engine
-from service import http_errors, openapi
+from service import http_errors, openapi, warmup
 from service.body_limit import BodyLimit
 from service.middleware import RequestMetrics
 from service.request_log import RequestLog
@@ -138,10 +137,13 @@ def create_app(settings: ServiceSettings, *, engine: Engine | None = None,
         await asyncio.to_thread(services.publish_checkpoint)
         publisher = asyncio.create_task(_publish_checkpoints(services))
         uses = asyncio.create_task(_flush_token_uses(services))
-        await asyncio.to_thread(trgof.warm_up)  # Tr-GoF's compiled tail: no request compiles it
         state["services"] = services
         app.state.services = services
         await own_engine.start()
+        # The detector's compiled paths and the tokenizer's tables, before the server accepts a
+        # connection (so before /readyz answers): no request compiles them (service.warmup).
+        await asyncio.to_thread(warmup.warm_detection, own_engine)
+        await asyncio.to_thread(warmup.warm_requests, services)
         # Models, tokenizers and modules are loaded now: move them out of the collector's
         # reach, and collect less often, so that no request waits behind a long collection
         # (measured: 60 ms p99 spikes on /v1/detect with the default thresholds).

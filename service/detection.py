@@ -17,7 +17,7 @@ from detector.forms import (TextForm, detect_forms, distinct_forms, merge_form_m
 from ledger import kgrams
 from keys.errors import KeyStoreError, UnknownTenant
 from keys.key_states import with_key_states as with_entry_states
-from service import evidence
+from service import evidence, generation_ids
 from service.auth import Identity, resolve_tenant
 from service.detect_input import DegenerateInput, check_detect_input
 from service.errors import Conflict, NotFound, TooLarge, Unavailable, Unprocessable
@@ -25,6 +25,7 @@ from service.http_errors import store_error
 from service.ledger_evidence import with_key_states, with_ledger_basis, with_shared_evidence, with_shared_scores
 from service.ledger_lookup import LedgerLookup, ledger_scope, look_up, stored_keys
 from service.ledger_salts import narrowed_by_ledger
+from service import ledger_log
 from service.provenance import ledger_match, report_scope, report_settings, report_statement
 from service.schemas import DetectBody
 from service.state import Services
@@ -44,10 +45,12 @@ def detector_config(params: DetectBody) -> DetectorConfig:
         raise Unprocessable(describe(exc, default="")) from None
 
 
-def detect(services: Services, identity: Identity, params: DetectBody, *, batched: bool = True) -> dict[str, Any]:
+def detect(services: Services, identity: Identity, params: DetectBody, *, batched: bool = True,
+           counted: bool = True) -> dict[str, Any]:
     """The full result of one detection (what ``/v1/detect`` answers). ``batched`` False:
     the reference path (every key scored in full, each form of the text looked up in the
-    ledger on its own), which the batched one matches (tests/service/test_detect_batched.py)."""
+    ledger on its own), which the batched one matches (tests/service/test_detect_batched.py).
+    ``counted`` False: not in the detection metrics (the start's warm-up, service.warmup)."""
     settings = services.settings
     if (params.text is None) == (params.token_ids is None):
         raise Unprocessable("give exactly one of 'text' and 'token_ids'")
@@ -99,8 +102,20 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
     # ids' decoded text (their one form).
     if text is None and forms[0][0]:
         text = services.engine.tokenizer().decode(forms[0][0], skip_special_tokens=True)
-    # The ledger looked up once (exact copies, every form's k-grams) for the salts and the basis.
-    lookup = look_up(services, identity, tenant, candidates, [t for t, _ in forms], text)
+    # The ledger looked up once (exact copies, every form's k-grams) for the salts and the basis;
+    # an exact copy's own token ids recovered in the same transaction (service.generation_ids).
+    recover = _id_recovery(services, params.text, forms[0][0], candidates) if params.text is not None else None
+    searched = [t for t, _ in forms]  # the k-gram basis searches these, whatever is scored
+    lookup = look_up(services, identity, tenant, candidates, searched, text, recover)
+    scored_as = "text" if params.text is not None else "token_ids"
+    if lookup.generation_ids is not None:
+        # The text is the generation's output, and these are the ids the model wrote (their
+        # SHA-256 the recorded one): scored as one form, where encode's tokens and the
+        # normalised forms would only lose the watermark of re-tokenised tokens.
+        recovered = lookup.generation_ids
+        forms = [(list(recovered.token_ids), list(recovered.offsets))]
+        text_variants = [TextForm("generation_ids", params.text, None)]
+        form_names, scored_as = ["generation_ids"], "generation_ids"
     # A diverse key whose generation the ledger identifies is tested under its recorded salt.
     narrowed = narrowed_by_ledger(services, lookup, candidates, config, exact=params.text is not None)
     memo = ScoreMemo()  # the detector's scores, read again by the ledger basis's shared-token test
@@ -110,22 +125,25 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
                                     memo=memo)
     else:
         result, best = detect_forms([token_ids for token_ids, _ in forms], narrowed, config)
-    candidates = narrowed
+    # The k-gram basis tests each match's shared tokens under its own generation's salt, which
+    # may be one the narrowing left out (a match to another generation of the same key).
+    every_salt, candidates = candidates, narrowed
     token_ids, offsets = forms[best]
     if offsets is not None:
         # Mapped back to the client's text for the scored form only (the others' are unused).
         offsets = original_offsets(text_variants[best], offsets)
         result = with_span_chars(result, offsets)
     if batched:
-        matches, kgram_matches = _ledger_basis(services, lookup, candidates, config, memo=memo)
+        matches, kgram_matches = _ledger_basis(services, lookup, every_salt, config, memo=memo)
     else:
-        matches, kgram_matches = _ledger_basis(services, lookup, candidates, config, kgram=False)
-        kgram_matches = _kgram_matches_per_form(services, identity, tenant, candidates, [t for t, _ in forms],
-                                                config)
-    services.metrics.detections.labels("watermarked" if result.watermarked else "not_watermarked").inc()
+        matches, kgram_matches = _ledger_basis(services, lookup, every_salt, config, kgram=False)
+        kgram_matches = _kgram_matches_per_form(services, identity, tenant, every_salt, searched, config)
+    if counted:
+        services.metrics.detections.labels("watermarked" if result.watermarked else "not_watermarked").inc()
     # The ledger is a second basis: an exact copy (output hash) or shared k-grams whose
     # chance-collision bound passes the threshold, even when the watermark no longer does.
     out = with_ledger_basis(result.to_dict(), matches, kgram_matches, config.threshold)
+    out["scored_as"] = scored_as
     if normalized is not None:
         out["normalization"] = {**normalized.to_dict(), "scored": form_names[best]}
     if params.evidence:
@@ -135,7 +153,33 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
     settings = report_settings(config, normalize=params.normalize if params.text is not None else None)
     out["report"] = services.sign(report_statement(out, text=params.text, token_ids=list(token_ids),
                                                    scope=scope, settings=settings))
+    cited = [(m["generation_id"], m["ledger"]["entry_hash"]) for m in out.get("ledger_matches") or ()
+             if isinstance(m.get("ledger"), dict) and m.get("generation_id")]
+    if out["report"] is not None and cited:  # offline proofs that the cited entries are logged
+        proofs = ledger_log.entry_proofs(services, cited)
+        if proofs:
+            out["report"]["log"] = {"tlog_proofs": proofs}
     return out
+
+
+def _id_recovery(services: Services, text: str, canonical: list[int], candidates):
+    """The look-up's hook (service.ledger_lookup.look_up's ``recover``) that recovers the token
+    ids of the newest exact copy, under a key in scope, whose ids hash to its record."""
+    tokenizer = services.engine.tokenizer()
+    in_scope = {c.info.key_id for c in candidates if c.info.key_id and c.info.tenant is not None}
+
+    def run(session, found: LedgerLookup) -> None:
+        table = generation_ids.segmentation_table(tokenizer, services.engine)
+        secrets = dict(stored_keys(candidates))
+        for entry in found.exact:  # newest first
+            if entry.key_id not in in_scope or not entry.token_ids_sha256:
+                continue
+            ids = generation_ids.recover(session, found.cache, entry, text, canonical, table, secrets)
+            if ids is not None:
+                found.generation, found.generation_ids = entry, ids
+                return
+
+    return run
 
 
 _KEYSETS: dict[str | None, tuple[list[Candidate], KeySet]] = {}

@@ -187,6 +187,8 @@ def _watermark_dict(prepared: _Prepared, done_tokens: int, watermarked: int, key
            "watermarked_tokens": watermarked, "watermarked_share": share}
     if plan.key.salt is not None:
         out["salt"] = plan.key.salt
+    if prepared.spec.key_bits != 64:  # a 64-bit Philox key's response reads as before (detector.result.KeyInfo)
+        out["prf"], out["key_bits"] = prepared.spec.prf, prepared.spec.key_bits
     return out
 
 

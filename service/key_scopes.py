@@ -23,7 +23,8 @@ from keys.material import OpenedKeys, StoredKey
 def candidate_of(stored: StoredKey) -> Candidate:
     return Candidate(key=stored.material, info=KeyInfo(
         tenant=stored.tenant, key_id=stored.key_id, version=stored.version, state=stored.state,
-        fingerprint=stored.fingerprint, algorithm=stored.spec.algorithm))
+        fingerprint=stored.fingerprint, algorithm=stored.spec.algorithm, prf=stored.spec.prf,
+        key_bits=stored.spec.key_bits))
 
 
 class ScopeKeys:

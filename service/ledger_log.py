@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import re
 from typing import Any
 
-from ledger.log import tlog
+from ledger.log import tile_reads, tiles, tlog
 from keys.errors import KeyStoreError
-from service.errors import NotFound, Unprocessable
+from service.errors import NotFound, Unavailable, Unprocessable
 from service.http_errors import store_error
 from service.state import Services
 
+log = logging.getLogger("hallmark.log")
 _HEX32 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -87,3 +89,81 @@ def consistency(services: Services, *, first: int, second: int | None) -> dict[s
     except KeyStoreError as exc:
         raise store_error(exc) from None
     return {"from": first, "to": size, "consistency_proof": _b64(proof)}
+
+
+# --- tlog-tiles (c2sp.org/tlog-tiles) under /v1/ledger/log --------------------------------------
+
+_FULL_TILES: dict[str, bytes] = {}
+"""Full tiles and bundles by path: immutable once the tree covers them, so kept (bounded)."""
+_FULL_TILES_MAX = 4096
+
+
+def tile(services: Services, path: str) -> tuple[bytes, bool]:
+    """The tile, or entry bundle, at ``path`` (``tile/...``) and whether it is full
+    (immutable). Served only once a published checkpoint's tree covers it."""
+    try:
+        wanted = tiles.parse(path)
+    except tiles.TilePathError as exc:
+        raise NotFound(str(exc)) from None
+    if wanted.full and path in _FULL_TILES:
+        return _FULL_TILES[path], True
+    try:
+        with services.store.transaction(write=False) as session:
+            published = tlog.published_size(session)
+            if not tiles.available(wanted, published):
+                raise NotFound(f"no published checkpoint covers {path} (published size {max(published, 0)})")
+            body = (tile_reads.entry_bundle(session, wanted) if wanted.entries
+                    else tile_reads.tile_hashes(session, wanted))
+    except tile_reads.TileMissing as exc:
+        raise Unavailable(str(exc)) from None
+    except KeyStoreError as exc:
+        raise store_error(exc) from None
+    if wanted.full:
+        if len(_FULL_TILES) >= _FULL_TILES_MAX:
+            _FULL_TILES.clear()
+        _FULL_TILES[path] = body
+    return body, wanted.full
+
+
+# --- tlog-proofs of the entries a detection report cites -----------------------------------
+
+
+def entry_proofs(services: Services, cited: list[tuple[str, str]]) -> list[str]:
+    """``c2sp.org/tlog-proof@v1`` texts for the cited generations' ``finished`` entries
+    ((generation id, entry hash) each) against the latest published checkpoint (cosigned by
+    the witness quorum when the log has witnesses); an entry it does not cover yet has none.
+    Each proof's ``extra`` is the leaf's data (``0x01 || entry_hash || kgrams_sha256``), from
+    which a verifier recomputes the leaf and checks it names the entry the report cites."""
+
+    wanted = {generation_id: entry_hash for generation_id, entry_hash in cited}
+    out: list[str] = []
+    try:
+        return _entry_proofs(services, wanted, out)
+    except KeyStoreError as exc:  # the report stands without them; `ledger verify` names a damaged log
+        log.warning("no tlog-proofs for a report's cited entries: %s", exc.user_message)
+        return []
+
+
+def _entry_proofs(services: Services, wanted: dict[str, str], out: list[str]) -> list[str]:
+    from sqlalchemy import select
+
+    from keys.models import LedgerEntry, LogLeaf
+    from ledger.log.leaves import entry_leaf
+    from ledger.log.proof import format_proof
+
+    with services.store.transaction(write=False) as session:
+        published = tlog.latest_checkpoint(session)
+        if published is None or not wanted:
+            return out
+        rows = session.execute(
+            select(LogLeaf.idx, LogLeaf.kgrams_sha256, LedgerEntry.entry_hash)
+            .join(LedgerEntry, LedgerEntry.id == LogLeaf.entry_id)
+            .where(LedgerEntry.generation_id.in_(list(wanted)), LedgerEntry.kind == "finished",
+                   LogLeaf.idx < published.size)).all()
+        for row in rows:
+            if row.entry_hash not in wanted.values() or row.kgrams_sha256 is None:
+                continue
+            proof = tlog.inclusion_proof(session, row.idx, published.size)
+            out.append(format_proof(row.idx, proof, published.note,
+                                    extra=entry_leaf(row.entry_hash, row.kgrams_sha256)))
+    return out

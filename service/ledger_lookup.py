@@ -15,16 +15,17 @@ generation's are written in one transaction, so what the look-up read stays righ
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from detector.forms import distinct_forms
+from detector.segmentation import Recovered
 from detector.result import Candidate
 from keys import key_states
 from ledger import kgrams
 from keys.errors import KeyStoreError
 from ledger.kgrams import KgramCache, KgramMatch
 from ledger.entries import GenerationEntry, hash_output
-from ledger.read import find_generations_by_output_hash, generation_salts
+from ledger.read import find_generations_by_output_hash, generation_facts
 from service.auth import Identity
 from service.http_errors import store_error
 from service.state import Services
@@ -51,6 +52,10 @@ class LedgerLookup:
     """The key state each k-gram match's generation recorded (keys.key_states.states_at_generation)."""
     now: dict[str, str] = field(default_factory=dict)
     """The state now of each found generation's key (keys.key_states.current_states)."""
+    generation: GenerationEntry | None = None
+    """The exact copy whose own token ids were recovered (service.generation_ids), if any."""
+    generation_ids: Recovered | None = None
+    """Its token ids (their SHA-256 the recorded one) and their character ranges in the text."""
 
 
 def stored_keys(candidates: Sequence[Candidate]) -> list[tuple[str, int]]:
@@ -70,18 +75,21 @@ def _with_facts(session, found: LedgerLookup) -> None:
     """The salts and key states of what ``found`` holds, one query each (none when it holds
     nothing): the salt narrowing and the basis read them instead of querying again."""
     generations = [e.id for e in found.exact] + [m.generation_id for ms in found.kgram for m in ms]
-    found.salts = generation_salts(session, generations)  # {} without a query when there are none
+    # Salts and the key state each generation recorded, one query ({} without one when none).
+    found.salts, found.at_generation = generation_facts(session, generations)
     if not generations:
         return
-    found.at_generation = key_states.states_at_generation(session, (m.generation_id for ms in found.kgram for m in ms))
     found.now = key_states.current_states(session, [e.key_id for e in found.exact]
                                           + [m.key_id for ms in found.kgram for m in ms])
 
 
 def look_up(services: Services, identity: Identity, tenant: str | None, candidates: Sequence[Candidate],
-            forms: Sequence[Sequence[int]], text: str | None) -> LedgerLookup:
+            forms: Sequence[Sequence[int]], text: str | None,
+            recover: Callable[[object, LedgerLookup], None] | None = None) -> LedgerLookup:
     """Both look-ups of one detection: ``text``'s exact copies (none when ``text`` is empty)
-    and every form's k-gram matches under the stored ``candidates``."""
+    and every form's k-gram matches under the stored ``candidates``. ``recover(session,
+    found)``: called in the same transaction once the exact copies are known, to recover
+    their generation's token ids (service.generation_ids)."""
     found = LedgerLookup(scope=ledger_scope(services, identity, tenant))
     keys = stored_keys(candidates)
     if not text and not keys:
@@ -91,6 +99,8 @@ def look_up(services: Services, identity: Identity, tenant: str | None, candidat
             if text:
                 found.exact = find_generations_by_output_hash(session, output_sha256=hash_output(text),
                                                               tenant_id=found.scope)
+                if found.exact and recover is not None:
+                    recover(session, found)
             if keys:
                 # Every form of the text is searched, not only the one the watermark scores best
                 # (detector.forms.merge_form_matches says why and what it costs).

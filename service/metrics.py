@@ -48,6 +48,9 @@ class Metrics:
                                          registry=r)
         self.checkpoints_published = Counter("hallmark_log_checkpoints_published",
                                              "Transparency-log checkpoints this process published.", registry=r)
+        self.witness_rounds = Counter("hallmark_log_witness_rounds",
+                                      "Rounds asking the witnesses to cosign a checkpoint, by outcome (published: "
+                                      "the quorum cosigned; short: it did not).", ["outcome"], registry=r)
         self.detections = Counter("hallmark_detections", "Detections by verdict.", ["verdict"], registry=r)
         self.rate_limited = Counter("hallmark_rate_limited", "Requests refused by the rate limit.", ["route"],
                                     registry=r)

@@ -41,7 +41,7 @@ ERROR_SCHEMA = {
 
 _DESCRIPTIONS = {
     400: "Bad request.",
-    401: "Missing, malformed, unknown or revoked bearer token.",
+    401: "Missing, malformed, unknown, revoked or expired bearer token.",
     403: "The token may not do this (another tenant, an admin-only route, a refused opt-out; on detection: "
          "per-token evidence without the `evidence` scope, a tenant's threshold that is not a power of ten).",
     404: "Unknown route, record, tenant or key.",
@@ -72,6 +72,8 @@ _EXTRA: dict[tuple[str, str], tuple[int, ...]] = {
     ("get", "/v1/ledger/proof/inclusion"): (404, 503),
     ("get", "/v1/ledger/proof/inclusion-by-hash"): (404, 503),
     ("get", "/v1/ledger/proof/consistency"): (404, 503),
+    ("get", "/v1/ledger/log/checkpoint"): (404, 503),
+    ("get", "/v1/ledger/log/tile/{path}"): (404, 503),
 }
 _ADMIN = (400, 404, 409, 503)
 _STREAMING = {("post", "/v1/generate"), ("post", "/v1/completions"), ("post", "/v1/chat/completions")}

@@ -55,6 +55,8 @@ def receipt_statement(entry: GenerationEntry, *, fingerprint: str | None) -> dic
     if entry.key_id is not None:
         key = {"key_id": entry.key_id, "version": entry.key_version, "fingerprint": fingerprint,
                "state": entry.key_state}
+        if entry.spec is not None and entry.spec.key_bits != 64:  # as detector.result.KeyInfo states it
+            key["prf"], key["key_bits"] = entry.spec.prf, entry.spec.key_bits
     return {
         "type": RECEIPT_TYPE, "version": RECEIPT_VERSION,
         "generation_id": entry.id, "tenant_id": entry.tenant_id, "tenant": entry.tenant,

@@ -2,8 +2,9 @@
 
 The statement is rebuilt from the generation's ``finished`` entry as the gateway signed it
 when the generation ended (same fields, same key fingerprint, same ledger position), and
-its log proof is the entry's inclusion in the tree its append committed (the same
-``tree_size`` and proof as the original receipt's), under a checkpoint signed now. A
+its log proof is the entry's inclusion in the latest published checkpoint (cosigned by the
+witnesses' quorum when the log has witnesses; also as a c2sp.org/tlog-proof@v1 text), or,
+before one covers it, in the tree its append committed under a checkpoint signed now. A
 generation still running has no receipt yet (409); another tenant's reads as unknown (404),
 and so does a row the log does not hold as written (ledger.read.authentic): only entries whose
 leaf authenticates are ever signed.
@@ -43,14 +44,19 @@ def receipt_again(services: Services, *, generation_id: str, tenant_id: str | No
                 # whose log was off (a benchmark's control arm) or a process without the log key.
                 raise Conflict(f"generation {generation_id} is not in the transparency log, so no receipt is "
                                "signed for it", code="generation_not_logged", headers={"x-should-retry": "false"})
-            size = leaf.idx + 1
+            size, note = leaf.idx + 1, None
+            published = tlog.latest_checkpoint(session)
+            if published is not None and published.size > leaf.idx:
+                # Proved against the latest published checkpoint: cosigned by the witness quorum
+                # when the log has witnesses, so the receipt verifies offline under a policy.
+                size, note = published.size, published.note
             entry = dataclasses.replace(entry, kgrams_sha256=leaf.kgrams_sha256, fields=entry_fields(last),
                                         log=tlog.Sequenced(
                 leaf_index=leaf.idx, size=size, root=tlog.root_at(session, size),
                 proof=tuple(tlog.inclusion_proof(session, leaf.idx, size))))
     except KeyStoreError as exc:
         raise store_error(exc) from None
-    receipt = services.receipt_for(entry, fingerprint=key.shown_fingerprint if key is not None else None)
+    receipt = services.receipt_for(entry, fingerprint=key.shown_fingerprint if key is not None else None, note=note)
     if receipt is None:
         raise Unavailable("the store has no signing key, so no receipt can be signed")
     return receipt

@@ -39,8 +39,10 @@ class SignedDocument(_Body):
     signature: dict[str, Any]
     """`alg` (Ed25519), `kid` (the signing key) and `sig` (base64url)."""
     log: dict[str, Any] | None = None
-    """A receipt's transparency-log proof: `leaf_index`, `tree_size`, a signed `checkpoint` and
-    the `inclusion_proof`."""
+    """A receipt's transparency-log proof: `leaf_index`, `tree_size`, a signed `checkpoint`, the
+    `inclusion_proof`, and all of it as `tlog_proof` (c2sp.org/tlog-proof@v1 text; against a
+    witness-cosigned checkpoint when fetched again once one covers the entry). A detection
+    report's: `tlog_proofs`, one for each ledger entry it cites."""
     entry: dict[str, Any] | None = None
     """A receipt's attested ledger entry, every hashed field (they hash to `statement.ledger.entry_hash`):
     what keeps the receipt verifiable through the log if its signing key is revoked later."""
@@ -131,6 +133,9 @@ class DetectResponse(_Body):
     key: dict[str, Any] | None
     """The winning key (tenant, key_id, version, state, fingerprint, algorithm) when watermarked."""
     keys_tested: int
+    """Keys tested (a `diverse` key under its salts counts once)."""
+    tests: int | None = None
+    """Tests the global p is corrected for: (key, salt) pairs, a `diverse` key's salts each one."""
     per_key: list[dict[str, Any]]
     """Each key's statistic, score, scored tokens and p-values (own and Holm-adjusted)."""
     spans: list[dict[str, Any]]
@@ -145,6 +150,10 @@ class DetectResponse(_Body):
     """Recorded generations sharing keyed eight-token sequences with the text."""
     normalization: dict[str, Any] | None = None
     """Text input: what normalisation changed and which form was scored."""
+    scored_as: str | None = None
+    """What was scored: `text` (as the tokenizer encodes it, and its normalised forms),
+    `generation_ids` (an exact copy, on the token ids its generation wrote, proven by their
+    recorded hash) or `token_ids` (ids sent as such)."""
     evidence: dict[str, Any] | None = None
     """With `evidence: true`: each token's offsets, whether it was scored (and why not), its score."""
     evidence_withheld: str | None = None

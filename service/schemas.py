@@ -4,8 +4,9 @@ Every field has a type that is not coerced (``"5"`` is not an integer, ``0`` is 
 boolean) and bounds, so that a malformed request gets a 422 before it reaches the engine.
 Hallmark's own routes refuse unknown fields. The OpenAI-compatible ones take the fields they
 honour, refuse with a 400 naming it any parameter that would change the output but is not
-supported (:data:`UNSUPPORTED`, unless it has its neutral value), and ignore the rest, which
-change nothing in the output (``user``, ``metadata``, ``store``, ``service_tier``,
+supported (:data:`UNSUPPORTED`, unless it has its neutral value), refuse the one field of
+Hallmark's own API they do not honour (``tenant``, :data:`NATIVE_ONLY`), and ignore the rest,
+which change nothing in the output (``user``, ``metadata``, ``store``, ``service_tier``,
 ``stream_options``, ...; OpenAI clients send many). Bounds that depend on the deployment (the token
 cap, the prompt length, the model's vocabulary) are enforced by :mod:`service.limits` and
 written into the OpenAPI document by :mod:`service.openapi`.
@@ -136,7 +137,13 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (None, False), "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,),
     "guided_grammar": (None,), "structured_outputs": (None,), "allowed_token_ids": (None,), "bad_words": (None, []),
     "prompt_logprobs": (None,), "logits_processors": (None, []),
+    # Hallmark's own: /v1/generate's `tenant` picks whom a global admin generates for; ignored here it
+    # would generate as someone else than the caller meant (issue 35 item 6), so it is refused.
+    "tenant": (None,),
 }
+NATIVE_ONLY = {"tenant": "a token generates for its own tenant here; a global admin names one on /v1/generate "
+                         "({\"tenant\": \"...\"})"}
+"""Fields of Hallmark's own API that the OpenAI routes refuse (with why), rather than ignore."""
 """Parameters of OpenAI's (and vLLM's) routes that would change the output and that Hallmark
 does not implement, each with the values that ask for nothing (accepted, no effect). Any
 other value is refused (400 ``unsupported_parameter`` with ``param``) rather than ignored: a
@@ -200,6 +207,8 @@ class _OpenAIBase(BaseModel):
     bad_words: Any = _unsupported("bad_words")
     prompt_logprobs: Any = _unsupported("prompt_logprobs")
     logits_processors: Any = _unsupported("logits_processors")
+    tenant: Any = Field(default=None, description="Not accepted (null only): " + NATIVE_ONLY["tenant"] +
+                        "; any other value gets 400 `unsupported_parameter`.")
 
     def unsupported_parameter(self) -> str | None:
         """The first parameter of :data:`UNSUPPORTED` sent with a value other than a neutral one."""

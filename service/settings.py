@@ -182,6 +182,15 @@ class ServiceSettings(BaseSettings):
     checkpoint_every_seconds: float = Field(default=30.0, gt=0, le=3600)
     """... and at most this many seconds after an entry was logged
     (HALLMARK_CHECKPOINT_EVERY_SECONDS)."""
+    witness_policy: str | None = None
+    """A tlog-policy file (c2sp.org/tlog-policy) naming the witnesses (key and tlog-witness
+    URL) and the quorum: a checkpoint is then published only once the quorum cosigned it
+    (HALLMARK_WITNESS_POLICY). Unset: checkpoints are published as the log signs them."""
+    witness_timeout_seconds: float = Field(default=2.0, gt=0, le=60)
+    """One add-checkpoint request's timeout (HALLMARK_WITNESS_TIMEOUT_SECONDS)."""
+    witness_attempts: int = Field(default=3, ge=1, le=10)
+    """Attempts per witness and checkpoint (timeouts, 5xx, 409s) before the round gives up
+    on it; the next round (at most checkpoint_every_seconds later) tries again."""
     transparency_log: bool = True
     """Off only as a benchmark's control arm (bench/log_cost.py): entries are then written
     without log leaves, so detection never cites them and receipts carry no proof."""

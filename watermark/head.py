@@ -4,7 +4,8 @@ Gumbel-max sampling under a PRF keyed by (key, the last w generated tokens) is a
 the prompt: the same prompt gives the same text. The first `diverse` scheme (`salt`,
 :mod:`watermark.salt`) draws one of 16 salted secrets per generation, so a detector that does
 not know the salt (no ledger) tests 16 keys and pays log10(16) = 1.2 in p; at 1e-6 with 20 %
-of tokens substituted that cost 0.05-0.16 of TPR (bench/results/diversity-head.md).
+of 200 tokens substituted that cost 0.13-0.15 of TPR (docs/benchmarks.md, "Diverse keys: head
+against salt").
 
 The `head` scheme puts the randomness where the detector reads it back for free: in the text.
 A generation's first ``context_width`` tokens, whose contexts still hold padding, are sampled
@@ -14,9 +15,10 @@ needs that scope. Every later token's context holds those random tokens or token
 them, so two generations of one prompt differ from their first token on (as often as
 unwatermarked sampling's first w tokens differ), and the key is never salted: a detector
 scores the text under one key, with no search and no multiple-testing correction, whatever
-was edited. The cost is the watermark on w tokens per generation (4 of 200 by default), and
-regenerations whose w head tokens coincide repeat one text (the model's own probability of
-repeating w tokens; measured on the bundled model in bench/results/diversity-head.md).
+was edited. The cost is the watermark on w tokens per generation (4 of 200 by default: 0.03 to
+0.05 of TPR in the same bench), and regenerations whose w head tokens coincide repeat one text
+(the model's own probability of repeating w tokens: none in 20 prompts x 6 regenerations of
+the bundled model, bench/results/diversity-head-regenerations.json).
 
 A detector skips nothing for it: the head's padded contexts are scored like any others (it
 cannot know where a generation starts), and being unwatermarked they only add null scores.

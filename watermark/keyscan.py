@@ -153,23 +153,36 @@ def scan_stats_reference(keys_a: np.ndarray, keys_b: np.ndarray | None, contexts
     contexts [P, w] (int64, -1 padded) and tokens [P] of every text's scored positions,
     text t's at offsets[t] .. offsets[t + 1] (offsets [T + 1])."""
     keys_a = np.asarray(keys_a, dtype=np.uint64)
-    texts, count = len(offsets) - 1, len(keys_a)
-    out = np.zeros((texts, count, len(STATS)), dtype=np.int64)
     streams = [keys_a] if keys_b is None else [keys_a, np.asarray(keys_b, dtype=np.uint64)]
-    for k in range(count):
-        r = [MANTISSA_ONE - (philox.words_numpy(int(keys[k]), contexts, tokens) >> np.uint64(8)).astype(np.int64)
-             for keys in streams]
-        single = [chord_bound(tables.chord[0], x) for x in r]
-        level = tables.levels[0][buckets(r[0], LEVEL_BITS)[0]].astype(np.int64)
-        if keys_b is not None:
-            level = np.maximum(level, tables.levels[1][buckets(r[1], LEVEL_BITS)[0]])
-            maxima = np.maximum(chord_bound(tables.chord[1], r[0]), chord_bound(tables.chord[1], r[1]))
-        for t in range(texts):
-            part = slice(int(offsets[t]), int(offsets[t + 1]))
-            out[t, k, SUM_A] = single[0][part].sum()
-            if keys_b is not None:
-                out[t, k, SUM_B] = single[1][part].sum()
-                out[t, k, SUM_MAX] = maxima[part].sum()
-            hist = np.bincount(level[part], minlength=LEVELS)
-            out[t, k, GOF] = gof_statistic(hist, part.stop - part.start, tables)
+    words = [np.stack([philox.words_numpy(int(k), contexts, tokens) for k in keys])
+             if len(keys) else np.zeros((0, len(tokens)), np.uint64) for keys in streams]
+    return scan_stats_from_words(words[0], None if keys_b is None else words[1], offsets, tables)
+
+
+def scan_stats_from_words(words_a: np.ndarray, words_b: np.ndarray | None, offsets: np.ndarray,
+                          tables: ScanTables) -> np.ndarray:
+    """:func:`scan_stats_reference` from the PRF words themselves (words_a, words_b [K, P],
+    any unsigned dtype): for a PRF the compiled scan does not run (256-bit keys). Every key
+    in one pass of array operations (a short text's per-key overhead would dominate)."""
+    texts, count = len(offsets) - 1, len(words_a)
+    out = np.zeros((texts, count, len(STATS)), dtype=np.int64)
+    if count == 0:
+        return out
+    streams = [words_a] if words_b is None else [words_a, words_b]
+    r = [MANTISSA_ONE - (np.asarray(words, dtype=np.uint64) >> np.uint64(8)).astype(np.int64) for words in streams]
+    single = [chord_bound(tables.chord[0], x) for x in r]
+    level = tables.levels[0][buckets(r[0], LEVEL_BITS)[0]].astype(np.int64)
+    if words_b is not None:
+        level = np.maximum(level, tables.levels[1][buckets(r[1], LEVEL_BITS)[0]])
+        maxima = np.maximum(chord_bound(tables.chord[1], r[0]), chord_bound(tables.chord[1], r[1]))
+    rows = np.arange(count)[:, None] * LEVELS
+    for t in range(texts):
+        part = slice(int(offsets[t]), int(offsets[t + 1]))
+        out[t, :, SUM_A] = single[0][:, part].sum(axis=1)
+        if words_b is not None:
+            out[t, :, SUM_B] = single[1][:, part].sum(axis=1)
+            out[t, :, SUM_MAX] = maxima[:, part].sum(axis=1)
+        hist = np.bincount((level[:, part] + rows).ravel(), minlength=count * LEVELS).reshape(count, LEVELS)
+        for k in range(count):
+            out[t, k, GOF] = gof_statistic(hist[k], part.stop - part.start, tables)
     return out

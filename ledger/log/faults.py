@@ -99,15 +99,29 @@ class ForeignRows:
                "key; the next append collides with it (run `hallmark ledger repair`)" for leaf in self.leaves]
         out += [f"log subtree (level {level}, index {index}) lies beyond the log's head (size {self.size}): "
                 "inserted without the log key (run `hallmark ledger repair`)" for level, index in self.nodes]
-        out += [f"a checkpoint of size {size} is stored but the log holds {self.size} leaves: inserted without the "
-                "log key (run `hallmark ledger repair`)" for size in self.checkpoints]
+        out += [(f"a checkpoint of size {size} is stored but the log holds {self.size} leaves" if size > self.size else
+                 f"the stored checkpoint of size {size} is not signed by the log key") +
+                ": inserted without the log key (run `hallmark ledger repair`)" for size in self.checkpoints]
         return out
 
 
-def foreign_rows(session: Session, size: int) -> ForeignRows:
+def forged_checkpoint(note: str, verifier: Any) -> bool:
+    """Whether a stored checkpoint note is not the log key's (anyone could insert the row)."""
+    from ledger.log.note import NoteError, open_checkpoint
+
+    try:
+        open_checkpoint(note, verifier)
+    except NoteError:
+        return True
+    return False
+
+
+def foreign_rows(session: Session, size: int, verifier: Any = None) -> ForeignRows:
     """The rows beyond a head of ``size`` (read from an authenticated head): a leaf the writer
     appends is at index ``size`` exactly, and its head moves in the same transaction, so no
-    genuine leaf, subtree or checkpoint ever lies beyond the head."""
+    genuine leaf, subtree or checkpoint ever lies beyond the head. With the log's ``verifier``,
+    also a checkpoint within the log whose note the log key did not sign (one inserted ahead of
+    the log, which the writer's publication then skipped as published already)."""
     found = ForeignRows(size)
     for leaf in session.scalars(select(LogLeaf).where(LogLeaf.idx >= size).order_by(LogLeaf.idx)):
         found.leaves.append({"idx": leaf.idx, "kind": leaf.kind, "entry_id": leaf.entry_id,
@@ -118,6 +132,11 @@ def foreign_rows(session: Session, size: int) -> ForeignRows:
     found.nodes.sort()
     found.checkpoints = list(session.scalars(select(LogCheckpoint.size).where(LogCheckpoint.size > size)
                                              .order_by(LogCheckpoint.size)))
+    if verifier is not None:
+        found.checkpoints += [row.size for row in session.scalars(
+            select(LogCheckpoint).where(LogCheckpoint.size <= size).order_by(LogCheckpoint.size))
+            if forged_checkpoint(row.note, verifier)]
+        found.checkpoints.sort()
     return found
 
 
@@ -141,13 +160,14 @@ def _without_append_only(session: Session, table: str, delete: Callable[[], None
         session.execute(text(found))
 
 
-def repair(session: Session, size: int, *, actor: str) -> ForeignRows:
-    """Delete the rows beyond the authenticated head of ``size`` (:func:`foreign_rows`), as
-    the owner, in the session's transaction, with an audit event that lists them. Entries and
-    leaves within the log are not touched: nothing the log holds is lost."""
+def repair(session: Session, size: int, *, actor: str, verifier: Any = None) -> ForeignRows:
+    """Delete the rows beyond the authenticated head of ``size`` and the forged checkpoints
+    (:func:`foreign_rows`), as the owner, in the session's transaction, with an audit event that
+    lists them. Entries and leaves within the log are not touched: nothing the log holds is lost
+    (a checkpoint removed is published again, signed, by the gateway's next publication)."""
     from keys.audit import record_audit
 
-    found = foreign_rows(session, size)
+    found = foreign_rows(session, size, verifier)
     if not found.found:
         return found
     if found.leaves:
@@ -156,9 +176,9 @@ def repair(session: Session, size: int, *, actor: str) -> ForeignRows:
     for level, index in found.nodes:
         _without_append_only(session, "log_nodes", lambda: session.execute(
             text("DELETE FROM log_nodes WHERE level = :l AND idx = :i"), {"l": level, "i": index}))
-    if found.checkpoints:
+    for checkpoint in found.checkpoints:
         _without_append_only(session, "log_checkpoints", lambda: session.execute(
-            text("DELETE FROM log_checkpoints WHERE size > :size"), {"size": size}))
+            text("DELETE FROM log_checkpoints WHERE size = :size"), {"size": checkpoint}))
     record_audit(session, actor=actor, action="log.repaired",
                  details={"size": size, "removed": json.loads(json.dumps(found.to_dict()))})
     return found

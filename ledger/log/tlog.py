@@ -308,11 +308,14 @@ def current_checkpoint(session: Session, auth: LogAuthority) -> tuple[int, bytes
     return size, root, signed_checkpoint(auth, size, root)
 
 
-def publish(session: Session, auth: LogAuthority, *, now: datetime | None = None) -> LogCheckpoint | None:
+def publish(session: Session, auth: LogAuthority, *, now: datetime | None = None,
+            signed: tuple[int, bytes, str] | None = None) -> LogCheckpoint | None:
     """Store a checkpoint of the log's current size for witnesses (none when that size is
-    published already, e.g. by another replica). Returns the stored row, or None."""
+    published already, e.g. by another replica). ``signed``: (size, root, note) to store
+    instead, a checkpoint signed earlier and since cosigned by witnesses (service.witnessing).
+    Returns the stored row, or None."""
     now = clock.resolve(now)
-    size, root, note = current_checkpoint(session, auth)
+    size, root, note = current_checkpoint(session, auth) if signed is None else signed
     if session.get(LogCheckpoint, size) is not None:
         return None
     dialect = session.get_bind().dialect.name

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ledger.log.proof import parse_proof
 from ledger.reports import verdict_of
 from service.access.tiers import EXPERT, OPERATOR, PUBLIC, TENANT
 from service.provenance import REPORT_OMITS, _jsonable, _verdict_text
@@ -178,7 +179,15 @@ def resign(services, core_report: dict[str, Any] | None, shown: dict[str, Any], 
     else:
         statement["verdict_text"] = _verdict_text(verdict, threshold, statement["scope"], shown)
         statement["access"] = {"tier": tier}
-    return services.sign(policy(statement, max_p=services.settings.signed_max_p, key_state=key_state))
+    signed = services.sign(policy(statement, max_p=services.settings.signed_max_p, key_state=key_state))
+    shown_hashes = {m["ledger"]["entry_hash"] for m in shown.get("ledger_matches") or ()
+                    if isinstance(m, dict) and isinstance(m.get("ledger"), dict)}
+    # The tlog-proofs of the cited entries this tier is shown (a proof's extra names its entry's hash).
+    proofs = [p for p in (core_report.get("log") or {}).get("tlog_proofs") or ()
+              if (parse_proof(p).extra or b"")[1:33].hex() in shown_hashes]
+    if signed is not None and proofs:
+        signed["log"] = {"tlog_proofs": proofs}
+    return signed
 
 
 def policy(statement: dict[str, Any], *, max_p: float, key_state: str | None) -> dict[str, Any]:
@@ -214,7 +223,10 @@ def full_report(services, full: dict[str, Any]) -> dict[str, Any] | None:
     if statement.get("verdict") != "watermarked" or (
             key_state != "revoked" and float(statement["settings"]["threshold"]) <= services.settings.signed_max_p):
         return report
-    return services.sign(policy(statement, max_p=services.settings.signed_max_p, key_state=key_state))
+    signed = services.sign(policy(statement, max_p=services.settings.signed_max_p, key_state=key_state))
+    if signed is not None and report.get("log"):
+        signed["log"] = report["log"]  # the cited entries' log proofs: the same result, the same entries
+    return signed
 
 
 def answer(tier: str, full: dict[str, Any], *, evidence: bool) -> dict[str, Any]:

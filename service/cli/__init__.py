@@ -17,3 +17,4 @@ from service.cli import ledger_cmds  # noqa: F401,E402  (ledger verify, checkpoi
 from service.cli import ledger_repair  # noqa: F401,E402  (ledger repair)
 from service.cli import report_cmds  # noqa: F401,E402  (report verify)
 from service.cli import ledger_list  # noqa: F401,E402  (ledger list)
+from service.cli import witness_cmds  # noqa: F401,E402  (witness serve, key)

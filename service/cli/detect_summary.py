@@ -2,8 +2,8 @@
 tested, what the ledger says, and why a short text says little.
 
 Counts name keys as keys: a `diverse` key is tested under each of its salts (one row of
-``per_key`` a salt), which the detector's ``keys_tested`` counts one by one; the line counts
-keys and says how many tests the salts made (issue 34, item 5).
+``per_key`` a salt); the result counts keys in ``keys_tested`` and (key, salt) tests in
+``tests``, and the line says both (issue 34, item 5).
 """
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ SHORT_TEXT_TOKENS = 50
 threshold, so "not watermarked" comes with that warning (the page's Check says the same)."""
 
 
-def keys_and_tests(per_key: list[dict[str, Any]], keys_tested: int) -> tuple[int, int]:
+def keys_and_tests(per_key: list[dict[str, Any]], keys_tested: int, tests: int | None = None) -> tuple[int, int]:
     """(distinct keys, tests): a key is (tenant, key id, version) or, inline, its fingerprint;
-    a test is one row (a key under one salt). Without rows: the detector's count for both."""
+    a test is one row (a key under one salt). Without rows: the result's ``keys_tested`` and
+    ``tests`` (``tests`` absent: as many as keys)."""
+    tests = keys_tested if tests is None else tests
     if not per_key:
-        return keys_tested, keys_tested
+        return keys_tested, tests
     keys = {(r.get("tenant"), r.get("key_id"), r.get("version"), r.get("fingerprint")) for r in per_key}
-    return len(keys), max(len(per_key), keys_tested)
+    return len(keys), max(len(per_key), tests)
 
 
 def tested_words(keys: int, tests: int) -> str:
@@ -38,7 +40,8 @@ def summary(payload: dict[str, Any], *, normalised: str = "") -> str:
     verdict = "watermarked" if payload["watermarked"] else "not watermarked"
     key = payload.get("key") or {}
     source = f" (key {key['key_id']} v{key['version']}, {key['state']})" if key.get("tenant") else ""
-    keys, tests = keys_and_tests(payload.get("per_key") or [], int(payload.get("keys_tested") or 0))
+    keys, tests = keys_and_tests(payload.get("per_key") or [], int(payload.get("keys_tested") or 0),
+                                 payload.get("tests"))
     ledger = ""
     passed = [m for m in payload.get("kgram_matches", []) if m["passes"]]
     if "ledger" in payload.get("basis", ()):

@@ -54,7 +54,8 @@ def _spec_text(spec: "WatermarkSpec") -> str:
     text = f"{spec.algorithm}, context width {spec.context_width}, dedup {spec.dedup} ({history})"
     if spec.algorithm == "dual_key_gumbel":
         text += f", alpha {spec.alpha}, coin {spec.coin}"
-    return text + f", mode {spec.mode}, prf {spec.prf} ({spec.key_bits}-bit key)"
+    diversity = f" ({spec.diversity})" if spec.mode == "diverse" else ""
+    return text + f", mode {spec.mode}{diversity}, prf {spec.prf} ({spec.key_bits}-bit key)"
 
 
 def _prf_note(spec: "WatermarkSpec") -> str:

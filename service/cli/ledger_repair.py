@@ -21,8 +21,9 @@ _domain_errors = one_line_errors()
 def ledger_repair(dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be removed."),
                   as_json: bool = JSON_OPTION) -> None:
     """Remove rows of the log's tables that lie beyond its authenticated head (a leaf, subtree
-    or checkpoint inserted without the log key, which blocks every append); as the database
-    owner, with the KEK. Nothing the log holds is lost; the removal is audited."""
+    or checkpoint inserted without the log key, which blocks every append) and checkpoints the
+    log key did not sign; as the database owner, with the KEK. Nothing the log holds is lost;
+    the removal is audited."""
     from keys.audit import default_actor
     from ledger.log import faults, tlog
 
@@ -33,7 +34,8 @@ def ledger_repair(dry_run: bool = typer.Option(False, "--dry-run", help="Only li
         except tlog.LogTampered as exc:
             raise CliError(f"{exc.user_message}; repair removes rows beyond an authentic head only: restore the "
                            "log_head row from a backup") from None
-        found = faults.foreign_rows(session, size) if dry_run else faults.repair(session, size, actor=default_actor())
+        found = (faults.foreign_rows(session, size, auth.verifier) if dry_run
+                 else faults.repair(session, size, actor=default_actor(), verifier=auth.verifier))
     lines = found.describe()
     verb = "would remove" if dry_run else "removed"
     emit({"size": size, "dry_run": dry_run, "removed": found.to_dict(), "count": len(lines)}, as_json,

@@ -64,9 +64,10 @@ def _keyset(keys: Optional[Path], url: Optional[str]) -> dict[str, Any]:
     return fetch(url, "/.well-known/hallmark-keys.json")
 
 
-def trusted_keyset(keys: Optional[Path], url: Optional[str], trust_log_key: Optional[Path]):
+def trusted_keyset(keys: Optional[Path], url: Optional[str], trust_log_key: Optional[Path], policy: Any = None):
     """The key set's keys that the pinned log holds (ledger.keyset.trusted_keys); what every
-    verifying command (receipts, reports) checks signatures with."""
+    verifying command (receipts, reports) checks signatures with. With a tlog-policy and no
+    pinned key, the log is the policy's (its one ``log`` line)."""
     from ledger.keyset import trusted_keys
     from ledger.receipts import ReceiptInvalid
     from service.cli.trust import log_key_for, trusted_log_key
@@ -76,6 +77,10 @@ def trusted_keyset(keys: Optional[Path], url: Optional[str], trust_log_key: Opti
 
         base_url(url)
     log_key = trusted_log_key(trust_log_key)
+    if log_key is None and policy is not None:
+        if len(policy.logs) != 1:
+            raise CliError("the policy lists no log or several: give --trust-log-key for the one that signed the keys")
+        log_key = policy.logs[0][0]
     keyset = _keyset(keys, url)
     if log_key is None:  # the key pinned for this key set's log (`hallmark ledger pin`)
         log_key = log_key_for(keyset, url)
@@ -91,10 +96,12 @@ def receipt_verify(receipt: Path = typer.Argument(..., help="The receipt (JSON; 
                    keys: Optional[Path] = typer.Option(None, "--keys", help="Public keys (hallmark-keys.json)."),
                    url: Optional[str] = typer.Option(None, "--url", help="Gateway base URL (https://) to fetch the public keys from."),
                    trust_log_key: Optional[Path] = typer.Option(None, "--trust-log-key", help="The log key you pinned (verifier key file or witness state)."),
+                   policy_file: Optional[Path] = typer.Option(None, "--policy", help="A tlog-policy file: also check the receipt's tlog-proof against its log and witness quorum."),
                    as_json: bool = JSON_OPTION) -> None:
     """Verify a receipt offline: the signature by a key the pinned log holds, within its
-    window; the entry's inclusion in the log; and (with --text) the text."""
-    from ledger.receipts import ReceiptInvalid, verify_receipt
+    window; the entry's inclusion in the log; and (with --text) the text. With --policy, its
+    c2sp.org/tlog-proof too: signed by a log the policy lists, cosigned by its witness quorum."""
+    from ledger.receipts import ReceiptInvalid, verify_receipt, verify_tlog_proof
 
     from ledger.receipts import REPORT_TYPE
 
@@ -111,14 +118,21 @@ def receipt_verify(receipt: Path = typer.Argument(..., help="The receipt (JSON; 
             text = text_file.read_bytes().decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise CliError(f"cannot read {text_file} as UTF-8 text: {type(exc).__name__}") from None
-    trusted = trusted_keyset(keys, url, trust_log_key)
+    policy = read_policy(policy_file) if policy_file is not None else None
+    trusted = trusted_keyset(keys, url, trust_log_key, policy)
+    witnessed = None
     try:
         statement = verify_receipt(document, trusted, text=text)
+        if policy is not None:
+            checkpoint, cosigned = verify_tlog_proof(document, statement, policy)
+            witnessed = {"tree_size": checkpoint.size, "quorum": policy.quorum, "cosigned_by": sorted(cosigned)}
     except ReceiptInvalid as exc:
         raise CliError(f"receipt rejected: {exc}") from None
     summary = (f"ok: receipt of generation {statement['generation_id']} (tenant {statement['tenant']}, "
                f"ledger seq {statement['ledger']['seq']}, log leaf {statement['ledger'].get('leaf_index')}) "
                f"signed by {document['signature']['kid']}; in the log {trusted.log_key.name}"
+               + (f"; witnessed at size {witnessed['tree_size']} by {', '.join(witnessed['cosigned_by']) or 'no one'}"
+                  f" (quorum {policy.quorum} met)" if witnessed else "")
                + ("; the text matches" if text is not None else ""))
     signer = trusted.get(document["signature"]["kid"])
     if signer is not None and signer.revoked_at is not None:
@@ -126,8 +140,20 @@ def receipt_verify(receipt: Path = typer.Argument(..., help="The receipt (JSON; 
                     "this entry before then, vouches for what the receipt says (but for the tenant's name and the "
                     "key's fingerprint, which only the signature states)")
     emit({"valid": True, "text_matches": True if text is not None else None, "statement": statement,
-          "log": {"origin": trusted.log_key.name, "leaf_index": statement["ledger"].get("leaf_index")}},
-         as_json, summary)
+          "log": {"origin": trusted.log_key.name, "leaf_index": statement["ledger"].get("leaf_index")},
+          "witnessed": witnessed}, as_json, summary)
+
+
+def read_policy(path: Path):
+    """A tlog-policy file (ledger.log.policy), or the CLI's one-line error."""
+    from ledger.log.policy import PolicyError, parse
+
+    try:
+        return parse(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"cannot read the policy {path}: {type(exc).__name__}") from None
+    except PolicyError as exc:
+        raise CliError(f"{path}: {exc}") from None
 
 
 # --- signing keys ------------------------------------------------------------------------

@@ -56,12 +56,16 @@ def report_verify(
     max_p: Optional[float] = typer.Option(None, "--max-p", min=0.0, max=1.0,
                                           help="Refuse a 'watermarked' verdict signed at a threshold above this "
                                                "(your policy maximum, e.g. 1e-6)."),
+    policy_file: Optional[Path] = typer.Option(None, "--policy",
+                                               help="A tlog-policy file: also check the tlog-proofs of the ledger "
+                                                    "entries it cites (log signature, witness quorum, inclusion)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Verify a detection report offline: signature and signing key, the format's own
     consistency (detector id, verdict against threshold), and with --text-file or
     --token-ids-file that it is about that input. Prints what the report says was checked."""
-    from ledger.reports import verify_report
+    from ledger.reports import verify_report, verify_report_proofs
+    from service.cli.provenance import read_policy
     from ledger.receipts import ReceiptInvalid
 
     from ledger.receipts import RECEIPT_TYPE
@@ -75,8 +79,10 @@ def report_verify(
     try:
         # Keys as the pinned log holds them: a key it does not hold, a revoked one, or a report
         # dated outside its key's window is refused (ledger.keyset, ledger.receipts.check_window).
-        check = verify_report(document, trusted_keyset(keys, url, trust_log_key), text=text, token_ids=token_ids,
-                              max_p=max_p)
+        policy = read_policy(policy_file) if policy_file is not None else None
+        check = verify_report(document, trusted_keyset(keys, url, trust_log_key, policy), text=text,
+                              token_ids=token_ids, max_p=max_p)
+        proved = verify_report_proofs(document, check.statement, policy) if policy is not None else None
     except ReceiptInvalid as exc:
         raise CliError(f"report rejected: {exc}") from None
     statement = check.statement
@@ -91,6 +97,9 @@ def report_verify(
                    f"basis {', '.join(statement['basis']) or 'none'}; detector {statement['detector']['id']}; "
                    f"signed by {kid}")
     summary += "".join(f"; {what}" for what in matched)
+    if proved is not None:
+        summary += (f"; {len(proved)} cited ledger entr{'y' if len(proved) == 1 else 'ies'} proved in the log under "
+                    f"the policy (quorum {policy.quorum})" if proved else "; it cites no ledger entry to prove")
     emit({"valid": True, "version": check.version, "text_matches": check.text_matches,
-          "token_ids_match": check.token_ids_match, "statement": statement}, as_json, summary)
+          "token_ids_match": check.token_ids_match, "statement": statement, "proved": proved}, as_json, summary)
 

@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 
 from service import ledger_log
 from service.responses import ConsistencyProof, InclusionProof, ok
@@ -54,3 +54,27 @@ async def consistency_route(services: ServicesDep, first: Annotated[int, Query(a
     """The proof that the tree of size `from` is a prefix of the tree of size `to` (default: the
     latest published checkpoint's): the log only appends."""
     return await run_in_threadpool(ledger_log.consistency, services, first=first, second=second)
+
+
+# --- tlog-tiles: the log as static resources under one prefix ------------------------------
+
+TILES_PREFIX = "/v1/ledger/log"
+_IMMUTABLE = "public, max-age=31536000, immutable"
+
+
+@router.get(TILES_PREFIX + "/checkpoint", response_class=PlainTextResponse,
+            summary="The latest checkpoint (tlog-tiles)")
+async def tiles_checkpoint_route(services: ServicesDep):
+    """The latest published checkpoint (c2sp.org/tlog-tiles), with the witnesses'
+    cosignatures when a witness policy is configured."""
+    note = await run_in_threadpool(ledger_log.checkpoint, services)
+    return PlainTextResponse(note, media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"})
+
+
+@router.get(TILES_PREFIX + "/tile/{path:path}", response_class=Response, summary="A tile or entry bundle (tlog-tiles)")
+async def tile_route(services: ServicesDep, path: str):
+    """`tile/<L>/<N>[.p/<W>]` (256 hashes a full tile) or `tile/entries/<N>[.p/<W>]`
+    (uint16-length-prefixed leaf data). Full tiles are immutable and cached as such."""
+    body, full = await run_in_threadpool(ledger_log.tile, services, "tile/" + path)
+    cache = _IMMUTABLE if full else "public, max-age=60"
+    return Response(body, media_type="application/octet-stream", headers={"Cache-Control": cache})

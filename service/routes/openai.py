@@ -26,7 +26,7 @@ from service.http import SSE_DONE, sse
 from service.http_errors import error_payload, error_response, service_error_payload
 from service.responses import CompletionResponse, ModelList, ok
 from service.routes.deps import IdentityDep, ServicesDep
-from service.schemas import UNSUPPORTED, ChatBody, CompletionBody
+from service.schemas import NATIVE_ONLY, UNSUPPORTED, ChatBody, CompletionBody
 from service.state import Services
 
 router = APIRouter(tags=["OpenAI-compatible"])
@@ -59,6 +59,8 @@ def _refusal(body: CompletionBody | ChatBody, services: Services) -> JSONRespons
     if name == "n":
         message = ("n > 1 is supported without streaming only; send 'stream': false, or n separate "
                    "streaming requests")
+    elif name in NATIVE_ONLY:
+        message = f"the parameter {name!r} is not accepted on the OpenAI routes: {NATIVE_ONLY[name]}"
     elif name in UNSUPPORTED:
         message = (f"the parameter {name!r} is not supported by this server with the value sent; omit it "
                    f"(accepted without effect: {' or '.join(json.dumps(v) for v in UNSUPPORTED[name])})")

@@ -16,7 +16,7 @@ from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
 
 SCHEMA_KEYS = {"watermarked", "p_value", "log10_p_value", "threshold", "scored_tokens", "total_tokens",
-               "key", "keys_tested", "per_key", "spans", "ledger_matches", "basis", "correction"}
+               "key", "keys_tested", "tests", "per_key", "spans", "ledger_matches", "basis", "correction"}
 
 
 def _golden_key(seq, **overrides):

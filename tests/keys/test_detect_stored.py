@@ -30,7 +30,7 @@ def test_detect_against_a_tenants_history(cli):
     for key, key_id, state in ((old, first, "revoked"), (new, second, "active")):
         tokens, _ = generate(key, 120, seed=key.secret % 1000)
         result = cli.ok("detect", "--tenant", "acme", "--token-ids", json.dumps(tokens), "--json").json()
-        assert result["watermarked"] and result["keys_tested"] == 2 * 16  # two diverse keys, 16 salts each
+        assert result["watermarked"] and result["keys_tested"] == 2 and result["tests"] == 2 * 16  # two diverse keys, 16 salts each
         assert result["key"]["key_id"] == key_id and result["key"]["state"] == state
         assert result["key"]["salt"] == key.salt
         assert result["key"]["tenant"] == "acme" and result["key"]["version"] == keys[key_id]["version"]

@@ -108,10 +108,15 @@ _admin_scoped = _expect(tenant_token=403)
 # Reads by id: another tenant's record reads as absent (404), exactly as a missing one.
 _lookup = _expect(other=404)
 _authenticated = _expect(other=200)
-# No tenant field in OpenAI's schemas (an extra one is ignored, as OpenAI's own API does):
-# a tenant token acts for its tenant whatever the body says (the cell checks the record is
-# its own); a global admin must use /v1/generate to name a tenant (403).
-_openai = _expect(other=200, global_admin=403)
+# No tenant field in OpenAI's schemas: one sent is refused (400 unsupported_parameter, issue 35
+# item 6), whoever sends it; without it a tenant token acts for its tenant, and a global admin
+# must use /v1/generate to name a tenant (403).
+def _openai(credential, target):
+    if credential in UNAUTHENTICATED:
+        return 401
+    if target == "other":  # the body names a tenant
+        return 400
+    return 403 if credential == GLOBAL else 200
 _revoke = _expect(other=404, tenant_token=403)
 
 
@@ -147,6 +152,8 @@ ROUTES = [
     ("GET", "/v1/ledger/proof/inclusion?leaf_index=0", None, _public),
     ("GET", "/v1/ledger/proof/inclusion-by-hash?leaf_hash=" + "0" * 64, None, lambda c, t: 404),
     ("GET", "/v1/ledger/proof/consistency?from=0", None, _public),
+    ("GET", "/v1/ledger/log/checkpoint", None, _public),
+    ("GET", "/v1/ledger/log/tile/0/000.p/1", None, _public),
     ("GET", "/healthz", None, _public),
     ("GET", "/readyz", None, _public),
     # Aggregate traffic: a global admin's, or a token's with the `metrics` scope (issue 35 item 5).
@@ -159,7 +166,8 @@ def test_every_route_is_in_the_matrix(world):
     served = {(method, route.path) for route in world["app"].routes for method in getattr(route, "methods", ())
               if method not in ("HEAD", "OPTIONS") and not route.path.startswith(("/docs", "/redoc", "/openapi"))
               and not route.path.startswith("/ui")}
-    covered = {(method, path.split("?")[0].replace("{generation}", "{generation_id}").replace("{spare_key}", "{key_id}"))
+    covered = {(method, path.split("?")[0].replace("{generation}", "{generation_id}").replace("{spare_key}", "{key_id}")
+                .replace("/tile/0/000.p/1", "/tile/{path:path}"))
                for method, path, _, _ in ROUTES}
     assert served <= covered, f"routes without authorization cells: {sorted(served - covered)}"
 

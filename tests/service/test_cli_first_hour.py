@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import re
 import sqlite3
 import sys
@@ -305,3 +307,8 @@ def test_detect_says_a_short_text_may_be_missed_and_counts_keys_not_salts(monkey
     assert code == 0, err
     assert out.startswith("not watermarked: ") and ", 1 key tested under 16 salts" in out, out
     assert "too short to say: a watermarked text usually needs 50 or more scored tokens" in out
+    # The JSON counts the same way (as HTTP does): keys in keys_tested, (key, salt) tests in tests.
+    code, out, err = run(monkeypatch, capsys, "detect", "--tenant", "acme", "--text", "The function returns a list.",
+                         "--json")
+    assert code == 0, err
+    assert (json.loads(out)["keys_tested"], json.loads(out)["tests"]) == (1, 16), out

@@ -220,7 +220,8 @@ def test_the_readmes_openai_example_runs_as_written(server):
     assert run.returncode == 0, run.stderr
     generation_id = re.search(r"\b([0-9a-f]{32})\b", run.stdout).group(1)
     last = run.stdout.strip().splitlines()[-1]
-    assert re.match(r"(True|False) -?\d", last), run.stdout  # watermarked, log10 p, key, ledger matches
+    # watermarked, basis, scored_as (its own text, an exact copy: the generation's ids), log10 p, key
+    assert re.match(r"(True|False) \[('watermark'|'ledger'|, )*\] generation_ids -?\d", last), run.stdout
     record = httpx.get(f"{server.url}/v1/generations/{generation_id}",
                        headers={"Authorization": f"Bearer {server.token()}"}, timeout=30)
     assert record.status_code == 200 and record.json()["tenant"] == "demo"

@@ -87,11 +87,17 @@ def test_one_ledger_look_up_per_request(served, edit):
         return [s for s in seen if [c.strip() for c in s.partition("FROM")[0].removeprefix("SELECT").split(",")]
                 == list(columns)]
 
-    salt_reads = reading("ledger_entries.generation_id", "ledger_entries.details")
+    # Salts and key states at generation in one read (ledger.read.generation_facts).
+    fact_reads = reading("ledger_entries.generation_id", "ledger_entries.id", "ledger_entries.details",
+                         "ledger_entries.key_state")
     state_reads = reading("watermark_keys.id", "watermark_keys.state")
-    at_generation_reads = reading("ledger_entries.generation_id", "ledger_entries.key_state")
-    assert len(salt_reads) == 1 and len(state_reads) == 1 and len(at_generation_reads) == 1, (
-        salt_reads, state_reads, at_generation_reads)
+    assert len(fact_reads) == 1 and len(state_reads) == 1, (fact_reads, state_reads)
+    # Every statement of the request (issue 30 item 4 asks for at most 3: not met; this is the
+    # floor measured, so that no change adds one unnoticed). BEGIN and COMMIT are not queries.
+    queries = [q for q in seen if q.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK")]
+    # An exact copy: its id recovery reads the generation's k-gram rows once (shared with the
+    # match check), and its report's log proofs (service.ledger_log.entry_proofs) read two more.
+    assert len(queries) <= (9 if edit else 12), (len(queries), "\n".join(queries))
     assert out["kgram_matches"][0]["key_state_now"] == "active"
     assert out["kgram_matches"][0]["key_state_at_generation"] == "active"
     assert [m["generation_id"] for m in out["kgram_matches"]] == [generated["generation_id"]]

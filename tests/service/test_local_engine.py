@@ -9,8 +9,8 @@ import pytest
 
 from detector.detect import detect
 from detector.result import Candidate
-from service.engines.base import Finished, GenerationRequest, WatermarkPlan
-from service.engines.local.engine import LocalEngine
+from service.engines.base import Delta, Finished, GenerationRequest, RouteCounts, WatermarkPlan
+from service.engines.local.engine import LocalEngine, caught_up
 from tests.service.gateway import TEST_DRAFT, TEST_MODEL
 from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
@@ -106,3 +106,20 @@ def test_stop_strings_and_max_tokens(engines):
         cut = loop.run_until_complete(_run(plain, [GenerationRequest("b", tuple(tok.encode("The function")), 30,
                                                                      seed=3, stop=(stop,))]))[0]
         assert cut.finish_reason == "stop" and stop not in cut.text and free.text.startswith(cut.text)
+
+
+def test_a_consumer_behind_gets_the_queued_deltas_as_one():
+    """LocalEngine.generate hands a consumer that fell behind (a stream awaiting its ledger
+    checkpoint) every Delta already queued as one event, and the event after them next."""
+    queue: asyncio.Queue = asyncio.Queue()
+    first = Delta(text="a", token_ids=(1,), routes=RouteCounts(key_a=1))
+    for event in (Delta(text="b", token_ids=(2, 3), routes=RouteCounts(key_a=3)),
+                  Delta(text="c", token_ids=(4,), routes=None)):
+        queue.put_nowait(event)
+    end = Finished(text="abc", token_ids=(1, 2, 3, 4), finish_reason="length", prompt_tokens=1,
+                   routes=RouteCounts(key_a=4))
+    queue.put_nowait(end)
+    queue.put_nowait("not taken")
+    event, held = caught_up(queue, first)
+    assert event == Delta(text="abc", token_ids=(1, 2, 3, 4), routes=RouteCounts(key_a=3)) and held is end
+    assert caught_up(queue, end) == (end, None) and queue.qsize() == 1  # only Deltas merge

@@ -95,6 +95,9 @@ REFUSED = [
     ("/v1/chat/completions", "structured_outputs", {"regex": "[a-z]+"}),
     ("/v1/completions", "allowed_token_ids", [5, 6]),
     ("/v1/chat/completions", "bad_words", ["the"]),
+    # Hallmark's own /v1/generate field, never honoured here (issue 35 item 6): refused, not ignored.
+    ("/v1/completions", "tenant", "beta"),
+    ("/v1/chat/completions", "tenant", "acme"),
 ]
 
 

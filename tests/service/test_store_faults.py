@@ -138,16 +138,18 @@ def test_a_database_dropping_packets_fails_fast_and_recovers_by_itself(stack):
                 assert path == "/v1/detect"  # text with no ledger match would need it; this one may not)
             else:
                 assert response.json()["error"]["code"] in ("database_unavailable", "not_ready"), response.text
-            assert took < 1.0, timings
+            # Bounds, not figures (those are bench/db_outage.py's): the first request may be waiting on
+            # the database when it goes (the probe decides within about 0.75 s); every later one is
+            # refused by the open breaker without touching the database.
+            assert took < (3.0 if len(timings) == 1 else 1.0), timings
+            assert len(timings) == 1 or stack.app.state.services.store.breaker.is_open
     assert httpx.get(stack.url + "/healthz", timeout=5).status_code == 200
-    print("timings while the database drops packets:", timings, f"first at +{0:.0f} s")
     assert time.monotonic() - dropped < 15
     stack.proxy.restore()
     back = time.monotonic()
     while _generate(stack).status_code != 200:
         assert time.monotonic() - back < 10, "no recovery within 10 s of the database coming back"
         time.sleep(0.1)
-    print(f"recovered {time.monotonic() - back:.2f} s after the network came back")
     assert httpx.get(stack.url + "/readyz", timeout=5).status_code == 200
     with stack.as_owner().connect() as connection:  # what was refused left no record
         assert connection.execute(text("SELECT count(DISTINCT generation_id) FROM ledger_entries")
@@ -163,6 +165,11 @@ def test_a_revoked_signing_key_keeps_what_the_log_shows_it_signed_before_the_com
 
     services = stack.app.state.services
     before = _generate(stack).json()
+    # (as the operator: a tenant's probe guard may count this short text into an earlier one's family)
+    detected = httpx.post(stack.url + "/v1/detect", json={"text": before["text"]}, headers=stack.headers("admin"),
+                          timeout=60)
+    assert detected.status_code == 200, detected.text
+    report = detected.json()["report"]
     services.publish_checkpoint()
     compromised = datetime.now(timezone.utc)
     time.sleep(0.05)
@@ -183,6 +190,12 @@ def test_a_revoked_signing_key_keeps_what_the_log_shows_it_signed_before_the_com
     assert verify_receipt(before["receipt"], trusted, text=before["text"])["generation_id"] == before["generation_id"]
     with pytest.raises(ReceiptInvalid, match="revoked"):  # after it: refused
         verify_receipt(after["receipt"], trusted)
+    # A detection report is not in the log, so nothing shows when it was made: refused, whenever signed.
+    from ledger.receipts import REPORT_TYPE, verify_signed
+
+    assert report["signature"]["kid"] == kid
+    with pytest.raises(ReceiptInvalid, match="not detection reports"):
+        verify_signed(report, trusted, expected_type=REPORT_TYPE)
     # The key's holder re-signs an early receipt with other content: its entry gives it away.
     from keys.db import open_store
     from keys.settings import StoreSettings
@@ -253,3 +266,29 @@ def test_metrics_need_a_token_and_date_nothing(stack, monkeypatch, capsys):
     scraped = httpx.get(stack.url + "/metrics", headers={"Authorization": f"Bearer {scraper['token']}"}, timeout=30)
     assert scraped.status_code == 200 and "hallmark_http_requests_total" in scraped.text
     assert "_created" not in scraped.text
+
+
+def test_a_checkpoint_inserted_ahead_of_the_log_is_alerted_and_repaired(stack, monkeypatch, capsys):
+    services = stack.app.state.services
+    assert _generate(stack).status_code == 200
+    services.publish_checkpoint()
+    engine = stack.as_service_role()
+    try:
+        with engine.begin() as connection:
+            size = connection.execute(text("SELECT size FROM log_head")).scalar_one()
+            note = connection.execute(text("SELECT note FROM log_checkpoints WHERE size = :s"), {"s": size}).scalar_one()
+            connection.execute(text("INSERT INTO log_checkpoints (size, root, note, published_at) "
+                                    "VALUES (:s, :r, :n, now())"),
+                               {"s": size + 1, "r": b"\0" * 32, "n": note.replace(f"\n{size}\n", f"\n{size + 1}\n")})
+    finally:
+        engine.dispose()
+    before = _metric(stack, 'hallmark_store_faults_total{kind="foreign_log_row"}')
+    assert _generate(stack).status_code == 200  # the log reaches the forged size; generation goes on
+    services.publish_checkpoint()
+    assert _metric(stack, 'hallmark_store_faults_total{kind="foreign_log_row"}') == before + 1
+    cli = Cli(monkeypatch, capsys)
+    env = {"HALLMARK_DATABASE_URL": stack.owner_url, "HALLMARK_KEK_FILE": str(stack.kek_file)}
+    assert cli("ledger", "repair", **env).exit_code == 0
+    services.publish_checkpoint()
+    verify = cli("ledger", "verify", **env)  # (the forged ledger row of the first test is still reported)
+    assert "checkpoint" not in verify.stderr, verify.stderr

@@ -95,8 +95,9 @@ def test_evidence_is_capped_with_413(server):
 
 def test_admin_routes_are_scoped(server):
     admin, tenant = client(server, "admin"), client(server, "acme")
-    assert tenant.get("/v1/me").json() == {"token_id": tenant.get("/v1/me").json()["token_id"], "tenant": "acme",
-                                           "admin": False, "kind": "standard", "scopes": ["evidence"]}
+    me = tenant.get("/v1/me").json()
+    assert {k: v for k, v in me.items() if k not in ("token_id", "last_used_at")} == {
+        "tenant": "acme", "admin": False, "kind": "standard", "scopes": ["evidence"], "expires_at": None}
     assert admin.get("/v1/me").json()["admin"] is True
     assert tenant.get("/v1/admin/tenants").status_code == 403
     assert tenant.post("/v1/admin/keys/rotate", json={"tenant": "acme"}).status_code == 403
@@ -398,7 +399,7 @@ def test_a_wrong_token_shows_the_apis_error(server, browser):
 
     _open(browser, server, "hm_not_a_real_token")
     error = _visible(browser, "error", timeout=30)
-    assert "401" in error.text and "unknown or revoked API token" in error.text
+    assert "401" in error.text and "unknown, revoked or expired API token" in error.text
     assert "not accepted" in browser.find_element(By.ID, "token-status").text
     # Screen-reader basics: every form control has a label, the error is an alert, focus starts
     # at the skip link and then reaches the navigation before the token field.

@@ -8,6 +8,7 @@ under it is simulated with Hallmark's speculative dual-key sampler (wire-compati
 
 from __future__ import annotations
 
+import hashlib
 import json
 import stat
 from pathlib import Path
@@ -84,12 +85,20 @@ def test_engine_key_is_derived_recorded_and_written_private(store_env, tmp_path:
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
     tenant_secret = secrets_of(store_env, "acme")[0]
     engine_secret = derive_engine_secret(tenant_secret, "dsv32-h200x8")
-    assert engine_secret == prf.derive_key(tenant_secret, DOMAIN + "dsv32-h200x8")
+    assert engine_secret == int.from_bytes(hashlib.sha256(
+        (DOMAIN + "dsv32-h200x8").encode() + prf.secret_bytes(tenant_secret)).digest()[:8], "big")
+    assert derive_engine_secret(12345, "d") == prf.derive_key(12345, DOMAIN + "d")  # 64-bit tenant keys as before
+    # A 256-bit tenant key gives a 64-bit Philox engine key too (vLLM runs Philox only): the
+    # first 8 bytes of SHA-256(domain || the tenant secret's 32 bytes).
+    wide = 2**255 + 77
+    assert derive_engine_secret(wide, "d") == int.from_bytes(hashlib.sha256(
+        (DOMAIN + "d").encode() + wide.to_bytes(32, "big")).digest()[:8], "big")
     for form in (str(engine_secret), f"{engine_secret:x}", str(tenant_secret), f"{tenant_secret:x}"):
         assert form not in result.output  # the CLI names the file, never the key
     # The file is a vLLM --config file with the engine key and the tenant key's spec.
     key = read_engine_config(out)
     assert key.secret == engine_secret and key.spec.algorithm == "dual_key_gumbel" and key.spec.context_width == 3
+    assert key.spec.prf == prf.PHILOX_V1 and yaml.safe_load(out.read_text())["watermark-config"]["prf"] == "philox"
     assert set(yaml.safe_load(out.read_text())) == {"watermark-config"}
 
     # Recorded: an imported key of the tenant with its derivation as source, audited.

@@ -61,6 +61,7 @@ def test_new_keys_get_head_a_named_scope_gets_salt_and_a_rotation_keeps_the_sche
     assert (named.mode, named.diversity) == ("diverse", "salt")
     assert build_spec(named, alpha=0.2).diversity == "salt"  # an old diverse key's rotation keeps salts
     assert build_spec(new, alpha=0.2).diversity == "head"
+    assert build_spec(new, dedup="none").diversity == "salt"  # a named scope other than all rules head out
     assert build_spec(WatermarkSpec(), mode="diverse").diversity == "salt"  # its single_turn scope stays
     assert build_spec(WatermarkSpec(), mode="diverse", dedup="all").diversity == "head"
     assert build_spec(mode="deterministic").diversity == "salt" and not build_spec(mode="deterministic").salted

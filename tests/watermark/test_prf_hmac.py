@@ -128,3 +128,17 @@ def test_256_bit_keys_checked_and_derived():
     # 64-bit derivation unchanged (vLLM's)
     assert prf.derive_key(0, "key_a") == 15691511769010696906
     assert prf.secret_bytes(5) == (5).to_bytes(8, "big") and len(prf.secret_bytes(2**64)) == 32
+
+
+def test_words_many_equal_the_references():
+    # the many-key screen's input (detector.multikey._scan_wide; its parity with detect():
+    # test_hmac_sampling.test_text_under_a_256_bit_key_is_detected_under_it_only)
+    rng = np.random.default_rng(5)
+    contexts = rng.integers(-1, 50_000, (300, 4))
+    tokens = rng.integers(0, 50_000, 300)
+    keys = [2**255 + 1, 2**200 + 3]
+    words = prf.lookup(hmac_philox.VERSION).words_many(keys, contexts, tokens)
+    for row, key in enumerate(keys):
+        assert np.array_equal(words[row], hmac_philox.words_reference(key, contexts, tokens).astype(np.uint32))
+    vwords = prf.lookup(hmac_sha256.VERSION).words_many(keys, contexts[:40], tokens[:40])
+    assert np.array_equal(vwords[1], hmac_sha256.words_reference(keys[1], contexts[:40], tokens[:40]).astype(np.uint32))

@@ -230,7 +230,7 @@ def _compress_lanes(st, w, n, v):  # pragma: no cover - compiled
             st[r, j] = (st[r, j] + v[r, j]) & _M32
 
 
-def _hp_uniforms_lanes(mids, contexts, tokens, out):  # pragma: no cover - compiled
+def _hp_uniforms_lanes(mids, contexts, tokens, out, words, store_words):  # pragma: no cover - compiled
     """out[k, p] = the uniform of tokens[k, p] under key k (midstates mids[k], uint64 [K, 16]) at
     contexts[p], LANES positions at a time."""
     count, width = contexts.shape
@@ -279,6 +279,8 @@ def _hp_uniforms_lanes(mids, contexts, tokens, out):  # pragma: no cover - compi
                                    np.uint32(st[2, j]), np.uint32(st[3, j]), np.uint32(st[4, j]),
                                    np.uint32(st[5, j]) ^ _TOKEN_DOMAIN)
                 out[k, start + j] = np.float32((np.float64(word >> np.uint32(8)) + 1.0) / _DENOMINATOR)
+                if store_words:  # the many-key screen reads words (detector.multikey)
+                    words[k, start + j] = word
 
 
 FUNCTIONS = {"_rotr": _rotr, "_compress": _compress, "_hmac_padded": _hmac_padded, "_pad_words": _pad_words,
@@ -318,8 +320,21 @@ def philox_uniforms_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) 
     out = np.empty((len(mids), contexts.shape[0]), dtype=np.float32)
     if contexts.shape[0] and len(mids):
         compiled()["_hp_uniforms_lanes"](np.ascontiguousarray(mids, np.uint64), contexts,
-                                         _tokens_table(tokens_by_key, len(mids), contexts.shape[0]), out)
+                                         _tokens_table(tokens_by_key, len(mids), contexts.shape[0]), out,
+                                         np.zeros((1, 1), np.uint32), False)
     return out
+
+
+def philox_words_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) -> np.ndarray:
+    """hmac-sha256-philox-v1 words [K, P] (uint32) of keys given by their midstates [K, 16]."""
+    contexts = np.ascontiguousarray(contexts, dtype=np.int64)
+    count = contexts.shape[0]
+    words = np.empty((len(mids), count), dtype=np.uint32)
+    if count and len(mids):
+        compiled()["_hp_uniforms_lanes"](np.ascontiguousarray(mids, np.uint64), contexts,
+                                         _tokens_table(tokens_by_key, len(mids), count),
+                                         np.empty((len(mids), count), np.float32), words, True)
+    return words
 
 
 def philox_words_rows(mids: np.ndarray, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:

@@ -36,7 +36,8 @@ from typing import Sequence
 import numpy as np
 
 from watermark.prf import hmac_compiled, philox, sha256
-from watermark.prf.base import PRF, check_key
+from watermark.prf.base import check_key
+from watermark.prf.hmac_prf import HmacPRF, per_row_keys
 from watermark.prf.versions import HMAC_PHILOX_V1
 
 VERSION = HMAC_PHILOX_V1
@@ -80,21 +81,6 @@ def word_py(key: int, context: Sequence[int], token: int) -> int:
     return philox.word_py(philox_key, state, token)
 
 
-def _per_row_keys(keys, n: int) -> list[int]:
-    if isinstance(keys, int):
-        return [check_key(keys, KEY_BITS)] * n
-    keys = [int(k) for k in keys]
-    if len(keys) != n:
-        raise ValueError("keys must be one int or one per row")
-    return [check_key(k, KEY_BITS) for k in keys]
-
-
-def _per_key(tokens_by_key, k: int) -> list:
-    if isinstance(tokens_by_key, np.ndarray) and tokens_by_key.ndim == 1:
-        return [tokens_by_key] * k
-    return list(tokens_by_key)
-
-
 def words_reference(keys, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """Words (uint64 in [0, 2^32)) of N rows: keys one int or N ints; hashlib per row, then
     numpy's Philox token stage. The reference the compiled and GPU passes are tested against."""
@@ -104,7 +90,7 @@ def words_reference(keys, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarra
     philox_keys = np.empty(n, dtype=np.uint64)
     states = np.empty((n, 4), dtype=np.uint64)
     cache: dict[tuple[int, tuple[int, ...]], tuple[int, tuple[int, ...]]] = {}
-    for row, (key, context) in enumerate(zip(_per_row_keys(keys, n), contexts.tolist())):
+    for row, (key, context) in enumerate(zip(per_row_keys(keys, n), contexts.tolist())):
         got = cache.get((key, tuple(context)))
         if got is None:
             got = cache[(key, tuple(context))] = context_key_state(key, context)
@@ -112,30 +98,15 @@ def words_reference(keys, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarra
     return philox.words_from_states_numpy(philox_keys, states, tokens)
 
 
-class HmacPhilox(PRF):
+class HmacPhilox(HmacPRF):
     """``hmac-sha256-philox-v1`` on the CPU: keys are Python ints (256 bits)."""
 
     version = VERSION
-    key_bits = KEY_BITS
-
-    def words(self, keys, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        contexts = np.asarray(contexts, dtype=np.int64)
-        tokens = np.asarray(tokens, dtype=np.int64)
-        if hmac_compiled.compiled() is None:  # pragma: no cover - exercised where numba is missing
-            return words_reference(keys, contexts, tokens)
-        mids = hmac_compiled.midstates_table(midstates, _per_row_keys(keys, len(tokens)))
-        return hmac_compiled.philox_words_rows(mids, contexts, tokens)
-
-    def uniforms_from_words(self, words: np.ndarray) -> np.ndarray:
-        return philox.uniforms_from_words_numpy(words)
-
-    def uniforms_many(self, keys: Sequence[int], contexts: np.ndarray, tokens_by_key) -> np.ndarray:
-        """float32 uniforms [K, P]: each key over the same contexts, tokens [P] or one array
-        per key (the detector's batched form)."""
-        if hmac_compiled.compiled() is None:  # pragma: no cover - exercised where numba is missing
-            return np.stack([self.uniforms(k, contexts, t) for k, t in zip(keys, _per_key(tokens_by_key, len(keys)))])
-        mids = hmac_compiled.midstates_table(midstates, keys)
-        return hmac_compiled.philox_uniforms_many(mids, contexts, tokens_by_key)
+    reference = staticmethod(words_reference)
+    midstates = staticmethod(midstates)
+    compiled_rows = staticmethod(hmac_compiled.philox_words_rows)
+    compiled_uniforms_many = staticmethod(hmac_compiled.philox_uniforms_many)
+    compiled_words_many = staticmethod(hmac_compiled.philox_words_many)
 
 
 HMAC_PHILOX = HmacPhilox()

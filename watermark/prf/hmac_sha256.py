@@ -23,8 +23,9 @@ from typing import Sequence
 
 import numpy as np
 
-from watermark.prf import hmac_compiled, philox, sha256
-from watermark.prf.base import PRF, check_key
+from watermark.prf import hmac_compiled, sha256
+from watermark.prf.base import check_key
+from watermark.prf.hmac_prf import HmacPRF
 from watermark.prf.versions import HMAC_SHA256_V1
 
 VERSION = HMAC_SHA256_V1
@@ -61,29 +62,15 @@ def words_reference(keys, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarra
     return out
 
 
-class HmacSha256(PRF):
+class HmacSha256(HmacPRF):
     """``hmac-sha256-v1`` on the CPU: keys are Python ints (256 bits)."""
 
     version = VERSION
-    key_bits = KEY_BITS
-
-    def words(self, keys, contexts: np.ndarray, tokens: np.ndarray) -> np.ndarray:
-        contexts = np.asarray(contexts, dtype=np.int64)
-        tokens = np.asarray(tokens, dtype=np.int64)
-        if hmac_compiled.compiled() is None:  # pragma: no cover - exercised where numba is missing
-            return words_reference(keys, contexts, tokens)
-        keys = [keys] * len(tokens) if isinstance(keys, int) else [int(k) for k in keys]
-        return hmac_compiled.vllm_words_rows(hmac_compiled.midstates_table(midstates, keys), contexts, tokens)
-
-    def uniforms_from_words(self, words: np.ndarray) -> np.ndarray:
-        return philox.uniforms_from_words_numpy(words)
-
-    def uniforms_many(self, keys: Sequence[int], contexts: np.ndarray, tokens_by_key) -> np.ndarray:
-        if hmac_compiled.compiled() is None:  # pragma: no cover - exercised where numba is missing
-            per_key = [tokens_by_key] * len(keys) if isinstance(tokens_by_key, np.ndarray) and tokens_by_key.ndim == 1 \
-                else list(tokens_by_key)
-            return np.stack([self.uniforms(k, contexts, t) for k, t in zip(keys, per_key)])
-        return hmac_compiled.vllm_uniforms_many(hmac_compiled.midstates_table(midstates, keys), contexts, tokens_by_key)
+    reference = staticmethod(words_reference)
+    midstates = staticmethod(midstates)
+    compiled_rows = staticmethod(hmac_compiled.vllm_words_rows)
+    compiled_uniforms_many = staticmethod(hmac_compiled.vllm_uniforms_many)
+    compiled_words_many = staticmethod(hmac_compiled.vllm_words_many)
 
 
 HMAC_SHA256 = HmacSha256()

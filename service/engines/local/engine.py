@@ -280,16 +280,7 @@ class LocalEngine(BatchSteps):
         held = None
         try:
             while True:
-                event, held = (held, None) if held is not None else (await queue.get(), None)
-                # A consumer that fell behind (a stream awaiting its ledger checkpoint) takes every
-                # Delta already queued as one: fewer, larger events, so it catches up in one step
-                # and covers them with one checkpoint rather than one per 32 tokens.
-                while isinstance(event, Delta) and not queue.empty():
-                    following = queue.get_nowait()
-                    if not isinstance(following, Delta):
-                        held = following
-                        break
-                    event = merged(event, following)
+                event, held = caught_up(queue, held if held is not None else await queue.get())
                 if isinstance(event, BaseException):
                     raise EngineFailure(str(event)) from event
                 yield event
@@ -369,6 +360,20 @@ class LocalEngine(BatchSteps):
             self._outbox.flush()
         self._streamer.wait(30)
         self._outbox.flush()
+
+def caught_up(queue: asyncio.Queue, event) -> tuple[object, object]:
+    """``event``, merged with the Deltas already queued behind it (a Delta only), and the
+    first other event taken from the queue meanwhile (None if none). A consumer that fell
+    behind (a stream awaiting its ledger checkpoint) gets one event for everything that
+    arrived meanwhile: it catches up in one step and covers it with one checkpoint, rather
+    than one per 32 tokens; the text and tokens are the same."""
+    while isinstance(event, Delta) and not queue.empty():
+        following = queue.get_nowait()
+        if not isinstance(following, Delta):
+            return event, following
+        event = merged(event, following)
+    return event, None
+
 
 # Below this many parameters a CPU decode step is a chain of operations too small to share:
 # a second intra-op thread only adds fork/join barriers. The bundled draft (2.85 M, batch 8)

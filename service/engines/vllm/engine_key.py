@@ -6,7 +6,13 @@ engine-level key. Hallmark derives that key from a tenant's active key and a dep
 name (so re-running the command on every node yields the same key, and the secret never
 has to be copied between them by hand)::
 
-    engine secret = derive_key(tenant secret, "hallmark/vllm-engine-key/v1/" + deployment)
+    engine secret = first 8 bytes of SHA-256("hallmark/vllm-engine-key/v1/" + deployment || tenant secret)
+
+(the tenant secret as its 8 or 32 bytes, :func:`watermark.prf.secret_bytes`: for a 64-bit
+tenant key this is :func:`watermark.prf.derive_key`, as before). The engine key is a 64-bit
+``philox4x32-10-v1`` key whatever the tenant key's PRF, because vLLM's built-in watermark
+(0.32 and 0.34) runs Philox only; the derivation is one-way, so recovering an engine key by a
+2^64 search exposes that deployment's watermark, never the tenant's 256-bit key.
 
 and imports it into the store as a key of that tenant (state verify-only beside the
 tenant's active key, audited as ``key.imported`` with the derivation as its source), so
@@ -19,6 +25,7 @@ shell history would show it. vLLM turns the file's entries into arguments in mem
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,13 +66,16 @@ def check_deployment(name: str) -> str:
 
 
 def derive_engine_secret(tenant_secret: int, deployment: str) -> int:
-    return prf.derive_key(tenant_secret, DOMAIN + check_deployment(deployment))
+    tag = (DOMAIN + check_deployment(deployment)).encode()
+    return int.from_bytes(hashlib.sha256(tag + prf.secret_bytes(tenant_secret)).digest()[:8], "big")
 
 
 def engine_spec(source: WatermarkSpec) -> WatermarkSpec:
     """The tenant key's spec as vLLM's ``dual_key_gumbel`` can run it (vLLM has only the
-    ordinary acceptance coin, and no per-generation salt: the engine key is `deterministic`)."""
-    return source.model_copy(update={"algorithm": "dual_key_gumbel", "coin": "ordinary", "mode": "deterministic"})
+    ordinary acceptance coin, no per-generation salt and only the Philox PRF: the engine key is a
+    `deterministic` 64-bit Philox key)."""
+    return source.model_copy(update={"algorithm": "dual_key_gumbel", "coin": "ordinary", "mode": "deterministic",
+                                     "prf": prf.PHILOX_V1})
 
 
 def provision_engine_key(session: Session, keyring: Keyring, *, tenant: str, deployment: str,

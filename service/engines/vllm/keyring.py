@@ -81,7 +81,7 @@ def render(entries: Iterable[KeyringEntry]) -> str:
     """The keyring file's text for ``entries``."""
     keys = {}
     for entry in entries:
-        keys[entry.key_id] = {"secret": f"0x{entry.key.secret:016x}", "spec": entry.key.spec.public_dict(),
+        keys[entry.key_id] = {"secret": f"0x{entry.key.secret:0{entry.key.spec.key_bits // 4}x}", "spec": entry.key.spec.public_dict(),
                               "tenant": entry.tenant, "version": entry.version,
                               "fingerprint": entry.fingerprint, "state": entry.state}
     return json.dumps({"format": FORMAT, "keys": keys}, indent=2) + "\n"
@@ -99,8 +99,8 @@ def _parse_entry(key_id: str, raw: object, path: Path) -> KeyringEntry:
     try:
         secret_text = raw["secret"]
         secret = int(secret_text, 0) if isinstance(secret_text, str) else int(secret_text)
-        prf.check_key(secret)
         spec = WatermarkSpec.model_validate(raw["spec"])
+        prf.check_key(secret, spec.key_bits)
         tenant, version, printed = str(raw["tenant"]), int(raw["version"]), str(raw["fingerprint"])
         state = str(raw.get("state", "active"))  # files written before states were kept
     except (KeyError, TypeError, ValueError, ValidationError):

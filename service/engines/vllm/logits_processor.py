@@ -61,11 +61,20 @@ def _request_state(params: SamplingParams, prompt_ids: list[int] | None,
     if watermark is None or float(params.temperature) == 0.0:
         return None
     spec = watermark.key.spec
+    check_plugin_key(watermark.key)
     keys = row_keys(watermark.key)
     return RequestSpec(key_a=keys.key_a, key_b=keys.key_b, alpha=keys.alpha, stream_key=stream.stream_key(watermark.seed),
                        width=spec.context_width, scope=spec.dedup, max_history=spec.dedup_max_history,
                        temperature=float(params.temperature), top_k=max(int(params.top_k), 0),
                        top_p=float(params.top_p))
+
+
+def check_plugin_key(key) -> None:
+    """The plugin's rows hold 64-bit Philox keys (plugin_state): a 256-bit key is refused
+    here, in the front end, with what to do (its text is never generated unwatermarked)."""
+    if key.spec.key_bits != 64:
+        raise ValueError(f"the vLLM plugin runs 64-bit philox keys only; key {key.fingerprint} uses {key.spec.prf} "
+                         "(256-bit): serve it with the local engine, or give the tenant a key with --prf philox")
 
 
 class _Refused:
@@ -82,8 +91,10 @@ class HallmarkLogitsProcessor(LogitsProcessor):
     def validate_params(cls, sampling_params: SamplingParams) -> None:
         # Runs in vLLM's front end for every request: an error here becomes HTTP 400 (or
         # an exception from AsyncLLM.generate) instead of a failure inside the engine.
-        if resolve(sampling_params.extra_args, sampling_params.seed) is not None:
+        watermark = resolve(sampling_params.extra_args, sampling_params.seed)
+        if watermark is not None:
             check_sampling(sampling_params)
+            check_plugin_key(watermark.key)
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
         self.device = torch.device(device)

@@ -84,10 +84,22 @@ def _message(exc: BaseException) -> str:
     return str(exc).strip()
 
 
+def _serve_args_module():
+    """vLLM's ``vllm serve`` argument module: ``entrypoints.launchers.cli_args`` in 0.32,
+    ``entrypoints.common.cli_args`` in 0.34."""
+    try:
+        from vllm.entrypoints.launchers import cli_args
+    except ImportError:  # vLLM 0.34
+        from vllm.entrypoints.common import cli_args
+    return cli_args
+
+
 def _parse(argv: list[str]):
     from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli_args = _serve_args_module()
+    make_arg_parser, validate_parsed_serve_args = cli_args.make_arg_parser, cli_args.validate_parsed_serve_args
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
     captured = io.StringIO()
@@ -131,7 +143,20 @@ def _parallel_config(engine_args):
 
 class _SpeculativeView(SimpleNamespace):
     """A speculative config with the profile's model facts standing in for the draft
-    checkpoint; its predicates are vLLM's own methods."""
+    checkpoint; its predicates are vLLM's own methods (any other method or property of
+    vLLM's ``SpeculativeConfig`` that a rule calls runs on this view: vLLM 0.34 asks more)."""
+
+    def __getattr__(self, name: str):
+        import types
+
+        from vllm.config import SpeculativeConfig
+
+        member = getattr(SpeculativeConfig, name, None)
+        if isinstance(member, property) and member.fget is not None:
+            return member.fget(self)
+        if callable(member) and not isinstance(member, type):
+            return types.MethodType(member, self)
+        raise AttributeError(name)
 
     def use_dspark(self) -> bool:
         from vllm.config import SpeculativeConfig
@@ -142,6 +167,14 @@ class _SpeculativeView(SimpleNamespace):
         from vllm.config import SpeculativeConfig
 
         return SpeculativeConfig.use_multi_module_mtp(self)
+
+    @property
+    def speculator_config(self):
+        """vLLM 0.34's per-method speculator config over this view, as its ``SpeculativeConfig``
+        builds it (the watermark and PCP rules ask it)."""
+        from vllm.v1.worker.gpu.spec_decode.speculator_config import get_speculator_config_class
+
+        return get_speculator_config_class(self)(self)
 
 
 def _speculative_view(options: dict[str, Any] | None, profile: Profile) -> _SpeculativeView | None:
@@ -257,10 +290,11 @@ def _check_layout(parallel, profile: Profile, rank: int) -> None:
 def _check_mode(profile: Profile, speculative, watermark) -> None:
     if profile.watermark == "plugin":
         if speculative is not None:
-            from vllm.v1.sample.logits_processor import STR_SPEC_DEC_REJECTS_LOGITSPROCS
-
-            raise _Problem(f"vLLM: {STR_SPEC_DEC_REJECTS_LOGITSPROCS} Use watermark: engine-key for "
-                           "speculative decoding.")
+            try:
+                from vllm.v1.sample.logits_processor import STR_SPEC_DEC_REJECTS_LOGITSPROCS as reason
+            except ImportError:  # vLLM 0.34 has no such constant; its rule is the same
+                reason = "Custom logits processors are not supported when speculative decoding is enabled."
+            raise _Problem(f"vLLM: {reason} Use watermark: engine-key for speculative decoding.")
     elif watermark is None or watermark.algorithm != "dual_key_gumbel":
         raise _Problem("the engine-key mode needs the dual_key_gumbel watermark from the engine key file")
 

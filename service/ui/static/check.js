@@ -143,7 +143,8 @@ function bestKgramMatch(result) {
 // ---------------------------------------------------------------- keys, not salts
 
 // A `diverse` key is tested under each of its salts: the API lists one `per_key` row (and counts
-// one in `keys_tested`) a salt. The page counts keys as keys and tests as tests (issue 34, item 5).
+// one in `tests`) a salt, and counts keys in `keys_tested`. The page counts keys as keys and
+// tests as tests (issue 34, item 5).
 function keyGroups(rows) {
   const groups = new Map();
   for (const r of rows) {
@@ -158,7 +159,8 @@ function keyGroups(rows) {
 // keys from salts (a tier that withholds the table).
 function testCounts(result) {
   const rows = Array.isArray(result.per_key) ? result.per_key : [];
-  const tests = Math.max(result.keys_tested || 0, rows.length);
+  // `tests`: (key, salt) pairs the correction counts; `keys_tested`: keys (salts are not keys).
+  const tests = Math.max(result.tests || result.keys_tested || 0, rows.length);
   if (!rows.length) return { keys: null, tests, states: {} };
   const states = {};
   const groups = keyGroups(rows);

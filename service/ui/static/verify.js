@@ -186,7 +186,9 @@ const STATEMENT_TIME = { "hallmark.receipt": "finished_at", "hallmark.detection_
 
 // null when `key` may have signed `statement`; otherwise the reason it may not.
 function keyWindowProblem(statement, kid, key) {
-  if (key.revokedAt) return `signed by revoked key ${kid} (revoked at ${key.revokedAt}${key.reason ? ": " + key.reason : ""}); nothing it signed is trusted`;
+  // A receipt the log shows predates the compromise stays valid (ledger/receipts.py check_window); the page
+  // does not check that binding and refuses every statement of a revoked key: stricter, never looser.
+  if (key.revokedAt) return `signed by revoked key ${kid} (compromised at ${key.revokedAt}${key.reason ? ": " + key.reason : ""}); this page trusts nothing it signed (\`hallmark receipt verify\` keeps the receipts the log shows predate the compromise)`;
   const field = STATEMENT_TIME[statement.type] || "created_at";
   const when = Date.parse(statement[field]);
   if (Number.isNaN(when)) return `the statement has no valid ${field}`;

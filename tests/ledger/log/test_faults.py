@@ -97,3 +97,35 @@ def test_a_leaf_naming_the_next_entry_far_ahead_also_blocks(store, two_tenants, 
         _record(store, made.acme.id, "two")
     assert cli("ledger", "repair").exit_code == 0
     _record(store, made.acme.id, "two")
+
+
+def test_a_checkpoint_inserted_ahead_of_the_log_is_found_and_repaired(store, two_tenants, database_url, cli):
+    """A checkpoint row at the log's next size: the writer's publication at that size skips it as
+    published already, so it stays once the log reaches it; the log key did not sign it."""
+    from keys.models import LogCheckpoint
+
+    made = two_tenants()
+    _record(store, made.acme.id, "one")
+    with store.transaction() as session:
+        auth = tlog.authority(session)
+        tlog.publish(session, auth)
+        size, _ = tlog.read_head(session, auth)
+        real_note = session.get(LogCheckpoint, size).note
+    engine = create_engine(database_url)
+    with engine.begin() as connection:
+        connection.execute(LogCheckpoint.__table__.insert().values(
+            size=size + 1, root=b"\0" * 32, note=real_note.replace(f"\n{size}\n", f"\n{size + 1}\n"),
+            published_at=func.now()))
+    engine.dispose()
+    _record(store, made.acme.id, "two")
+    with store.transaction() as session:
+        assert tlog.publish(session, tlog.authority(session)) is None  # "published already"
+        found = faults.foreign_rows(session, size + 1, tlog.authority(session).verifier)
+    assert found.checkpoints == [size + 1]
+    assert cli("ledger", "verify").exit_code == 1
+    repaired = cli("ledger", "repair", "--json")
+    assert json.loads(repaired.stdout)["removed"]["checkpoints"] == [size + 1]
+    with store.transaction() as session:
+        stored = tlog.publish(session, tlog.authority(session))
+        assert stored is not None and stored.size == size + 1
+    assert cli("ledger", "verify").exit_code == 0

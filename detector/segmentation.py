@@ -1,0 +1,202 @@
+"""A generation's own token ids, recovered from its text.
+
+A model writes token sequences that its tokenizer's ``encode`` never produces: merged
+newline+indent tokens, ``Ġdisplay`` + ``s`` where ``encode`` says ``Ġdisplays``. Scored as
+``encode`` re-tokenises it, such a text loses the watermark of every token whose context
+changed (issue 30: 18 of 30 generations of the bundled model re-tokenise differently). The
+ledger does not store token ids, but it records the SHA-256 of a generation's ids and keyed
+digests of their 8-grams (ledger.kgrams): enough to find the very sequence and prove it.
+
+:func:`recover` searches the segmentations of the text's bytes into vocabulary tokens
+(:class:`SegmentationTable`) depth first, the ``encode`` token first at each boundary it
+shares, then longer tokens before shorter (the model's merged tokens); every path of 8 or
+more tokens must end in an 8-gram the generation recorded (``known``), which prunes almost
+every wrong turn after the first 8 tokens; a complete path is accepted only when the SHA-256
+of its ids (optionally followed by an end-of-sequence id, which an engine may record and the
+text never shows) is the recorded one. A wrong sequence is never accepted: a match is a
+SHA-256 preimage of the recorded hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+K = 8
+"""The k-gram width the ledger records (ledger.kgram_digests.K)."""
+MAX_STEPS = 20_000
+"""Tokens tried before the search gives up (the text is then scored as ``encode`` makes it)."""
+
+
+def hash_ids(token_ids: Sequence[int]) -> str:
+    """hex SHA-256 of the ids as 4-byte big-endian (ledger.chain.hash_token_ids)."""
+    return hashlib.sha256(b"".join(int(t).to_bytes(4, "big") for t in token_ids)).hexdigest()
+
+
+@dataclass(frozen=True)
+class SegmentationTable:
+    """Every ordinary token of a vocabulary by its bytes (special tokens are left out: a
+    text's decode skips them), and the end-of-sequence ids an engine may record after the
+    text's last token."""
+
+    by_bytes: dict[bytes, int] = field(repr=False)
+    pieces: dict[int, bytes] = field(repr=False)
+    longest: int
+    end_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, pieces: dict[int, bytes], end_ids: Sequence[int] = ()) -> "SegmentationTable":
+        """From token id -> its bytes (the first id wins where two tokens share bytes)."""
+        by_bytes: dict[bytes, int] = {}
+        for token_id in sorted(pieces):
+            if pieces[token_id]:
+                by_bytes.setdefault(pieces[token_id], token_id)
+        kept = {token_id: piece for piece, token_id in by_bytes.items()}
+        return cls(by_bytes, kept, max(map(len, by_bytes), default=0), tuple(int(e) for e in end_ids))
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """The generation's ids and each one's character range in the text [(start, end)]
+    (an end-of-sequence id: an empty range at the end)."""
+
+    token_ids: tuple[int, ...]
+    offsets: tuple[tuple[int, int], ...]
+
+
+def _char_offsets(text: str, data: bytes, bounds: Sequence[int], extra: int) -> tuple[tuple[int, int], ...]:
+    """Character ranges of the tokens whose byte ranges are ``bounds`` [n + 1] (a token that
+    splits a character is counted from that character), plus ``extra`` empty ones at the end."""
+    char_at = [0] * (len(data) + 1)
+    position = 0
+    for index, character in enumerate(text):
+        width = len(character.encode("utf-8"))
+        for b in range(position, position + width):
+            char_at[b] = index
+        position += width
+    char_at[len(data)] = len(text)
+    out = [(char_at[bounds[i]], char_at[bounds[i + 1]]) for i in range(len(bounds) - 1)]
+    out.extend([(len(text), len(text))] * extra)
+    return tuple(out)
+
+
+def recover(text: str, canonical: Sequence[int], table: SegmentationTable, target_sha256: str,
+            known: Callable[[Sequence[int]], bool] | None, *, max_steps: int = MAX_STEPS) -> Recovered | None:
+    """The token ids [n] whose SHA-256 is ``target_sha256`` and whose bytes are ``text``'s,
+    or None. ``canonical``: ``encode``'s ids of the text (tried first, and preferred at each
+    boundary). ``known(window)``: whether the generation recorded this 8-gram (None: no
+    k-grams to check; then only ``max_steps`` bounds the search)."""
+    data = text.encode("utf-8")
+    ends = ((), *((e,) for e in table.end_ids))
+    for extra in ends:  # encode's own ids first: most generations write them (no search)
+        ids = (*canonical, *extra)
+        if hash_ids(ids) == target_sha256:
+            return _recovered(text, data, table, ids, len(extra))
+    preferred: dict[int, int] = {}  # byte position -> encode's token starting there
+    position = 0
+    for token in canonical:
+        piece = table.pieces.get(token)
+        if piece is None:
+            break
+        preferred[position] = token
+        position += len(piece)
+    by_bytes, longest, n = table.by_bytes, table.longest, len(data)
+    pieces, listed = table.pieces, {}
+
+    def first(at: int) -> list[tuple[int, int]]:
+        """encode's token at ``at`` where it has one there (the option tried first)."""
+        token = preferred.get(at)
+        return [] if token is None else [(token, len(pieces[token]))]
+
+    def rest(at: int) -> list[tuple[int, int]]:
+        """(token, its length) of every other token the bytes at ``at`` start with, longer
+        before shorter (the model's merged tokens); listed only when the first fails."""
+        found = listed.get(at)
+        if found is not None:
+            return found
+        skip = preferred.get(at)
+        found = listed[at] = []
+        for length in range(min(longest, n - at), 0, -1):
+            token = by_bytes.get(data[at:at + length])
+            if token is not None and token != skip:
+                found.append((token, length))
+        return found
+
+    def finish(path: list[int]) -> tuple[int, ...] | None:
+        for extra in ends:
+            ids = (*path, *extra)
+            if extra and known is not None and len(ids) >= K and not known(ids[-K:]):
+                continue
+            if hash_ids(ids) == target_sha256:
+                return ids
+        return None
+
+    # Depth first, iteratively (a path is as long as the text's tokens): one frame per token
+    # of ``path`` and one for the position being extended: [byte position, its options, the
+    # option tried next, whether any path below reached the end, discrepancies so far,
+    # whether its options are all listed]. A
+    # state (position, last K-1 ids) none of whose paths reaches the end is dead for every
+    # prefix (the k-gram check looks back K-1 ids only); one that reached the end and failed
+    # the hash is not. The first K-1 tokens have no k-gram to check, and a depth-first search
+    # would try every segmentation of them before it revisits an early wrong turn: there,
+    # taking any but a position's first option is a discrepancy, and the search runs again
+    # with 0, 1, 2, ... of them allowed (limited discrepancy search, Harvey & Ginsberg 1995).
+    dead: set[tuple[int, tuple[int, ...]]] = set()
+    steps = 0
+    for allowed in range(K):
+        path: list[int] = []
+        frames: list[list] = [[0, first(0), 0, False, 0, False]]
+        limited = False  # whether the budget left out a path (else a larger one finds nothing more)
+        while frames:
+            frame = frames[-1]
+            at, choices = frame[0], frame[1]
+            if at == n:
+                found = finish(path)
+                if found is not None:
+                    return _recovered(text, data, table, found, len(found) - len(path))
+                frame[3] = True
+            elif (at, tuple(path[-(K - 1):])) in dead:
+                pass
+            elif frame[2] < len(choices) or not frame[5]:
+                if frame[2] == len(choices):  # the first option failed: the others, once
+                    frame[1] = choices = choices + rest(at)
+                    frame[5] = True
+                    continue
+                index = frame[2]
+                token, length = choices[index]
+                frame[2] += 1
+                discrepancies = frame[4] + (1 if index and len(path) < K - 1 else 0)
+                if discrepancies > allowed:
+                    limited = True
+                    continue
+                steps += 1
+                if steps > max_steps:
+                    return None
+                path.append(token)
+                if known is None or len(path) < K or known(path[-K:]):
+                    frames.append([at + length, first(at + length), 0, False, discrepancies, False])
+                else:
+                    path.pop()
+                continue
+            if at != n and not frame[3] and len(path) >= K - 1:
+                dead.add((at, tuple(path[-(K - 1):])))
+            frames.pop()
+            if frames:
+                frames[-1][3] = frames[-1][3] or frame[3]
+                path.pop()
+        if not limited:
+            return None
+    return None
+
+
+def _recovered(text: str, data: bytes, table: SegmentationTable, ids: Sequence[int], extra: int) -> Recovered | None:
+    bounds = [0]
+    for token in ids[:len(ids) - extra]:
+        piece = table.pieces.get(token)
+        if piece is None:
+            return None
+        bounds.append(bounds[-1] + len(piece))
+    if bounds[-1] != len(data):
+        return None
+    return Recovered(tuple(int(t) for t in ids), _char_offsets(text, data, bounds, extra))
