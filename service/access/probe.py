@@ -144,7 +144,11 @@ def related(query: Sketch, other: Sketch, min_share: float, absolute: int = ABSO
     scale = 1 << level
     common = len(mine & theirs) * scale
     smaller = min(len(mine), len(theirs)) * scale
-    if common < min(MIN_MATCH, smaller):
+    if smaller < MIN_MATCH:
+        # A tiny query (a few tokens) shares a window with many others by chance; it is too short
+        # to tell the detector anything about a text, so only the same query again counts.
+        return mine == theirs
+    if common < MIN_MATCH:
         return False
     # Texts share some windows by chance (boilerplate): the bar rises with the smaller one's
     # size, up to DENSITY of CAP windows, which a padded text of 200 tokens still clears.
