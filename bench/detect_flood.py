@@ -1,6 +1,6 @@
 """One tenant floods /v1/detect with huge bodies; another tenant's small check must stay fast.
 
-    .venv/bin/python -m bench.detect_flood [--parallel 24] [--chars 190000] [--seconds 30]
+    .venv/bin/python -m bench.detect_flood [--parallel 24] [--chars 190000] [--seconds 30] [--ids 8000]
 
 Starts `hallmark serve` (bundled model, fresh SQLite store, default limits: per-principal
 detection slots, character limit before tokenising). Tenant "flood" keeps ``--parallel``
@@ -64,6 +64,8 @@ async def _run(url: str, tokens: dict[str, str], pid: int, args) -> dict:
     sent = iter(range(10**9))
 
     def flood_body() -> dict:
+        if args.ids:  # issue 31: a stream of token-id bodies, each detected inline (<= 8,000)
+            return {"token_ids": [rng.randrange(300, 8000) for _ in range(args.ids)]}
         return {"text": pool[next(sent) % len(pool)]}
 
     statuses: dict[int, int] = {}
@@ -118,6 +120,7 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=24)
     parser.add_argument("--chars", type=int, default=190_000)
     parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--ids", type=int, default=0, help="flood with this many random token ids a body instead")
     parser.add_argument("--out", type=Path, default=Path("bench/results/detect-flood.json"))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -60,6 +60,9 @@ def _provision(tmp: Path) -> tuple[dict[str, str], dict[str, str]]:
         grant_scope(session, token_id=issued.info.token_id, scope="evidence", actor="bench")
         tokens["tenant_evidence"] = issued.raw_token
         tokens["expert"] = issue_token(session, tenant=None, expert=True, actor="bench").raw_token
+        for extra in ("tenant2", "tenant3"):  # many tokens of one tenant (issue 31)
+            tokens[extra] = issue_token(session, tenant="acme", actor="bench").raw_token
+        tokens["tenant_admin"] = issue_token(session, tenant="acme", admin=True, actor="bench").raw_token
         return tokens
 
     return provision_store(tmp, populate)
@@ -177,7 +180,7 @@ def spoof(oracle: Oracle, editor: Editor, text: str, max_rounds: int) -> dict:
                 ids, answer = trial, new
     changed = sum(a != b for a, b in zip(ids, original))
     return {"success": bool(answer.get("watermarked")) and not answer.get("refused"), "queries": oracle.queries,
-            "refused": answer.get("refused"), "changed": changed, "tokens": len(original)}
+            "refused": answer.get("refused"), "changed": changed, "tokens": len(original), "final_ids": ids}
 
 
 def strip(oracle: Oracle, editor: Editor, ids: list[int], max_rounds: int, *, with_evidence: bool) -> dict:
@@ -210,7 +213,7 @@ def strip(oracle: Oracle, editor: Editor, ids: list[int], max_rounds: int, *, wi
         answer = oracle.ask(editor.text(ids))
     done = not answer.get("refused") and not answer["watermarked"] and not answer["ledger"]
     return {"success": done, "queries": oracle.queries, "refused": answer.get("refused"),
-            "changed": sum(a != b for a, b in zip(ids, original)), "tokens": len(original)}
+            "changed": sum(a != b for a, b in zip(ids, original)), "tokens": len(original), "final_ids": ids}
 
 
 def blind_fraction(truth: Oracle, editor: Editor, ids: list[int], max_rounds: int) -> float | None:
@@ -241,6 +244,8 @@ def main() -> None:
     parser.add_argument("--max-rounds", type=int, default=30)
     parser.add_argument("--seed", type=int, default=22)
     parser.add_argument("--out", type=Path, default=Path("bench/results/oracle-attack.json"))
+    parser.add_argument("--round2", type=int, default=0, metavar="N",
+                        help="issue 31's attacks instead (bench/oracle_variants.py), N attempts per tier and attack")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -260,7 +265,7 @@ def main() -> None:
                                      headers={"Authorization": f"Bearer {tokens['tenant']}"})
             generations = []
             seed = 0
-            wanted = 3 * args.strip_texts  # disjoint sets: a tier's probe guard must not see another's texts
+            wanted = max(3 * args.strip_texts, args.strip_texts + 16 * args.round2)  # disjoint sets: a tier's probe guard must not see another's texts
             while len(generations) < wanted and seed < 5 * wanted:
                 seed += 1
                 out = generator.post("/v1/generate", json={"prompt": "Write about the history of the town",
@@ -268,6 +273,9 @@ def main() -> None:
                 if len(out["token_ids"]) >= 200:
                     generations.append(out["token_ids"])
             k = args.strip_texts
+            if args.round2:
+                results = _round2(server.url, tokens, editor, tokenizer, generations, args)
+                return _write(results, args, started)
             sets = {"a": generations[:k], "b": generations[k:2 * k], "c": generations[2 * k:3 * k]}
             humans = human_texts(tokenizer, args.spoof_attempts + args.evidence_attempts)
             results: dict = {"spoof": {}, "strip_evidence": {}, "strip_blind": {}}
@@ -322,6 +330,27 @@ def main() -> None:
             print("no_access", results["no_access"], flush=True)
         finally:
             server.stop()
+    _write(results, args, started)
+
+
+def _round2(url, tokens, editor, tokenizer, generations, args) -> dict:
+    from bench.oracle_variants import run_round2
+
+    truth = Oracle(url, "expert", tokens["expert"])
+    truth.ask = _unbounded(truth.ask)
+    baseline_texts = generations[: args.strip_texts]
+    fractions = sorted(f for f in (blind_fraction(truth, editor, ids, 40) for ids in baseline_texts) if f is not None)
+    blind = {"texts": len(baseline_texts), "stripped_within_40_rounds": len(fractions),
+             "changed_share_to_strip_90pct": round(fractions[min(len(fractions) - 1, int(0.9 * len(fractions)))], 4)
+             if fractions else None}
+    print("no_access", blind, flush=True)
+    humans = human_texts(tokenizer, 40 * args.round2)
+    tables = run_round2(url, tokens, editor, humans, generations[args.strip_texts:], truth, attempts=args.round2,
+                        max_rounds=args.max_rounds, blind=blind, spoof=spoof, strip=strip)
+    return {"no_access": blind, "round2": tables}
+
+
+def _write(results: dict, args, started: float) -> None:
     results["settings"] = {"budgets": "defaults (service/settings.py)", "max_rounds": args.max_rounds,
                            "seed": args.seed, "model": MODEL}
     results["command"] = " ".join([".venv/bin/python -m bench.oracle_attack", *sys.argv[1:]])

@@ -219,6 +219,24 @@ class ProbeQuery(Base):
     hashes: Mapped[bytes] = mapped_column(LargeBinary())
 
 
+class AccessSpend(Base):
+    """One charge against a detection budget (service/access/budgets.py): a budget's level is
+    its day's allowance less the sum of its rows of the last 24 hours. Rows are only ever
+    inserted (on PostgreSQL the service role may not update or delete them, and a negative
+    row must give back part of a reservation of the last ten minutes, once: migration 0012),
+    so a leaked database credential cannot reset a budget."""
+
+    __tablename__ = "access_spend"
+    __table_args__ = (Index("ix_access_spend_name_created", "name", "created"),
+                      CheckConstraint("amount >= 0 OR settles IS NOT NULL", name="refund_settles"))
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    amount: Mapped[float] = mapped_column(Double())
+    created: Mapped[float] = mapped_column(Double(), index=True)
+    settles: Mapped[str | None] = mapped_column(String(32), nullable=True, unique=True)
+
+
 class LedgerEntry(Base):
     """The provenance ledger: an append-only, per-tenant hash chain of generation events.
 

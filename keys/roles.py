@@ -5,9 +5,10 @@ not the tables' owner, who can disable or drop them. So in production the migrat
 as the owner and the gateway connects as a separate role (``hallmark db
 grant-service-role NAME``) that may only:
 
-- SELECT and INSERT on ``ledger_entries``, ``ledger_kgrams``, ``audit_events`` and the
-  transparency log's ``log_leaves``, ``log_nodes`` and ``log_checkpoints`` (append, never
-  rewrite); SELECT, UPDATE on ``log_head`` (each append moves it, under its row lock);
+- SELECT and INSERT on ``ledger_entries``, ``ledger_kgrams``, ``audit_events``, the
+  transparency log's ``log_leaves``, ``log_nodes`` and ``log_checkpoints``, and the detection
+  access tables ``access_spend`` and ``probe_queries`` (append, never rewrite; the last two's
+  old rows only through the owner's ``hallmark_prune_access()``, which it may EXECUTE); SELECT, UPDATE on ``log_head`` (each append moves it, under its row lock);
 - SELECT on ``tenants``, ``watermark_keys``, ``api_tokens``, ``signing_keys``,
   ``log_keys`` and ``alembic_version``: key, signing-key and token changes are the admin
   CLI's, run as the owner (the gateway can neither add a signing key nor retire one);
@@ -29,7 +30,12 @@ from sqlalchemy.engine import Connection
 
 from keys.errors import InvalidInput
 
-APPEND_ONLY = ("ledger_entries", "ledger_kgrams", "audit_events", "log_leaves", "log_nodes", "log_checkpoints")
+APPEND_ONLY = ("ledger_entries", "ledger_kgrams", "audit_events", "log_leaves", "log_nodes", "log_checkpoints",
+               "access_spend", "probe_queries")
+"""``access_spend`` and ``probe_queries``: detection budgets and probe families, which the
+service must not reset (issue 31); their old rows go through ``hallmark_prune_access()``."""
+FUNCTIONS = ("hallmark_prune_access()",)
+"""Owner-defined SECURITY DEFINER functions the service role may call."""
 READ_ONLY = ("tenants", "watermark_keys", "api_tokens", "signing_keys", "log_keys", "alembic_version")
 SPECIAL = {"store_kek": "SELECT, UPDATE", "log_head": "SELECT, UPDATE"}
 _ROLE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
@@ -71,4 +77,8 @@ def grant_service_role(connection: Connection, role: str) -> dict[str, str]:
         granted[table] = privileges_for(table)
         connection.exec_driver_sql(f'GRANT {granted[table]} ON "{table}" TO {role}')
     connection.exec_driver_sql(f"GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    for function in FUNCTIONS:
+        name = function.split("(")[0]
+        if connection.execute(text("SELECT count(*) FROM pg_proc WHERE proname = :n"), {"n": name}).scalar():
+            connection.exec_driver_sql(f"GRANT EXECUTE ON FUNCTION {function} TO {role}")
     return granted

@@ -57,8 +57,13 @@ REPORT_VERSION = 2
 LENIENT_ABOVE = 1e-3
 """A threshold above this is not evidence of a watermark: such a pass is signed as
 ``passes_lenient_threshold``, never ``watermarked``."""
-VERDICTS = ("watermarked", "not_watermarked", "passes_lenient_threshold")
-SCOPES = ("tenant", "all_tenants", "public")
+VERDICTS = ("watermarked", "not_watermarked", "passes_lenient_threshold", "not_tested", "key_revoked")
+"""``not_tested``: nothing was tested (a public check of a text under its minimum length);
+``key_revoked``: the text carries the watermark of a key revoked as compromised, which no
+longer shows where it came from (neither vouches: neither has ``watermark`` in its basis)."""
+SCOPES = ("tenant", "all_tenants", "public", "provider")
+"""``provider``: every key of the provider, their number withheld (the public tier's reports
+carry no count of the provider's tenants or keys)."""
 
 
 class ReportInvalid(ReceiptInvalid):
@@ -94,10 +99,12 @@ class ReportCheck:
 
 
 def verify_report(document: Any, keys: dict[str, Any], *, text: str | None = None,
-                  token_ids: list[int] | None = None) -> ReportCheck:
+                  token_ids: list[int] | None = None, max_p: float | None = None) -> ReportCheck:
     """Verify a detection report's signature and content (see the module docstring) and,
     given ``text`` or ``token_ids``, that the report is about them; :class:`ReportInvalid`
-    (a :class:`ledger.receipts.ReceiptInvalid`) with a one-line reason otherwise."""
+    (a :class:`ledger.receipts.ReceiptInvalid`) with a one-line reason otherwise.
+    ``max_p``: the verifier's own policy maximum: a ``watermarked`` verdict at a threshold
+    above it is refused (the threshold bounds the p-value that passed it)."""
     statement = verify_signed(document, keys, expected_type=REPORT_TYPE)
     version = statement.get("version")
     if version == 1:
@@ -118,6 +125,11 @@ def verify_report(document: Any, keys: dict[str, Any], *, text: str | None = Non
         if hash_token_ids(token_ids) != subject.get("token_ids_sha256"):
             raise ReportInvalid("the token ids do not match the report: their SHA-256 differs from token_ids_sha256")
         token_ids_match = True
+    if max_p is not None and statement.get("verdict") == "watermarked":
+        threshold = (statement.get("settings") or {}).get("threshold")
+        if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or threshold > max_p:
+            raise ReportInvalid(f"the report says watermarked at threshold {threshold!r}, above the maximum "
+                                f"{max_p:g} asked for")
     return ReportCheck(statement, version, text_matches, token_ids_match)
 
 
@@ -179,7 +191,7 @@ def _check_v2(statement: dict[str, Any]) -> None:
     basis = statement.get("basis")
     if not isinstance(basis, list) or ("watermark" in basis) != (verdict == "watermarked"):
         raise ReportInvalid("the report's basis does not match its verdict")
-    if scope.get("keys_of") not in SCOPES or not isinstance(scope.get("keys"), int):
+    if scope.get("keys_of") not in SCOPES or (scope.get("keys_of") != "provider" and not isinstance(scope.get("keys"), int)):
         raise ReportInvalid("the report does not say whose keys were tested and how many")
     if not isinstance(statement.get("verdict_text"), str) or not isinstance(statement.get("created_at"), str):
         raise ReportInvalid("the report has no verdict_text or created_at")

@@ -156,6 +156,9 @@ class DetectResponse(_Body):
     recorded hash) or `token_ids` (ids sent as such)."""
     evidence: dict[str, Any] | None = None
     """With `evidence: true`: each token's offsets, whether it was scored (and why not), its score."""
+    evidence_withheld: str | None = None
+    """Tenant tier: why the per-token evidence asked for is not shown (only a tenant's own
+    generation, unedited, gets it: docs/concepts/detection-access.md#per-token-evidence)."""
     report: SignedDocument
     """The signed detection report."""
 

@@ -103,16 +103,38 @@ class ServiceSettings(BaseSettings):
     """Tokens one client address may have scored by the public check a day (shared by replicas)."""
     public_global_tokens_per_day: float = Field(default=5_000_000.0, gt=0)
     """Tokens the public check scores a day for every address together (bounds many-address probing)."""
+    public_wide_tokens_per_day: float = Field(default=200_000.0, gt=0)
+    """Tokens the public check scores a day for one wide group (an IPv4 /24, an IPv6 /48)
+    together: walking a network's addresses buys at most this (service/access/addresses.py)."""
+    public_reserved_tokens_per_day: float = Field(default=4_000.0, ge=0)
+    """Tokens a wide group may still have scored a day once the global public budget is used
+    up: no flood from other networks closes the public check for it."""
+    trusted_proxies: str = ""
+    """Comma-separated addresses or networks of reverse proxies whose ``X-Forwarded-For`` is
+    believed (`hallmark serve --trusted-proxies`); none by default: the TCP peer is the client."""
+    ipv6_group_prefix: int = Field(default=64, ge=1, le=128)
+    """An IPv6 client counts as its /N (one subscriber's network is a /64)."""
+    ipv4_share_prefix: int = Field(default=24, ge=1, le=32)
+    ipv6_share_prefix: int = Field(default=48, ge=1, le=128)
+    """The wide groups (IPv4 /24, IPv6 /48) that share a public budget and the probe families."""
+    signed_max_p: float = Field(default=1e-6, gt=0, lt=1)
+    """The provider's policy maximum: a report is signed ``watermarked`` only when the p-value
+    is at most this, whatever threshold the caller chose (a stricter one is allowed)."""
     tenant_detect_tokens_per_day: float = Field(default=2_000_000.0, gt=0)
     """Tokens one tenant's detections (all its tokens together) may score a day."""
     evidence_per_day: float = Field(default=20.0, gt=0)
     """Detections with per-token evidence a day, per token holding the `evidence` scope (audited each)."""
     probe_family_per_day: int = Field(default=3, ge=1)
-    """Queries a text family (>= probe_share of its word k-grams shared with one of the same
-    principal's queries of the last 24 h) may make in 24 h; 429 probe_guard beyond."""
+    """Queries a text family (a query containing >= probe_share of the token k-grams of one of
+    the same family space's queries of the last 24 h, or contained in it) may make in 24 h;
+    429 probe_guard beyond."""
     probe_share: float = Field(default=0.5, gt=0, le=1)
-    probe_kgram: int = Field(default=4, ge=1, le=16)
-    """Words per k-gram of the probe guard (service/access/probe.py says why 4, not 8)."""
+    probe_kgram: int = Field(default=5, ge=1, le=17)
+    """Tokens per k-gram of the probe guard: the detector's context (4) and the token scored
+    (service/access/probe.py)."""
+    detect_queue: int = Field(default=16, ge=0)
+    """Detections one principal may have waiting for its lane in this replica (one of its
+    detections runs at a time: service/access/lanes.py); 429 beyond."""
     detect_slots: int = Field(default=2, ge=0)
     """Detections one principal (a tenant, an expert token, a client address) may run at once in
     this replica; 429 beyond, before any tokenisation (0: no limit)."""
@@ -181,6 +203,13 @@ class ServiceSettings(BaseSettings):
     @property
     def token_burst(self) -> float:
         return float(self.tenant_token_burst or self.tenant_tokens_per_minute)
+
+    @model_validator(mode="after")
+    def _proxies(self) -> "ServiceSettings":
+        from service.access.addresses import parse_networks
+
+        parse_networks(self.trusted_proxies)  # ValueError names the bad entry
+        return self
 
     @model_validator(mode="after")
     def _caps(self) -> "ServiceSettings":

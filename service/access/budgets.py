@@ -1,22 +1,28 @@
 """Detection budgets charged per token scored, shared by every gateway replica.
 
-A budget is a bucket in the store's ``rate_limit_buckets`` table (one row each, updated under
-its row lock on PostgreSQL, inside SQLite's write transaction): it holds up to ``per_day``
-units and refills at ``per_day`` a day. A detection is admitted while its principal's level is
-positive (:meth:`Budgets.admit`, before any work), and admission takes a reservation at once,
-an estimate of what the text will cost, in the same locked write; when the work is done the
-difference to what it actually cost (the tokens scored) is charged or refunded. The level may
-go below zero: the next detection waits until the debt is refilled. Because every admission
-charges before the next one reads, detections sent at once are admitted one after another
-against a falling level, as if sent in turn: the budget is overrun by at most about one text
-(bounded by the tier's character limit), whatever the concurrency, and counts tokens, not
-requests.
+A budget is the sum of its rows in the store's ``access_spend`` table over the last 24
+hours: it holds ``per_day`` units, and a charge comes back 24 hours after it was made. Rows
+are only ever inserted (issue 31: the service role could delete the old buckets and reset
+every budget): a charge is a row, and a refund is a negative row that names the reservation
+it settles. On PostgreSQL the migration (0012) lets the service role neither update nor
+delete them, stamps every row with the database's clock, and admits a refund only once per
+reservation, for at most its amount, within ten minutes of it; old rows go only through
+the owner's ``hallmark_prune_access()``, which deletes nothing inside the window. On SQLite
+the gateway owns the file: that is outside the defended model (docs/concepts/threat-model.md).
 
-Times come from the database's clock on PostgreSQL (replicas' clocks never matter).
+A detection is admitted while its principal's level is at least one unit
+(:meth:`Budgets.admit`, before any work), and admission takes a reservation at once, an
+estimate of what the text will cost, in the same write, under a lock per budget (an advisory
+lock on PostgreSQL, SQLite's write transaction); when the work is done the difference to
+what it actually cost is charged or refunded. Because every admission charges before the
+next one reads, detections sent at once are admitted one after another against a falling
+level: the budget is overrun by at most about one text, whatever the concurrency.
 """
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -34,52 +40,77 @@ class Budget:
     def rate(self) -> float:
         return self.per_day / DAY
 
+    @property
+    def row_name(self) -> str:
+        return "access:" + self.name
+
 
 class Budgets:
     def __init__(self, store) -> None:
         self.store = store
         self._postgres = store.engine.dialect.name == "postgresql"
 
-    def _level(self, connection, budget: Budget, lock: bool) -> tuple[float, float]:
-        name = "access:" + budget.name
+    def _now(self, connection) -> float:
         if self._postgres:
-            connection.execute(text(
-                "INSERT INTO rate_limit_buckets (name, level, updated) "
-                "VALUES (:name, :burst, EXTRACT(EPOCH FROM clock_timestamp())) ON CONFLICT (name) DO NOTHING"),
-                {"name": name, "burst": budget.per_day})
-            level, updated, now = connection.execute(text(
-                "SELECT level, updated, EXTRACT(EPOCH FROM clock_timestamp())::float8 FROM rate_limit_buckets "
-                "WHERE name = :name" + (" FOR UPDATE" if lock else "")), {"name": name}).one()
-        else:
-            now = time.time()
-            connection.execute(text("INSERT OR IGNORE INTO rate_limit_buckets (name, level, updated) "
-                                    "VALUES (:name, :burst, :now)"), {"name": name, "burst": budget.per_day,
-                                                                       "now": now})
-            level, updated = connection.execute(text(
-                "SELECT level, updated FROM rate_limit_buckets WHERE name = :name"), {"name": name}).one()
-        return min(budget.per_day, level + max(0.0, now - updated) * budget.rate), now
+            return float(connection.execute(text("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8")).scalar_one())
+        return time.time()
+
+    def _lock(self, connection, budget: Budget) -> None:
+        if self._postgres:
+            lock = int.from_bytes(hashlib.sha256(b"hallmark-budget:" + budget.row_name.encode()).digest()[:8], "big",
+                                  signed=True)
+            connection.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": lock})
+
+    def _spent(self, connection, budget: Budget, now: float) -> float:
+        return float(connection.execute(text(
+            "SELECT COALESCE(SUM(amount), 0) FROM access_spend WHERE name = :name AND created >= :since"),
+            {"name": budget.row_name, "since": now - DAY}).scalar_one())
+
+    def _wait(self, connection, budget: Budget, now: float, short: float) -> float:
+        """Seconds until ``short`` units of today's charges have aged out of the window."""
+        rows = connection.execute(text(
+            "SELECT created, amount FROM access_spend WHERE name = :name AND created >= :since ORDER BY created"),
+            {"name": budget.row_name, "since": now - DAY}).all()
+        freed = 0.0
+        for created, amount in rows:
+            freed += amount
+            if freed >= short:
+                return max(0.0, created + DAY - now)
+        return DAY
 
     def admit(self, session, budgets: list[Budget]) -> tuple[Budget, float] | None:
-        """The first budget that is used up and the seconds until it is positive again, or
-        None when every one admits. The rows stay locked to the write's end, so the caller's
+        """The first budget that is used up and the seconds until it has a unit again, or
+        None when every one admits. The locks hold to the write's end, so the caller's
         reservation (:meth:`charge`, in the same write) lands before another replica reads."""
         connection = session.connection()
-        for budget in sorted(budgets, key=lambda b: b.name):  # locked, in charge's order
-            level, _ = self._level(connection, budget, lock=True)
+        now = self._now(connection)
+        for budget in sorted(budgets, key=lambda b: b.name):  # locked in one order: no deadlock between replicas
+            self._lock(connection, budget)
+            level = budget.per_day - self._spent(connection, budget, now)
             if level < 1.0:  # a whole unit (a token, an evidence use) left
-                return budget, (1.0 - level) / budget.rate if budget.rate > 0 else float("inf")
+                return budget, self._wait(connection, budget, now, 1.0 - level)
         return None
-
-    def charge(self, session, budgets: list[Budget], cost: float) -> None:
-        """Take ``cost`` from every budget (the level may go below zero, down to minus one
-        day's budget; a negative cost refunds, up to a full bucket)."""
-        connection = session.connection()
-        for budget in sorted(budgets, key=lambda b: b.name):  # one lock order: no deadlock between replicas
-            level, now = self._level(connection, budget, lock=True)
-            level = min(budget.per_day, max(-budget.per_day, level - cost))
-            connection.execute(text("UPDATE rate_limit_buckets SET level = :level, updated = :now "
-                                    "WHERE name = :name"), {"level": level, "now": now, "name": "access:" + budget.name})
 
     def level(self, budget: Budget) -> float:
         with self.store.transaction(write=False) as session:
-            return self._level(session.connection(), budget, lock=False)[0]
+            connection = session.connection()
+            return budget.per_day - self._spent(connection, budget, self._now(connection))
+
+    def charge(self, session, budgets: list[Budget], cost: float,
+               settles: dict[str, str] | None = None) -> dict[str, str]:
+        """Charge ``cost`` to every budget: one row each. Returns budget name -> row id (the
+        reservation a later refund names). A negative ``cost`` is a refund and must name, per
+        budget, the reservation it settles (``settles``)."""
+        connection = session.connection()
+        ids = {}
+        for budget in sorted(budgets, key=lambda b: b.name):
+            self._lock(connection, budget)
+            row = secrets.token_hex(16)
+            settled = (settles or {}).get(budget.name) if cost < 0 else None
+            if cost < 0 and settled is None:
+                continue  # nothing to give back against
+            connection.execute(text(
+                "INSERT INTO access_spend (id, name, amount, created, settles) VALUES (:id, :name, :amount, :now, :settles)"),
+                {"id": row, "name": budget.row_name, "amount": cost, "now": time.time(), "settles": settled})
+            ids[budget.name] = row
+        return ids

@@ -15,7 +15,7 @@
    level, one after another (service.access.budgets);
 5. the core (:func:`service.detection.detect`) at full precision;
 6. in one write: the difference between the tokens scored and the reservation is charged
-   (or refunded), and an expert's request or an evidence use is audited (no text, no text
+   (or refunded), and an expert's or operator's request or an evidence use is audited (no text, no text
    hash); a request that fails between 4 and 6 gets its reservation back;
 7. the tier's answer (:mod:`service.access.shape`), its report re-signed.
 
@@ -26,24 +26,29 @@ requests' writes in one transaction, off the event loop, and awaited before goin
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
+import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sqlalchemy import select
 
+from detector.forms import text_forms
 from keys.audit import record_audit
 from keys.errors import KeyStoreError
 from keys.models import Tenant
+from ledger.read import find_generations_by_output_hash
 from service import detection
 from service.access import probe, shape
 from service.access.budgets import Budget, Budgets
 from service.access.group_commit import GroupCommit
+from service.access.lanes import Lanes
 from service.access.slots import Slots
 from service.access.tiers import EXPERT, OPERATOR, PUBLIC, TENANT, Principal, access_secret, principal_of
-from service.auth import Identity
+from service.auth import Identity, resolve_tenant
 from service.errors import Forbidden, RateLimited, TooLarge
 from service.http_errors import store_error
 from service.limits import retry_after
@@ -51,6 +56,7 @@ from service.schemas import DetectBody
 
 log = logging.getLogger("hallmark.access")
 _lock = threading.Lock()
+FAIR_SWITCH_INTERVAL = 0.001
 
 
 @dataclass
@@ -59,6 +65,7 @@ class Access:
     budgets: Budgets
     slots: Slots
     writes: GroupCommit
+    lanes: Lanes
 
 
 def access_of(services) -> Access:
@@ -68,7 +75,13 @@ def access_of(services) -> Access:
             found = getattr(services, "_access", None)
             if found is None:
                 found = Access(access_secret(services), Budgets(services.store), Slots(services.settings.detect_slots),
-                               GroupCommit(services.store))
+                               GroupCommit(services.store), Lanes(services.settings.detect_queue))
+                # A detection in a worker thread holds the interpreter up to the switch interval
+                # (5 ms) each time the event loop asks for it back, and another principal's
+                # check hands it over a dozen times (each await): 1 ms keeps that wait small
+                # (service.access.lanes). A lower interval set already (the CUDA engine's) stays.
+                if sys.getswitchinterval() > FAIR_SWITCH_INTERVAL:
+                    sys.setswitchinterval(FAIR_SWITCH_INTERVAL)
                 services._access = found
     return found
 
@@ -96,13 +109,17 @@ def check_size(settings, tier: str, body: DetectBody) -> None:
 
 
 def principal(services, identity: Identity | None, client_address: str | None) -> Principal:
-    return principal_of(identity, client_address, access_of(services).secret)
+    return principal_of(identity, client_address, access_of(services).secret, services.settings)
+
+
+GLOBAL_PUBLIC = "public:all"
 
 
 def _budgets(settings, who: Principal) -> list[Budget]:
     if who.tier == PUBLIC:
         return [Budget(f"public:{who.key}", settings.public_tokens_per_day),
-                Budget("public:all", settings.public_global_tokens_per_day)]
+                Budget(f"public-wide:{who.wide}", settings.public_wide_tokens_per_day),
+                Budget(GLOBAL_PUBLIC, settings.public_global_tokens_per_day)]
     if who.tier == TENANT:
         return [Budget(f"tenant:{who.key}", settings.tenant_detect_tokens_per_day)]
     return []  # expert and operator: unlimited volume
@@ -110,6 +127,9 @@ def _budgets(settings, who: Principal) -> list[Budget]:
 
 def _check_options(tier: str, identity: Identity | None, body: DetectBody) -> bool:
     """Whether per-token evidence is asked for and allowed (403 if asked for without the scope)."""
+    if tier == TENANT:
+        # Another tenant named: 403 before admission (a refused query is not one of a family's checks).
+        resolve_tenant(None, identity, body.tenant)
     if tier == TENANT and body.threshold is not None:
         exponent = math.log10(body.threshold)
         if abs(exponent - round(exponent)) > 1e-9:
@@ -125,18 +145,26 @@ def _check_options(tier: str, identity: Identity | None, body: DetectBody) -> bo
 
 
 def _sketch_of(services, secret: bytes, body: DetectBody, k: int) -> probe.Sketch:
-    if body.text is not None:
-        return probe.sketch(secret, body.text, k)
-    return probe.sketch_of_ids(secret, body.token_ids, _decoded(services, body.token_ids), k)
+    """The query's token k-grams as the detector will score them: the token ids sent, or the
+    text's tokens as sent and in its normalised forms (service.access.probe)."""
+    if body.text is None:
+        return probe.sketch_of_forms(secret, [body.token_ids], k)
+    texts = [form.text for form in text_forms(body.text)[0]] if body.normalize else [body.text]
+    tokenizer = services.engine.tokenizer()
+    return probe.sketch_of_forms(secret, [detection.tokenize_with_offsets(tokenizer, t)[0] for t in texts], k)
 
 
-def _decoded(services, token_ids) -> str | None:
-    """The text ``token_ids`` decode to, as detection decodes them (None: ids outside the
-    vocabulary, which detection refuses, 422)."""
-    vocab = getattr(services.engine, "vocab_size", None)
-    if not token_ids or vocab is None or not all(0 <= t < vocab for t in token_ids):
-        return None
-    return services.engine.tokenizer().decode(list(token_ids), skip_special_tokens=True)
+def _own_recorded(session, identity: Identity | None, body: DetectBody) -> bool:
+    """Whether ``body`` is exactly the output of one of the caller's tenant's recorded
+    generations (authenticated by the log): such a check is not counted by the probe guard.
+    The same text always gets the same answer, so repeating it plans nothing; an edited copy
+    is another text and is counted (issue 34 item 2: the 4th check of a tenant's own
+    generation was refused; bench.legit_use: a tenant's 100 generations checked twice a day
+    merged into families through what the bundled model's outputs share)."""
+    if identity is None or identity.tenant_id is None or body.text is None:
+        return False
+    digest = hashlib.sha256(body.text.encode("utf-8", "surrogatepass")).hexdigest()
+    return bool(find_generations_by_output_hash(session, output_sha256=digest, tenant_id=identity.tenant_id, limit=1))
 
 
 async def _write(access: Access, write: Callable[[Any], Any]) -> Any:
@@ -157,6 +185,11 @@ class Charge:
     """A request's token reservation, and whether it was settled against the actual cost."""
 
     reserved: float = 0.0
+    budgets: list[Budget] = field(default_factory=list)
+    """The token budgets admission charged (settling and refunds charge the same ones)."""
+    rows: dict[str, str] = field(default_factory=dict)
+    """Budget name -> the reservation's spend row (what a refund names: service.access.budgets)."""
+    evidence_rows: dict[str, str] = field(default_factory=dict)
     settled: bool = False
     evidence: bool = False
     """Whether admission took one use of the evidence budget (given back if no answer leaves)."""
@@ -166,9 +199,7 @@ def reservation(settings, body: DetectBody, budgets: list[Budget]) -> float:
     """What admission takes from the token budgets before the work: the token ids sent, or a
     text's UTF-8 bytes (the bundled byte-level tokenizer makes at most one token a byte), at
     most the detection token limit and at most the smallest budget's day. Settling charges or
-    refunds the difference. The last bound keeps the whole reservation within what a budget
-    can take (admitted at a level of at least 1, it never meets charge's floor of minus one
-    day), so a refund never gives back more than was taken."""
+    refunds the difference (a refund names the reservation's row: never more than it took)."""
     if body.text is None:
         estimate = float(len(body.token_ids or ()))
     else:
@@ -176,39 +207,48 @@ def reservation(settings, body: DetectBody, budgets: list[Budget]) -> float:
     return min([estimate] + [budget.per_day for budget in budgets])
 
 
-async def _admit(services, access: Access, who: Principal, body: DetectBody, evidence: bool, inline: bool) -> Charge:
+async def _admit(services, access: Access, who: Principal, body: DetectBody, evidence: bool, inline: bool,
+                 identity: Identity | None = None) -> Charge:
     settings = services.settings
     budgets = _budgets(settings, who)
     evidence_budget = [Budget(f"evidence:{who.key}", settings.evidence_per_day)] if evidence and who.tier == TENANT \
         else []
     guarded = who.tier in (PUBLIC, TENANT)
-    charge = Charge(reserved=reservation(settings, body, budgets) if budgets else 0.0)
+    charge = Charge(reserved=reservation(settings, body, budgets) if budgets else 0.0, budgets=budgets)
     if not budgets and not evidence_budget and not guarded:
         return charge
     sketch = await _call(inline, _sketch_of, services, access.secret, body, settings.probe_kgram) if guarded else None
 
     def admit(session) -> None:
         short = access.budgets.admit(session, budgets + evidence_budget)
+        if short is not None and short[0].name == GLOBAL_PUBLIC and who.wide:
+            # The global public budget is used up (a flood from many networks): this network
+            # still has its reserve (issue 31: no actor closes the public check for others).
+            reserve = Budget(f"public-reserve:{who.wide}", settings.public_reserved_tokens_per_day)
+            others = [b for b in budgets if b.name != GLOBAL_PUBLIC]
+            short = access.budgets.admit(session, others + evidence_budget + [reserve])
+            if short is None:
+                budgets[:] = others + [reserve]  # charged (and settled) instead of the global one
         if short is not None:
             budget, wait = short
             what = "per-token evidence uses" if budget in evidence_budget else "detection tokens"
             raise RateLimited(f"your daily budget of {budget.per_day:.0f} {what} is used up; retry in "
                               f"{wait:.0f} s", headers=retry_after(wait) if math.isfinite(wait) else None,
                               code="detection_budget_exhausted")
-        if guarded:
-            verdict = probe.guard(session, principal=who.key, query=sketch, per_day=settings.probe_family_per_day,
+        if guarded and not (who.tier == TENANT and _own_recorded(session, identity, body)):
+            verdict = probe.guard(session, principal=who.family, query=sketch, per_day=settings.probe_family_per_day,
                                   min_share=settings.probe_share)
             if not verdict.admitted:
                 raise RateLimited(
-                    f"this text shares at least {settings.probe_share:.0%} of its "
-                    f"{settings.probe_kgram}-word k-grams with {verdict.queries} of your queries of the last "
-                    f"24 hours; a text family may be checked {settings.probe_family_per_day} times a day (probe guard: repeated checks of "
-                    "one edited text are how a detector is turned against the watermark)",
-                    headers=retry_after(3600), code="probe_guard")
+                    f"this text contains (or is contained in) at least {settings.probe_share:.0%} of a text checked "
+                    f"{verdict.queries} times in the last 24 hours, and a text family may be checked "
+                    f"{settings.probe_family_per_day} times a day (probe guard: repeated checks of one edited text, "
+                    "padded or not, are how a detector is turned against the watermark); `hallmark detect` checks "
+                    "locally without this limit", headers=retry_after(3600), code="probe_guard")
         if budgets and charge.reserved:
-            access.budgets.charge(session, budgets, charge.reserved)
+            charge.rows = access.budgets.charge(session, budgets, charge.reserved)
         if evidence_budget:
-            access.budgets.charge(session, evidence_budget, 1.0)
+            charge.evidence_rows = access.budgets.charge(session, evidence_budget, 1.0)
 
     await _write(access, admit)
     charge.evidence = bool(evidence_budget)
@@ -217,24 +257,28 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
 
 async def _settle(services, access: Access, who: Principal, identity: Identity | None, tokens: int, *,
                   evidence: bool, verdict: str, charge: Charge) -> None:
-    budgets = _budgets(services.settings, who)
-    audit = who.tier == EXPERT or (evidence and who.tier == TENANT)
+    budgets = charge.budgets
+    audit = who.tier in (EXPERT, OPERATOR) or (evidence and who.tier == TENANT)
     if not budgets and not audit:
         charge.settled = True
         return
 
     def settle(session) -> None:
         if budgets and float(tokens) != charge.reserved:
-            access.budgets.charge(session, budgets, float(tokens) - charge.reserved)
+            access.budgets.charge(session, budgets, float(tokens) - charge.reserved, settles=charge.rows)
         if audit:
             record_audit(session, actor=f"api:{identity.token_id}",
-                         action="detection.expert" if who.tier == EXPERT else "detection.evidence",
+                         action=_AUDIT_ACTIONS[who.tier] if who.tier in _AUDIT_ACTIONS else "detection.evidence",
                          tenant_id=identity.tenant_id,
                          details={"token_id": identity.token_id, "tier": who.tier, "tokens": tokens,
                                   "evidence": evidence, "verdict": verdict})
 
     await _write(access, settle)
     charge.settled = True  # only once committed: a settle that failed leaves the refund to answer()
+
+
+_AUDIT_ACTIONS = {EXPERT: "detection.expert", OPERATOR: "detection.operator"}
+"""Full-result tiers: every request is an audit event (token, tokens scored, verdict; no text)."""
 
 
 def _attributed(services) -> set[str]:
@@ -261,7 +305,7 @@ async def answer(services, identity: Identity | None, body: DetectBody, who: Pri
     check_size(settings, tier, body)
     evidence = _check_options(tier, identity, body)
     _check_rate(services, identity, who)
-    charge = await _admit(services, access, who, body, evidence, inline)
+    charge = await _admit(services, access, who, body, evidence, inline, identity)
     try:
         if tier == PUBLIC:
             return await _public(services, access, who, body, inline, charge)
@@ -273,11 +317,14 @@ async def answer(services, identity: Identity | None, body: DetectBody, who: Pri
         if not charge.settled and (charge.reserved or charge.evidence):
             _refund(access, who, services.settings, charge)
         raise
+    key_state = (full.get("key") or {}).get("state")
     if tier in (EXPERT, OPERATOR):
         shown = shape.full_answer(full, tier)
-        return shown  # the core's report already states the full result
+        if shown.get("report") is not None:  # the core's report states the full result; the policy may re-sign it
+            shown["report"] = await _call(inline, shape.full_report, services, full)
+        return shown
     shown = shape.tenant_answer(full, evidence=evidence)
-    shown["report"] = shape.resign(services, full.get("report"), shown, tier)
+    shown["report"] = shape.resign(services, full.get("report"), shown, tier, key_state)
     return shown
 
 
@@ -285,15 +332,15 @@ def _refund(access: Access, who: Principal, settings, charge: Charge) -> None:
     """Give back the reservation (and the evidence use) of a request that failed (or was
     cancelled) before its answer left: queued, not awaited (a cancelled task may not await
     again), ahead of any later write of this process."""
-    budgets = _budgets(settings, who) if charge.reserved else []
+    budgets = charge.budgets if charge.reserved else []
     evidence_budget = [Budget(f"evidence:{who.key}", settings.evidence_per_day)] if charge.evidence else []
     charge.settled = True
 
     def refund(session) -> None:
         if budgets:
-            access.budgets.charge(session, budgets, -charge.reserved)
+            access.budgets.charge(session, budgets, -charge.reserved, settles=charge.rows)
         if evidence_budget:
-            access.budgets.charge(session, evidence_budget, -1.0)
+            access.budgets.charge(session, evidence_budget, -1.0, settles=charge.evidence_rows)
 
     def failed(future) -> None:
         if not future.cancelled() and future.exception() is not None:
@@ -337,13 +384,13 @@ async def _public(services, access: Access, who: Principal, body: DetectBody, in
     attributed = await _call(inline, _attributed, services)
     shown = shape.public_answer(full, tokens=tokens, min_tokens=settings.public_min_tokens,
                                 provider=settings.provider_name, attributed=attributed)
-    shown["report"] = shape.resign(services, full.get("report"), shown, PUBLIC)
+    shown["report"] = shape.resign(services, full.get("report"), shown, PUBLIC, (full.get("key") or {}).get("state"))
     return shown
 
 
 def _too_short_report(services, body: DetectBody, shown: dict[str, Any]) -> dict[str, Any] | None:
-    """A signed report of a text the public tier did not test: verdict not_watermarked (no
-    evidence was established), the subject's hashes, and why."""
+    """A signed report of a text the public tier did not test: verdict ``not_tested`` (never
+    ``not_watermarked``: nothing was tested; issue 31), the subject's hashes, and why."""
     from service.provenance import report_scope, report_settings, report_statement
 
     config = detection.detector_config(body)
@@ -353,5 +400,11 @@ def _too_short_report(services, body: DetectBody, shown: dict[str, Any]) -> dict
                                  scope=report_scope(candidates, keys_of="all_tenants", tenant=None),
                                  settings=report_settings(config, normalize=body.normalize))
     statement["verdict_text"] = shown["verdict_text"]
+    statement["verdict"], statement["basis"] = shape.NOT_TESTED, []
+    statement["scope"] = {"keys_of": "provider", "tenant": None}
     statement["access"] = {"tier": PUBLIC, "confidence": "none"}
-    return services.sign(statement)
+    return services.sign(shape.policy(statement, max_p=settings_max_p(services), key_state=None))
+
+
+def settings_max_p(services) -> float:
+    return services.settings.signed_max_p

@@ -1,25 +1,32 @@
-"""The probe guard: one text probed over and over counts against that text's family.
+"""The probe guard: what an attacker must send about one text counts against that text's family.
 
 An oracle attack submits one text many times, changed a little each time (spoofing adds
 watermark-like tokens, stripping removes them, and each query says whether it worked). The
-guard gives each query a *family*: a query sharing at least ``share`` (default 50 %) of its
-word k-grams (default 4: ``probe_kgram``) with one of the same principal's queries of the last 24 hours joins that query's
-family; otherwise it starts a new one. A family answers at most ``per_day`` queries (default
-10) in 24 hours; past that the detection is refused (429 ``probe_guard``) before any work.
+guard gives each query a *family* and answers a family at most ``per_day`` queries (default
+3) in 24 hours; past that the detection is refused (429 ``probe_guard``) before any work.
 
-What is kept: per query, keyed hashes of its k-grams (HMAC-SHA-256 under a key derived from
-the KEK, 8 bytes each, at most ``_MAX_HASHES`` of them chosen by a fixed rule so two queries
-keep the same 8-grams), the principal's keyed hash, the family's id and the time. No text,
-no text hash, no address. Rows older than 24 hours are deleted on every guarded query.
+What it compares (issue 31, second round: padding, interleaving and flushing moved the first
+round's guard): the detector scores a token by the ``context_width`` (4) tokens before it, so
+a query tells the attacker about a position of an earlier text only where it repeats that
+position's window of 5 tokens. The guard therefore sketches a query by its **token 5-grams**
+(of the text as sent and as the detector normalises it: invisible characters, bidi controls,
+look-alike letters; token ids as sent, so a text and its token ids are one family), and a
+query joins an earlier query's family when the two share at least :data:`ABSOLUTE` (32)
+5-grams (a quarter of the smaller one's, at most 100), or at least ``share`` (default 50 %) of the smaller one's (a short text; a piece of a
+text split over queries). A count of shared windows is what padding cannot lower (added junk
+adds 5-grams to a query, never removes the text's), and interleaving lowers it only by hiding
+the text's positions from the detector, which is what the guard protects. A
+query that matches several families is refused if any of them is spent.
 
-The k-grams are of words (Unicode word characters after the detector's own normalisation,
-detector.normalize: invisible characters and bidi controls removed, homoglyphs mapped, NFKC;
-then case folding), computed before any tokenisation: cheap, and independent of the
-tokenizer, so the guard runs before the detector does any work. Normalising as the detector
-does matters: a variant with zero-width characters inside its words (or look-alike letters)
-gets the same verdict as the original, so it must fall in the original's family (before, such
-variants shared 5-9 % of their k-grams with it and each started a family of its own). Token
-ids are sketched as the text they decode to (:func:`sketch_of_ids`), for the same reason.
+Families are kept for the whole window (24 hours; no last-N cut: 500 junk checks reopened a
+family before) and per family space: a tenant (every token of it, its admin tokens included),
+an expert or admin token, or for the public tier a wide address group (service.access.addresses).
+
+What is kept: per query, keyed 8-byte hashes (BLAKE2b under a key derived from the KEK) of
+its 5-grams, at most ``_MAX_HASHES`` of them chosen by a fixed rule so two queries keep the
+same ones, the family space's keyed hash, the family's id and the time. No text, no text
+hash, no address. Rows older than 24 hours are deleted (on PostgreSQL only through the
+owner's ``hallmark_prune_access()``: the service role may not delete them).
 """
 
 from __future__ import annotations
@@ -39,15 +46,28 @@ from sqlalchemy import delete, select, text
 from detector.normalize import normalize
 from keys.models import ProbeQuery
 
-K = 4
-"""Words per k-gram. The issue proposed 8; an attacker who edits one token in every five
-(the spoofing attack's pattern) leaves almost no 8-gram intact, while 4-grams survive such a
-round at about (1 - 0.1)^4 = 66 % when a tenth of the words change per query; unrelated texts
-share well under 5 % of their 4-grams."""
+K = 5
+"""Tokens per k-gram: the detector's context (4 tokens) and the token it scores."""
 WINDOW_S = 86_400.0
-_MAX_HASHES = 2048
-_RECENT = 500
+_MAX_HASHES = 1024
+MIN_MATCH = 3
+"""5-grams two queries must share at least (at level 0) before either joins the other's family:
+a tiny query (a few tokens) is otherwise "contained" in any text that happens to share one."""
+ABSOLUTE = 32
+"""k-grams two queries may share before they are one text's family, however much else either
+holds: about 36 tokens of one text repeated. Distinct texts rarely repeat 32 windows of 5
+tokens (quotes and boilerplate do: then they are counted together, which errs towards refusing)."""
+DENSITY, CAP = 0.25, 400
+"""The bar rises to a quarter of the smaller query's windows, at most 100 (a quarter of 400):
+texts that share boilerplate (pydoc's tables, licence clauses) share 30-180 windows by chance
+(bench.legit_use: at 32 flat, 2 of 150 distinct public checks were refused), while padding
+either query beyond 400 windows cannot raise the bar above 100, which a padded text of 200
+tokens edited a few percent a round still clears."""
 _WORD = re.compile(r"\w+")
+_cache: dict[str, "Sketch"] = {}
+_CACHE_MAX = 200_000
+"""Unpacked sketches by row id (rows never change), so a query is compared with the whole
+window's rows without unpacking them again."""
 
 
 @dataclass(frozen=True)
@@ -73,15 +93,29 @@ class Sketch:
 
 
 def words(text: str) -> list[str]:
-    """The words a sketch is made of (module docstring: the detector's normalisation, NFKC, case folded)."""
+    """Words as the detector normalises text, case folded (kept for callers of the first round)."""
     return _WORD.findall(unicodedata.normalize("NFKC", normalize(text).text).casefold())
 
 
-def sketch(secret: bytes, text: str, k: int = K) -> Sketch:
-    found = words(text)
-    grams = [" ".join(found[i:i + k]) for i in range(max(1, len(found) - k + 1))] if found else [""]
-    hashes = {int.from_bytes(hmac.new(secret, g.encode("utf-8"), hashlib.sha256).digest()[:8], "little")
-              for g in grams}
+def _hash(secret: bytes, gram: Sequence[int]) -> int:
+    data = array("I", (t & 0xFFFFFFFF for t in gram)).tobytes()
+    return int.from_bytes(hashlib.blake2b(data, key=secret[:64], digest_size=8).digest(), "little")
+
+
+def sketch_of_forms(secret: bytes, forms: Sequence[Sequence[int]], k: int = K) -> Sketch:
+    """The sketch of a query scored in several token forms (the text as sent, normalised):
+    the union of every form's k-grams of token ids; a form shorter than ``k`` is one gram."""
+    hashes: set[int] = set()
+    for ids in forms:
+        ids = list(ids)
+        if not ids:
+            continue
+        if len(ids) < k:
+            hashes.add(_hash(secret, ids))
+            continue
+        hashes.update(_hash(secret, ids[i:i + k]) for i in range(len(ids) - k + 1))
+    if not hashes:
+        hashes.add(_hash(secret, ()))
     level = 0
     while len(hashes) > _MAX_HASHES:
         level += 1
@@ -90,24 +124,68 @@ def sketch(secret: bytes, text: str, k: int = K) -> Sketch:
     return Sketch(level, frozenset(hashes))
 
 
-def sketch_of_ids(secret: bytes, token_ids: Sequence[int], decoded: str | None, k: int = K) -> Sketch:
-    """Token ids' sketch: that of the text they decode to (``decoded``, None: they do not
-    decode) when it has at least ``k`` words, so that a text and its token ids are one family
-    (two families would let a prober alternate them for twice a family's daily limit). Ids
-    whose text has fewer words (wordless or short lists) are sketched by their digits
-    instead: as text, every such list would make one k-gram (the empty or the only one) and
-    unrelated lists would share a family."""
-    if decoded is not None and len(words(decoded)) >= k:
-        return sketch(secret, decoded, k)
-    return sketch(secret, " ".join(map(str, token_ids)), k)
+def sketch(secret: bytes, text: str, k: int = K) -> Sketch:
+    """A text's sketch without a tokenizer (tests, tools): its normalised words' code points
+    stand in for token ids. The gateway sketches token ids (:func:`sketch_of_forms`)."""
+    ids = [int.from_bytes(hashlib.blake2b(w.encode("utf-8"), digest_size=4).digest(), "little") for w in words(text)]
+    return sketch_of_forms(secret, [ids], k)
 
 
-def share(query: Sketch, other: Sketch) -> float:
+def related(query: Sketch, other: Sketch, min_share: float, absolute: int = ABSOLUTE) -> bool:
+    """Whether two queries show the detector one text: they share at least ``absolute``
+    k-grams (padding either with fresh text cannot lower that count: issue 31), or at least
+    ``min_share`` of the smaller one's (a short text, or a piece of a text split over
+    queries). Never on fewer than :data:`MIN_MATCH` (a tiny query shares a k-gram with anything).
+    Counts at a sampling level above 0 are scaled back up."""
     level = max(query.level, other.level)
-    mine = query.at(level)
-    if not mine:
+    mine, theirs = query.at(level), other.at(level)
+    if not mine or not theirs:
+        return False
+    scale = 1 << level
+    common = len(mine & theirs) * scale
+    smaller = min(len(mine), len(theirs)) * scale
+    if smaller < MIN_MATCH:
+        # A tiny query (a few tokens) shares a window with many others by chance; it is too short
+        # to tell the detector anything about a text, so only the same query again counts.
+        return mine == theirs
+    if common < MIN_MATCH:
+        return False
+    # Texts share some windows by chance (boilerplate): the bar rises with the smaller one's
+    # size, up to DENSITY of CAP windows, which a padded text of 200 tokens still clears.
+    bar = max(absolute, DENSITY * min(smaller, CAP))
+    return common >= min(bar, min_share * smaller)
+
+
+def contained(query: Sketch, other: Sketch) -> float:
+    """The share of the smaller of two sketches found in the other (a measure for tools)."""
+    level = max(query.level, other.level)
+    mine, theirs = query.at(level), other.at(level)
+    if not mine or not theirs:
         return 0.0
-    return len(mine & other.at(level)) / len(mine)
+    return len(mine & theirs) / min(len(mine), len(theirs))
+
+
+share = contained  # the first round's name
+
+
+def _sketch_of_row(row_id: str, packed: bytes | None) -> "Sketch | None":
+    found = _cache.get(row_id)
+    if found is None and packed is not None:
+        if len(_cache) >= _CACHE_MAX:
+            _cache.clear()
+        found = _cache[row_id] = Sketch.unpack(packed)
+    return found
+
+
+def prune(session, now: float) -> None:
+    """Delete the guard's and the budgets' rows outside their windows: on PostgreSQL through
+    the owner's ``hallmark_prune_access()`` (migration 0012: the service role may not delete
+    them itself, so it cannot reset a family or a budget), directly on SQLite."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT hallmark_prune_access()"))
+        return
+    session.execute(delete(ProbeQuery).where(ProbeQuery.created < now - WINDOW_S))
+    session.execute(text("DELETE FROM access_spend WHERE created < :before"), {"before": now - WINDOW_S - 600.0})
 
 
 @dataclass(frozen=True)
@@ -120,8 +198,10 @@ class Verdict:
 
 def guard(session, *, principal: str, query: Sketch, per_day: int, min_share: float,
           now: float | None = None) -> Verdict:
-    """Place ``query`` in a family of ``principal``'s recent queries; record it if the family
-    is under ``per_day`` (then ``admitted``), else record nothing."""
+    """Place ``query`` among ``principal``'s queries of the whole window: it belongs to every
+    family of which some query it contains (or is contained in) at ``min_share``; refused if
+    one of them has ``per_day`` queries already, else recorded (then ``admitted``) in the
+    largest of them (a new family when none)."""
     now = time.time() if now is None else now
     if session.get_bind().dialect.name == "postgresql":
         # One placement at a time per principal across replicas (SQLite's write transaction
@@ -130,21 +210,32 @@ def guard(session, *, principal: str, query: Sketch, per_day: int, min_share: fl
         lock = int.from_bytes(hashlib.sha256(b"hallmark-probe:" + principal.encode()).digest()[:8], "big",
                               signed=True)
         session.execute(text("SELECT pg_advisory_xact_lock(:lock)"), {"lock": lock})
-    session.execute(delete(ProbeQuery).where(ProbeQuery.created < now - WINDOW_S))
-    rows = session.execute(
-        select(ProbeQuery.family, ProbeQuery.hashes).where(ProbeQuery.principal == principal,
-                                                           ProbeQuery.created >= now - WINDOW_S)
-        .order_by(ProbeQuery.created.desc()).limit(_RECENT)).all()
-    family, best = None, 0.0
-    for row_family, packed in rows:
-        s = share(query, Sketch.unpack(packed))
-        if s >= min_share and s > best:
-            family, best = row_family, s
-    queries = sum(1 for row_family, _ in rows if row_family == family) if family else 0
-    if family is not None and queries >= per_day:
-        return Verdict(family, queries, False)
+    prune(session, now)
+    rows = session.execute(select(ProbeQuery.id, ProbeQuery.family).where(
+        ProbeQuery.principal == principal, ProbeQuery.created >= now - WINDOW_S)).all()
+    missing = [row_id for row_id, _ in rows if row_id not in _cache]
+    for start in range(0, len(missing), 500):
+        for row_id, packed in session.execute(select(ProbeQuery.id, ProbeQuery.hashes).where(
+                ProbeQuery.id.in_(missing[start:start + 500]))).all():
+            _sketch_of_row(row_id, packed)
+    counts: dict[str, int] = {}
+    for _, row_family in rows:
+        counts[row_family] = counts.get(row_family, 0) + 1
+    matched: set[str] = set()
+    for row_id, row_family in rows:
+        if row_family in matched:
+            continue
+        other = _sketch_of_row(row_id, None)
+        if other is not None and related(query, other, min_share):
+            matched.add(row_family)
+    spent = [f for f in matched if counts[f] >= per_day]
+    if spent:
+        return Verdict(spent[0], counts[spent[0]], False)
+    family = max(matched, key=lambda f: (counts[f], f)) if matched else None
+    queries = counts.get(family, 0) if family else 0
     row_id = secrets.token_hex(16)
     session.add(ProbeQuery(id=row_id, principal=principal, family=family or row_id, created=now,
                            hashes=query.pack()))
     session.flush()
+    _sketch_of_row(row_id, query.pack())
     return Verdict(family or row_id, queries + 1, True)

@@ -22,6 +22,8 @@ BANDS = (("strong", -12.0), ("moderate", -6.0))
 p <= 1e-6 (the default threshold), else none. Fixed: a caller learns one of three words,
 which does not move while a probe's p-value wanders between 1e-6 and 1."""
 TOO_SHORT = "too_short"
+KEY_REVOKED = "key_revoked"
+NOT_TESTED = "not_tested"
 
 _P_KEYS = {"p_value"}
 _DROPPED = {"score", "log10_p_sum", "log10_p_trgof", "log10_p_weighted"}
@@ -69,13 +71,29 @@ def _rounded(value: Any) -> Any:
 def tenant_answer(full: dict[str, Any], *, evidence: bool) -> dict[str, Any]:
     """The tenant tier: verdict, key, p to a whole power of ten, spans and the ledger's
     citations (generation ids, k-gram counts, whether each match passes; bounds to a power of
-    ten); no scores, no per-test p-values; per-token evidence only with the ``evidence`` scope."""
+    ten); no scores, no per-test p-values; per-token evidence only with the ``evidence`` scope
+    and only of the tenant's own generation, unedited (issue 31 item 3: evidence on any other
+    text plans the next edit)."""
     out = {k: v for k, v in full.items() if k not in ("report", "evidence")}
     out = _rounded(out)
     out["tier"] = TENANT
     if evidence and full.get("evidence"):
-        out["evidence"] = coarse_evidence(full["evidence"])
+        if own_unedited(full):
+            out["evidence"] = coarse_evidence(full["evidence"])
+        else:
+            out["evidence_withheld"] = EVIDENCE_WITHHELD
     return out
+
+
+EVIDENCE_WITHHELD = ("per-token evidence is shown to a tenant only for a text the ledger holds unedited as one of "
+                     "its own generations (an edited or foreign text's per-token scores would show where to edit "
+                     "next); spans and the rounded p are above, and `hallmark detect` shows evidence locally")
+
+
+def own_unedited(full: dict[str, Any]) -> bool:
+    """Whether the tenant's ledger holds this exact text (or token ids) as one of its own
+    generations: the core's ``ledger_matches`` (exact copies only, of the caller's tenant)."""
+    return bool(full.get("ledger_matches"))
 
 
 EVIDENCE_DECIMALS = 1
@@ -114,7 +132,14 @@ def public_answer(full: dict[str, Any] | None, *, tokens: int, min_tokens: int, 
         if name and name in attributed:
             tenant = name
             break
-    if full.get("watermarked"):
+    if full.get("watermarked") and key.get("state") == "revoked":
+        # Issue 34: the public check vouched ("strong confidence") for a key revoked as
+        # compromised. Whoever holds that key could have made the text: no vouching, no band.
+        words = (f"carries the watermark of a {provider} key that was revoked as compromised: whoever holds that "
+                 "key could have produced it, so the watermark does not show where it came from")
+        verdict, confidence = KEY_REVOKED, "none"
+        basis = [b for b in basis if b != "watermark"]
+    elif full.get("watermarked"):
         words = f"generated with {provider}'s watermark ({confidence} confidence)"
         verdict = "watermarked"
     elif "ledger" in basis:
@@ -125,30 +150,36 @@ def public_answer(full: dict[str, Any] | None, *, tokens: int, min_tokens: int, 
         verdict = "not_watermarked"
     if tenant:
         words += f", for {tenant}"
-    return {"tier": PUBLIC, "verdict": verdict, "watermarked": bool(full.get("watermarked")), "provider": provider,
+    return {"tier": PUBLIC, "verdict": verdict, "watermarked": verdict == "watermarked", "provider": provider,
             "tenant": tenant, "confidence": confidence, "tokens": int(full.get("total_tokens") or tokens),
             "basis": basis, "verdict_text": words}
 
 
-def resign(services, core_report: dict[str, Any] | None, shown: dict[str, Any], tier: str) -> dict[str, Any] | None:
-    """``core_report``'s statement re-signed over ``shown`` (what this tier sees)."""
+def resign(services, core_report: dict[str, Any] | None, shown: dict[str, Any], tier: str,
+           key_state: str | None = None) -> dict[str, Any] | None:
+    """``core_report``'s statement re-signed over ``shown`` (what this tier sees), under the
+    provider's signing policy (:func:`policy`)."""
     if core_report is None:
         return None
     statement = dict(core_report["statement"])
     threshold = float(statement["settings"]["threshold"])
     verdict = verdict_of(bool(shown.get("watermarked")), threshold)
+    if shown.get("verdict") == KEY_REVOKED:
+        verdict = KEY_REVOKED
     basis = ["watermark"] if verdict == "watermarked" else []
     if "ledger" in (shown.get("basis") or ()):
         basis.append("ledger")
     statement["result"] = _jsonable({k: v for k, v in shown.items() if k not in REPORT_OMITS})
     statement["verdict"], statement["basis"] = verdict, basis
     if tier == PUBLIC:
+        # No count of the provider's tenants or keys (issue 31): "every key of the provider".
+        statement["scope"] = {"keys_of": "provider", "tenant": None}
         statement["verdict_text"] = shown["verdict_text"] + f" (public check, threshold {threshold:g})"
         statement["access"] = {"tier": tier, "confidence": shown.get("confidence")}
     else:
         statement["verdict_text"] = _verdict_text(verdict, threshold, statement["scope"], shown)
         statement["access"] = {"tier": tier}
-    signed = services.sign(statement)
+    signed = services.sign(policy(statement, max_p=services.settings.signed_max_p, key_state=key_state))
     shown_hashes = {m["ledger"]["entry_hash"] for m in shown.get("ledger_matches") or ()
                     if isinstance(m, dict) and isinstance(m.get("ledger"), dict)}
     # The tlog-proofs of the cited entries this tier is shown (a proof's extra names its entry's hash).
@@ -156,6 +187,45 @@ def resign(services, core_report: dict[str, Any] | None, shown: dict[str, Any], 
               if (parse_proof(p).extra or b"")[1:33].hex() in shown_hashes]
     if signed is not None and proofs:
         signed["log"] = {"tlog_proofs": proofs}
+    return signed
+
+
+def policy(statement: dict[str, Any], *, max_p: float, key_state: str | None) -> dict[str, Any]:
+    """The provider's signing policy over a statement about to be signed: ``watermarked``
+    only at a threshold of at most ``max_p`` (a caller's looser threshold passes as
+    ``passes_lenient_threshold``, so no tenant threshold yields a signed "watermarked" that the
+    policy does not back), never for a key revoked as compromised (``key_revoked``). The
+    statement names the policy (``policy.max_p``)."""
+    statement = {**statement, "policy": {"max_p": max_p}}
+    if statement.get("verdict") != "watermarked":
+        return statement
+    threshold = float(statement["settings"]["threshold"])
+    basis = [b for b in statement.get("basis") or () if b != "watermark"]
+    if key_state == "revoked":
+        statement.update(verdict=KEY_REVOKED, basis=basis, verdict_text=(
+            f"carries the watermark of a key revoked as compromised (threshold {threshold:g}): whoever holds that key "
+            "could have produced it, so the watermark does not show where the text came from"))
+    elif threshold > max_p:
+        statement.update(verdict="passes_lenient_threshold", basis=basis, verdict_text=(
+            f"passes the threshold {threshold:g}, above the provider's policy maximum {max_p:g} for a signed "
+            f"'watermarked'; check again at a threshold of at most {max_p:g} for that verdict"))
+    return statement
+
+
+def full_report(services, full: dict[str, Any]) -> dict[str, Any] | None:
+    """The expert's and operator's report: the core's, unless the signing policy changes its
+    verdict (then re-signed with the same result)."""
+    report = full.get("report")
+    if report is None:
+        return None
+    statement = report["statement"]
+    key_state = (full.get("key") or {}).get("state")
+    if statement.get("verdict") != "watermarked" or (
+            key_state != "revoked" and float(statement["settings"]["threshold"]) <= services.settings.signed_max_p):
+        return report
+    signed = services.sign(policy(statement, max_p=services.settings.signed_max_p, key_state=key_state))
+    if signed is not None and report.get("log"):
+        signed["log"] = report["log"]  # the cited entries' log proofs: the same result, the same entries
     return signed
 
 

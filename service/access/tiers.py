@@ -5,10 +5,12 @@ tier       who                          answer                                  
 =========  ===========================  ============================================  ===================
 public     anyone, no account           verdict in words, provider, opted-in tenant,  per client address
                                         confidence band, tokens, basis, signed report and in all
-tenant     a tenant's API token         verdict, key, p to a power of ten, spans;     per tenant
-                                        evidence with the ``evidence`` scope
+tenant     a tenant's API token, or     verdict, key, p to a power of ten, spans;     per tenant
+           its tenant-scoped admin      evidence with the ``evidence`` scope on its
+           token                        own unedited generations
 expert     admin-issued expert token    the full result, evidence included; audited   unlimited
-operator   an admin token               the full result (the provider itself)         unlimited
+operator   the global admin token       the full result (the provider itself);        unlimited
+                                        audited
 =========  ===========================  ============================================  ===================
 """
 
@@ -18,6 +20,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
+from service.access.addresses import groups
 from service.auth import Identity
 
 PUBLIC, TENANT, EXPERT, OPERATOR = "public", "tenant", "expert", "operator"
@@ -30,32 +33,55 @@ class Principal:
 
     tier: str
     name: str
-    """Readable, in this process only (slots): ``tenant:<id>``, ``token:<id>``, ``address:<ip>``."""
+    """Readable, in this process only (slots): ``tenant:<id>``, ``token:<id>``, ``address:<group>``."""
     key: str
+    family: str = ""
+    """Whose probe families a query joins (keyed): the tenant, the token, or for the public
+    tier the wide address group (an IPv4 /24, an IPv6 /48)."""
+    wide: str | None = None
+    """The public tier's wide group (keyed): a budget shared by a network's addresses."""
 
 
 def tier_of(identity: Identity | None) -> str:
+    """The tier follows what the token may reach, not whether it administers something: a
+    tenant-scoped admin token manages its tenant's keys and tokens but detects as that tenant
+    (issue 31: it had the operator tier, exact p and no guard, and spoofed in 5 queries)."""
     if identity is None:
         return PUBLIC
     if identity.expert:
         return EXPERT
-    if identity.admin:
+    if identity.admin and identity.tenant_id is None:
         return OPERATOR
     return TENANT
 
 
-def principal_of(identity: Identity | None, client_address: str | None, secret: bytes) -> Principal:
-    """Tenant tokens count against their tenant (every token of it together: a tenant cannot
-    multiply its budget by issuing tokens); expert and admin tokens against themselves; the
-    public tier against the client's address."""
+def principal_of(identity: Identity | None, client_address: str | None, secret: bytes,
+                 settings=None) -> Principal:
+    """Tenant tokens (and the tenant's admin tokens) count against their tenant (every token
+    of it together: a tenant cannot multiply its budget or its text families by issuing
+    tokens); expert and global admin tokens against themselves; the public tier against the
+    client's address group, and its families and a second budget against the wide group
+    (service.access.addresses)."""
     tier = tier_of(identity)
     if tier == PUBLIC:
-        name = f"address:{client_address or 'unknown'}"
-    elif tier == TENANT:
+        found = groups(client_address, **_prefixes(settings))
+        name = f"address:{found.group}"
+        key = keyed(secret, b"principal", name.encode())[:32]
+        wide = keyed(secret, b"principal", f"network:{found.wide}".encode())[:32]
+        return Principal(tier, name, key, family=wide, wide=wide)
+    if tier == TENANT:
         name = f"tenant:{identity.tenant_id}"
     else:
         name = f"token:{identity.token_id}"
-    return Principal(tier, name, keyed(secret, b"principal", name.encode())[:32])
+    key = keyed(secret, b"principal", name.encode())[:32]
+    return Principal(tier, name, key, family=key)
+
+
+def _prefixes(settings) -> dict[str, int]:
+    if settings is None:
+        return {}
+    return {"ipv6_group": settings.ipv6_group_prefix, "ipv4_wide": settings.ipv4_share_prefix,
+            "ipv6_wide": settings.ipv6_share_prefix}
 
 
 def keyed(secret: bytes, label: bytes, data: bytes) -> str:

@@ -53,6 +53,9 @@ def report_verify(
     url: Optional[str] = typer.Option(None, "--url", help="Gateway base URL (https://) to fetch the public keys from."),
     trust_log_key: Optional[Path] = typer.Option(None, "--trust-log-key",
                                                  help="The log key you pinned (verifier key file or witness state)."),
+    max_p: Optional[float] = typer.Option(None, "--max-p", min=0.0, max=1.0,
+                                          help="Refuse a 'watermarked' verdict signed at a threshold above this "
+                                               "(your policy maximum, e.g. 1e-6)."),
     policy_file: Optional[Path] = typer.Option(None, "--policy",
                                                help="A tlog-policy file: also check the tlog-proofs of the ledger "
                                                     "entries it cites (log signature, witness quorum, inclusion)."),
@@ -79,7 +82,7 @@ def report_verify(
         # dated outside its key's window is refused (ledger.keyset, ledger.receipts.check_window).
         policy = read_policy(policy_file) if policy_file is not None else None
         check = verify_report(document, trusted_keyset(keys, url, trust_log_key, policy), text=text,
-                              token_ids=token_ids)
+                              token_ids=token_ids, max_p=max_p)
         proved = verify_report_proofs(document, check.statement, policy) if policy is not None else None
     except ReceiptInvalid as exc:
         raise CliError(f"report rejected: {exc}") from None

@@ -73,7 +73,10 @@ def _serve(host: str, port: int, *, sockets: "list[socket.socket] | None" = None
          f"{url} once it is loaded (the page: /ui, the API reference: /docs)")
     config = uvicorn.Config(create_app(settings, store_settings=store_settings), host=host, port=port,
                             log_config=logging_config(settings.log_format, settings.log_level),
-                            log_level=settings.log_level, access_log=False)  # service.request_log logs requests
+                            log_level=settings.log_level, access_log=False,  # service.request_log logs requests
+                            # The gateway decides whom to believe (service.access.addresses, --trusted-proxies):
+                            # uvicorn would rewrite the client from X-Forwarded-For sent by 127.0.0.1.
+                            proxy_headers=False)
     logging.captureWarnings(True)  # Python warnings in the same format as every other line
 
     class Gateway(uvicorn.Server):
@@ -104,10 +107,13 @@ def serve_command(
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda[:N]."),
     workers: int = typer.Option(1, "--workers", min=1, max=64,
                                 help="Worker processes sharing the port (each loads the model; 1: this process)."),
+    trusted_proxies: Optional[str] = typer.Option(
+        None, "--trusted-proxies", help="Comma-separated proxies (addresses or networks) whose X-Forwarded-For is "
+        "believed; none by default."),
 ) -> None:
     """Serve the HTTP gateway (settings from HALLMARK_* environment variables and these options)."""
     _serve(host, port, workers=workers, engine=engine, model=model, draft_model=draft_model, vllm_url=vllm_url,
-           device=device)
+           device=device, trusted_proxies=trusted_proxies)
 
 
 def try_it_line(host: str, port: int, token: str | None) -> str:

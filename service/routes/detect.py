@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from service.access import gate
+from service.access.addresses import client_address, parse_networks
 from service.errors import NotFound
 from service.responses import DetectResponse, PublicDetectResponse, ok
 from service.routes.deps import DetectIdentityDep, ServicesDep
@@ -16,25 +17,27 @@ from service.schemas import DetectBody, PublicDetectBody
 router = APIRouter(tags=["Detection"])
 
 
-INLINE_MAX = 8_000
+INLINE_MAX = 2_000
 """Bodies up to this many characters (or token ids) are detected on the event loop: a few
 milliseconds of CPU-bound Python, where a worker thread only adds GIL contention (measured
 1.6-1.85x the requests/s inline; issue 23). Larger ones go to a worker thread under the
 principal's concurrency slots, so one client's huge bodies cannot hold the loop while another
-client's check waits (issue 22)."""
+client's check waits (issue 22). 8,000 before issue 31: an 8,000-id body held the loop about
+0.1 s at a time, and another principal's check waited behind it."""
 
 
 async def _answer(services, identity, body: DetectBody, client: str | None) -> JSONResponse:
     who = gate.principal(services, identity, client)
     gate.check_size(services.settings, who.tier, body)  # before a slot, a thread or a token
     size = len(body.text) if body.text is not None else len(body.token_ids or ())
-    if size <= INLINE_MAX:
-        # The core on the loop (under a slot, gate._core); the gate's writes are awaited
-        # (service.access.group_commit), so the loop serves other requests meanwhile.
-        shown = await gate.answer(services, identity, body, who, inline=True)
-    else:
-        with gate.access_of(services).slots.hold(who.name):  # before any tokenising, hashing or query
-            shown = await gate.answer(services, identity, body, who, inline=False)
+    async with gate.access_of(services).lanes.turn(who.name):  # one at a time per principal (service.access.lanes)
+        if size <= INLINE_MAX:
+            # The core on the loop (under a slot, gate._core); the gate's writes are awaited
+            # (service.access.group_commit), so the loop serves other requests meanwhile.
+            shown = await gate.answer(services, identity, body, who, inline=True)
+        else:
+            with gate.access_of(services).slots.hold(who.name):  # before any tokenising, hashing or query
+                shown = await gate.answer(services, identity, body, who, inline=False)
     return JSONResponse(shown, headers={"X-Hallmark-Access-Tier": who.tier})
 
 
@@ -58,4 +61,13 @@ async def public_detect_route(body: PublicDetectBody, services: ServicesDep, req
     a day per client address and for all together, and the probe guard (429 `probe_guard`)."""
     if not services.settings.public_detect:
         raise NotFound("the public detection check is not offered by this gateway")
-    return await _answer(services, None, DetectBody(text=body.text), request.client.host if request.client else None)
+    return await _answer(services, None, DetectBody(text=body.text), public_client(services, request))
+
+
+def public_client(services, request: Request) -> str | None:
+    """The public caller's address: the peer, or X-Forwarded-For through trusted proxies only."""
+    proxies = getattr(services, "_trusted_proxies", None)
+    if proxies is None:
+        proxies = services._trusted_proxies = parse_networks(services.settings.trusted_proxies)
+    return client_address(request.client.host if request.client else None,
+                          request.headers.get("x-forwarded-for"), proxies)

@@ -40,7 +40,8 @@ PG_ADMIN_URL = os.environ.get("HALLMARK_TEST_POSTGRES_URL",
 REQUIRE_POSTGRES = os.environ.get("HALLMARK_REQUIRE_POSTGRES") == "1"
 RUN_ID = secrets.token_hex(4)
 APP_TABLES = ("tenants", "watermark_keys", "api_tokens", "ledger_entries", "audit_events", "signing_keys",
-              "ledger_kgrams", "log_keys", "log_leaves", "log_nodes", "log_checkpoints", "probe_queries")
+              "ledger_kgrams", "log_keys", "log_leaves", "log_nodes", "log_checkpoints", "probe_queries",
+              "access_spend")
 _ENV_VARS = ("HALLMARK_DATABASE_URL", "HALLMARK_KEK", "HALLMARK_KEK_FILE", "HALLMARK_ACTOR",
              "HALLMARK_KEK_PREVIOUS", "HALLMARK_KEK_PREVIOUS_FILE",
              "HALLMARK_BUSY_TIMEOUT_MS")

@@ -148,7 +148,7 @@ def serve(app) -> tuple[str, uvicorn.Server, threading.Thread]:
     (its URL, the server, the thread). Stop it with ``server.should_exit = True`` and a join."""
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           access_log=False))
+                                           access_log=False, proxy_headers=False))  # as `hallmark serve`
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.time() + 300

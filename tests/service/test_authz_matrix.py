@@ -28,6 +28,14 @@ from tests.service import gateway as gw
 from tests.service.test_stream_provenance import ScriptedEngine
 
 _PUBLIC_TEXTS = itertools.count()
+
+
+def _public_text() -> str:
+    """A text unlike the others: the probe guard compares token windows (issue 31), and the
+    scripted engine's tokens are characters, so "a public check 1" and "... 2" are one text."""
+    import secrets
+
+    return f"a public check {next(_PUBLIC_TEXTS)} {secrets.token_hex(16)} {secrets.token_hex(16)}"
 CREDENTIALS = ("tenant", "scoped_admin", "global_admin", "revoked", "unknown", "none")
 TARGETS = ("own", "other")
 GLOBAL = "global_admin"
@@ -146,7 +154,7 @@ ROUTES = [
     ("POST", "/v1/admin/keys/{spare_key}/revoke", lambda t: {"reason": "matrix test"}, _revoke),
     # The public check answers every caller alike (a token, valid or not, is not read); each call a
     # new text, so that the probe guard (one client address for the whole matrix) never counts them.
-    ("POST", "/v1/public/detect", lambda t: {"text": f"a public check {next(_PUBLIC_TEXTS)}"}, _public),
+    ("POST", "/v1/public/detect", lambda t: {"text": _public_text()}, _public),
     ("GET", "/.well-known/hallmark-keys.json", None, _public),
     ("GET", "/v1/ledger/checkpoint", None, _public),
     ("GET", "/v1/ledger/proof/inclusion?leaf_index=0", None, _public),

@@ -94,8 +94,10 @@ def test_a_lenient_threshold_is_never_signed_as_watermarked(server, generated):
     assert statement["settings"]["threshold"] == 0.999999
     assert statement["verdict_text"] == ("passes the threshold 0.999999 under one of the 1 key of tenant acme; "
                                          "a threshold above 0.001 is not evidence of a watermark")
-    # Just above 1e-3 is lenient too; 1e-3 itself may be signed as watermarked.
-    for threshold, verdict in ((0.0011, "passes_lenient_threshold"), (0.001, "watermarked")):
+    # Just above 1e-3 is lenient too; so is 1e-3 itself at the gateway, whose signing policy
+    # (HALLMARK_SIGNED_MAX_P, 1e-6: issue 31) signs "watermarked" only at or below its maximum.
+    for threshold, verdict in ((0.0011, "passes_lenient_threshold"), (0.001, "passes_lenient_threshold"),
+                               (1e-6, "watermarked")):
         out = _client(server, "admin").post("/v1/detect", json={"text": generated["text"], "threshold": threshold,
                                                                 "tenant": "acme"}).json()
         assert out["watermarked"]

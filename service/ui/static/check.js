@@ -39,7 +39,9 @@ async function check() {
     response = await detectCall("/v1/detect", { text });
   }
   const { payload: result, raw } = response;
-  renderResult(text, result, withheld);
+  // The tenant tier answers but withholds per-token evidence of a text that is not its own
+  // unedited generation (issue 31): say so, in the server's words.
+  renderResult(text, result, withheld || result.evidence_withheld || null);
   showReport(raw, text);
 }
 

@@ -297,8 +297,8 @@ async function verifySigned(rawDocument, { text, expectedType, keys } = {}) {
 // adds: that the result shown is the result signed.
 
 const REPORT_TYPE = "hallmark.detection_report";
-const REPORT_VERDICTS = ["watermarked", "not_watermarked", "passes_lenient_threshold"];
-const REPORT_SCOPES = ["tenant", "all_tenants", "public"];
+const REPORT_VERDICTS = ["watermarked", "not_watermarked", "passes_lenient_threshold", "not_tested", "key_revoked"];
+const REPORT_SCOPES = ["tenant", "all_tenants", "public", "provider"];  // provider: the key count withheld
 const LENIENT_ABOVE = 1e-3;
 const REPORT_OMITS = ["report", "evidence", "per_key"];  // service/provenance.py REPORT_OMITS
 
@@ -320,7 +320,7 @@ async function reportFormatProblem(st) {
   if (!REPORT_VERDICTS.includes(st.verdict)) return `unknown verdict ${st.verdict}`;
   if (st.verdict === "watermarked" && threshold > LENIENT_ABOVE) return `a 'watermarked' verdict at threshold ${threshold}, above ${LENIENT_ABOVE}`;
   if (!Array.isArray(st.basis) || st.basis.includes("watermark") !== (st.verdict === "watermarked")) return "the report's basis does not match its verdict";
-  if (!REPORT_SCOPES.includes(st.scope.keys_of) || !Number.isInteger(num(st.scope.keys))) return "the report does not say whose keys were tested and how many";
+  if (!REPORT_SCOPES.includes(st.scope.keys_of) || (st.scope.keys_of !== "provider" && !Number.isInteger(num(st.scope.keys)))) return "the report does not say whose keys were tested and how many";
   if (typeof st.verdict_text !== "string" || typeof st.created_at !== "string") return "the report has no verdict_text or created_at";
   return null;
 }

@@ -93,8 +93,11 @@ def test_a_tenant_budget_holds_against_twenty_detections_at_once(budgeted):
                                        {"Authorization": f"Bearer {budgeted.tokens['acme']}"}))
     scored = [r.json()["total_tokens"] for r in answers if r.status_code == 200]
     refused = [r for r in answers if r.status_code != 200]
-    assert all(r.status_code == 429 and r.json()["error"]["code"] == "detection_budget_exhausted" for r in refused)
-    assert refused, "the budget was never reached"
+    # One detection per principal runs at a time and 16 wait (service.access.lanes): the rest
+    # of a burst is refused at once as too many at once; the budget refuses the others.
+    codes = [r.json()["error"]["code"] for r in refused if r.status_code == 429]
+    assert len(codes) == len(refused) and set(codes) <= {"detection_budget_exhausted", "too_many_concurrent_detections"}
+    assert "detection_budget_exhausted" in codes, "the budget was never reached"
     most = max(scored)
     assert sum(scored) <= 1_000 + most, (sum(scored), scored)  # within one text of the budget
 
@@ -104,8 +107,11 @@ def test_the_public_budget_holds_against_forty_checks_at_once(budgeted):
     answers = asyncio.run(_all_at_once(budgeted.url, "/v1/public/detect", texts, {}))
     scored = [r.json()["tokens"] for r in answers if r.status_code == 200]
     refused = [r for r in answers if r.status_code != 200]
-    assert all(r.status_code == 429 and r.json()["error"]["code"] == "detection_budget_exhausted" for r in refused)
-    assert refused, "the budget was never reached"
+    # One detection per principal runs at a time and 16 wait (service.access.lanes): the rest
+    # of a burst is refused at once as too many at once; the budget refuses the others.
+    codes = [r.json()["error"]["code"] for r in refused if r.status_code == 429]
+    assert len(codes) == len(refused) and set(codes) <= {"detection_budget_exhausted", "too_many_concurrent_detections"}
+    assert "detection_budget_exhausted" in codes, "the budget was never reached"
     assert sum(scored) <= 3_000 + max(scored), (sum(scored), scored)
 
 

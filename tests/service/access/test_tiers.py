@@ -84,7 +84,7 @@ def test_public_check_of_a_short_text_is_too_short_to_say(tiers):
     assert shown["verdict"] == "too_short" and shown["tokens"] < 200 and shown["min_tokens"] == 200
     assert "too short to say" in shown["verdict_text"]
     statement = verify_report(shown["report"], _keys(tiers), text=tiers.generated[:300]).statement
-    assert statement["verdict"] == "not_watermarked" and statement["basis"] == []
+    assert statement["verdict"] == "not_tested" and statement["basis"] == []
     assert _signed_result_is_shown(shown)["access"]["tier"] == "public"
 
 
@@ -162,9 +162,11 @@ def test_evidence_scope_is_audited_per_use_and_has_its_own_budget(tiers):
         response = tiers.client.post("/v1/detect", json={"text": variant(tiers.generated, 40 + i) if i else
                                                          tiers.generated, "evidence": True}, headers=headers)
         statuses.append(response.status_code)
-        if response.status_code == 200:
+        if response.status_code == 200 and i == 0:  # its own generation, unedited: evidence, coarsened
             scores = [t["score"] for t in response.json()["evidence"]["tokens"] if t["score"] is not None]
             assert scores and all(round(x, 1) == x for x in scores)  # coarsened to one decimal
+        elif response.status_code == 200:  # an edited copy: withheld (issue 31 item 3), the use counted
+            assert "evidence" not in response.json() and response.json()["evidence_withheld"]
     assert statuses == [200, 200, 200, 429], statuses
     assert response.json()["error"]["code"] == "detection_budget_exhausted"
     events = _audit(tiers, "detection.evidence")[before:]
@@ -293,14 +295,19 @@ def test_concurrent_slots_refuse_a_flood_before_tokenising(tiers):
     headers = _auth(tiers, "acme")
 
     def send(i):
-        return httpx.post(tiers.url + "/v1/detect", json={"text": body["text"] % ((i,) * 2000)}, headers=headers,
-                          timeout=300)
+        # Distinct texts (a text repeated is the probe guard's, not this test's).
+        rng = random.Random(i)
+        text = " ".join("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(6)) for _ in range(12_000))
+        return httpx.post(tiers.url + "/v1/detect", json={"text": text}, headers=headers, timeout=300)
 
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        responses = list(pool.map(send, range(8)))
+    # One runs at a time per principal and 16 may wait (service.access.lanes): of 24 sent at
+    # once, at least 7 are refused at once, before any tokenising.
+    with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        responses = list(pool.map(send, range(24)))
     codes = [r.status_code for r in responses]
-    assert codes.count(429) >= 4, codes
-    assert all(r.json()["error"]["code"] == "too_many_concurrent_detections" for r in responses if r.status_code == 429)
+    assert codes.count(429) >= 7, codes
+    assert all(r.json()["error"]["code"] == "too_many_concurrent_detections" for r in responses if r.status_code == 429), \
+        [r.text[:200] for r in responses if r.status_code == 429]
     # Another tenant was never refused meanwhile.
     assert tiers.client.post("/v1/detect", json={"text": "Trains left on time today."},
                              headers=_auth(tiers, "globex")).status_code == 200

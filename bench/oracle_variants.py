@@ -1,0 +1,161 @@
+"""Issue 31's second-round attacks on the detection oracle, for bench/oracle_attack.py.
+
+Each attack is a way of asking the same question (one tier's answer about the attacker's
+current text) that tried to get more answers than the probe guard allows:
+
+* ``plain``: the text as it is (round one's attack; with the tenant tier this is the
+  rounded-p ratchet);
+* ``padding``: the text plus 1.5 x its length of fresh random vocabulary words each query;
+* ``interleaving``: 12 tokens of the text, 4 of fresh junk, and so on;
+* ``splitting``: each query one half of the text (alternating), padded to the public minimum;
+* ``flushing``: on a probe-guard refusal, 520 junk checks, then the query again;
+* ``many_tokens``: each query through the next of three tokens of one tenant (tenant tiers);
+* ``admin_token``: the tenant's own admin token (`tokens issue --tenant T --admin`);
+* ``many_addresses``: each query from a new address in a new /24 (public; a Sybil with
+  many networks: stated, not defended beyond the global budget and each network's share);
+* ``xff``: a new ``X-Forwarded-For`` per query (public; no proxy is trusted by default).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+
+import httpx
+
+ATTACKS = ("plain", "padding", "interleaving", "splitting", "flushing", "many_tokens", "admin_token",
+           "many_addresses", "xff")
+APPLIES = {"public": ("plain", "padding", "interleaving", "splitting", "flushing", "many_addresses", "xff"),
+           "tenant": ("plain", "padding", "interleaving", "splitting", "flushing", "many_tokens", "admin_token"),
+           "expert": ("plain",)}
+
+
+class VariantOracle:
+    """An Oracle (bench.oracle_attack) whose queries are sent the attack's way."""
+
+    def __init__(self, url: str, tier: str, tokens: list[str], attack: str, editor, rng: random.Random,
+                 addresses) -> None:
+        self.url, self.tier, self.tokens, self.attack = url, tier, tokens, attack
+        self.editor, self.rng, self.addresses = editor, rng, addresses
+        self.queries = 0
+        self._token = itertools.cycle(tokens) if tokens else None
+        self._half = 0
+        self._client = self._new_client(next(addresses) if tier == "public" else None)
+
+    def _new_client(self, address: str | None) -> httpx.Client:
+        transport = httpx.HTTPTransport(local_address=address) if address else None
+        return httpx.Client(base_url=self.url, timeout=120, transport=transport)
+
+    def _junk(self, n: int) -> str:
+        return self.editor.text([self.editor.other(0) for _ in range(n)])
+
+    def _shape(self, text: str) -> str:
+        ids = self.editor.tok(text, add_special_tokens=False)["input_ids"]
+        if self.attack == "padding":
+            return text + self._junk(int(1.5 * len(ids)))
+        if self.attack == "interleaving":
+            out: list[int] = []
+            for i in range(0, len(ids), 12):
+                out += ids[i:i + 12] + [self.editor.other(0) for _ in range(4)]
+            return self.editor.text(out)
+        if self.attack == "splitting":
+            self._half ^= 1
+            half = ids[: len(ids) // 2] if self._half else ids[len(ids) // 2:]
+            return self.editor.text(half) + self._junk(110)
+        return text
+
+    def _post(self, text: str) -> httpx.Response:
+        headers = {}
+        if self.attack == "many_addresses":
+            self._client.close()
+            self._client = self._new_client(next(self.addresses))
+        if self.attack == "xff":
+            headers["X-Forwarded-For"] = f"{self.rng.randrange(1, 223)}.{self.rng.randrange(256)}.0.1"
+        if self.tier == "public":
+            return self._client.post("/v1/public/detect", json={"text": text}, headers=headers)
+        headers["Authorization"] = f"Bearer {next(self._token)}"
+        return self._client.post("/v1/detect", json={"text": text}, headers=headers)
+
+    def _send(self, text: str) -> httpx.Response:
+        r = self._post(text)
+        while r.status_code == 429 and r.json()["error"]["code"] == "rate_limited":
+            time.sleep(float(r.headers.get("Retry-After", "1")))
+            r = self._post(text)
+        return r
+
+    def ask(self, text: str) -> dict:
+        self.queries += 1
+        r = self._send(self._shape(text))
+        if r.status_code == 429 and self.attack == "flushing" and r.json()["error"]["code"] == "probe_guard":
+            for _ in range(520):
+                self._send(self._junk(8))
+            r = self._send(self._shape(text))
+        if r.status_code == 429:
+            return {"refused": r.json()["error"]["code"]}
+        r.raise_for_status()
+        d = r.json()
+        if self.tier == "public":
+            signal = {"none": 0, "moderate": 1, "strong": 2}[d["confidence"]]
+            return {"refused": None, "watermarked": d["verdict"] == "watermarked", "ledger": "ledger" in d["basis"],
+                    "signal": signal, "scores": None}
+        return {"refused": None, "watermarked": d["watermarked"], "ledger": "ledger" in d["basis"],
+                "signal": -float(d["log10_p_value"]), "scores": None}
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def verified(truth, editor, ids_or_text, *, watermarked: bool) -> bool:
+    """What the expert tier (ground truth, not the attacker's view) says of the final text."""
+    text = ids_or_text if isinstance(ids_or_text, str) else editor.text(ids_or_text)
+    answer = truth.ask(text)
+    if watermarked:
+        return bool(answer.get("watermarked"))
+    return not answer.get("watermarked") and not answer.get("ledger")
+
+
+def run_round2(url: str, tokens: dict[str, str], editor, humans: list[str], generations: list[list[int]],
+               truth, *, attempts: int, max_rounds: int, blind: dict, spoof, strip) -> dict:
+    """One table per tier: each attack's spoof and blind-strip outcomes, judged by the expert
+    tier (ground truth), with the no-access baseline beside each strip figure."""
+    rng = editor.rng
+    addresses = (f"127.{a}.{b}.2" for a in range(1, 250) for b in range(250))
+    tables: dict = {}
+    texts = iter(humans)
+    strips = iter(generations)
+    for tier, attacks in APPLIES.items():
+        table = {}
+        for attack in attacks:
+            if tier == "tenant":
+                chosen = {"many_tokens": [tokens["tenant"], tokens["tenant2"], tokens["tenant3"]],
+                          "admin_token": [tokens["tenant_admin"]]}.get(attack, [tokens["tenant"]])
+            elif tier == "expert":
+                chosen = [tokens["expert"]]
+            else:
+                chosen = []
+            spoofed, stripped, changed, queries, refused = 0, 0, [], [], {}
+            for _ in range(attempts):
+                oracle = VariantOracle(url, tier, chosen, attack, editor, rng, addresses)
+                result = spoof(oracle, editor, next(texts), max_rounds)
+                oracle.close()
+                queries.append(result["queries"])
+                if result["refused"]:
+                    refused[result["refused"]] = refused.get(result["refused"], 0) + 1
+                if verified(truth, editor, result["final_ids"], watermarked=True):
+                    spoofed += 1
+                oracle = VariantOracle(url, tier, chosen, attack, editor, rng, addresses)
+                result = strip(oracle, editor, next(strips), max_rounds, with_evidence=False)
+                oracle.close()
+                if result["refused"]:
+                    refused[result["refused"]] = refused.get(result["refused"], 0) + 1
+                if verified(truth, editor, result["final_ids"], watermarked=False):
+                    stripped += 1
+                    changed.append(round(result["changed"] / result["tokens"], 3))
+            table[attack] = {"spoof": f"{spoofed}/{attempts}", "strip": f"{stripped}/{attempts}",
+                             "strip_changed_shares": sorted(changed),
+                             "blind_baseline_share_90pct": blind.get("changed_share_to_strip_90pct"),
+                             "median_queries": sorted(queries)[len(queries) // 2], "refused": refused}
+            print(tier, attack, table[attack], flush=True)
+        tables[tier] = table
+    return tables
