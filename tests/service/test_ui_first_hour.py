@@ -46,12 +46,12 @@ LETTER = ("Dear Sam, thank you for the books you sent last month. I have finishe
           "stables still stand beside the locks. Write soon and tell me how the new job is going.")
 
 
-@pytest.fixture(scope="module")
-
 def _salted(key: dict) -> bool:
     """Whether the detector tests this listed key under each of its salts (watermark.spec.salted)."""
     return key["spec"].get("mode") == "diverse" and key["spec"].get("diversity", "salt") == "salt"
 
+
+@pytest.fixture(scope="module")
 def server(tmp_path_factory):
     # No `scopes`: the tenant tokens are the demo's kind. acme's key is diverse, as `make run`'s is.
     gateway = gw.start(tmp_path_factory.mktemp("ui-first-hour"), secrets=gw.FIXED_SECRETS, modes={"acme": "diverse"},
