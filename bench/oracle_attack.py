@@ -82,6 +82,25 @@ def human_texts(tokenizer, n: int, min_tokens: int = 205) -> list[str]:
     return texts
 
 
+def answer_of(r: httpx.Response, tier: str) -> dict:
+    """What an attacker learns from one detection answer: refused (the error code), or the
+    verdict, whether the ledger vouched, a signal to climb (the band on the public tier, else
+    -log10 p) and the per-token scores where the tier returns them."""
+    if r.status_code == 429:
+        return {"refused": r.json()["error"]["code"]}
+    r.raise_for_status()
+    d = r.json()
+    if tier == "public":
+        signal = {"none": 0, "moderate": 1, "strong": 2}[d["confidence"]]
+        return {"refused": None, "watermarked": d["verdict"] == "watermarked", "ledger": "ledger" in d["basis"],
+                "signal": signal, "scores": None}
+    scores = None
+    if d.get("evidence"):
+        scores = [t["score"] if t["score"] is not None else 0.0 for t in d["evidence"]["tokens"]]
+    return {"refused": None, "watermarked": d["watermarked"], "ledger": "ledger" in d["basis"],
+            "signal": -float(d["log10_p_value"]), "scores": scores}
+
+
 class Oracle:
     """One tier's view of a detection: (refused, watermarked, ledger, signal, scores)."""
 
@@ -99,19 +118,7 @@ class Oracle:
             # The per-request rate (600 a minute) only slows an attacker down: wait and go on.
             time.sleep(float(r.headers.get("Retry-After", "1")))
             r = self._post(text)
-        if r.status_code == 429:
-            return {"refused": r.json()["error"]["code"]}
-        r.raise_for_status()
-        d = r.json()
-        if self.tier == "public":
-            signal = {"none": 0, "moderate": 1, "strong": 2}[d["confidence"]]
-            return {"refused": None, "watermarked": d["verdict"] == "watermarked", "ledger": "ledger" in d["basis"],
-                    "signal": signal, "scores": None}
-        scores = None
-        if d.get("evidence"):
-            scores = [t["score"] if t["score"] is not None else 0.0 for t in d["evidence"]["tokens"]]
-        return {"refused": None, "watermarked": d["watermarked"], "ledger": "ledger" in d["basis"],
-                "signal": -float(d["log10_p_value"]), "scores": scores}
+        return answer_of(r, self.tier)
 
     def _post(self, text: str) -> httpx.Response:
         if self.tier == "public":

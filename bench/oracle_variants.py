@@ -24,6 +24,8 @@ import time
 
 import httpx
 
+from bench.oracle_attack import answer_of
+
 ATTACKS = ("plain", "padding", "interleaving", "splitting", "flushing", "many_tokens", "admin_token",
            "many_addresses", "xff")
 APPLIES = {"public": ("plain", "padding", "interleaving", "splitting", "flushing", "many_addresses", "xff"),
@@ -91,16 +93,8 @@ class VariantOracle:
             for _ in range(520):
                 self._send(self._junk(8))
             r = self._send(self._shape(text))
-        if r.status_code == 429:
-            return {"refused": r.json()["error"]["code"]}
-        r.raise_for_status()
-        d = r.json()
-        if self.tier == "public":
-            signal = {"none": 0, "moderate": 1, "strong": 2}[d["confidence"]]
-            return {"refused": None, "watermarked": d["verdict"] == "watermarked", "ledger": "ledger" in d["basis"],
-                    "signal": signal, "scores": None}
-        return {"refused": None, "watermarked": d["watermarked"], "ledger": "ledger" in d["basis"],
-                "signal": -float(d["log10_p_value"]), "scores": None}
+        answer = answer_of(r, self.tier)
+        return answer if answer["refused"] else {**answer, "scores": None}  # these attacks climb the signal alone
 
     def close(self) -> None:
         self._client.close()

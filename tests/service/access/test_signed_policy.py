@@ -16,11 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from keys.db import open_store
-from keys.tokens import issue_token
 from ledger.receipts import public_keys
 from ledger.reports import ReportInvalid, verify_report
 from tests.service import gateway as gw
+from tests.service.access.conftest import with_expert_and_generation
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -29,18 +28,7 @@ REPO = Path(__file__).resolve().parents[3]
 def signing(tmp_path_factory):
     gateway = gw.start(tmp_path_factory.mktemp("signing"), draft_model=None, secrets=gw.FIXED_SECRETS,
                        probe_family_per_day=1000, public_tokens_per_day=1e7)
-    store = open_store(gateway.store_settings, require_kek=True)
-    try:
-        with store.transaction() as session:
-            gateway.tokens["expert"] = issue_token(session, tenant=None, expert=True, actor="test").raw_token
-    finally:
-        store.close()
-    client = httpx.Client(base_url=gateway.url, timeout=120)
-    made = client.post("/v1/generate", json={"prompt": "The history of the city", "max_tokens": 230, "seed": 3},
-                       headers={"Authorization": f"Bearer {gateway.tokens['acme']}"})
-    assert made.status_code == 200, made.text
-    gateway.generated = made.json()["text"]
-    gateway.client = client
+    client = with_expert_and_generation(gateway)
     gateway.keys = public_keys(client.get("/.well-known/hallmark-keys.json").json())
     yield gateway
     client.close()
