@@ -19,13 +19,12 @@ import os
 import random
 import string
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from bench.gateway import Gateway, percentile, provision_store
+from bench.gateway import cpu_gateway, percentile, provision_store
 from keys.lifecycle import create_key
 from keys.tenants import create_tenant
 from keys.tokens import issue_token
@@ -123,22 +122,15 @@ def main() -> None:
     parser.add_argument("--ids", type=int, default=0, help="flood with this many random token ids a body instead")
     parser.add_argument("--out", type=Path, default=Path("bench/results/detect-flood.json"))
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        env, tokens = _provision(Path(tmp))
-        env = {**os.environ, **env, "HALLMARK_MODEL": MODEL, "HALLMARK_DEVICE": "cpu", "HALLMARK_DRAFT_MODEL": ""}
-        server = Gateway(env, Path(tmp) / "gateway.log")
-        try:
-            server.wait_ready()
-            pid = server.process.pid
-            # Warm: one small detection per tenant (tokenizer, keys, caches).
-            for name in tokens:
-                httpx.post(server.url + "/v1/detect", json={"text": "warm up"},
-                           headers={"Authorization": f"Bearer {tokens[name]}"}, timeout=120)
-            time.sleep(1)
-            before = _rss_mb(pid)
-            result = asyncio.run(_run(server.url, tokens, pid, args))
-        finally:
-            server.stop()
+    with cpu_gateway(_provision, MODEL) as (server, tokens):
+        pid = server.process.pid
+        # Warm: one small detection per tenant (tokenizer, keys, caches).
+        for name in tokens:
+            httpx.post(server.url + "/v1/detect", json={"text": "warm up"},
+                       headers={"Authorization": f"Bearer {tokens[name]}"}, timeout=120)
+        time.sleep(1)
+        before = _rss_mb(pid)
+        result = asyncio.run(_run(server.url, tokens, pid, args))
     result = {"rss_before_mb": round(before, 1), **result,
               "rss_growth_mb": round(result["rss_peak_mb"] - before, 1),
               "parallel": args.parallel, "chars": args.chars, "seconds": args.seconds,

@@ -3,10 +3,13 @@ and the latency percentile they all report."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -89,3 +92,19 @@ def provision_store(tmp: Path, populate) -> tuple[dict[str, str], dict[str, str]
     finally:
         store.close()
     return env, tokens
+
+
+@contextlib.contextmanager
+def cpu_gateway(provision, model: str):
+    """A gateway process on the CPU, without a draft model, over the store ``provision(tmp)``
+    makes (returning its environment and tokens) in a temporary directory: yields (gateway,
+    tokens) once it is ready, and stops it at the end."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env, tokens = provision(Path(tmp))
+        env = {**os.environ, **env, "HALLMARK_MODEL": model, "HALLMARK_DEVICE": "cpu", "HALLMARK_DRAFT_MODEL": ""}
+        server = Gateway(env, Path(tmp) / "gateway.log")
+        try:
+            server.wait_ready()
+            yield server, tokens
+        finally:
+            server.stop()

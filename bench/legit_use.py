@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.gateway import Gateway, provision_store
+from bench.gateway import cpu_gateway, provision_store
 from keys.lifecycle import create_key
 from keys.tenants import create_tenant
 from keys.tokens import issue_token
@@ -85,38 +85,31 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(MODEL))
     started = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        env, tokens = _provision(Path(tmp))
+    with cpu_gateway(_provision, MODEL) as (server, tokens):
         # The bench's client sends from 127.x.y.2 addresses; 127.0.0.1 is the only peer here.
-        env = {**os.environ, **env, "HALLMARK_MODEL": MODEL, "HALLMARK_DEVICE": "cpu", "HALLMARK_DRAFT_MODEL": ""}
-        server = Gateway(env, Path(tmp) / "gateway.log")
-        try:
-            server.wait_ready()
-            auth = {"Authorization": f"Bearer {tokens['tenant']}"}
-            with httpx.Client(base_url=server.url, timeout=300, headers=auth) as client:
-                prompts = ["The history of the town", "This module provides", "A short note on rivers",
-                           "The function returns", "In the morning the market"]
-                texts = []
-                for i in range(args.generations):
-                    out = client.post("/v1/generate", json={"prompt": prompts[i % len(prompts)], "seed": i + 1,
-                                                            "max_tokens": args.max_tokens}).json()
-                    texts.append(out["text"])
-                tenant = {}
-                for _ in range(2):  # each generation checked twice
-                    for text in texts:
-                        _check(client, "/v1/detect", {"text": text}, tenant)
-            humans = _distinct_texts(tokenizer, 150)
-            rng = random.Random(31)
-            rng.shuffle(humans)
-            public = {}
-            for a in range(50):
-                address = f"127.0.{a // 10 + 1}.{a % 10 + 2}"  # 5 networks of 10 addresses
-                transport = httpx.HTTPTransport(local_address=address)
-                with httpx.Client(base_url=server.url, timeout=300, transport=transport) as client:
-                    for j in range(3):
-                        _check(client, "/v1/public/detect", {"text": humans[3 * a + j]}, public)
-        finally:
-            server.stop()
+        auth = {"Authorization": f"Bearer {tokens['tenant']}"}
+        with httpx.Client(base_url=server.url, timeout=300, headers=auth) as client:
+            prompts = ["The history of the town", "This module provides", "A short note on rivers",
+                       "The function returns", "In the morning the market"]
+            texts = []
+            for i in range(args.generations):
+                out = client.post("/v1/generate", json={"prompt": prompts[i % len(prompts)], "seed": i + 1,
+                                                        "max_tokens": args.max_tokens}).json()
+                texts.append(out["text"])
+            tenant = {}
+            for _ in range(2):  # each generation checked twice
+                for text in texts:
+                    _check(client, "/v1/detect", {"text": text}, tenant)
+        humans = _distinct_texts(tokenizer, 150)
+        rng = random.Random(31)
+        rng.shuffle(humans)
+        public = {}
+        for a in range(50):
+            address = f"127.0.{a // 10 + 1}.{a % 10 + 2}"  # 5 networks of 10 addresses
+            transport = httpx.HTTPTransport(local_address=address)
+            with httpx.Client(base_url=server.url, timeout=300, transport=transport) as client:
+                for j in range(3):
+                    _check(client, "/v1/public/detect", {"text": humans[3 * a + j]}, public)
     result = {"tenant_checks": tenant, "public_checks": public,
               "all_answered": set(tenant) == {"200"} and set(public) == {"200"},
               "generations": args.generations, "max_tokens": args.max_tokens,

@@ -35,13 +35,12 @@ import os
 import random
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from bench.gateway import Gateway, provision_store
+from bench.gateway import cpu_gateway, provision_store
 from keys.lifecycle import create_key
 from keys.tenants import create_tenant
 from keys.tokens import grant_scope, issue_token
@@ -262,81 +261,74 @@ def main() -> None:
     rng = random.Random(args.seed)
     editor = Editor(tokenizer, rng)
     started = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        env, tokens = _provision(Path(tmp))
-        env = {**os.environ, **env, "HALLMARK_MODEL": MODEL, "HALLMARK_DEVICE": "cpu", "HALLMARK_DRAFT_MODEL": ""}
-        server = Gateway(env, Path(tmp) / "gateway.log")
-        try:
-            server.wait_ready()
-            generator = httpx.Client(base_url=server.url, timeout=300,
-                                     headers={"Authorization": f"Bearer {tokens['tenant']}"})
-            generations = []
-            seed = 0
-            wanted = max(3 * args.strip_texts, args.strip_texts + 16 * args.round2)  # disjoint sets: a tier's probe guard must not see another's texts
-            while len(generations) < wanted and seed < 5 * wanted:
-                seed += 1
-                out = generator.post("/v1/generate", json={"prompt": "Write about the history of the town",
-                                                          "max_tokens": 210, "seed": seed, "temperature": 1.0}).json()
-                if len(out["token_ids"]) >= 200:
-                    generations.append(out["token_ids"])
-            k = args.strip_texts
-            if args.round2:
-                results = _round2(server.url, tokens, editor, tokenizer, generations, args)
-                return _write(results, args, started)
-            sets = {"a": generations[:k], "b": generations[k:2 * k], "c": generations[2 * k:3 * k]}
-            humans = human_texts(tokenizer, args.spoof_attempts + args.evidence_attempts)
-            results: dict = {"spoof": {}, "strip_evidence": {}, "strip_blind": {}}
-            address = iter(f"127.0.{i // 250}.{i % 250 + 2}" for i in range(100_000))
+    with cpu_gateway(_provision, MODEL) as (server, tokens):
+        generator = httpx.Client(base_url=server.url, timeout=300,
+                                 headers={"Authorization": f"Bearer {tokens['tenant']}"})
+        generations = []
+        seed = 0
+        wanted = max(3 * args.strip_texts, args.strip_texts + 16 * args.round2)  # disjoint sets: a tier's probe guard must not see another's texts
+        while len(generations) < wanted and seed < 5 * wanted:
+            seed += 1
+            out = generator.post("/v1/generate", json={"prompt": "Write about the history of the town",
+                                                      "max_tokens": 210, "seed": seed, "temperature": 1.0}).json()
+            if len(out["token_ids"]) >= 200:
+                generations.append(out["token_ids"])
+        k = args.strip_texts
+        if args.round2:
+            results = _round2(server.url, tokens, editor, tokenizer, generations, args)
+            return _write(results, args, started)
+        sets = {"a": generations[:k], "b": generations[k:2 * k], "c": generations[2 * k:3 * k]}
+        humans = human_texts(tokenizer, args.spoof_attempts + args.evidence_attempts)
+        results: dict = {"spoof": {}, "strip_evidence": {}, "strip_blind": {}}
+        address = iter(f"127.0.{i // 250}.{i % 250 + 2}" for i in range(100_000))
 
-            def oracle(tier: str) -> Oracle:
-                if tier == "public":
-                    return Oracle(server.url, tier, None, next(address))
-                return Oracle(server.url, tier, tokens[tier])
+        def oracle(tier: str) -> Oracle:
+            if tier == "public":
+                return Oracle(server.url, tier, None, next(address))
+            return Oracle(server.url, tier, tokens[tier])
 
-            # tenant and tenant_evidence are one principal (tenant acme): they get disjoint texts.
-            spoof_texts = {"public": humans[:args.spoof_attempts], "tenant": humans[:args.spoof_attempts],
-                           "tenant_evidence": humans[args.spoof_attempts:],
-                           "expert": humans[:args.evidence_attempts]}
-            for tier in TIERS:
+        # tenant and tenant_evidence are one principal (tenant acme): they get disjoint texts.
+        spoof_texts = {"public": humans[:args.spoof_attempts], "tenant": humans[:args.spoof_attempts],
+                       "tenant_evidence": humans[args.spoof_attempts:],
+                       "expert": humans[:args.evidence_attempts]}
+        for tier in TIERS:
+            rows = []
+            for text in spoof_texts[tier]:
+                o = oracle(tier)
+                rows.append(spoof(o, editor, text, args.max_rounds))
+                o.close()
+            results["spoof"][tier] = _summary(rows)
+            print("spoof", tier, results["spoof"][tier], flush=True)
+        strip_sets = {"public": (None, "a"), "tenant": (None, "a"), "tenant_evidence": ("b", "c"),
+                      "expert": ("a", "a")}
+        for tier in TIERS:
+            evidence_set, blind_set = strip_sets[tier]
+            if evidence_set:
                 rows = []
-                for text in spoof_texts[tier]:
+                for ids in sets[evidence_set]:
                     o = oracle(tier)
-                    rows.append(spoof(o, editor, text, args.max_rounds))
+                    rows.append(strip(o, editor, ids, args.max_rounds, with_evidence=True))
                     o.close()
-                results["spoof"][tier] = _summary(rows)
-                print("spoof", tier, results["spoof"][tier], flush=True)
-            strip_sets = {"public": (None, "a"), "tenant": (None, "a"), "tenant_evidence": ("b", "c"),
-                          "expert": ("a", "a")}
-            for tier in TIERS:
-                evidence_set, blind_set = strip_sets[tier]
-                if evidence_set:
-                    rows = []
-                    for ids in sets[evidence_set]:
-                        o = oracle(tier)
-                        rows.append(strip(o, editor, ids, args.max_rounds, with_evidence=True))
-                        o.close()
-                    results["strip_evidence"][tier] = _summary(rows)
-                    print("strip_evidence", tier, results["strip_evidence"][tier], flush=True)
-                rows = []
-                for ids in sets[blind_set]:
-                    o = oracle(tier)
-                    rows.append(strip(o, editor, ids, args.max_rounds, with_evidence=False))
-                    o.close()
-                results["strip_blind"][tier] = _summary(rows)
-                print("strip_blind", tier, results["strip_blind"][tier], flush=True)
-            generations = sets["a"]
-            truth = Oracle(server.url, "expert", tokens["expert"])
-            truth.ask = _unbounded(truth.ask)
-            fractions = [blind_fraction(truth, editor, ids, 40) for ids in generations]
-            stripped = sorted(f for f in fractions if f is not None)
-            results["no_access"] = {
-                "texts": len(generations), "stripped_within_40_rounds": len(stripped),
-                "median_changed_share": round(statistics.median(stripped), 4) if stripped else None,
-                "changed_share_to_strip_90pct": round(stripped[min(len(stripped) - 1, int(0.9 * len(stripped)))], 4)
-                if stripped else None}
-            print("no_access", results["no_access"], flush=True)
-        finally:
-            server.stop()
+                results["strip_evidence"][tier] = _summary(rows)
+                print("strip_evidence", tier, results["strip_evidence"][tier], flush=True)
+            rows = []
+            for ids in sets[blind_set]:
+                o = oracle(tier)
+                rows.append(strip(o, editor, ids, args.max_rounds, with_evidence=False))
+                o.close()
+            results["strip_blind"][tier] = _summary(rows)
+            print("strip_blind", tier, results["strip_blind"][tier], flush=True)
+        generations = sets["a"]
+        truth = Oracle(server.url, "expert", tokens["expert"])
+        truth.ask = _unbounded(truth.ask)
+        fractions = [blind_fraction(truth, editor, ids, 40) for ids in generations]
+        stripped = sorted(f for f in fractions if f is not None)
+        results["no_access"] = {
+            "texts": len(generations), "stripped_within_40_rounds": len(stripped),
+            "median_changed_share": round(statistics.median(stripped), 4) if stripped else None,
+            "changed_share_to_strip_90pct": round(stripped[min(len(stripped) - 1, int(0.9 * len(stripped)))], 4)
+            if stripped else None}
+        print("no_access", results["no_access"], flush=True)
     _write(results, args, started)
 
 
