@@ -132,9 +132,9 @@ def _key(secret: int, algorithm: str, mode: str):
     return WatermarkKey(secret, spec)
 
 
-def engine_generate(jobs: list[dict], max_tokens: int) -> list[dict]:
+def engine_generate(jobs: list[dict], max_tokens: int, temperature: float = 1.0) -> list[dict]:
     """Run ``jobs`` (prompt, seed, key or None) on the local engine (CPU, bundled target +
-    draft, batches of 16); each result adds its tokens."""
+    draft, batches of 16) at ``temperature``; each result adds its tokens."""
     import asyncio
 
     from service.engines.base import Finished, GenerationRequest, WatermarkPlan
@@ -158,7 +158,8 @@ def engine_generate(jobs: list[dict], max_tokens: int) -> list[dict]:
                             key = key.with_salt(job["salt"] if job.get("salt") is not None else salt_for(job["seed"]))
                         plan = WatermarkPlan(key=key, key_id="bench", version=1, fingerprint=key.fingerprint)
                     requests.append(GenerationRequest(f"r{start + i}", tuple(tokenizer.encode(job["prompt"])),
-                                                      max_tokens, temperature=1.0, seed=job["seed"], watermark=plan))
+                                                      max_tokens, temperature=temperature, seed=job["seed"],
+                                                      watermark=plan))
 
                 async def one(request):
                     async for event in engine.generate(request):

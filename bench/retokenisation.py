@@ -115,51 +115,10 @@ def run_bundled(texts: int, tokens: int) -> dict:
             jobs.append({"prompt": PROMPTS[i % len(PROMPTS)], "seed": _seed("retok-bench", temperature, i),
                          "key": WatermarkKey(_seed("retok-bench-key", i) | (1 << 40), spec)})
         t0 = time.perf_counter()
-        done = _generate(jobs, tokens, temperature)
+        done = engine_generate(jobs, tokens, temperature)
         out[f"T={temperature}"] = {"generation_s": round(time.perf_counter() - t0, 1),
                                    **evaluate([d for d in done if d["tokens"]], tokenizer)}
     return {"source": "bundled target + draft (local engine, CPU)", "tokens": tokens, "rows": out}
-
-
-def _generate(jobs: list[dict], tokens: int, temperature: float) -> list[dict]:
-    import bench.diversity as diversity
-
-    if temperature == 1.0:
-        return engine_generate(jobs, tokens)
-    # engine_generate runs T = 1; the same engine at another temperature.
-    import asyncio
-
-    from service.engines.base import Finished, GenerationRequest, WatermarkPlan
-    from service.engines.local.engine import LocalEngine
-
-    async def run() -> list[dict]:
-        engine = LocalEngine("bundled", "hallmark-tiny-draft", device="cpu", max_batch=16, speculative_k=4)
-        await engine.start()
-        tokenizer = engine.tokenizer()
-        out = []
-        try:
-            for start in range(0, len(jobs), 16):
-                wave = jobs[start:start + 16]
-                requests = [GenerationRequest(f"r{start + i}", tuple(tokenizer.encode(job["prompt"])), tokens,
-                                              temperature=temperature, seed=job["seed"],
-                                              watermark=WatermarkPlan(key=job["key"], key_id="bench", version=1,
-                                                                      fingerprint=job["key"].fingerprint))
-                            for i, job in enumerate(wave)]
-
-                async def one(request):
-                    async for event in engine.generate(request):
-                        if isinstance(event, Finished):
-                            return event
-
-                done = await asyncio.gather(*(one(r) for r in requests))
-                out += [{**job, "tokens": list(event.token_ids)} for job, event in zip(wave, done)]
-                print(f"generated {len(out)}/{len(jobs)}", flush=True)
-        finally:
-            await engine.stop()
-        return out
-
-    del diversity
-    return asyncio.run(run())
 
 
 def run_vllm() -> dict:
