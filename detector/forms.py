@@ -21,6 +21,7 @@ from detector.detect import Deferred, DetectorConfig, Pending, detect
 from detector.normalize import NormalizedText, normalize_forms
 from detector.result import Candidate, DetectionResult, KeyResult, Span
 from detector.scoring import ScoreMemo
+from detector.segmentation import SegmentationTable, merge_space_runs
 
 CORRECTION = "bonferroni x{m} over the text as sent and its normalised forms"
 
@@ -28,8 +29,9 @@ CORRECTION = "bonferroni x{m} over the text as sent and its normalised forms"
 @dataclass(frozen=True)
 class TextForm:
     name: str
-    """``as_sent``, ``normalized_spaces_kept`` or ``normalized`` (what the result's
-    ``normalization.scored`` reports)."""
+    """``as_sent``, ``as_sent_runs_merged`` (:func:`with_runs_merged`),
+    ``normalized_spaces_kept`` or ``normalized`` (what the result's ``normalization.scored``
+    reports)."""
     text: str
     normalized: NormalizedText | None
     """None for the text as sent; else its character origins map offsets back."""
@@ -66,6 +68,28 @@ def text_forms(text: str) -> tuple[list[TextForm], NormalizedText]:
         if all(candidate.text != form.text for form in forms):
             forms.append(TextForm(name, candidate.text, candidate))
     return forms, full
+
+
+RUNS_MERGED = "as_sent_runs_merged"
+
+
+def with_runs_merged(variants: Sequence[TextForm], tokenised: Sequence[tuple[list[int], list | None]],
+                     table: SegmentationTable | None, encode: Callable[[str], Sequence[int]]
+                     ) -> tuple[list[TextForm], list[tuple[list[int], list | None]]]:
+    """``variants`` and their tokenisations ``tokenised`` [(ids, character offsets)], with the
+    text as sent (the first variant) segmented as a model writes whitespace runs
+    (:func:`detector.segmentation.merge_space_runs`) inserted after it where that differs
+    from its encoding: one more form, so one more Bonferroni factor, only there. ``table``
+    None (a tokenizer that is not a byte-level BPE): unchanged."""
+    variants, tokenised = list(variants), list(tokenised)
+    if table is None or not variants or variants[0].name != "as_sent":
+        return variants, tokenised
+    merged = merge_space_runs(variants[0].text, tokenised[0][0], table, encode)
+    if merged is None:
+        return variants, tokenised
+    variants.insert(1, TextForm(RUNS_MERGED, variants[0].text, None))
+    tokenised.insert(1, (list(merged.token_ids), list(merged.offsets)))
+    return variants, tokenised
 
 
 def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate],
