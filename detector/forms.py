@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
@@ -65,9 +66,23 @@ def text_forms(text: str) -> tuple[list[TextForm], NormalizedText]:
     full, kept = both.collapsed, both.spaces_kept
     forms = [TextForm("as_sent", text, None)]
     for name, candidate in (("normalized", full), ("normalized_spaces_kept", kept)):
+        if name == "normalized" and full.text != kept.text and not SPACED_WORDS.search(kept.text):
+            continue  # it would only collapse indentation and alignment (SPACED_WORDS)
         if all(candidate.text != form.text for form in forms):
             forms.append(TextForm(name, candidate.text, candidate))
     return forms, full
+
+
+SPACED_WORDS = re.compile(r"(?<=[^\W_])[ \t]{2,}(?=[^\W_])")
+"""A run of spaces or tabs between two letters or digits: the mark of the whitespace attack
+(single spaces between words widened), which the collapsed form undoes. Without one, the
+collapsed form is not scored: its runs are indentation and alignment (after a line break,
+beside punctuation: ``"\n    return"``, ``"|  Method"``), which a model writes and collapsing
+only destroys, and scoring it anyway cost genuine code a Bonferroni factor 2 (bench/results/
+retokenisation-bundled.json: the bundled model's outputs lost up to 0.06 more of TPR at 1e-6
+as text than their encoding alone). A choice made on the text alone, never on a key, so the
+Bonferroni factor over the forms scored stays valid; an attacker who widens only spaces beside
+punctuation or at line starts is left with the tokens there to break."""
 
 
 RUNS_MERGED = "as_sent_runs_merged"

@@ -65,9 +65,26 @@ def test_text_forms_are_distinct_and_keep_indentation_apart():
     code = "def f(x):\n    return x\u200b + 1"
     forms, full = text_forms(code)
     by_name = {f.name: f.text for f in forms}
+    # Indentation is no widened space between words: its collapsed form is not scored (the
+    # result still reports the full normalisation).
+    assert by_name == {"as_sent": code, "normalized_spaces_kept": "def f(x):\n    return x + 1"}
+    assert full.text == "def f(x):\n return x + 1" and full.changes == {"zero_width": 1, "whitespace": 3}
+    attacked = "def f(x):\n    return  x\u200b + 1"  # a space widened between two words
+    by_name = {f.name: f.text for f in text_forms(attacked)[0]}
     assert by_name["normalized"] == "def f(x):\n return x + 1"
-    assert by_name["normalized_spaces_kept"] == "def f(x):\n    return x + 1"
-    assert full.changes == {"zero_width": 1, "whitespace": 3}
+
+
+def test_the_collapsed_form_is_scored_only_where_spaces_between_words_were_widened():
+    from detector.forms import text_forms
+
+    def names(text: str) -> list[str]:
+        return [f.name for f in text_forms(text)[0]]
+
+    for genuine in ("def f(x):\n    return x + 1", "     |  Method resolution order:\n     |      tuple",
+                    "x    = 1\ny    = 2", "End.  Next sentence.", "\tindented\n\t\tmore"):
+        assert names(genuine) == ["as_sent"], genuine
+    for attacked in ("the  cat sat", "a\t\tb", "x = 1 and  y", "pi  3 14"):
+        assert names(attacked) == ["as_sent", "normalized"], attacked
 
 
 def test_the_text_as_sent_with_its_runs_merged_is_one_more_form_only_where_it_differs():
