@@ -106,3 +106,37 @@ def _differing(a, b) -> int:
 
     return sum(max(i2 - i1, j2 - j1) for op, i1, i2, j1, j2 in
                difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes() if op != "equal")
+
+
+@pytest.mark.statistical
+def test_the_apis_forms_stay_calibrated_on_null_text():
+    """Null texts (random tokens of the bundled vocabulary, decoded: indentation, odd runs and
+    widened spaces alike) scored through the API's forms (text_forms, the collapsed form only
+    for widened spaces between words, the runs-merged form where it differs): P(p <= 0.01) <=
+    0.01, and in the far tail the reported p is exactly the best form's times the number of
+    distinct forms scored (Bonferroni, whatever the forms' dependence)."""
+    import math
+
+    import numpy as np
+
+    from tests.stats_helpers import binomial_two_sided_p
+
+    encoder, tokenizer = load_text_encoder(TEST_MODEL), load_tokenizer(TEST_MODEL)
+    rng = np.random.default_rng(3001)
+    config = DetectorConfig(threshold=0.01, spans=False)
+    texts, hits, several = 1200, 0, 0
+    for i in range(texts):
+        key = WatermarkKey(int(rng.integers(1, 2**63)), WatermarkSpec(mode="diverse", diversity="head", dedup="all"))
+        ids = [int(t) for t in rng.integers(0, len(tokenizer) - 16, 120)]
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        forms, _ = text_forms(text)
+        variants, tokenised = encoder.with_runs_merged(forms, [encoder.encode(f.text) for f in forms])
+        candidates = [Candidate.inline(key)]
+        result, best = detect_forms([t for t, _ in tokenised], candidates, config)
+        hits += result.watermarked
+        if len(tokenised) > 1:
+            several += 1
+            alone = detect(tokenised[best][0], candidates, config.model_copy(update={"threshold": 0.01 / len(tokenised)}))
+            assert result.log10_p_value == pytest.approx(min(0.0, alone.log10_p_value + math.log10(len(tokenised))))
+    assert several >= texts // 10  # the forms were exercised
+    assert hits <= texts * 0.01 or binomial_two_sided_p(hits, texts, 0.01) > 1e-3, hits
