@@ -128,6 +128,7 @@ def evaluate(items: list[dict], tokenizer) -> dict:
         scores = {"ids": [], "text_forms_before": [], "text_forms": [], "text_canonical": [],
                   "text_forms_runs_merged": [], "text_canonical_runs_merged": []}
         retokenised = runs_merged = 0
+        differing = {"encode": 0, "runs_merged": 0, "closer": 0, "farther": 0}  # where the form differs
         unmatched = {"whitespace": 0, "within_word": 0}
         for item in items:
             ids = list(item["tokens"])
@@ -146,6 +147,12 @@ def evaluate(items: list[dict], tokenizer) -> dict:
             merged = merge_space_runs(text, canonical, table, encode) if table is not None else None
             resegmented = list(merged.token_ids) if merged is not None else canonical
             runs_merged += merged is not None
+            if merged is not None:  # tokens differing from the model's ids, encode's and the form's
+                was, now = (sum(_unmatched(tokenizer, ids, x).values()) for x in (canonical, resegmented))
+                differing["encode"] += was
+                differing["runs_merged"] += now
+                differing["closer"] += now < was
+                differing["farther"] += now > was
             with_merged = [encoded[0], resegmented, *encoded[1:]] if merged is not None else encoded
             scores["ids"].append(detect(ids, candidates, config).log10_p_value)
             scores["text_canonical"].append(detect(canonical, candidates, config).log10_p_value if canonical else 0.0)
@@ -161,6 +168,7 @@ def evaluate(items: list[dict], tokenizer) -> dict:
                 for k, v in _unmatched(tokenizer, ids, canonical).items():
                     unmatched[k] += v
         row = {"texts": len(items), "retokenised_differently": retokenised, "runs_merged_differs": runs_merged,
+               "runs_merged_unmatched": differing,
                "unmatched_tokens": unmatched,
                "tokens": int(sum(min(len(i["tokens"]), int(condition.split()[1])) if condition.startswith("prefix")
                                  else len(i["tokens"]) for i in items))}
