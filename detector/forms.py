@@ -3,8 +3,10 @@ normalised forms (:mod:`detector.normalize`).
 
 Normalising undoes tokenisation attacks but can also rewrite a genuine text (indented code,
 typographic characters), changing the very tokens the watermark was sampled on. So every
-distinct form is scored (as sent; normalised keeping runs of spaces, since genuine
-indentation is one; fully normalised), each at threshold / m for m forms, and the verdict
+distinct form is scored (as sent; as sent with its whitespace runs as a model writes them,
+:func:`with_runs_merged`, where that differs from the encoding; normalised keeping runs of
+spaces, since genuine indentation is one; fully normalised, only where a space between two
+words was widened, :data:`SPACED_WORDS`), each at threshold / m for m forms, and the verdict
 rests on the best one with its p multiplied by m: a Bonferroni bound over the forms, valid
 whatever their dependence, that costs at most a factor m in p and lets normalising only help.
 The same factor multiplies the best form's span p-values and Holm-adjusted per-key p-values.
