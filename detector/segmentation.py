@@ -20,6 +20,7 @@ SHA-256 preimage of the recorded hash.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -205,6 +206,10 @@ def _recovered(text: str, data: bytes, table: SegmentationTable, ids: Sequence[i
 # --- whitespace runs as the model writes them (no ledger) -----------------------------------
 
 _SPACE_BYTES = frozenset(b" \t\n\r\x0b\x0c")
+_RUN_BEFORE_WORD = re.compile(r"[ \t\n\r\x0b\x0c] [^ \t\n\r\x0b\x0c]")
+"""What :func:`merge_space_runs` can change: a whitespace token before a space-led word
+token, i.e. a whitespace character, a space, then a non-space (a text without one, such as
+prose with single spaces, is left as it is without a pass over its tokens)."""
 
 
 def _is_space(piece: bytes) -> bool:
@@ -256,6 +261,8 @@ def merge_space_runs(text: str, canonical: Sequence[int], table: SegmentationTab
     bench/results/retokenisation-*.json measure what it recovers. A pure function of the
     text (never of a key): scored as one more form, it costs a Bonferroni factor only where
     it differs."""
+    if not _RUN_BEFORE_WORD.search(text):  # prose with single spaces: nothing to re-segment
+        return None
     pieces = [table.pieces.get(int(t)) for t in canonical]
     if any(piece is None for piece in pieces):
         return None
@@ -266,22 +273,15 @@ def merge_space_runs(text: str, canonical: Sequence[int], table: SegmentationTab
     if data != text.encode("utf-8"):
         return None
     at_boundary = {b: i for i, b in enumerate(bounds)}
-    out: list[int] = []
-    out_bounds = [0]
-    i, n, changed = 0, len(pieces), False
-
-    def emit(tokens: Sequence[int]) -> None:
-        for token in tokens:
-            out.append(int(token))
-            out_bounds.append(out_bounds[-1] + len(table.pieces[int(token)]))
-
+    edits: list[tuple[int, int, list[int]]] = []  # (first, last) canonical tokens -> the run's and word's
+    spaces = [_is_space(piece) for piece in pieces]
+    i, n = 0, len(pieces)
     while i < n:
-        if not _is_space(pieces[i]):
-            emit([canonical[i]])
+        if not spaces[i]:
             i += 1
             continue
         j = i
-        while j < n and _is_space(pieces[j]):
+        while j < n and spaces[j]:
             j += 1
         if j < n and len(pieces[j]) > 1 and pieces[j][0] == 0x20 and pieces[j][1] not in _SPACE_BYTES:
             start = bounds[j] + 1
@@ -290,21 +290,33 @@ def merge_space_runs(text: str, canonical: Sequence[int], table: SegmentationTab
                 end += 1
             last = at_boundary.get(end)
             run = _greedy(data[bounds[i]:start], table) if last is not None else None
-            if run is not None:
+            line_break = b"\n" in data[bounds[i]:start]
+
+            def shorter(words: int) -> bool:
+                return (len(run) < j - i and words <= last - j) or (line_break and len(run) + words < last - i)
+
+            if run is not None and shorter(1):  # the word takes a token at least: else no encode
                 try:
                     word = [int(t) for t in encode(data[start:end].decode("utf-8"))]
                 except UnicodeDecodeError:
                     word = []
                 same_bytes = word and all(t in table.pieces for t in word) and \
                     b"".join(table.pieces[t] for t in word) == data[start:end]
-                line_break = b"\n" in data[bounds[i]:start]
-                if same_bytes and ((len(run) < j - i and len(word) <= last - j)
-                                   or (line_break and len(run) + len(word) < last - i)):
-                    emit(run + word)
-                    i, changed = last, True
+                if same_bytes and shorter(len(word)):
+                    edits.append((i, last, run + word))
+                    i = last
                     continue
-        emit(canonical[i:j])
         i = j
-    if not changed:
+    if not edits:
         return None
+    out: list[int] = []
+    at = 0
+    for first, last, tokens in edits:
+        out.extend(int(t) for t in canonical[at:first])
+        out.extend(tokens)
+        at = last
+    out.extend(int(t) for t in canonical[at:])
+    out_bounds = [0]
+    for token in out:
+        out_bounds.append(out_bounds[-1] + len(table.pieces[token]))
     return Recovered(tuple(out), _char_offsets(text, data, out_bounds, 0))
