@@ -5,6 +5,7 @@
     nice -n 10 .venv/bin/python -m bench.diversity_head null [--null 100000 --spans-share 0.05]
     nice -n 10 .venv/bin/python -m bench.diversity_head regenerations [--prompts 20 --generations 6]
     nice -n 10 .venv/bin/python -m bench.diversity_head head-cost [--texts 1000 --keys keyed]
+    nice -n 10 .venv/bin/python -m bench.diversity_head spans-share [--texts 500]
 
 * ``synthetic``: TPR at 1e-6 (global p, default config), 200 tokens, 20 % substitution
   (bench.robustness.attack), synthetic 1.7 nats/token text (bench.robustness.generate, the
@@ -21,6 +22,8 @@
   (gumbel and dual in turn), default config: the rate at 1e-3 against its binomial 95 %
   interval and the count at 1e-6.
 * ``head-cost``: the head's own cost, paired (:func:`run_head_cost`).
+* ``spans-share``: the verdict's spans share (0.25) against 0.05, where spans matter and
+  where they do not (:func:`run_spans_share`; the null's side: ``null --spans-share``).
 * ``regenerations``: unseeded generations of each prompt under one `head` key (the service's
   default key: gumbel, dedup all), 48 tokens, T = 1: distinct outputs, the longest shared
   prefix in characters between any two of a prompt's generations, and bench.diversity's
@@ -266,6 +269,45 @@ def run_head_cost(count: int, which: str = "gumbel") -> dict:
             "mean_log10_p_lost": float(np.mean(skipped - full))}
 
 
+def run_spans_share(count: int, shares: tuple[float, ...] = (0.25, 0.05)) -> dict:
+    """What the spans' share costs where spans matter and gains where they do not (the
+    ``null --spans-share`` what-if's other side): synthetic `gumbel` and keyed-coin dual texts
+    (200 tokens, 1.7 nats/token, deterministic keys), (a) inside 400 + 400 uniform tokens
+    (bench.robustness's ``mixing``) and (b) with 20 % substitution, detected (default config)
+    under each spans share in turn, same texts and edits: TPR at 1e-6."""
+    import detector.config
+    import detector.verdict
+    from bench import robustness
+    from bench.robustness import attack
+    from detector.detect import DetectorConfig, detect
+    from detector.result import Candidate
+    from watermark.key import WatermarkKey
+    from watermark.spec import WatermarkSpec
+
+    config = DetectorConfig()
+    shipped = detector.config.SPANS_SHARE
+    out = {}
+    for which in ("gumbel", "keyed"):
+        algorithm, coin = SYNTHETIC_KEYS[which]
+        keys = [WatermarkKey(_seed("spans-share", which, i) | (1 << 40), WatermarkSpec(algorithm=algorithm, coin=coin))
+                for i in range(count)]
+        texts = robustness.generate(keys, N, robustness.SIGMAS[1.7], seed=_seed("spans-share-gen", which))
+        for kind, rate in (("mixing", 0.0), ("substitution", 0.2)):
+            rng = np.random.default_rng(_seed("spans-share-attack", which, kind))
+            edited = [attack(t, kind, rate, rng, robustness.VOCAB) for t in texts]
+            row = {}
+            for share in shares:
+                detector.config.SPANS_SHARE = detector.verdict.SPANS_SHARE = share
+                try:
+                    p = np.array([detect(e, [Candidate.inline(k)], config).log10_p_value for e, k in zip(edited, keys)])
+                finally:
+                    detector.config.SPANS_SHARE = detector.verdict.SPANS_SHARE = shipped
+                row[f"spans_share_{share:g}"] = {"tpr6": float(np.mean(p <= LEVEL)), "median_log10_p": float(np.median(p))}
+            out[f"{which} {kind}"] = row
+            print(which, kind, row, flush=True)
+    return {"texts": count, "rows": out}
+
+
 def _shared_prefix(a: str, b: str) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -300,7 +342,7 @@ def run_regenerations(prompts: int, generations: int, tokens: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("part", choices=["synthetic", "bundled", "null", "regenerations", "head-cost"])
+    parser.add_argument("part", choices=["synthetic", "bundled", "null", "regenerations", "head-cost", "spans-share"])
     parser.add_argument("--texts", type=int, default=None)
     parser.add_argument("--keys", default="gumbel,dual,keyed", help="synthetic: which of gumbel, dual, keyed")
     parser.add_argument("--replicate", type=int, default=0, help="synthetic: another draw of keys, logits, edits")
@@ -326,6 +368,8 @@ def main() -> None:
             detector.config.SPANS_SHARE = detector.verdict.SPANS_SHARE = args.spans_share
         payload = run_null(args.null)
         payload["spans_share"] = detector.config.SPANS_SHARE
+    elif args.part == "spans-share":
+        payload = run_spans_share(args.texts or 500)
     elif args.part == "head-cost":
         payload = run_head_cost(args.texts or 1000, args.keys if args.keys in SYNTHETIC_KEYS else "gumbel")
     else:
