@@ -2,9 +2,10 @@
 
     nice -n 10 .venv/bin/python -m bench.diversity_head synthetic [--texts 1000 --keys gumbel,dual,keyed]
     nice -n 10 .venv/bin/python -m bench.diversity_head bundled [--texts 48]
-    nice -n 10 .venv/bin/python -m bench.diversity_head null [--null 100000]
+    nice -n 10 .venv/bin/python -m bench.diversity_head null [--null 100000 --spans-share 0.05]
     nice -n 10 .venv/bin/python -m bench.diversity_head regenerations [--prompts 20 --generations 6]
-    nice -n 10 .venv/bin/python -m bench.diversity_head head-cost [--texts 1000]
+    nice -n 10 .venv/bin/python -m bench.diversity_head head-cost [--texts 1000 --keys keyed]
+    nice -n 10 .venv/bin/python -m bench.diversity_head spans-share [--texts 500]
 
 * ``synthetic``: TPR at 1e-6 (global p, default config), 200 tokens, 20 % substitution
   (bench.robustness.attack), synthetic 1.7 nats/token text (bench.robustness.generate, the
@@ -21,6 +22,8 @@
   (gumbel and dual in turn), default config: the rate at 1e-3 against its binomial 95 %
   interval and the count at 1e-6.
 * ``head-cost``: the head's own cost, paired (:func:`run_head_cost`).
+* ``spans-share``: the verdict's spans share (0.25) against 0.05, where spans matter and
+  where they do not (:func:`run_spans_share`; the null's side: ``null --spans-share``).
 * ``regenerations``: unseeded generations of each prompt under one `head` key (the service's
   default key: gumbel, dedup all), 48 tokens, T = 1: distinct outputs, the longest shared
   prefix in characters between any two of a prompt's generations, and bench.diversity's
@@ -164,7 +167,25 @@ def binomial_interval(n: int, p: float) -> tuple[int, int]:
     return lo, hi
 
 
+def _simes(pairs: list[tuple[float, float]]) -> float:
+    """Weighted Simes over [(log10 p, weight)] (weights summing to W): min over k of
+    p_(k) / W_k, the components ordered by p / weight and W_k their first k weights' sum
+    (log10; with one component, its p / weight). Exact under independence; what the
+    components' dependence leaves of Bonferroni's slack (``null``'s offline comparison)."""
+    ordered = sorted(pairs, key=lambda pw: pw[0] - math.log10(pw[1]))
+    best, cumulative = 0.0, 0.0
+    for log10_p, weight in ordered:
+        cumulative += weight
+        best = min(best, log10_p - math.log10(cumulative))
+    return best
+
+
 def run_null(total: int) -> dict:
+    """Also counts, per key kind, each component of the verdict alone at its Bonferroni share
+    (detector.config.weights) and the global p (the components' weighted Bonferroni), and the
+    same texts' p under weighted Simes over the whole-text components (offline: what the
+    Bonferroni's slack is)."""
+    from detector.config import weights
     from detector.detect import DetectorConfig, detect
     from detector.result import Candidate, salted_candidates
 
@@ -172,30 +193,52 @@ def run_null(total: int) -> dict:
     config = DetectorConfig()
     hits6 = hits3 = hits2 = 0
     smallest = 0.0
+    levels = (-2, -3, -4)
+    kinds = {"gumbel": weights(config, True), "dual_key_gumbel": weights(config, True, dual_auto=True)}
+    components = {kind: {f"{name}@1e{level}": 0 for name in (*share, "simes_whole_text") for level in levels}
+                  | {"texts": 0} for kind, share in kinds.items()}
     started = time.perf_counter()
     for i in range(total):
         algorithm = "gumbel" if i % 2 == 0 else "dual_key_gumbel"
         key = _key(int(rng.integers(1, 2**63)), algorithm, "head")
         candidates = salted_candidates([Candidate.inline(key)])
         assert len(candidates) == 1
-        lp = detect(rng.integers(0, 8192, N), candidates, config).log10_p_value
+        result = detect(rng.integers(0, 8192, N), candidates, config)
+        lp = result.log10_p_value
         hits6 += lp <= -6
         hits3 += lp <= -3
         hits2 += lp <= -2
         smallest = min(smallest, lp)
+        entry, share, row = result.per_key[0], kinds[algorithm], components[algorithm]
+        alone = {"sum": entry.log10_p_sum, "trgof": entry.log10_p_trgof, "weighted": entry.log10_p_weighted,
+                 "spans": min((s.log10_p_value for s in result.spans), default=0.0)}
+        whole = [(alone[name], share[name]) for name in share if name != "spans"]
+        simes = min(_simes(whole), alone["spans"] - math.log10(share["spans"]))
+        row["texts"] += 1
+        for level in levels:
+            for name in share:
+                row[f"{name}@1e{level}"] += alone[name] - math.log10(share[name]) <= level
+            row[f"simes_whole_text@1e{level}"] += simes <= level
         if (i + 1) % 20000 == 0:
             print({"tests": i + 1, "fp6": hits6, "fp3": hits3, "fp2": hits2, "s": round(time.perf_counter() - started)},
                   flush=True)
     return {"tests": total, "fp6": int(hits6), "fp3": int(hits3), "fp2": int(hits2),
             "interval95_at_1e-3": binomial_interval(total, 1e-3),
             "interval95_at_1e-2": binomial_interval(total, 1e-2),
-            "smallest_log10_p": smallest, "seconds": round(time.perf_counter() - started, 1)}
+            "smallest_log10_p": smallest, "seconds": round(time.perf_counter() - started, 1),
+            "components": {kind: {k: int(v) for k, v in row.items()} for kind, row in components.items()},
+            "components_note": "each component alone at its Bonferroni share (p / weight <= level); the spans' "
+                               "p as reported (only spans that passed are reported); simes_whole_text: weighted "
+                               "Simes over the whole-text components, Bonferroni with the spans (offline only)"}
 
 
-def run_head_cost(count: int) -> dict:
-    """The head's own cost, paired: the same synthetic texts (deterministic `gumbel` keys, 20 %
-    substitution) scored in full and without their first w positions (a spec with dedup scope
-    `all`, which skips the padded contexts: what a `head` key's detection scores)."""
+def run_head_cost(count: int, which: str = "gumbel") -> dict:
+    """The head's own cost, paired: the same synthetic texts (deterministic keys of kind
+    ``which``, :data:`SYNTHETIC_KEYS`; 20 % substitution) scored in full and without their first
+    w positions (a spec with dedup scope `all`, which skips the padded contexts: what a `head`
+    key's detection scores). Unlike ``synthetic``, whose head and salted texts differ (other
+    keys' draws), this isolates the w positions: the part of the head-vs-known-salt gap that
+    the scheme itself costs."""
     from bench import robustness
     from bench.robustness import attack
     from detector.detect import DetectorConfig, detect
@@ -203,21 +246,66 @@ def run_head_cost(count: int) -> dict:
     from watermark.key import WatermarkKey
     from watermark.spec import WatermarkSpec
 
-    keys = [WatermarkKey(_seed("head-cost", i) | (1 << 40), WatermarkSpec()) for i in range(count)]
-    texts = robustness.generate(keys, N, robustness.SIGMAS[1.7], seed=_seed("head-cost-gen"))
+    algorithm, coin = SYNTHETIC_KEYS[which]
+    label = "" if which == "gumbel" else f" {which}"  # gumbel: the seeds of the first run
+
+    def spec(dedup: str = "single_turn") -> WatermarkSpec:
+        return WatermarkSpec(algorithm=algorithm, coin=coin, dedup=dedup)
+
+    keys = [WatermarkKey(_seed("head-cost" + label, i) | (1 << 40), spec()) for i in range(count)]
+    texts = robustness.generate(keys, N, robustness.SIGMAS[1.7], seed=_seed("head-cost-gen" + label))
     config = DetectorConfig()
-    rng = np.random.default_rng(_seed("head-cost-attack"))
+    rng = np.random.default_rng(_seed("head-cost-attack" + label))
     full, skipped = [], []
     for text, key in zip(texts, keys):
         edited = attack(text, "substitution", 0.2, rng, robustness.VOCAB)
         full.append(detect(edited, [Candidate.inline(key)], config).log10_p_value)
-        skipping = WatermarkKey(key.secret, WatermarkSpec(dedup="all"))
+        skipping = WatermarkKey(key.secret, spec("all"))
         skipped.append(detect(edited, [Candidate.inline(skipping)], config).log10_p_value)
     full, skipped = np.array(full), np.array(skipped)
-    return {"texts": count, "tpr6_all_positions": float(np.mean(full <= LEVEL)),
+    return {"keys": f"{algorithm} {coin} coin", "texts": count, "tpr6_all_positions": float(np.mean(full <= LEVEL)),
             "tpr6_without_first_w": float(np.mean(skipped <= LEVEL)),
             "median_log10_p_all": float(np.median(full)), "median_log10_p_without_first_w": float(np.median(skipped)),
             "mean_log10_p_lost": float(np.mean(skipped - full))}
+
+
+def run_spans_share(count: int, shares: tuple[float, ...] = (0.25, 0.05)) -> dict:
+    """What the spans' share costs where spans matter and gains where they do not (the
+    ``null --spans-share`` what-if's other side): synthetic `gumbel` and keyed-coin dual texts
+    (200 tokens, 1.7 nats/token, deterministic keys), (a) inside 400 + 400 uniform tokens
+    (bench.robustness's ``mixing``) and (b) with 20 % substitution, detected (default config)
+    under each spans share in turn, same texts and edits: TPR at 1e-6."""
+    import detector.config
+    import detector.verdict
+    from bench import robustness
+    from bench.robustness import attack
+    from detector.detect import DetectorConfig, detect
+    from detector.result import Candidate
+    from watermark.key import WatermarkKey
+    from watermark.spec import WatermarkSpec
+
+    config = DetectorConfig()
+    shipped = detector.config.SPANS_SHARE
+    out = {}
+    for which in ("gumbel", "keyed"):
+        algorithm, coin = SYNTHETIC_KEYS[which]
+        keys = [WatermarkKey(_seed("spans-share", which, i) | (1 << 40), WatermarkSpec(algorithm=algorithm, coin=coin))
+                for i in range(count)]
+        texts = robustness.generate(keys, N, robustness.SIGMAS[1.7], seed=_seed("spans-share-gen", which))
+        for kind, rate in (("mixing", 0.0), ("substitution", 0.2)):
+            rng = np.random.default_rng(_seed("spans-share-attack", which, kind))
+            edited = [attack(t, kind, rate, rng, robustness.VOCAB) for t in texts]
+            row = {}
+            for share in shares:
+                detector.config.SPANS_SHARE = detector.verdict.SPANS_SHARE = share
+                try:
+                    p = np.array([detect(e, [Candidate.inline(k)], config).log10_p_value for e, k in zip(edited, keys)])
+                finally:
+                    detector.config.SPANS_SHARE = detector.verdict.SPANS_SHARE = shipped
+                row[f"spans_share_{share:g}"] = {"tpr6": float(np.mean(p <= LEVEL)), "median_log10_p": float(np.median(p))}
+            out[f"{which} {kind}"] = row
+            print(which, kind, row, flush=True)
+    return {"texts": count, "rows": out}
 
 
 def _shared_prefix(a: str, b: str) -> int:
@@ -254,11 +342,14 @@ def run_regenerations(prompts: int, generations: int, tokens: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("part", choices=["synthetic", "bundled", "null", "regenerations", "head-cost"])
+    parser.add_argument("part", choices=["synthetic", "bundled", "null", "regenerations", "head-cost", "spans-share"])
     parser.add_argument("--texts", type=int, default=None)
     parser.add_argument("--keys", default="gumbel,dual,keyed", help="synthetic: which of gumbel, dual, keyed")
     parser.add_argument("--replicate", type=int, default=0, help="synthetic: another draw of keys, logits, edits")
     parser.add_argument("--null", type=int, default=100_000)
+    parser.add_argument("--spans-share", type=float, default=None,
+                        help="null: what-if, the verdict's spans share (detector.config.SPANS_SHARE, 0.25) "
+                             "set to this in this process only")
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--generations", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=48)
@@ -270,13 +361,24 @@ def main() -> None:
     elif args.part == "bundled":
         payload = run_bundled(args.texts or 48)
     elif args.part == "null":
+        import detector.config
+        import detector.verdict
+
+        if args.spans_share is not None:  # a what-if: the shipped weights are detector.config's
+            detector.config.SPANS_SHARE = detector.verdict.SPANS_SHARE = args.spans_share
         payload = run_null(args.null)
+        payload["spans_share"] = detector.config.SPANS_SHARE
+    elif args.part == "spans-share":
+        payload = run_spans_share(args.texts or 500)
     elif args.part == "head-cost":
-        payload = run_head_cost(args.texts or 1000)
+        payload = run_head_cost(args.texts or 1000, args.keys if args.keys in SYNTHETIC_KEYS else "gumbel")
     else:
         payload = run_regenerations(args.prompts, args.generations, args.tokens)
     suffix = (f"-{args.keys.replace(',', '-')}" + (f"-replicate{args.replicate}" if args.replicate else "")
-              if args.part == "synthetic" else "")
+              if args.part == "synthetic" else f"-{args.keys}" if args.part == "head-cost" and args.keys in
+              ("dual", "keyed") else "")
+    if args.part == "null" and args.spans_share is not None:
+        suffix = f"-spans-share-{args.spans_share:g}"
     path = RESULTS / f"diversity-head-{args.part}{suffix}.json"
     path.write_text(json.dumps({"meta": meta, **payload}, indent=1) + "\n")
     print("wrote", path, flush=True)

@@ -457,9 +457,16 @@ class Tokenization:
 
     def detect_normalized(self, text: str, candidates, config) -> float:
         """log10 p the way /v1/detect scores a text: as sent and every distinct normalised
-        form (detector.forms.text_forms; best of m, Bonferroni x m)."""
-        forms = [self.encode(form.text) for form in self._text_forms(text)[0]]
-        return self._detect_forms(forms, candidates, config)[0].log10_p_value
+        form (detector.forms.text_forms), and the text as sent with its whitespace runs as a
+        model writes them where that differs (detector.forms.with_runs_merged); best of m,
+        Bonferroni x m."""
+        from detector.forms import with_runs_merged
+        from service.generation_ids import segmentation_table
+
+        variants = self._text_forms(text)[0]
+        tokenised = [self._encode(self.tokenizer, form.text) for form in variants]
+        _, tokenised = with_runs_merged(variants, tokenised, segmentation_table(self.tokenizer), self.encode)
+        return self._detect_forms([list(ids) for ids, _ in tokenised], candidates, config)[0].log10_p_value
 
 
 def _token_attack_bundled(text, kind, rate, rng, vocab, human):

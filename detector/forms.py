@@ -3,8 +3,10 @@ normalised forms (:mod:`detector.normalize`).
 
 Normalising undoes tokenisation attacks but can also rewrite a genuine text (indented code,
 typographic characters), changing the very tokens the watermark was sampled on. So every
-distinct form is scored (as sent; normalised keeping runs of spaces, since genuine
-indentation is one; fully normalised), each at threshold / m for m forms, and the verdict
+distinct form is scored (as sent; as sent with its whitespace runs as a model writes them,
+:func:`with_runs_merged`, where that differs from the encoding; normalised keeping runs of
+spaces, since genuine indentation is one; fully normalised, only where a space between two
+words was widened, :data:`SPACED_WORDS`), each at threshold / m for m forms, and the verdict
 rests on the best one with its p multiplied by m: a Bonferroni bound over the forms, valid
 whatever their dependence, that costs at most a factor m in p and lets normalising only help.
 The same factor multiplies the best form's span p-values and Holm-adjusted per-key p-values.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
@@ -21,6 +24,7 @@ from detector.detect import Deferred, DetectorConfig, Pending, detect
 from detector.normalize import NormalizedText, normalize_forms
 from detector.result import Candidate, DetectionResult, KeyResult, Span
 from detector.scoring import ScoreMemo
+from detector.segmentation import SegmentationTable, merge_space_runs
 
 CORRECTION = "bonferroni x{m} over the text as sent and its normalised forms"
 
@@ -28,8 +32,9 @@ CORRECTION = "bonferroni x{m} over the text as sent and its normalised forms"
 @dataclass(frozen=True)
 class TextForm:
     name: str
-    """``as_sent``, ``normalized_spaces_kept`` or ``normalized`` (what the result's
-    ``normalization.scored`` reports)."""
+    """``as_sent``, ``as_sent_runs_merged`` (:func:`with_runs_merged`),
+    ``normalized_spaces_kept`` or ``normalized`` (what the result's ``normalization.scored``
+    reports)."""
     text: str
     normalized: NormalizedText | None
     """None for the text as sent; else its character origins map offsets back."""
@@ -63,9 +68,45 @@ def text_forms(text: str) -> tuple[list[TextForm], NormalizedText]:
     full, kept = both.collapsed, both.spaces_kept
     forms = [TextForm("as_sent", text, None)]
     for name, candidate in (("normalized", full), ("normalized_spaces_kept", kept)):
+        if name == "normalized" and full.text != kept.text and not SPACED_WORDS.search(kept.text):
+            continue  # it would only collapse indentation and alignment (SPACED_WORDS)
         if all(candidate.text != form.text for form in forms):
             forms.append(TextForm(name, candidate.text, candidate))
     return forms, full
+
+
+SPACED_WORDS = re.compile(r"(?<=[^\W_])[ \t]{2,}(?=[^\W_])")
+"""A run of spaces or tabs between two letters or digits: the mark of the whitespace attack
+(single spaces between words widened), which the collapsed form undoes. Without one, the
+collapsed form is not scored: its runs are indentation and alignment (after a line break,
+beside punctuation: ``"\n    return"``, ``"|  Method"``), which a model writes and collapsing
+only destroys, and scoring it anyway cost genuine code a Bonferroni factor 2 (bench/results/
+retokenisation-bundled.json: the bundled model's outputs lost up to 0.06 more of TPR at 1e-6
+as text than their encoding alone). A choice made on the text alone, never on a key, so the
+Bonferroni factor over the forms scored stays valid; an attacker who widens only spaces beside
+punctuation or at line starts is left with the tokens there to break."""
+
+
+RUNS_MERGED = "as_sent_runs_merged"
+
+
+def with_runs_merged(variants: Sequence[TextForm], tokenised: Sequence[tuple[list[int], list | None]],
+                     table: SegmentationTable | None, encode: Callable[[str], Sequence[int]]
+                     ) -> tuple[list[TextForm], list[tuple[list[int], list | None]]]:
+    """``variants`` and their tokenisations ``tokenised`` [(ids, character offsets)], with the
+    text as sent (the first variant) segmented as a model writes whitespace runs
+    (:func:`detector.segmentation.merge_space_runs`) inserted after it where that differs
+    from its encoding: one more form, so one more Bonferroni factor, only there. ``table``
+    None (a tokenizer that is not a byte-level BPE): unchanged."""
+    variants, tokenised = list(variants), list(tokenised)
+    if table is None or not variants or variants[0].name != "as_sent":
+        return variants, tokenised
+    merged = merge_space_runs(variants[0].text, tokenised[0][0], table, encode)
+    if merged is None:
+        return variants, tokenised
+    variants.insert(1, TextForm(RUNS_MERGED, variants[0].text, None))
+    tokenised.insert(1, (list(merged.token_ids), list(merged.offsets)))
+    return variants, tokenised
 
 
 def detect_forms(forms: Sequence[Sequence[int]], candidates: Sequence[Candidate],

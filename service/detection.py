@@ -13,7 +13,7 @@ from detector.multikey import KeySet, detect_many
 from detector.result import Candidate
 from detector.scoring import ScoreMemo
 from detector.forms import (TextForm, detect_forms, distinct_forms, merge_form_matches, original_offsets, text_forms,
-                            with_span_chars)
+                            with_runs_merged, with_span_chars)
 from ledger import kgrams
 from keys.errors import KeyStoreError, UnknownTenant
 from keys.key_states import with_key_states as with_entry_states
@@ -76,7 +76,11 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
             text_variants, normalized = text_forms(params.text)
         else:
             text_variants = [TextForm("as_sent", params.text, None)]
-        forms = [tokenize_with_offsets(services.engine.tokenizer(), form.text) for form in text_variants]
+        tokenizer = services.engine.tokenizer()
+        forms = [tokenize_with_offsets(tokenizer, form.text) for form in text_variants]
+        # Whitespace runs as the model writes them, one more form where encode splits them.
+        text_variants, forms = with_runs_merged(text_variants, forms, generation_ids.segmentation_table(
+            tokenizer, services.engine), lambda part: tokenize_with_offsets(tokenizer, part)[0])
         form_names = [form.name for form in text_variants]
         text = params.text
     else:

@@ -32,6 +32,18 @@ class TextEncoder:
             return encoding.ids, encoding.offsets
         return self._tokenizer.encode(text, add_special_tokens=False), None
 
+    def with_runs_merged(self, variants: list, tokenised: list) -> tuple[list, list]:
+        """``detector.forms.with_runs_merged`` through this tokenizer (the API's forms: the
+        text as sent also with its whitespace runs as a model writes them, where that differs)."""
+        from types import SimpleNamespace
+
+        from detector.forms import with_runs_merged
+        from service.generation_ids import segmentation_table
+
+        backend = self._backend if self._backend is not None else getattr(self._tokenizer, "_tokenizer", None)
+        table = segmentation_table(SimpleNamespace(_tokenizer=backend)) if backend is not None else None
+        return with_runs_merged(variants, tokenised, table, lambda part: self.encode(part)[0])
+
 
 @lru_cache(maxsize=8)
 def load_text_encoder(name: str) -> TextEncoder:

@@ -205,6 +205,9 @@ def _single_input(token_ids: Optional[str], token_ids_file: Optional[Path], text
 
         forms, normalized = text_forms(text) if normalize_text else ([TextForm("as_sent", text, None)], None)
         tokenized = _tokenize([form.text for form in forms], tokenizer, origin)
+        from service.tokenization import load_text_encoder
+
+        forms, tokenized = load_text_encoder(tokenizer).with_runs_merged(forms, tokenized)  # as the API
         offsets = [None if chars is None else original_offsets(form, chars)
                    for form, (_, chars) in zip(forms, tokenized)]
         return [ids for ids, _ in tokenized], normalized, [form.name for form in forms], text, offsets

@@ -55,6 +55,9 @@ def prepare(item: Item, settings: ScanSettings, encode: Callable[[str], tuple[li
         raise ValueError("text items need --tokenizer (the model's tokenizer, e.g. bundled)")
     forms, normalized = text_forms(item.text) if settings.normalize else ([TextForm("as_sent", item.text, None)], None)
     encoded = [encode(form.text) for form in forms]
+    owner = getattr(encode, "__self__", None)  # service.tokenization.TextEncoder.encode: the API's forms
+    if hasattr(owner, "with_runs_merged"):
+        forms, encoded = owner.with_runs_merged(forms, encoded)
     offsets = [None if chars is None else original_offsets(form, chars) for form, (_, chars) in zip(forms, encoded)]
     return Prepared(item=item, forms=[list(ids) for ids, _ in encoded], names=[form.name for form in forms],
                     offsets=offsets, normalization=normalized)

@@ -65,9 +65,53 @@ def test_text_forms_are_distinct_and_keep_indentation_apart():
     code = "def f(x):\n    return x\u200b + 1"
     forms, full = text_forms(code)
     by_name = {f.name: f.text for f in forms}
+    # Indentation is no widened space between words: its collapsed form is not scored (the
+    # result still reports the full normalisation).
+    assert by_name == {"as_sent": code, "normalized_spaces_kept": "def f(x):\n    return x + 1"}
+    assert full.text == "def f(x):\n return x + 1" and full.changes == {"zero_width": 1, "whitespace": 3}
+    attacked = "def f(x):\n    return  x\u200b + 1"  # a space widened between two words
+    by_name = {f.name: f.text for f in text_forms(attacked)[0]}
     assert by_name["normalized"] == "def f(x):\n return x + 1"
-    assert by_name["normalized_spaces_kept"] == "def f(x):\n    return x + 1"
-    assert full.changes == {"zero_width": 1, "whitespace": 3}
+
+
+def test_the_collapsed_form_is_scored_only_where_spaces_between_words_were_widened():
+    from detector.forms import text_forms
+
+    def names(text: str) -> list[str]:
+        return [f.name for f in text_forms(text)[0]]
+
+    for genuine in ("def f(x):\n    return x + 1", "     |  Method resolution order:\n     |      tuple",
+                    "x    = 1\ny    = 2", "End.  Next sentence.", "\tindented\n\t\tmore"):
+        assert names(genuine) == ["as_sent"], genuine
+    for attacked in ("the  cat sat", "a\t\tb", "x = 1 and  y", "pi  3 14"):
+        assert names(attacked) == ["as_sent", "normalized"], attacked
+
+
+def test_the_text_as_sent_with_its_runs_merged_is_one_more_form_only_where_it_differs():
+    from detector.forms import RUNS_MERGED, TextForm, text_forms, with_runs_merged
+    from detector.segmentation import SegmentationTable
+
+    pieces = {i: bytes([i]) for i in range(256)} | {256: b"\n   ", 257: b" def", 258: b"def"}
+    table = SegmentationTable.of(pieces)
+    by = {v: k for k, v in pieces.items()}
+
+    def encode(word: str) -> list[int]:
+        data = word.encode()
+        return [by[data]] if data in by else list(data)
+
+    text = "x\n   def"
+    forms = text_forms(text)[0][:1]  # the text as sent (its collapsed form left out here)
+    tokenised = [([by[b"x"], by[b"\n"], 32, 32, 257], [(0, 1), (1, 2), (2, 3), (3, 4), (4, 8)])]
+    variants, out = with_runs_merged(forms, tokenised, table, encode)
+    assert [v.name for v in variants] == ["as_sent", RUNS_MERGED] and variants[1].text == text
+    assert out[0] == tokenised[0] and out[1] == ([by[b"x"], 256, 258], [(0, 1), (1, 5), (5, 8)])
+    # The same ids as encode's (or no table, a tokenizer that is not byte-level): no new form.
+    plain = [([by[b"x"], 256, 257], None)]
+    assert with_runs_merged(forms, plain, table, encode) == (forms, plain)
+    assert with_runs_merged(forms, tokenised, None, encode) == (forms, tokenised)
+    # Only the text as sent is re-segmented.
+    normalized = [TextForm("normalized", text, None)]
+    assert with_runs_merged(normalized, tokenised, table, encode) == (normalized, tokenised)
 
 
 def test_ledger_matches_of_every_form_merge_per_generation_at_m_times_their_bounds():

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from detector.forms import text_forms
+from detector.forms import SPACED_WORDS, text_forms
 from detector.normalize import BIDI_CONTROLS, INVISIBLE_RANGES, KEYCAP, normalize, normalize_forms
 from tests.detector import normalize_reference as reference
 
@@ -79,6 +79,8 @@ def assert_same(text: str) -> None:
     assert fields(full) == old[True], text
     expected = [("as_sent", text, None)]
     for name, candidate in (("normalized", old[True]), ("normalized_spaces_kept", old[False])):
+        if name == "normalized" and old[True][0] != old[False][0] and not SPACED_WORDS.search(old[False][0]):
+            continue  # no widened space between words: the collapsed form is not scored
         if all(candidate[0] != other for _, other, _ in expected):
             expected.append((name, candidate[0], candidate))
     assert [(f.name, f.text, fields(f.normalized)) for f in forms] == expected, text

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from detector.segmentation import K, SegmentationTable, hash_ids, recover
+from detector.segmentation import K, SegmentationTable, hash_ids, merge_space_runs, recover
 
 # A toy vocabulary: every byte, plus merged pieces an encoder would not always choose.
 PIECES = {i: bytes([i]) for i in range(256)}
@@ -74,3 +74,47 @@ def test_multibyte_characters_map_to_character_offsets():
     assert found is not None
     starts = [a for a, _ in found.offsets]
     assert starts == sorted(starts) and found.offsets[-1][1] == len(text)
+
+
+# --- whitespace runs as the model writes them (no ledger) -----------------------------------
+
+
+def _encode_word(word: str) -> list[int]:
+    """The toy vocabulary's encode of a word without its space (``def`` is one token)."""
+    data = word.encode()
+    return [BY[data]] if data in BY else [BY[bytes([b])] for b in data]
+
+
+def test_a_run_encode_splits_is_written_whole_and_the_word_without_its_space():
+    # encode leaves the run's last space to the word: "\n" " " " " " def" (4 tokens); the
+    # model writes "\n   " then "def" (the vocabulary has both), 2 tokens.
+    text = "x\n   def"
+    canonical = ids(b"x", b"\n", b" ", b" ", b" def")
+    merged = merge_space_runs(text, canonical, TABLE, _encode_word)
+    assert merged is not None and list(merged.token_ids) == ids(b"x", b"\n   ", b"def")
+    assert [text[a:b] for a, b in merged.offsets] == ["x", "\n   ", "def"]
+
+
+def test_a_run_encode_already_writes_whole_is_no_second_form():
+    # "\n    def": encode's "\n   " + " def" is as short as any other split: left alone.
+    assert merge_space_runs("x\n    def", ids(b"x", b"\n   ", b" def"), TABLE, _encode_word) is None
+    # No run at all, and a run at the end of the text.
+    assert merge_space_runs("abc def", ids(b"abc", b" def"), TABLE, _encode_word) is None
+    assert merge_space_runs("abc   ", ids(b"abc", b"   "), TABLE, _encode_word) is None
+
+
+def test_only_runs_re_segmented_where_that_takes_fewer_tokens_the_rest_kept():
+    text = "def\n   def x\n    def"
+    canonical = ids(b"def", b"\n", b" ", b" ", b" def") + [BY[b" "], BY[b"x"]] + ids(b"\n   ", b" def")
+    merged = merge_space_runs(text, canonical, TABLE, _encode_word)
+    assert merged is not None
+    assert list(merged.token_ids) == ids(b"def", b"\n   ", b"def", b" ", b"x", b"\n   ", b" def")
+    assert "".join(text[a:b] for a, b in merged.offsets) == text
+
+
+def test_a_word_that_does_not_re_encode_to_its_bytes_or_ids_outside_the_table_leave_the_text_alone():
+    canonical = ids(b"x", b"\n", b" ", b" ", b" def")
+    assert merge_space_runs("x\n   def", canonical, TABLE, lambda word: [BY[b"x"]]) is None
+    assert merge_space_runs("x\n   def", canonical, TABLE, lambda word: [123456]) is None
+    assert merge_space_runs("x\n   def", canonical + [EOS], TABLE, _encode_word) is None  # a special id
+    assert merge_space_runs("not the text", canonical, TABLE, _encode_word) is None

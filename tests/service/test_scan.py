@@ -106,8 +106,9 @@ def _expected(row: dict, keys, config: DetectorConfig) -> tuple:
     if "token_ids" in row:
         forms = [row["token_ids"]]
     else:
-        encode = load_text_encoder("bundled").encode
-        forms = [encode(form.text)[0] for form in text_forms(row["text"])[0]]
+        encoder = load_text_encoder("bundled")
+        variants = text_forms(row["text"])[0]
+        forms = [ids for ids, _ in encoder.with_runs_merged(variants, [encoder.encode(f.text) for f in variants])[1]]
     result, _ = detect_forms(forms, keys, config)
     return result.watermarked, result.log10_p_value, result.key.to_dict() if result.key else None, \
         [(s.start, s.end) for s in result.spans]
