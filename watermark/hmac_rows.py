@@ -37,6 +37,9 @@ class WideRows:
     mids_a: torch.Tensor
     mids_b: torch.Tensor
     wide: torch.Tensor
+    mids_coin: torch.Tensor | None = None
+    """[B, 16] midstates of the keyed acceptance coin's key (speculative verification with
+    ``keyed_coin``); None where no row verifies with a keyed coin (the plain samplers)."""
 
 
 def is_wide(keys: "RowKeys") -> bool:
@@ -62,8 +65,22 @@ def wide_rows(keys: Sequence["RowKeys"], device: torch.device | str = "cpu") -> 
     zero = (0,) * MID_WORDS
     mids_a = [hmac_philox.midstates(k.key_a) if f else zero for k, f in zip(keys, flags)]
     mids_b = [hmac_philox.midstates(k.key_b) if f else zero for k, f in zip(keys, flags)]
+    mids_coin = [hmac_philox.midstates(k.key_coin) if f else zero for k, f in zip(keys, flags)]
     return WideRows(mids_a=host_tensor(mids_a, torch.int64, device), mids_b=host_tensor(mids_b, torch.int64, device),
-                    wide=host_tensor(flags, torch.bool, device))
+                    wide=host_tensor(flags, torch.bool, device), mids_coin=host_tensor(mids_coin, torch.int64, device))
+
+
+def context_key_state_py(mids: torch.Tensor, row: int, context) -> tuple[int, tuple[int, int, int, int]]:
+    """(Philox key as an unsigned int, state) of ``context`` under row ``row``'s midstates in
+    ``mids`` [B, 16] (pure-Python HMAC from the midstates: the references' path)."""
+    return hmac_philox.context_key_state_from_midstates(tuple(int(v) for v in mids[row].tolist()), list(context))
+
+
+def coin_mids(wide: WideRows) -> torch.Tensor:
+    """The keyed coin's midstates, refusing rows made without them."""
+    if wide.mids_coin is None:
+        raise ValueError("256-bit rows verified with a keyed coin need mids_coin (hmac_rows.wide_rows makes it)")
+    return wide.mids_coin
 
 
 def override_cpu(wide: WideRows | None, use_b: np.ndarray, watermark: np.ndarray, contexts: np.ndarray,

@@ -9,8 +9,8 @@ import time
 
 import torch
 
-from tests.watermark.kernels.parity import assert_same, sampler_case
-from watermark import gumbel, sampler, stream
+from tests.watermark.kernels.parity import assert_same, sampler_case, verify_case
+from watermark import gumbel, sampler, speculative, stream
 from watermark.hmac_rows import WideRows
 from watermark.prf import hmac_philox
 from watermark.processing import ProcessingParams, process_logits
@@ -92,6 +92,56 @@ def reference_sample_wide(logits, args, wide: WideRows, lane: int = stream.LANE_
                                     lane=lane)
 
 
+def verify_hmac_case(seed: int, batch: int, k: int, vocab: int, dtype: torch.dtype, device):
+    """parity.verify_case with about two thirds of the rows on 256-bit keys (their key_b and
+    key_coin 0, as the engine's rows hold them) and the rest on 64-bit keys."""
+    p, q, x, args = verify_case(seed, batch, k, vocab, dtype, device)
+    gen = torch.Generator().manual_seed(seed + 2000)
+    wide = torch.rand(batch, generator=gen) < 0.67
+    keys_b, keys_coin = _wide_keys(gen, batch), _wide_keys(gen, batch)[::-1]
+    zero = [0] * 16
+    mids_b = torch.tensor([hmac_philox.midstates(k) if w else zero for k, w in zip(keys_b, wide.tolist())],
+                          dtype=torch.int64)
+    mids_coin = torch.tensor([hmac_philox.midstates(k) if w else zero for k, w in zip(keys_coin, wide.tolist())],
+                             dtype=torch.int64)
+    rows = WideRows(mids_a=torch.zeros_like(mids_b).to(device), mids_b=mids_b.to(device), wide=wide.to(device),
+                    mids_coin=mids_coin.to(device))
+    for name in ("key_b", "key_coin"):
+        args[name] = torch.where(rows.wide, torch.zeros_like(args[name]), args[name])
+    return p, q, x, args, rows
+
+
+def reference_verify_wide(p, q, x, args, wide: WideRows):
+    batch, k = x.shape
+    widths, ctx = args["widths"].tolist(), args["contexts"].tolist()
+    rows = speculative.VerifyRows(
+        key_b=args["key_b"], key_coin=args["key_coin"], keyed_coin=args["keyed_coin"],
+        contexts=[[ctx[b][j][: widths[b]] for j in range(k + 1)] for b in range(batch)],
+        watermark=args["watermark"], greedy=args["greedy"], stream_keys=args["stream_keys"],
+        positions=args["positions"], wide=wide)
+    return speculative.verify_reference(p, q, x, rows, race=gumbel.exponential_race_reference)
+
+
+def check_verify_hmac(seed: int, batch: int, k: int, vocab: int, dtype: torch.dtype, device, *,
+                      blocks_per_row: int | None = None) -> dict:
+    """The fused verification with 256-bit rows against speculative.verify_reference (mixed
+    batches: 64-bit and 256-bit rows, keyed and stream coins, greedy rows, skipped positions,
+    every context width); returns how many wide rows took a keyed coin and a key-B correction."""
+    from watermark.kernels.hmac_verify import verify_hmac
+
+    p, q, x, args, wide = verify_hmac_case(seed, batch, k, vocab, dtype, device)
+    got = verify_hmac(p, q, x, **args, wide=wide.wide, mids_b=wide.mids_b, mids_coin=wide.mids_coin,
+                      blocks_per_row=blocks_per_row)
+    want = reference_verify_wide(p, q, x, args, wide)
+    assert_same(f"verify_hmac tokens (seed {seed})", got.tokens, want.tokens)
+    assert_same(f"verify_hmac num_accepted (seed {seed})", got.num_accepted, want.num_accepted)
+    assert_same(f"verify_hmac routes (seed {seed})", got.routes, want.routes)
+    w = wide.wide.cpu()
+    routes = want.routes.cpu()
+    return {"wide_keyed_coin": int((w & args["keyed_coin"].cpu() & ~args["greedy"].cpu()).sum()),
+            "wide_key_b_correction": int((w.unsqueeze(1) & (routes == 3)).sum())}
+
+
 def main(seed: int) -> int:
     started = time.perf_counter()
     cpu = torch.device("cpu")
@@ -102,6 +152,9 @@ def main(seed: int) -> int:
             seed + 1, 8, 5000, torch.bfloat16, cpu, dist="zipf", blocks_per_row=2)),
         ("gumbel_sample_hmac draft lane", lambda: check_gumbel_sample_hmac(seed + 2, 6, 700, torch.float32, cpu,
                                                                            lane=stream.LANE_DRAFT)),
+        ("verify_hmac fp32 mixed batch k=3", lambda: check_verify_hmac(seed + 3, 10, 3, 1500, torch.float32, cpu)),
+        ("verify_hmac bf16 k=1, 3 programs per row", lambda: check_verify_hmac(
+            seed + 4, 6, 1, 4099, torch.bfloat16, cpu, blocks_per_row=3)),
     ]
     for name, check in checks:
         t0 = time.perf_counter()

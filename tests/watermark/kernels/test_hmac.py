@@ -55,3 +55,20 @@ def test_dispatch_picks_the_hmac_kernel_for_wide_rows(cuda):
         keys, contexts=[(1, 2, 3), (4,)], watermark=[True, True], greedy=[False, False], stream_keys=[1, 2],
         positions=[0, 0]))
     assert torch.equal(got.tokens.cpu(), want.tokens) and torch.equal(got.routes.cpu(), want.routes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch, k, vocab", [(64, 4, 129_280), (7, 1, 4099), (33, 3, 50_257)])
+def test_verify_hmac_gpu(seed, cuda, dtype, batch, k, vocab):
+    hmac_parity.check_verify_hmac(seed, batch, k, vocab, dtype, cuda)
+
+
+@pytest.mark.gpu
+def test_verify_hmac_covers_keyed_coins_and_key_b_corrections(seed, cuda):
+    totals = {}
+    for i in range(3):
+        for name, count in hmac_parity.check_verify_hmac(seed + i, 50, 4, 3001, torch.float32, cuda,
+                                                         blocks_per_row=3).items():
+            totals[name] = totals.get(name, 0) + count
+    assert all(count > 0 for count in totals.values()), totals
