@@ -241,3 +241,42 @@ def test_the_gpu_scan_gives_the_cpu_verdicts(store_env, tmp_path):
     scan_run.scan(tmp_path / "in.jsonl", tmp_path / "cpu.jsonl", KeySet.of(keys), settings, batch=7)
     assert _verdicts(tmp_path / "gpu.jsonl") == _verdicts(tmp_path / "cpu.jsonl")
     _check_against_detect(rows, _verdicts(tmp_path / "gpu.jsonl"), keys, DetectorConfig())
+
+
+def wide_scan_matches_cpu_words(device: str) -> int:
+    """GpuScanner's statistics of 256-bit keys (hmac-sha256-philox-v1 through its kernel, vLLM's
+    hmac-sha256-v1 through the CPU words) equal the CPU pass's (the PRF's compiled words into
+    keyscan.scan_stats_from_words, detector.multikey's path). Returns the nonzero statistics."""
+    import numpy as np
+
+    from detector.result import Candidate
+    from service.scan.gpu import GpuScanner
+
+    keys = [WatermarkKey(2**255 + 3, WatermarkSpec(prf="hmac-sha256-philox-v1", algorithm="dual_key_gumbel")),
+            WatermarkKey(2**200 + 5, WatermarkSpec(prf="hmac-sha256-philox-v1", context_width=7)),
+            WatermarkKey(2**256 - 5, WatermarkSpec(prf="hmac_sha256"))]
+    forms = [generate(keys[0], 40, seed=1)[0], human_like(30, seed=2), generate(keys[1], 25, seed=3)[0], []]
+    scanner = GpuScanner(KeySet.of([Candidate.inline(k) for k in keys]), DetectorConfig(), device=device)
+    got = scanner.stats(forms)
+    scanner.keys = [None if p.group.wide is not None else k for p, k in zip(scanner.plans, scanner.keys)]
+    want = scanner.stats(forms)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want)), (got, want)
+    return int(sum(np.count_nonzero(g) for g in got))
+
+
+def test_the_gpu_scan_of_256_bit_keys_in_the_interpreter():
+    pytest.importorskip("triton")
+    code = "from tests.service.test_scan import wide_scan_matches_cpu_words as f; print(f('interpret'))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO),
+                               "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) > 0
+
+
+@pytest.mark.gpu
+def test_the_gpu_scan_of_256_bit_keys_on_the_device():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    assert wide_scan_matches_cpu_words("cuda") > 0

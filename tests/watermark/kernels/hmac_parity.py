@@ -142,6 +142,56 @@ def check_verify_hmac(seed: int, batch: int, k: int, vocab: int, dtype: torch.dt
             "wide_key_b_correction": int((w.unsqueeze(1) & (routes == 3)).sum())}
 
 
+FORMS = (("single", False), ("max", True), ("sidak", True))
+
+
+def check_keyscan_hmac(seed: int, device, widths=(1, 6, 7, 16), tile: int = 32, keys_per_program=(1, 3),
+                       count: int = 5, forms=FORMS) -> int:
+    """The 256-bit corpus-scan kernel against watermark.keyscan.scan_stats_hmac_reference (hashlib's
+    HMAC) and the CPU pass (compiled HMAC words into scan_stats_from_words): widths across the
+    one/two inner-block edge, single and dual keys, texts of 0, 1 and tile +- 1 positions,
+    repeated contexts skipped. Returns the number of launches checked."""
+    import numpy as np
+
+    from detector import screen
+    from watermark import keyscan
+    from watermark.kernels import keyscan as philox_kernel
+    from watermark.kernels.keyscan_hmac import midstates_tensor, scan_stats_hmac
+    from watermark.keyscan_cpu import context_columns
+
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    checked = 0
+    for width in widths:
+        for form, dual in forms:
+            texts = [np.array([], dtype=np.int64), np.array([5]), rng.integers(0, 3, tile + 1),
+                     rng.integers(0, 2**32, tile - 1), rng.integers(-1, 2**31, tile), rng.integers(0, 40, 2 * tile + 3)]
+            contexts, tokens, offsets = keyscan.pack_positions(texts, width, skip_padded=width % 2 == 0)
+            keys_a = _wide_keys(gen, count)
+            keys_b = _wide_keys(gen, count)[::-1] if dual else None
+            tables = screen.scan_tables(form, float(rng.choice([0.0, 0.1, 0.5, 1.0])), int(np.diff(offsets).max()))
+            expected = keyscan.scan_stats_hmac_reference(keys_a, keys_b, contexts, tokens, offsets, tables)
+            impl = hmac_philox.HMAC_PHILOX
+            cpu = keyscan.scan_stats_from_words(impl.words_many(keys_a, contexts, tokens),
+                                                None if keys_b is None else impl.words_many(keys_b, contexts, tokens),
+                                                offsets, tables)
+            assert np.array_equal(cpu, expected), (seed, width, form)
+            columns = torch.from_numpy(context_columns(contexts).view(np.int32)).to(device)
+            toks = torch.from_numpy((tokens & 0xFFFFFFFF).astype(np.uint32).view(np.int32)).to(device)
+            offs = torch.from_numpy(offsets).to(device)
+            dev = philox_kernel.DeviceTables(tables, torch.device(device))
+            mids = midstates_tensor(keys_a, keys_b, device)
+            for keys in keys_per_program:
+                got = scan_stats_hmac(mids, dual, columns, toks, offs, width, dev, keys_per_program=keys,
+                                      block=tile).cpu().numpy()
+                if not np.array_equal(got, expected):
+                    t, k, stat = np.argwhere(got != expected)[0]
+                    raise AssertionError(f"seed {seed}: width {width}, {form}, {keys} keys a program: text {t} key {k} "
+                                         f"{keyscan.STATS[stat]} {got[t, k, stat]} != {expected[t, k, stat]}")
+                checked += 1
+    return checked
+
+
 def main(seed: int) -> int:
     started = time.perf_counter()
     cpu = torch.device("cpu")
@@ -155,6 +205,11 @@ def main(seed: int) -> int:
         ("verify_hmac fp32 mixed batch k=3", lambda: check_verify_hmac(seed + 3, 10, 3, 1500, torch.float32, cpu)),
         ("verify_hmac bf16 k=1, 3 programs per row", lambda: check_verify_hmac(
             seed + 4, 6, 1, 4099, torch.bfloat16, cpu, blocks_per_row=3)),
+        # The interpreter runs each SHA-256 round as numpy calls: few keys, short tiles.
+        ("keyscan_hmac width 7 dual", lambda: check_keyscan_hmac(seed + 5, "cpu", widths=(7,), tile=8, count=3,
+                                                                 keys_per_program=(2,), forms=FORMS[1:2])),
+        ("keyscan_hmac width 2 single", lambda: check_keyscan_hmac(seed + 6, "cpu", widths=(2,), tile=8, count=2,
+                                                                   keys_per_program=(1,), forms=FORMS[:1])),
     ]
     for name, check in checks:
         t0 = time.perf_counter()

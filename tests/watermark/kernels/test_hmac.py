@@ -72,3 +72,10 @@ def test_verify_hmac_covers_keyed_coins_and_key_b_corrections(seed, cuda):
                                                          blocks_per_row=3).items():
             totals[name] = totals.get(name, 0) + count
     assert all(count > 0 for count in totals.values()), totals
+
+
+@pytest.mark.gpu
+def test_keyscan_hmac_gpu(seed, cuda):
+    checked = hmac_parity.check_keyscan_hmac(seed, "cuda", widths=(1, 4, 6, 7, 9, 16), tile=128,
+                                             keys_per_program=(1, 4, 16), count=20)
+    assert checked == 6 * 3 * 3
