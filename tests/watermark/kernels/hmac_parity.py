@@ -210,8 +210,9 @@ def main(seed: int) -> int:
         # The interpreter runs each SHA-256 round as numpy calls: few keys, short tiles.
         ("keyscan_hmac width 7 (two inner blocks) single", lambda: check_keyscan_hmac(
             seed + 5, "cpu", widths=(7,), tile=8, count=1, keys_per_program=(1,), forms=FORMS[:1], short=True)),
-        ("keyscan_hmac width 2 dual, 3 keys 2 a program", lambda: check_keyscan_hmac(
-            seed + 6, "cpu", widths=(2,), tile=8, count=3, keys_per_program=(2,), forms=FORMS[1:2], short=True)),
+        # (Key counts that are no multiple of a program's keys: the GPU test, 21 keys 4 a program.)
+        ("keyscan_hmac width 2 dual", lambda: check_keyscan_hmac(
+            seed + 6, "cpu", widths=(2,), tile=8, count=1, keys_per_program=(1,), forms=FORMS[1:2], short=True)),
     ]
     for name, check in checks:
         t0 = time.perf_counter()
