@@ -3,8 +3,9 @@
 Each key enters as its 16 midstate words (:func:`watermark.prf.sha256.midstates`, computed
 and cached by the PRF modules, which call this one), so one
 HMAC over a short message costs its inner blocks plus one outer compression: two for a
-``hmac-sha256-philox-v1`` context of width <= 7 and for a ``hmac-sha256-v1`` token of width
-<= 4. Bit for bit :mod:`watermark.prf.hmac_philox` and :mod:`watermark.prf.hmac_sha256`
+``hmac-sha256-philox-v1`` context of width <= 6 (three above), three for a ``hmac-sha256-v1``
+token at widths 2 to 4. Detection's passes (many positions) run LANES positions through each
+compression together. Bit for bit :mod:`watermark.prf.hmac_philox` and :mod:`watermark.prf.hmac_sha256`
 (tested against hashlib and vLLM's reference vectors).
 """
 
@@ -164,16 +165,6 @@ def _vs_word(mids, ctx, token, mb, msg, w, st):  # pragma: no cover - compiled
                      | (((v >> np.uint64(16)) & m8) << np.uint64(8)) | (v >> np.uint64(24)))
 
 
-def _vs_words_many(mids, contexts, tokens, out):  # pragma: no cover - compiled
-    mb = np.empty(256, dtype=np.uint8)
-    msg = np.empty(64, dtype=np.uint32)
-    w = np.empty(64, dtype=np.uint32)
-    st = np.empty(8, dtype=np.uint32)
-    for k in range(mids.shape[0]):
-        for p in range(contexts.shape[0]):
-            out[k, p] = _vs_word(mids[k], contexts[p], tokens[k, p], mb, msg, w, st)
-
-
 def _vs_words_rows(mids, contexts, tokens, out):  # pragma: no cover - compiled
     mb = np.empty(256, dtype=np.uint8)
     msg = np.empty(64, dtype=np.uint32)
@@ -303,11 +294,69 @@ def _hp_uniforms_lanes(mids, contexts, tokens, out, words, store_words):  # prag
                     words[k, start + j] = word
 
 
+def _vs_words_lanes(mids, contexts, tokens, out):  # pragma: no cover - compiled
+    """hmac-sha256-v1 words: out[k, p] of tokens[k, p] under key k (midstates mids[k], uint32
+    [K, 16]) at contexts[p], LANES positions through each compression together. Each lane's
+    message bytes are laid out as :func:`_vs_word` lays them out (little-endian fields), then
+    read as big-endian words."""
+    count, width = contexts.shape
+    nbytes = _VS_DOMAIN.shape[0] + 4 + 8 * (width + 1)
+    nblocks = (nbytes + 8) // 64 + 1
+    template = np.zeros(64 * nblocks, np.uint8)  # domain, width, the pad byte and the length
+    for i in range(_VS_DOMAIN.shape[0]):
+        template[i] = _VS_DOMAIN[i]
+    for i in range(4):
+        template[_VS_DOMAIN.shape[0] + i] = np.uint8((np.uint64(width) >> np.uint64(8 * i)) & np.uint64(0xFF))
+    template[nbytes] = np.uint8(0x80)
+    bits = np.uint64((64 + nbytes) * 8)
+    for i in range(8):
+        template[64 * nblocks - 1 - i] = np.uint8((bits >> np.uint64(8 * i)) & np.uint64(0xFF))
+    first = _VS_DOMAIN.shape[0] + 4  # the first byte of the context entries
+    mb = template.copy()
+    msg = np.zeros((16 * nblocks, LANES), np.uint32)
+    w = np.zeros((64, LANES), np.uint32)
+    st = np.empty((8, LANES), np.uint32)
+    v = np.empty((8, LANES), np.uint32)
+    m8 = np.uint64(0xFF)
+    for start in range(0, count, LANES):
+        n = min(LANES, count - start)
+        for k in range(mids.shape[0]):
+            for j in range(n):
+                for e in range(width + 1):
+                    value = np.uint64(contexts[start + j, e]) if e < width else np.uint64(tokens[k, start + j])
+                    for i in range(8):
+                        mb[first + 8 * e + i] = np.uint8((value >> np.uint64(8 * i)) & m8)
+                for i in range(16 * nblocks):
+                    msg[i, j] = np.uint32((np.uint64(mb[4 * i]) << np.uint64(24))
+                                          | (np.uint64(mb[4 * i + 1]) << np.uint64(16))
+                                          | (np.uint64(mb[4 * i + 2]) << np.uint64(8)) | np.uint64(mb[4 * i + 3]))
+            for r in range(8):
+                for j in range(n):
+                    st[r, j] = mids[k, r]
+            for blk in range(nblocks):
+                for i in range(16):
+                    for j in range(n):
+                        w[i, j] = msg[16 * blk + i, j]
+                _compress_lanes(st, w, n, v)
+            for i in range(8):
+                for j in range(n):
+                    w[i, j] = st[i, j]
+                    st[i, j] = mids[k, 8 + i]
+            for i in range(8, 16):
+                for j in range(n):
+                    w[i, j] = np.uint32(0x80000000) if i == 8 else (np.uint32(768) if i == 15 else np.uint32(0))
+            _compress_lanes(st, w, n, v)
+            for j in range(n):  # the digest's first 4 bytes, read little-endian
+                h = np.uint64(st[0, j])
+                out[k, start + j] = np.uint32(((h & m8) << np.uint64(24)) | (((h >> np.uint64(8)) & m8) << np.uint64(16))
+                                              | (((h >> np.uint64(16)) & m8) << np.uint64(8)) | (h >> np.uint64(24)))
+
+
 FUNCTIONS = {"_rotr": _rotr, "_compress": _compress, "_hmac_padded": _hmac_padded, "_pad_words": _pad_words,
              "_hp_digest": _hp_digest, "_hp_words_rows": _hp_words_rows,
-             "_hp_key_states": _hp_key_states, "_vs_word": _vs_word, "_vs_words_many": _vs_words_many,
+             "_hp_key_states": _hp_key_states, "_vs_word": _vs_word,
              "_vs_words_rows": _vs_words_rows, "_round_lanes": _round_lanes, "_schedule_lanes": _schedule_lanes,
-             "_compress_lanes": _compress_lanes,
+             "_compress_lanes": _compress_lanes, "_vs_words_lanes": _vs_words_lanes,
              "_hp_uniforms_lanes": _hp_uniforms_lanes}
 INLINE = ("_rotr", "_round_lanes", "_schedule_lanes")
 
@@ -386,7 +435,7 @@ def vllm_words_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) -> np
     if contexts.shape[0] and len(mids):
         tokens = np.asarray(tokens_by_key if isinstance(tokens_by_key, np.ndarray) else np.stack(tokens_by_key))
         tokens = np.ascontiguousarray(np.broadcast_to(tokens.astype(np.int64), (len(mids), contexts.shape[0])))
-        compiled()["_vs_words_many"](np.ascontiguousarray(mids, np.uint32), contexts, tokens, out)
+        compiled()["_vs_words_lanes"](np.ascontiguousarray(mids, np.uint32), contexts, tokens, out)
     return out
 
 
