@@ -70,10 +70,26 @@ def wide_rows(keys: Sequence["RowKeys"], device: torch.device | str = "cpu") -> 
                     wide=host_tensor(flags, torch.bool, device), mids_coin=host_tensor(mids_coin, torch.int64, device))
 
 
-def context_key_state_py(mids: torch.Tensor, row: int, context) -> tuple[int, tuple[int, int, int, int]]:
-    """(Philox key as an unsigned int, state) of ``context`` under row ``row``'s midstates in
-    ``mids`` [B, 16] (pure-Python HMAC from the midstates: the references' path)."""
-    return hmac_philox.context_key_state_from_midstates(tuple(int(v) for v in mids[row].tolist()), list(context))
+def context_key_states(mids: torch.Tensor, rows: Sequence[int],
+                       contexts: Sequence[Sequence[int]]) -> list[tuple[int, tuple[int, ...]]]:
+    """(Philox key as an unsigned int, state) of each ``contexts[i]`` under row ``rows[i]``'s
+    midstates in ``mids`` [B, 16]: the compiled HMAC pass in one call where numba is present
+    (speculative verification asks for up to k + 1 per row and step), else the pure-Python HMAC
+    from the midstates."""
+    if not len(rows):
+        return []
+    table = mids.cpu().numpy()[list(rows)].astype(np.uint32)
+    from watermark.prf import hmac_compiled
+
+    if hmac_compiled.compiled() is None:  # pragma: no cover - exercised where numba is missing
+        return [hmac_philox.context_key_state_from_midstates(tuple(int(v) for v in table[i]), list(c))
+                for i, c in enumerate(contexts)]
+    widths = np.array([len(c) for c in contexts], dtype=np.int64)
+    padded = np.zeros((len(contexts), max(1, int(widths.max()))), dtype=np.int64)
+    for i, c in enumerate(contexts):
+        padded[i, :len(c)] = c
+    keys, states = hmac_compiled.philox_key_states(table, padded, widths)
+    return [(int(k), tuple(int(v) for v in st)) for k, st in zip(keys, states)]
 
 
 def coin_mids(wide: WideRows) -> torch.Tensor:

@@ -84,14 +84,13 @@ def _wide_coins(rows: VerifyRows, k: int, coins: torch.Tensor) -> torch.Tensor:
     keyed = (rows.wide.wide & rows.keyed_coin).tolist()
     if not any(keyed):
         return coins
-    mids = hmac_rows.coin_mids(rows.wide)
-    coins = coins.clone()
     watermark = rows.watermark.tolist()
-    for b, flag in enumerate(keyed):
-        for j in range(k):
-            if flag and watermark[b][j]:
-                key, state = hmac_rows.context_key_state_py(mids, b, rows.contexts[b][j])
-                coins[b, j] = philox.uniform_py(philox.word_py(key, state, 0))
+    at = [(b, j) for b, flag in enumerate(keyed) if flag for j in range(k) if watermark[b][j]]
+    derived = hmac_rows.context_key_states(hmac_rows.coin_mids(rows.wide), [b for b, _ in at],
+                                           [rows.contexts[b][j] for b, j in at])
+    coins = coins.clone()
+    for (b, j), (key, state) in zip(at, derived):
+        coins[b, j] = philox.uniform_py(philox.word_py(key, state, 0))
     return coins
 
 
@@ -183,11 +182,12 @@ def _wide_corrections(rows: VerifyRows, at: torch.Tensor, watermark_at: torch.Te
     if not any(flags):
         return keys, states
     keys, states = keys.clone(), states.clone()
-    for b, flag in enumerate(flags):
-        if flag:
-            key, state = hmac_rows.context_key_state_py(rows.wide.mids_b, b, rows.contexts[b][int(at[b])])
-            keys[b] = key - 2**64 if key >= 2**63 else key
-            states[b] = torch.tensor(state, dtype=states.dtype)
+    marked = [b for b, flag in enumerate(flags) if flag]
+    derived = hmac_rows.context_key_states(rows.wide.mids_b, marked,
+                                           [rows.contexts[b][int(at[b])] for b in marked])
+    for b, (key, state) in zip(marked, derived):
+        keys[b] = key - 2**64 if key >= 2**63 else key
+        states[b] = torch.tensor(state, dtype=states.dtype)
     return keys, states
 
 
