@@ -50,4 +50,4 @@ grep -E "PASSED|FAILED|ERROR|passed|failed|Interrupt" "$OUT/pytest-gpu-hmac.txt"
 # 2. One benchmark process, sections in order of priority (a section the budget cannot fit is
 #    skipped and says so in $OUT/bench/sampler-h200.json).
 timeout --signal=INT 125 python3 -m bench.sampler_kernels --only "$SECTIONS" --vllm-from var/vllm-0.34 --skip-pytest \
-    --budget 118 --out "$OUT/bench" 2>&1 | tail -30 | log
+    --budget 110 --out "$OUT/bench" 2>&1 | tail -30 | log
