@@ -132,8 +132,8 @@ def section_hmac_keyscan(run: Run) -> None:
         key_tokens = keys * int(len(tokens))
         row = {"dual": dual, "texts": texts, "keys": keys, "positions": int(len(tokens)),
                "hmac_bit_exact_on_slice": bool(np.array_equal(got, want))}
-        row["philox_ms"] = _time_ms(lambda: philox_kernel.scan_stats(narrow_a, narrow_b if dual else None, columns, toks,
-                                                                     offs, 4, device_tables, keys_per_program=16))
+        row["philox_ms"] = _time_ms(lambda: philox_kernel.scan_stats(
+            narrow_a, narrow_b if dual else None, columns, toks, offs, 4, device_tables, keys_per_program=16))
         for keys_per_program, block in ((4, 128),):  # the GPU scan's launch shape (one compile)
             ms = _time_ms(lambda: scan_stats_hmac(mids, dual, columns, toks, offs, 4, device_tables,
                                                   keys_per_program=keys_per_program, block=block))

@@ -348,7 +348,8 @@ def _vs_words_lanes(mids, contexts, tokens, out):  # pragma: no cover - compiled
             _compress_lanes(st, w, n, v)
             for j in range(n):  # the digest's first 4 bytes, read little-endian
                 h = np.uint64(st[0, j])
-                out[k, start + j] = np.uint32(((h & m8) << np.uint64(24)) | (((h >> np.uint64(8)) & m8) << np.uint64(16))
+                out[k, start + j] = np.uint32(((h & m8) << np.uint64(24))
+                                              | (((h >> np.uint64(8)) & m8) << np.uint64(16))
                                               | (((h >> np.uint64(16)) & m8) << np.uint64(8)) | (h >> np.uint64(24)))
 
 
