@@ -241,4 +241,3 @@ def test_the_gpu_scan_gives_the_cpu_verdicts(store_env, tmp_path):
     scan_run.scan(tmp_path / "in.jsonl", tmp_path / "cpu.jsonl", KeySet.of(keys), settings, batch=7)
     assert _verdicts(tmp_path / "gpu.jsonl") == _verdicts(tmp_path / "cpu.jsonl")
     _check_against_detect(rows, _verdicts(tmp_path / "gpu.jsonl"), keys, DetectorConfig())
-
