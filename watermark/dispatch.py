@@ -122,24 +122,34 @@ def verify_padded(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_t
     position j of row b has the first ``widths[b]`` entries of ``contexts[b, j]`` ([B, k+1, C]
     int64; ``rows.contexts`` is not read). Nothing is read back on CUDA."""
     if target_probs.device.type == "cuda":
-        from watermark.kernels.speculative import verify as verify_kernel
-
-        out = verify_kernel(target_probs, draft_probs, draft_tokens, key_b=rows.key_b, key_coin=rows.key_coin,
-                            keyed_coin=rows.keyed_coin, contexts=contexts, widths=widths, watermark=rows.watermark,
-                            greedy=rows.greedy, stream_keys=rows.stream_keys, positions=rows.positions)
-        return VerifyResult(tokens=out.tokens, num_accepted=out.num_accepted, routes=out.routes)
+        return _verify_kernel(target_probs, draft_probs, draft_tokens, rows, contexts, widths)
     table = [[tuple(ctx[:w]) for ctx in block] for block, w in zip(contexts.tolist(), widths.tolist())]
     return verify(target_probs, draft_probs, draft_tokens, dataclasses.replace(rows, contexts=table))
 
 
 def verify_cuda(target_probs, draft_probs, draft_tokens, rows: VerifyRows) -> VerifyResult:
-    from watermark.kernels.speculative import verify as verify_kernel
-
     batch, k = draft_tokens.shape
     flat, flat_widths = padded_contexts([c for row in rows.contexts for c in row], target_probs.device)
     contexts = flat.reshape(batch, k + 1, -1)
     widths = flat_widths.reshape(batch, k + 1)[:, 0].contiguous()
-    out = verify_kernel(target_probs, draft_probs, draft_tokens, key_b=rows.key_b, key_coin=rows.key_coin,
-                        keyed_coin=rows.keyed_coin, contexts=contexts, widths=widths, watermark=rows.watermark,
-                        greedy=rows.greedy, stream_keys=rows.stream_keys, positions=rows.positions)
+    return _verify_kernel(target_probs, draft_probs, draft_tokens, rows, contexts, widths)
+
+
+def _verify_kernel(target_probs, draft_probs, draft_tokens, rows: VerifyRows, contexts: torch.Tensor,
+                   widths: torch.Tensor) -> VerifyResult:
+    """The Philox verification kernel, or (rows with 256-bit keys) the HMAC positions' setup
+    and its twin (:mod:`watermark.kernels.hmac_verify`)."""
+    args = dict(key_b=rows.key_b, key_coin=rows.key_coin, keyed_coin=rows.keyed_coin, contexts=contexts,
+                widths=widths, watermark=rows.watermark, greedy=rows.greedy, stream_keys=rows.stream_keys,
+                positions=rows.positions)
+    if rows.wide is not None:
+        from watermark.hmac_rows import coin_mids
+        from watermark.kernels.hmac_verify import verify_hmac
+
+        out = verify_hmac(target_probs, draft_probs, draft_tokens, **args, wide=rows.wide.wide,
+                          mids_b=rows.wide.mids_b, mids_coin=coin_mids(rows.wide))
+    else:
+        from watermark.kernels.speculative import verify as verify_kernel
+
+        out = verify_kernel(target_probs, draft_probs, draft_tokens, **args)
     return VerifyResult(tokens=out.tokens, num_accepted=out.num_accepted, routes=out.routes)

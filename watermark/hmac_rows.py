@@ -37,6 +37,9 @@ class WideRows:
     mids_a: torch.Tensor
     mids_b: torch.Tensor
     wide: torch.Tensor
+    mids_coin: torch.Tensor | None = None
+    """[B, 16] midstates of the keyed acceptance coin's key (speculative verification with
+    ``keyed_coin``); None where no row verifies with a keyed coin (the plain samplers)."""
 
 
 def is_wide(keys: "RowKeys") -> bool:
@@ -62,8 +65,38 @@ def wide_rows(keys: Sequence["RowKeys"], device: torch.device | str = "cpu") -> 
     zero = (0,) * MID_WORDS
     mids_a = [hmac_philox.midstates(k.key_a) if f else zero for k, f in zip(keys, flags)]
     mids_b = [hmac_philox.midstates(k.key_b) if f else zero for k, f in zip(keys, flags)]
+    mids_coin = [hmac_philox.midstates(k.key_coin) if f else zero for k, f in zip(keys, flags)]
     return WideRows(mids_a=host_tensor(mids_a, torch.int64, device), mids_b=host_tensor(mids_b, torch.int64, device),
-                    wide=host_tensor(flags, torch.bool, device))
+                    wide=host_tensor(flags, torch.bool, device), mids_coin=host_tensor(mids_coin, torch.int64, device))
+
+
+def context_key_states(mids: torch.Tensor, rows: Sequence[int],
+                       contexts: Sequence[Sequence[int]]) -> list[tuple[int, tuple[int, ...]]]:
+    """(Philox key as an unsigned int, state) of each ``contexts[i]`` under row ``rows[i]``'s
+    midstates in ``mids`` [B, 16]: the compiled HMAC pass in one call where numba is present
+    (speculative verification asks for up to k + 1 per row and step), else the pure-Python HMAC
+    from the midstates."""
+    if not len(rows):
+        return []
+    table = mids.cpu().numpy()[list(rows)].astype(np.uint32)
+    from watermark.prf import hmac_compiled
+
+    if hmac_compiled.compiled() is None:  # pragma: no cover - exercised where numba is missing
+        return [hmac_philox.context_key_state_from_midstates(tuple(int(v) for v in table[i]), list(c))
+                for i, c in enumerate(contexts)]
+    widths = np.array([len(c) for c in contexts], dtype=np.int64)
+    padded = np.zeros((len(contexts), max(1, int(widths.max()))), dtype=np.int64)
+    for i, c in enumerate(contexts):
+        padded[i, :len(c)] = c
+    keys, states = hmac_compiled.philox_key_states(table, padded, widths)
+    return [(int(k), tuple(int(v) for v in st)) for k, st in zip(keys, states)]
+
+
+def coin_mids(wide: WideRows) -> torch.Tensor:
+    """The keyed coin's midstates, refusing rows made without them."""
+    if wide.mids_coin is None:
+        raise ValueError("256-bit rows verified with a keyed coin need mids_coin (hmac_rows.wide_rows makes it)")
+    return wide.mids_coin
 
 
 def override_cpu(wide: WideRows | None, use_b: np.ndarray, watermark: np.ndarray, contexts: np.ndarray,

@@ -159,6 +159,20 @@ def scan_stats_reference(keys_a: np.ndarray, keys_b: np.ndarray | None, contexts
     return scan_stats_from_words(words[0], None if keys_b is None else words[1], offsets, tables)
 
 
+def scan_stats_hmac_reference(keys_a, keys_b, contexts: np.ndarray, tokens: np.ndarray, offsets: np.ndarray,
+                              tables: ScanTables) -> np.ndarray:
+    """:func:`scan_stats_reference` for 256-bit ``hmac-sha256-philox-v1`` keys (Python ints,
+    keys_b None for single keys): hashlib's HMAC per position and key
+    (:func:`watermark.prf.hmac_philox.words_reference`), then the same statistics. The reference
+    of :mod:`watermark.kernels.keyscan_hmac`."""
+    from watermark.prf import hmac_philox
+
+    streams = [list(keys_a)] if keys_b is None else [list(keys_a), list(keys_b)]
+    words = [np.stack([hmac_philox.words_reference(int(k), contexts, tokens) for k in keys])
+             if len(keys) else np.zeros((0, len(tokens)), np.uint64) for keys in streams]
+    return scan_stats_from_words(words[0], None if keys_b is None else words[1], offsets, tables)
+
+
 def scan_stats_from_words(words_a: np.ndarray, words_b: np.ndarray | None, offsets: np.ndarray,
                           tables: ScanTables) -> np.ndarray:
     """:func:`scan_stats_reference` from the PRF words themselves (words_a, words_b [K, P],

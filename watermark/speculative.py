@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from watermark import stream
+from watermark import hmac_rows, stream
 from watermark.prf import philox, philox_torch
 from watermark.gumbel import exponential_race_cpu
 from watermark.results import ROUTE_GREEDY, ROUTE_KEY_A, ROUTE_KEY_B, ROUTE_PLAIN, VerifyResult
@@ -55,20 +55,43 @@ class VerifyRows:
     """[B] int64"""
     positions: torch.Tensor
     """[B] int64: output position of the block's first token."""
+    wide: hmac_rows.WideRows | None = None
+    """Rows with 256-bit keys (``hmac-sha256-philox-v1``): their key B and coin key as HMAC
+    midstates (their ``key_b`` / ``key_coin`` hold 0), or None when every key is 64-bit. Such
+    a row's keyed coin and correction draw use the per-context Philox key and state of the
+    HMAC of the position's context, exactly as its sampler rows do (:mod:`watermark.hmac_rows`)."""
 
 
 def coin_values(rows: VerifyRows, k: int) -> torch.Tensor:
     """Acceptance coins [B, k]: keyed where asked and watermarked, else the stream's.
     Plain-int Philox on the CPU (a few values per step), tensors elsewhere."""
     if rows.stream_keys.device.type != "cpu":
-        return coin_values_torch(rows, k)
+        return _wide_coins(rows, k, coin_values_torch(rows, k))
     batch = rows.stream_keys.shape[0]
     skeys, ckeys = unsigned_keys(rows.stream_keys), unsigned_keys(rows.key_coin)
     keyed, watermark, positions = rows.keyed_coin.tolist(), rows.watermark.tolist(), rows.positions.tolist()
     coins = [[philox.uniform_py(philox.word_py(ckeys[b], philox.context_state_py(ckeys[b], rows.contexts[b][j]), 0))
               if keyed[b] and watermark[b][j] else stream_coin_py(skeys[b], positions[b] + j, stream.LANE_ACCEPT)
               for j in range(k)] for b in range(batch)]
-    return torch.tensor(coins, dtype=torch.float32).reshape(batch, k)
+    return _wide_coins(rows, k, torch.tensor(coins, dtype=torch.float32).reshape(batch, k))
+
+
+def _wide_coins(rows: VerifyRows, k: int, coins: torch.Tensor) -> torch.Tensor:
+    """``coins`` with the keyed coins of 256-bit rows replaced: PRF(key_coin, context_j, 0)
+    under ``hmac-sha256-philox-v1`` (the HMAC-derived Philox key and state, token 0)."""
+    if rows.wide is None or k == 0:
+        return coins
+    keyed = (rows.wide.wide & rows.keyed_coin).tolist()
+    if not any(keyed):
+        return coins
+    watermark = rows.watermark.tolist()
+    at = [(b, j) for b, flag in enumerate(keyed) if flag for j in range(k) if watermark[b][j]]
+    derived = hmac_rows.context_key_states(hmac_rows.coin_mids(rows.wide), [b for b, _ in at],
+                                           [rows.contexts[b][j] for b, j in at])
+    coins = coins.clone()
+    for (b, j), (key, state) in zip(at, derived):
+        coins[b, j] = philox.uniform_py(philox.word_py(key, state, 0))
+    return coins
 
 
 def coin_values_torch(rows: VerifyRows, k: int) -> torch.Tensor:
@@ -118,6 +141,7 @@ def verify_reference(target_probs: torch.Tensor, draft_probs: torch.Tensor, draf
     watermark_at = rows.watermark.gather(1, at.unsqueeze(-1)).squeeze(-1)
     keys = torch.where(watermark_at, rows.key_b, rows.stream_keys)
     states = correction_states(rows, at, keys, watermark_at)
+    keys, states = _wide_corrections(rows, at, watermark_at, keys, states)
     correction = race(weights, keys, states)
     correction = torch.where(rows.greedy, greedy_target.gather(1, at.unsqueeze(-1)).squeeze(-1), correction)
 
@@ -146,6 +170,25 @@ def correction_states(rows: VerifyRows, at: torch.Tensor, keys: torch.Tensor,
             for k, ctx, wm, pos in zip(unsigned_keys(keys), contexts_at, watermark_at.tolist(),
                                        (rows.positions + at).tolist())], dtype=torch.int64).reshape(batch, 4)
     return correction_states_torch(rows, at, watermark_at)
+
+
+def _wide_corrections(rows: VerifyRows, at: torch.Tensor, watermark_at: torch.Tensor, keys: torch.Tensor,
+                      states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keys [B], states [B, 4]) of the correction draws with 256-bit rows' replaced: key B's
+    HMAC-derived Philox key and state at the correction position's context."""
+    if rows.wide is None:
+        return keys, states
+    flags = (rows.wide.wide & watermark_at).tolist()
+    if not any(flags):
+        return keys, states
+    keys, states = keys.clone(), states.clone()
+    marked = [b for b, flag in enumerate(flags) if flag]
+    derived = hmac_rows.context_key_states(rows.wide.mids_b, marked,
+                                           [rows.contexts[b][int(at[b])] for b in marked])
+    for b, (key, state) in zip(marked, derived):
+        keys[b] = key - 2**64 if key >= 2**63 else key
+        states[b] = torch.tensor(state, dtype=states.dtype)
+    return keys, states
 
 
 def correction_states_torch(rows: VerifyRows, at: torch.Tensor, watermark_at: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from bench.sampler_kernels.hmac_kernels import section_hmac_keyscan, section_hmac_verify
 from bench.sampler_kernels.harness import (BANDWIDTH, QUICK_BUDGET_S, QUICK_PYTEST_K, REFERENCE_TIMED, REPO, Run, S,
                                            copy_previous, load_previous, table)
 from bench.sampler_kernels.sampler import (headline, section_bounded, section_compare_b256, section_dense, section_pruning,
@@ -15,6 +16,7 @@ from bench.sampler_kernels.sampler import (headline, section_bounded, section_co
 from bench.sampler_kernels.sections import (section_dedup, section_dedup_parity, section_device, section_error_bound,
                                             section_pytest, section_speculative, section_warm_up)
 from bench.sampler_kernels.vllm_draft import section_hmac_sampler, section_vllm_draft, section_vllm_temperature
+from bench.sampler_kernels.vllm_generate import section_vllm_generate
 from bench.sampler_kernels.vllm_side import prepare_vllm, section_vllm
 
 
@@ -79,6 +81,9 @@ def main() -> int:
         "vllm_draft": (lambda: section_vllm_draft(run, options.vllm_from), 10),
         "vllm_temperature": (lambda: section_vllm_temperature(run, options.vllm_from), 5),
         "hmac_sampler": (lambda: section_hmac_sampler(run), 10),
+        "hmac_verify": (lambda: section_hmac_verify(run), 8),
+        "hmac_keyscan": (lambda: section_hmac_keyscan(run), 10),
+        "vllm_generate": (lambda: section_vllm_generate(run, options.vllm_from), 10),
         "pruning_sweep": (lambda: section_pruning_sweep(run), 20),
         "bounded": (lambda: section_bounded(run), 20),
         "sampler_bf16_b256_b1": (lambda: section_sampler(run, (S.big, S.small), (bf16,), ("normal", "zipf"),

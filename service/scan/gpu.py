@@ -42,10 +42,36 @@ class GpuScanner:
                       if p.screened]
         self.keys = []
         for p in self.plans:
+            if p.group.wide is not None:
+                # 256-bit keys: hmac-sha256-philox-v1's midstates for its kernel; vLLM's per-token
+                # HMAC (hmac-sha256-v1) has no kernel: its words come from the CPU pass (None).
+                self.keys.append(self._wide_keys(p.group))
+                continue
             a = torch.from_numpy(p.group.keys_a.view(np.int64)).to(self.device)
             b = None if p.group.keys_b is None else torch.from_numpy(p.group.keys_b.view(np.int64)).to(self.device)
             self.keys.append((a, b))
         self._tables: dict[tuple[int, int], object] = {}
+
+    def _wide_keys(self, group):
+        from watermark import prf
+
+        if prf.canonical_name(group.spec.prf) != prf.HMAC_PHILOX_V1:
+            return None
+        from watermark.kernels.keyscan_hmac import midstates_tensor
+
+        keys_a, keys_b = group.wide
+        return midstates_tensor(keys_a, keys_b, self.device), keys_b is not None
+
+    def _cpu_wide(self, number: int, contexts, tokens, offsets, longest: int) -> np.ndarray:
+        """Statistics [T, g, 4] of a 256-bit group without a kernel: the PRF's compiled words."""
+        from watermark import prf
+
+        p = self.plans[number]
+        impl = prf.lookup(p.group.spec.prf)
+        keys_a, keys_b = p.group.wide
+        words_a = impl.words_many(keys_a, contexts, tokens)
+        words_b = None if keys_b is None else impl.words_many(keys_b, contexts, tokens)
+        return keyscan.scan_stats_from_words(words_a, words_b, offsets, group_tables(p, longest))
 
     def _device_tables(self, number: int, longest: int):
         size = max(1024, 1 << max(0, longest).bit_length())
@@ -78,12 +104,24 @@ class GpuScanner:
                 columns = torch.from_numpy(context_columns(contexts).view(np.int32)).to(self.device)
                 toks = torch.from_numpy((tokens & 0xFFFFFFFF).astype(np.uint32).view(np.int32)).to(self.device)
                 offs = torch.from_numpy(offsets).to(self.device)
-                packed[family] = (columns, toks, offs, width, int(np.diff(offsets).max(initial=0)))
-            columns, toks, offs, width, longest = packed[family]
+                packed[family] = (columns, toks, offs, width, int(np.diff(offsets).max(initial=0)),
+                                  (contexts, tokens, offsets))
+            columns, toks, offs, width, longest, host = packed[family]
             if longest > keyscan.MAX_POSITIONS:
                 raise ValueError(f"a text has more than {keyscan.MAX_POSITIONS} scored tokens")
-            keys_a, keys_b = self.keys[number]
-            result = self.kernel.scan_stats(keys_a, keys_b, columns, toks, offs, width,
-                                            self._device_tables(number, longest), keys_per_program=16)
+            keys = self.keys[number]
+            if p.group.wide is not None:
+                if keys is None:
+                    out[:, p.group.indices] = self._cpu_wide(number, *host, longest)
+                    continue
+                from watermark.kernels.keyscan_hmac import scan_stats_hmac
+
+                mids, dual = keys
+                result = scan_stats_hmac(mids, dual, columns, toks, offs, width, self._device_tables(number, longest),
+                                         keys_per_program=4)
+            else:
+                keys_a, keys_b = keys
+                result = self.kernel.scan_stats(keys_a, keys_b, columns, toks, offs, width,
+                                                self._device_tables(number, longest), keys_per_program=16)
             out[:, p.group.indices] = result.cpu().numpy()
         return list(out)

@@ -109,3 +109,55 @@ def test_row_keys_carry_the_prf():
     assert key.prf_secret == KEY
     dual = WatermarkKey(KEY, WatermarkSpec(prf="hmac-sha256-philox-v1", algorithm="dual_key_gumbel"))
     assert max(dual.key_a, dual.key_b, dual.key_coin).bit_length() > 64  # sub-keys stay 256-bit
+
+
+def _verify_rows(keys: list[RowKeys], contexts, *, keyed_coin: bool, watermark=None):
+    from watermark import hmac_rows, speculative
+    from watermark.prf import philox_torch
+
+    n, positions = len(keys), len(contexts[0])
+    return speculative.VerifyRows(
+        key_b=philox_torch.keys_tensor([hmac_rows.narrow_key(k, "key_b") for k in keys], "cpu"),
+        key_coin=philox_torch.keys_tensor([hmac_rows.narrow_key(k, "key_coin") for k in keys], "cpu"),
+        keyed_coin=torch.tensor([keyed_coin] * n), contexts=contexts,
+        watermark=torch.tensor(watermark or [[True] * positions] * n), greedy=torch.zeros(n, dtype=torch.bool),
+        stream_keys=torch.tensor([21 + i for i in range(n)]), positions=torch.tensor([5 * i for i in range(n)]),
+        wide=hmac_rows.wide_rows(keys))
+
+
+def test_speculative_verification_of_a_256_bit_dual_key_uses_its_prf():
+    """Keyed coins are PRF(key_coin, context_j, 0) and the correction is the ratio race under
+    key B's HMAC-derived key and state at its position, as detection recomputes them."""
+    from watermark import speculative
+    from watermark.gumbel import exponential_race_reference
+
+    dual = WatermarkKey(2**256 - 99, WatermarkSpec(prf="hmac-sha256-philox-v1", algorithm="dual_key_gumbel"))
+    keys = [dual.row_keys(), WatermarkKey(5, WatermarkSpec(algorithm="dual_key_gumbel")).row_keys()]
+    k, vocab = 3, 600
+    gen = torch.Generator().manual_seed(8)
+    p = torch.softmax(torch.randn(2, k + 1, vocab, generator=gen) * 2, -1)
+    q = torch.softmax(torch.randn(2, k, vocab, generator=gen) * 2, -1)
+    drafts = torch.stack([torch.multinomial(q[:, j], 1, generator=gen).squeeze(-1) for j in range(k)], -1)
+    contexts = [speculative.block_contexts((3, 4, 5, 6), d) for d in drafts.tolist()]
+    rows = _verify_rows(keys, contexts, keyed_coin=True)
+    coins = speculative.coin_values(rows, k)
+    impl = hmac_philox.HMAC_PHILOX
+    for j in range(k):
+        want = impl.uniforms(dual.key_coin, np.array([contexts[0][j]]), np.array([0]))[0]
+        assert float(coins[0, j]) == float(want)
+    assert torch.equal(coins[1], speculative.coin_values(dataclasses.replace(rows, wide=None), k)[1])
+    got = speculative.verify_reference(p, q, drafts, rows, race=exponential_race_reference)
+    at = int(got.num_accepted[0])
+    assert int(got.routes[0, at]) == ROUTE_KEY_B
+    key, state = hmac_philox.context_key_state(dual.key_b, contexts[0][at])
+    weights = (p[0, at] - (q[0, at] if at < k else 0)).clamp(min=0)
+    weights = weights if float(weights.sum()) > 0 else p[0, at]
+    want = exponential_race_reference(weights.unsqueeze(0), torch.tensor([key - 2**64 if key >= 2**63 else key]),
+                                      torch.tensor([state], dtype=torch.int64))
+    assert int(got.tokens[0, at]) == int(want[0])
+    # the 64-bit row is what it is without a 256-bit neighbour
+    alone = speculative.verify_reference(p[1:], q[1:], drafts[1:], dataclasses.replace(
+        rows, key_b=rows.key_b[1:], key_coin=rows.key_coin[1:], keyed_coin=rows.keyed_coin[1:], contexts=contexts[1:],
+        watermark=rows.watermark[1:], greedy=rows.greedy[1:], stream_keys=rows.stream_keys[1:],
+        positions=rows.positions[1:], wide=None), race=exponential_race_reference)
+    assert torch.equal(alone.tokens[0], got.tokens[1])

@@ -12,6 +12,11 @@
 * :mod:`watermark.kernels.gumbel` -- the fused batched sampler (``gumbel_sample``) and the
   CUDA paths of :func:`watermark.dispatch.gumbel_argmax` / :func:`~watermark.dispatch.exponential_race`;
 * :mod:`watermark.kernels.speculative` -- fused speculative verification;
+* :mod:`watermark.kernels.hmac` -- ``hmac-sha256-philox-v1``: SHA-256/HMAC building blocks, the
+  rows' HMAC setup and the fused sampler with 256-bit rows;
+* :mod:`watermark.kernels.hmac_verify` -- fused speculative verification with 256-bit rows;
+* :mod:`watermark.kernels.keyscan` / :mod:`watermark.kernels.keyscan_hmac` -- the corpus scan's
+  statistics of many keys over many texts (Philox keys; 256-bit keys);
 * :mod:`watermark.kernels.dedup` -- per-request hashed context deduplication on the GPU;
 * :mod:`watermark.kernels.registry` -- the specialisations each kernel can be launched
   with, and ``warm_up`` that compiles all of them at engine start.

@@ -3,8 +3,9 @@
 Each key enters as its 16 midstate words (:func:`watermark.prf.sha256.midstates`, computed
 and cached by the PRF modules, which call this one), so one
 HMAC over a short message costs its inner blocks plus one outer compression: two for a
-``hmac-sha256-philox-v1`` context of width <= 7 and for a ``hmac-sha256-v1`` token of width
-<= 4. Bit for bit :mod:`watermark.prf.hmac_philox` and :mod:`watermark.prf.hmac_sha256`
+``hmac-sha256-philox-v1`` context of width <= 6 (three above), three for a ``hmac-sha256-v1``
+token at widths 2 to 4. Detection's passes (many positions) run LANES positions through each
+compression together. Bit for bit :mod:`watermark.prf.hmac_philox` and :mod:`watermark.prf.hmac_sha256`
 (tested against hashlib and vLLM's reference vectors).
 """
 
@@ -164,16 +165,6 @@ def _vs_word(mids, ctx, token, mb, msg, w, st):  # pragma: no cover - compiled
                      | (((v >> np.uint64(16)) & m8) << np.uint64(8)) | (v >> np.uint64(24)))
 
 
-def _vs_words_many(mids, contexts, tokens, out):  # pragma: no cover - compiled
-    mb = np.empty(256, dtype=np.uint8)
-    msg = np.empty(64, dtype=np.uint32)
-    w = np.empty(64, dtype=np.uint32)
-    st = np.empty(8, dtype=np.uint32)
-    for k in range(mids.shape[0]):
-        for p in range(contexts.shape[0]):
-            out[k, p] = _vs_word(mids[k], contexts[p], tokens[k, p], mb, msg, w, st)
-
-
 def _vs_words_rows(mids, contexts, tokens, out):  # pragma: no cover - compiled
     mb = np.empty(256, dtype=np.uint8)
     msg = np.empty(64, dtype=np.uint32)
@@ -187,77 +178,98 @@ def _vs_words_rows(mids, contexts, tokens, out):  # pragma: no cover - compiled
 # --------------------------------------------------------------------------- many positions at once
 # Detection hashes every scored position of a text under each key: LANES positions go through
 # each compression together, so the loop over them (innermost) vectorises; a single HMAC's
-# rounds are one long dependency chain and leave most of the core idle. About 10x the
-# one-position-at-a-time rate (bench/results/prf-detect-cpu.json). Words are held in uint64
-# (numba widens uint32 arithmetic), masked to 32 bits.
-LANES = 64
-_K64 = _K.astype(np.uint64)
-_HP_DOMAIN64 = _HP_DOMAIN.astype(np.uint64)
+# rounds are one long dependency chain and leave most of the core idle. Lane data is uint32
+# (eight lanes to an AVX2 register; the arithmetic is widened to uint64 and masked, as numba
+# types it), each working variable a row of its own, and a round names its eight rows
+# statically (eight rounds unrolled, the variables' roles rotating through the calls) so
+# that the compiler sees eight distinct rows, not rows picked by runtime indices.
+# bench/results/prf-detect-cpu.json has the figures.
+LANES = 128
+
+
+def _round_lanes(a, b, c, d, e, f, g, h, k, w, n):  # pragma: no cover - compiled
+    """One SHA-256 round over n lanes: d += T1 and h <- T1 + T2 (the new a; the caller rotates)."""
+    kk = np.uint64(k)
+    for j in range(n):
+        ej = np.uint64(e[j])
+        aj = np.uint64(a[j])
+        big1 = (((ej >> np.uint64(6)) | (ej << np.uint64(26))) ^ ((ej >> np.uint64(11)) | (ej << np.uint64(21)))
+                ^ ((ej >> np.uint64(25)) | (ej << np.uint64(7)))) & _M32
+        ch = (ej & np.uint64(f[j])) ^ ((ej ^ _M32) & np.uint64(g[j]))
+        t1 = np.uint64(h[j]) + big1 + ch + kk + np.uint64(w[j])
+        big0 = (((aj >> np.uint64(2)) | (aj << np.uint64(30))) ^ ((aj >> np.uint64(13)) | (aj << np.uint64(19)))
+                ^ ((aj >> np.uint64(22)) | (aj << np.uint64(10)))) & _M32
+        bj = np.uint64(b[j])
+        cj = np.uint64(c[j])
+        d[j] = np.uint32((np.uint64(d[j]) + t1) & _M32)
+        h[j] = np.uint32((t1 + big0 + ((aj & bj) ^ (aj & cj) ^ (bj & cj))) & _M32)
+
+
+def _schedule_lanes(w, i, n):  # pragma: no cover - compiled
+    """Message schedule word i (16 <= i < 64) of n lanes, from the rows before it."""
+    x, y, early, mid, out = w[i - 15], w[i - 2], w[i - 16], w[i - 7], w[i]
+    for j in range(n):
+        xj = np.uint64(x[j])
+        yj = np.uint64(y[j])
+        s0 = (((xj >> np.uint64(7)) | (xj << np.uint64(25))) ^ ((xj >> np.uint64(18)) | (xj << np.uint64(14)))
+              ^ (xj >> np.uint64(3))) & _M32
+        s1 = (((yj >> np.uint64(17)) | (yj << np.uint64(15))) ^ ((yj >> np.uint64(19)) | (yj << np.uint64(13)))
+              ^ (yj >> np.uint64(10))) & _M32
+        out[j] = np.uint32((np.uint64(early[j]) + s0 + np.uint64(mid[j]) + s1) & _M32)
 
 
 def _compress_lanes(st, w, n, v):  # pragma: no cover - compiled
     """st [8, LANES] <- the compression of w[:16, :n] into it, lane by lane (w [64, LANES],
-    v [8, LANES]: scratch). The eight working variables rotate through v's rows."""
+    v [8, LANES]: scratch; all uint32)."""
     for i in range(16, 64):
-        for j in range(n):
-            x = w[i - 15, j]
-            y = w[i - 2, j]
-            s0 = (((x >> np.uint64(7)) | (x << np.uint64(25))) ^ ((x >> np.uint64(18)) | (x << np.uint64(14)))
-                  ^ (x >> np.uint64(3))) & _M32
-            s1 = (((y >> np.uint64(17)) | (y << np.uint64(15))) ^ ((y >> np.uint64(19)) | (y << np.uint64(13)))
-                  ^ (y >> np.uint64(10))) & _M32
-            w[i, j] = (w[i - 16, j] + s0 + w[i - 7, j] + s1) & _M32
+        _schedule_lanes(w, i, n)
     for r in range(8):
         for j in range(n):
             v[r, j] = st[r, j]
-    for i in range(64):
-        ia = (8 - i % 8) % 8  # row of a at round i; b .. h follow it
-        ib, ic, idd = (ia + 1) % 8, (ia + 2) % 8, (ia + 3) % 8
-        ie, iff, ig, ih = (ia + 4) % 8, (ia + 5) % 8, (ia + 6) % 8, (ia + 7) % 8
-        k = _K64[i]
-        for j in range(n):
-            a, b, c, d = v[ia, j], v[ib, j], v[ic, j], v[idd, j]
-            e, f, g, h = v[ie, j], v[iff, j], v[ig, j], v[ih, j]
-            big1 = (((e >> np.uint64(6)) | (e << np.uint64(26))) ^ ((e >> np.uint64(11)) | (e << np.uint64(21)))
-                    ^ ((e >> np.uint64(25)) | (e << np.uint64(7)))) & _M32
-            t1 = (h + big1 + ((e & f) ^ ((e ^ _M32) & g)) + k + w[i, j]) & _M32
-            big0 = (((a >> np.uint64(2)) | (a << np.uint64(30))) ^ ((a >> np.uint64(13)) | (a << np.uint64(19)))
-                    ^ ((a >> np.uint64(22)) | (a << np.uint64(10)))) & _M32
-            v[ih, j] = (t1 + big0 + ((a & b) ^ (a & c) ^ (b & c))) & _M32  # the new a
-            v[idd, j] = (d + t1) & _M32  # the new e
+    a, b, c, d, e, f, g, h = v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]
+    for i in range(0, 64, 8):
+        _round_lanes(a, b, c, d, e, f, g, h, _K[i], w[i], n)
+        _round_lanes(h, a, b, c, d, e, f, g, _K[i + 1], w[i + 1], n)
+        _round_lanes(g, h, a, b, c, d, e, f, _K[i + 2], w[i + 2], n)
+        _round_lanes(f, g, h, a, b, c, d, e, _K[i + 3], w[i + 3], n)
+        _round_lanes(e, f, g, h, a, b, c, d, _K[i + 4], w[i + 4], n)
+        _round_lanes(d, e, f, g, h, a, b, c, _K[i + 5], w[i + 5], n)
+        _round_lanes(c, d, e, f, g, h, a, b, _K[i + 6], w[i + 6], n)
+        _round_lanes(b, c, d, e, f, g, h, a, _K[i + 7], w[i + 7], n)
     for r in range(8):
         for j in range(n):
-            st[r, j] = (st[r, j] + v[r, j]) & _M32
+            st[r, j] = np.uint32((np.uint64(st[r, j]) + np.uint64(v[r, j])) & _M32)
 
 
 def _hp_uniforms_lanes(mids, contexts, tokens, out, words, store_words):  # pragma: no cover - compiled
-    """out[k, p] = the uniform of tokens[k, p] under key k (midstates mids[k], uint64 [K, 16]) at
+    """out[k, p] = the uniform of tokens[k, p] under key k (midstates mids[k], uint32 [K, 16]) at
     contexts[p], LANES positions at a time."""
     count, width = contexts.shape
-    w = np.empty((64, LANES), np.uint64)
-    st = np.empty((8, LANES), np.uint64)
-    v = np.empty((8, LANES), np.uint64)
-    msg = np.zeros((32, LANES), np.uint64)
+    w = np.zeros((64, LANES), np.uint32)
+    st = np.empty((8, LANES), np.uint32)
+    v = np.empty((8, LANES), np.uint32)
+    msg = np.zeros((32, LANES), np.uint32)
     nwords = 7 + width
     nblocks = (nwords + 2) // 16 + 1
-    bits = np.uint64((64 + 4 * nwords) * 8)
-    for k in range(mids.shape[0]):
-        for start in range(0, count, LANES):
-            n = min(LANES, count - start)
-            for i in range(16 * nblocks):
-                for j in range(n):
-                    msg[i, j] = 0
-            for i in range(6):
-                for j in range(n):
-                    msg[i, j] = _HP_DOMAIN64[i]
+    bits = np.uint32((64 + 4 * nwords) * 8)
+    for start in range(0, count, LANES):
+        n = min(LANES, count - start)
+        # The inner message of each lane: the same for every key.
+        for i in range(16 * nblocks):
             for j in range(n):
-                msg[6, j] = np.uint64(width)
-            for e in range(width):
-                for j in range(n):
-                    msg[7 + e, j] = np.uint64(contexts[start + j, e]) & _M32
+                msg[i, j] = 0
+        for i in range(6):
             for j in range(n):
-                msg[nwords, j] = np.uint64(0x80000000)
-                msg[16 * nblocks - 1, j] = bits
+                msg[i, j] = _HP_DOMAIN[i]
+        for j in range(n):
+            msg[6, j] = np.uint32(width)
+        for e in range(width):
+            for j in range(n):
+                msg[7 + e, j] = np.uint32(np.uint64(contexts[start + j, e]) & _M32)
+        for j in range(n):
+            msg[nwords, j] = np.uint32(0x80000000)
+            msg[16 * nblocks - 1, j] = bits
+        for k in range(mids.shape[0]):
             for r in range(8):
                 for j in range(n):
                     st[r, j] = mids[k, r]
@@ -272,23 +284,82 @@ def _hp_uniforms_lanes(mids, contexts, tokens, out, words, store_words):  # prag
                     st[i, j] = mids[k, 8 + i]
             for i in range(8, 16):
                 for j in range(n):
-                    w[i, j] = np.uint64(0x80000000) if i == 8 else (np.uint64(768) if i == 15 else np.uint64(0))
+                    w[i, j] = np.uint32(0x80000000) if i == 8 else (np.uint32(768) if i == 15 else np.uint32(0))
             _compress_lanes(st, w, n, v)
             for j in range(n):
-                word = _token_word(tokens[k, start + j], np.uint32(st[0, j]), np.uint32(st[1, j]),
-                                   np.uint32(st[2, j]), np.uint32(st[3, j]), np.uint32(st[4, j]),
-                                   np.uint32(st[5, j]) ^ _TOKEN_DOMAIN)
+                word = _token_word(tokens[k, start + j], st[0, j], st[1, j], st[2, j], st[3, j], st[4, j],
+                                   st[5, j] ^ _TOKEN_DOMAIN)
                 out[k, start + j] = np.float32((np.float64(word >> np.uint32(8)) + 1.0) / _DENOMINATOR)
                 if store_words:  # the many-key screen reads words (detector.multikey)
                     words[k, start + j] = word
 
 
+def _vs_words_lanes(mids, contexts, tokens, out):  # pragma: no cover - compiled
+    """hmac-sha256-v1 words: out[k, p] of tokens[k, p] under key k (midstates mids[k], uint32
+    [K, 16]) at contexts[p], LANES positions through each compression together. Each lane's
+    message bytes are laid out as :func:`_vs_word` lays them out (little-endian fields), then
+    read as big-endian words."""
+    count, width = contexts.shape
+    nbytes = _VS_DOMAIN.shape[0] + 4 + 8 * (width + 1)
+    nblocks = (nbytes + 8) // 64 + 1
+    template = np.zeros(64 * nblocks, np.uint8)  # domain, width, the pad byte and the length
+    for i in range(_VS_DOMAIN.shape[0]):
+        template[i] = _VS_DOMAIN[i]
+    for i in range(4):
+        template[_VS_DOMAIN.shape[0] + i] = np.uint8((np.uint64(width) >> np.uint64(8 * i)) & np.uint64(0xFF))
+    template[nbytes] = np.uint8(0x80)
+    bits = np.uint64((64 + nbytes) * 8)
+    for i in range(8):
+        template[64 * nblocks - 1 - i] = np.uint8((bits >> np.uint64(8 * i)) & np.uint64(0xFF))
+    first = _VS_DOMAIN.shape[0] + 4  # the first byte of the context entries
+    mb = template.copy()
+    msg = np.zeros((16 * nblocks, LANES), np.uint32)
+    w = np.zeros((64, LANES), np.uint32)
+    st = np.empty((8, LANES), np.uint32)
+    v = np.empty((8, LANES), np.uint32)
+    m8 = np.uint64(0xFF)
+    for start in range(0, count, LANES):
+        n = min(LANES, count - start)
+        for k in range(mids.shape[0]):
+            for j in range(n):
+                for e in range(width + 1):
+                    value = np.uint64(contexts[start + j, e]) if e < width else np.uint64(tokens[k, start + j])
+                    for i in range(8):
+                        mb[first + 8 * e + i] = np.uint8((value >> np.uint64(8 * i)) & m8)
+                for i in range(16 * nblocks):
+                    msg[i, j] = np.uint32((np.uint64(mb[4 * i]) << np.uint64(24))
+                                          | (np.uint64(mb[4 * i + 1]) << np.uint64(16))
+                                          | (np.uint64(mb[4 * i + 2]) << np.uint64(8)) | np.uint64(mb[4 * i + 3]))
+            for r in range(8):
+                for j in range(n):
+                    st[r, j] = mids[k, r]
+            for blk in range(nblocks):
+                for i in range(16):
+                    for j in range(n):
+                        w[i, j] = msg[16 * blk + i, j]
+                _compress_lanes(st, w, n, v)
+            for i in range(8):
+                for j in range(n):
+                    w[i, j] = st[i, j]
+                    st[i, j] = mids[k, 8 + i]
+            for i in range(8, 16):
+                for j in range(n):
+                    w[i, j] = np.uint32(0x80000000) if i == 8 else (np.uint32(768) if i == 15 else np.uint32(0))
+            _compress_lanes(st, w, n, v)
+            for j in range(n):  # the digest's first 4 bytes, read little-endian
+                h = np.uint64(st[0, j])
+                out[k, start + j] = np.uint32(((h & m8) << np.uint64(24))
+                                              | (((h >> np.uint64(8)) & m8) << np.uint64(16))
+                                              | (((h >> np.uint64(16)) & m8) << np.uint64(8)) | (h >> np.uint64(24)))
+
+
 FUNCTIONS = {"_rotr": _rotr, "_compress": _compress, "_hmac_padded": _hmac_padded, "_pad_words": _pad_words,
              "_hp_digest": _hp_digest, "_hp_words_rows": _hp_words_rows,
-             "_hp_key_states": _hp_key_states, "_vs_word": _vs_word, "_vs_words_many": _vs_words_many,
-             "_vs_words_rows": _vs_words_rows, "_compress_lanes": _compress_lanes,
+             "_hp_key_states": _hp_key_states, "_vs_word": _vs_word,
+             "_vs_words_rows": _vs_words_rows, "_round_lanes": _round_lanes, "_schedule_lanes": _schedule_lanes,
+             "_compress_lanes": _compress_lanes, "_vs_words_lanes": _vs_words_lanes,
              "_hp_uniforms_lanes": _hp_uniforms_lanes}
-INLINE = ("_rotr",)
+INLINE = ("_rotr", "_round_lanes", "_schedule_lanes")
 
 
 @functools.cache
@@ -319,7 +390,7 @@ def philox_uniforms_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) 
     contexts = np.ascontiguousarray(contexts, dtype=np.int64)
     out = np.empty((len(mids), contexts.shape[0]), dtype=np.float32)
     if contexts.shape[0] and len(mids):
-        compiled()["_hp_uniforms_lanes"](np.ascontiguousarray(mids, np.uint64), contexts,
+        compiled()["_hp_uniforms_lanes"](np.ascontiguousarray(mids, np.uint32), contexts,
                                          _tokens_table(tokens_by_key, len(mids), contexts.shape[0]), out,
                                          np.zeros((1, 1), np.uint32), False)
     return out
@@ -331,7 +402,7 @@ def philox_words_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) -> 
     count = contexts.shape[0]
     words = np.empty((len(mids), count), dtype=np.uint32)
     if count and len(mids):
-        compiled()["_hp_uniforms_lanes"](np.ascontiguousarray(mids, np.uint64), contexts,
+        compiled()["_hp_uniforms_lanes"](np.ascontiguousarray(mids, np.uint32), contexts,
                                          _tokens_table(tokens_by_key, len(mids), count),
                                          np.empty((len(mids), count), np.float32), words, True)
     return words
@@ -365,7 +436,7 @@ def vllm_words_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) -> np
     if contexts.shape[0] and len(mids):
         tokens = np.asarray(tokens_by_key if isinstance(tokens_by_key, np.ndarray) else np.stack(tokens_by_key))
         tokens = np.ascontiguousarray(np.broadcast_to(tokens.astype(np.int64), (len(mids), contexts.shape[0])))
-        compiled()["_vs_words_many"](np.ascontiguousarray(mids, np.uint32), contexts, tokens, out)
+        compiled()["_vs_words_lanes"](np.ascontiguousarray(mids, np.uint32), contexts, tokens, out)
     return out
 
 

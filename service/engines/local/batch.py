@@ -178,10 +178,9 @@ class BatchSteps:
                 self._dedup_slots.close(rid)
 
     def _uses_speculation(self, state: RequestState) -> bool:
-        # 256-bit keys do not speculate yet: the verification kernels run Philox keys only
-        # (watermark.hmac_rows); their requests decode one token a step.
-        return self.spec is not None and (state.request.watermark is None or
-                                          (state.dual_key and state.spec.key_bits == 64))
+        # Dual keys speculate on either key size: 256-bit rows carry their keys' HMAC midstates
+        # into the draft sampler and the verification (watermark.hmac_rows, kernels/hmac_verify.py).
+        return self.spec is not None and (state.request.watermark is None or state.dual_key)
 
     def _rows_of(self, name: str, group) -> list[RequestState]:
         """The running requests of a group in its row order (rebuilt when rows join or leave)."""

@@ -18,6 +18,7 @@ import torch
 from service.engines.local.rows import RowTable
 from service.engines.local.static_runner import StaticGroup, _step
 from watermark import dispatch, stream
+from watermark.hmac_rows import WideRows
 from watermark.processing import MIN_TEMPERATURE
 from watermark.sampler import SamplerRows
 from watermark.speculative import VerifyRows
@@ -49,6 +50,7 @@ class Buffers:
         self.slots = torch.full((bucket,), dummy_slot, dtype=torch.int32, device=device)
         self.d_pos, self.d_valid = z(bucket), z(bucket, draft.columns, dtype=torch.bool)
         self.t_pos, self.t_valid = z(bucket), z(bucket, target.columns, dtype=torch.bool)
+        self.wide = None  # the rows' 256-bit keys (hmac_rows.WideRows over the bucket), or None
         self.table = self.dedup = None  # the RowTable (and dedup) whose rows are in the buffers
         self.d_state = self.t_state = None  # the groups' (next_pos, valid) the buffers hold
 
@@ -64,6 +66,7 @@ class Buffers:
                          (self.widths, 1), (self.temperature, 1.0), (self.real, 0)):
             buf[n:].fill_(pad)
         self.real[:n].fill_(1)
+        self.wide = _padded_wide(table.wide, self.bucket)
         slots = getattr(dedup, "slots", None)  # rows.DeviceDedup's; HostDedup has none
         if slots is not None:
             self.slots[:n].copy_(slots)
@@ -76,6 +79,20 @@ class Buffers:
             pos[:n].copy_(group.next_pos)
             valid[:n].copy_(group.valid)
         return group.next_pos, group.valid
+
+
+def _padded_wide(wide: WideRows | None, bucket: int) -> WideRows | None:
+    """A table's 256-bit rows over a bucket (padding rows 64-bit, their midstates zero). Batches
+    with such rows run their blocks eagerly (spec_block: the graphs are captured without them)."""
+    if wide is None:
+        return None
+    pad = bucket - wide.wide.shape[0]
+
+    def rows(x):
+        return torch.nn.functional.pad(x, (0, 0, 0, pad)) if x.dim() == 2 else torch.nn.functional.pad(x, (0, pad))
+
+    return WideRows(mids_a=rows(wide.mids_a), mids_b=rows(wide.mids_b), wide=rows(wide.wide),
+                    mids_coin=None if wide.mids_coin is None else rows(wide.mids_coin))
 
 
 def process_padded(logits: torch.Tensor, temperature: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -140,7 +157,7 @@ def block(bufs: Buffers, draft: StaticGroup, target: StaticGroup, k: int, fed: i
         processed = process(logits, 1)
         rows = SamplerRows(key_a=bufs.key_a, key_b=bufs.key_b, alpha=bufs.no_alpha, contexts=(),
                            watermark=bufs.watermarked & ~repeated, greedy=bufs.greedy,
-                           stream_keys=bufs.stream_keys, positions=positions + j)
+                           stream_keys=bufs.stream_keys, positions=positions + j, wide=bufs.wide)
         result = dispatch.sample_padded(processed, rows, contexts(j), bufs.widths, lane=stream.LANE_DRAFT)
         draft_probs.append(torch.softmax(processed, dim=-1))
         drafts[:, j] = result.tokens
@@ -155,7 +172,7 @@ def block(bufs: Buffers, draft: StaticGroup, target: StaticGroup, k: int, fed: i
     repeated = dedup.block(drafts)
     verify_rows = VerifyRows(key_b=bufs.key_b, key_coin=bufs.key_coin, keyed_coin=bufs.keyed_coin, contexts=(),
                              watermark=bufs.watermarked.unsqueeze(1) & ~repeated, greedy=bufs.greedy,
-                             stream_keys=bufs.stream_keys, positions=positions)
+                             stream_keys=bufs.stream_keys, positions=positions, wide=bufs.wide)
     result = dispatch.verify_padded(target_probs, torch.stack(draft_probs, dim=1), drafts, verify_rows, contexts(),
                                     bufs.widths)
     accepted = result.num_accepted

@@ -128,7 +128,7 @@ def speculative_step(groups: SpeculativeGroups, rows: list[RequestState], pendin
     verify_rows = speculative.VerifyRows(
         key_b=table.key_b, key_coin=table.key_coin, keyed_coin=table.keyed_coin, contexts=(),
         watermark=table.watermarked.unsqueeze(1) & ~repeated, greedy=table.greedy, stream_keys=table.stream_keys,
-        positions=positions)
+        positions=positions, wide=table.wide)
     result = dispatch.verify_padded(target_probs, torch.stack(draft_probs, dim=1), drafts, verify_rows,
                                     table.block_contexts(sequence), table.widths)
     dedup.commit(result.tokens, result.num_accepted + 1)

@@ -195,7 +195,7 @@ class SpeculativeBlocks:
             raise RuntimeError("rows joined or left with a speculative block in flight (drain first)")
         bucket = self._bucket(len(rows))
         bufs = self._bufs(bucket)
-        plain = _unfiltered(table)
+        plain = _graphable(table)
         if inflight and plain and bufs.table is table and bufs.dedup is dedup:
             launched, launching = False, 0.0
             while len(inflight) <= self.depth and not self._all_end_in_flight(table, len(inflight)):
@@ -383,6 +383,13 @@ class _InFlight:
     """The groups' states after the block: draft next_pos, valid, target next_pos, valid."""
     bufs: Buffers
     graph: bool = False
+
+
+def _graphable(table: RowTable) -> bool:
+    """The captured graphs serve the batch: no top-k/top-p rows and no 256-bit keys (the graphs
+    are captured with the Philox kernels; a batch with 256-bit rows runs the same block
+    eagerly, through the HMAC kernels)."""
+    return table.wide is None and _unfiltered(table)
 
 
 def _unfiltered(table: RowTable) -> bool:
