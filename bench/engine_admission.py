@@ -1,7 +1,7 @@
 """Where admission's time goes when N requests arrive at once (one round of engine_cuda.py).
 
     python bench/engine_admission.py [--requests 256] [--tokens 8] [--rounds 3] [--device cpu]
-        [--out FILE]
+        [--gpu-path] [--out FILE]
 
 Per round: N concurrent ``LocalEngine.generate`` calls (bundled target + draft, dual key,
 k = 4, EOS ignored), as bench/engine_cuda.py submits them. Reported per round: how many
@@ -88,8 +88,11 @@ async def run(args) -> list[dict]:
     for group in (static_runner.StaticGroup, __import__("service.engines.local.runner", fromlist=["Group"]).Group):
         stages.wrap(group, "join_many", "join_many")
 
+    # --gpu-path: the CUDA engine's structures on this device (static caches, speculative
+    # blocks, the streamer's thread), as the CPU parity test runs them
+    path = dict(static_cache=True, speculative_blocks=True, streamer_thread=True) if args.gpu_path else {}
     engine = LocalEngine("bundled", "hallmark-tiny-draft", device=args.device, max_batch=args.requests, speculative_k=4,
-                         max_queue=max(256, args.requests))
+                         max_queue=max(256, args.requests), **path)
     await engine.start()
     tok = engine.tokenizer()
     engine.eos_ids = frozenset()  # every request generates exactly --tokens
@@ -128,11 +131,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--gpu-path", action="store_true",
+                        help="static caches, speculative blocks and the streamer's thread (the CUDA engine's path)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     rows_ = asyncio.run(run(args))
     admission = [r["seconds"].get("admit_all", 0.0) for r in rows_]
-    emit({"bench": "engine_admission", "device": args.device, "requests": args.requests, "tokens": args.tokens,
+    emit({"bench": "engine_admission", "device": args.device, "gpu_path": args.gpu_path, "requests": args.requests, "tokens": args.tokens,
           "rounds": rows_, "admission_s_median": round(statistics.median(admission), 4),
           "admissions_median": statistics.median(r["admissions"] for r in rows_),
           "command": "python bench/engine_admission.py " + " ".join(sys.argv[1:])}, args.out)
