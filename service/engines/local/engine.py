@@ -40,7 +40,7 @@ from service.engines.local.rows import DedupSlots
 from service.engines.local.runner import Group, load_model
 from service.engines.local.scheduler import SpeculativeGroups
 from service.engines.local.static_runner import StaticGroup, check_batched_prefill
-from service.engines.local.streamer import Streamer
+from service.engines.local.streamer import REST_RATIO, Streamer
 from service.engines.local.telemetry import EngineTelemetry, StepReport
 from watermark.processing import validate_sampling
 
@@ -62,7 +62,8 @@ class LocalEngine(BatchSteps):
                  static_cache: bool | None = None, cuda_graphs: bool = True, cpu_threads: int | None = None,
                  speculative_blocks: bool | None = None, pipeline_blocks: bool = True,
                  streamer_thread: bool | None = None, pipeline_depth: int = 1,
-                 switch_interval: float | None = None, batched_prefill: bool | None = None) -> None:
+                 switch_interval: float | None = None, batched_prefill: bool | None = None,
+                 streamer_rest: float | None = None) -> None:
         # Reported as the bundled model's real name ("bundled" is only an alias for it).
         self.model_name = BUNDLED_MODELS.get(model, model)
         self.draft_name = draft_model
@@ -115,7 +116,10 @@ class LocalEngine(BatchSteps):
         self.step_hooks: list[Callable[[StepReport], None]] = []
         self.telemetry: EngineTelemetry | None = None
         self._outbox = Outbox()
-        self._streamer = Streamer(threaded=False, after_pass=self._outbox.flush)
+        # The threaded streamer's rest after a pass, in multiples of the pass (streamer.py;
+        # None: REST_RATIO, 0: none, a pass as soon as a block is posted).
+        self._streamer = Streamer(threaded=False, after_pass=self._outbox.flush,
+                                  rest_ratio=REST_RATIO if streamer_rest is None else streamer_rest)
         self._tables: dict[str, tuple] = {}  # per group: (RowTable, dedup) of its current rows
         self._dedup_slots: DedupSlots | None = None  # the GPU deduper's request slots (CUDA)
 
