@@ -23,7 +23,8 @@ GIL the step loop needs to launch and take blocks (H100 at 256 rows: the step lo
 2.2 ms a 4 ms block for the GIL, issue 33). Resting, the streamer holds the GIL at most
 1 / (1 + rest_ratio) of the time and each request gets one Delta per few blocks at 256 rows
 (a pass of ~1 ms: a Delta every ~5 ms), while at a few rows (a pass of tens of µs) it rests
-a fraction of a millisecond: tokens still leave as they come.
+a fraction of a millisecond: tokens still leave as they come. A request's end (its Finished,
+a failure) cuts a rest short.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class Streamer:
         self.rest_ratio = rest_ratio
         self.after_pass = after_pass  # the engine's Outbox.flush: one hand-over per pass
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._urgent = threading.Event()  # a request ended or failed: cut the rest short
         self._thread: threading.Thread | None = None
         self.passes = 0
         self.rows_decoded = 0
@@ -95,11 +97,14 @@ class Streamer:
         self._post((_EVENT, state, event))
 
     def finish(self, state: RequestState, finished: Finished) -> None:
-        """The request's end: the rest of its text, then ``finished`` with its text."""
+        """The request's end: the rest of its text, then ``finished`` with its text (a
+        resting thread wakes for it: a request's end is not kept waiting)."""
         self._post((_FINISH, state, finished))
+        self._urgent.set()
 
     def fail(self, state: RequestState, exc: BaseException) -> None:
         self._post((_FAIL, state, exc))
+        self._urgent.set()
 
     def _post(self, message) -> None:
         if not self.threaded:
@@ -129,6 +134,7 @@ class Streamer:
         while True:
             messages = [self._queue.get()]
             started = time.perf_counter()
+            self._urgent.clear()  # before taking the rest: an end posted from now on wakes the rest
             while True:
                 try:
                     messages.append(self._queue.get_nowait())
@@ -146,7 +152,7 @@ class Streamer:
                     message[1].set()
                     marked = True
             if self.rest_ratio > 0 and not marked:  # see the module docstring (a waiter is not kept waiting)
-                time.sleep(min(MAX_REST, self.rest_ratio * (time.perf_counter() - started)))
+                self._urgent.wait(min(MAX_REST, self.rest_ratio * (time.perf_counter() - started)))
 
     # ------------------------------------------------------------------ a pass
 

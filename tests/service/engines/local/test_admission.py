@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from service.engines.base import Delta, Finished, GenerationRequest
+from service.engines.base import Delta, Finished, GenerationRequest, RouteCounts
 from service.engines.local.engine import LocalEngine
 from service.engines.local.request import RequestState
 from service.engines.local.streamer import Streamer
@@ -104,3 +104,27 @@ def test_a_resting_streamer_merges_blocks_into_one_delta_with_the_same_text():
             assert [t for e in events for t in e.token_ids] == [int(t) for b in blocks for t in b[i]]
         assert len(eager[i]) == len(blocks)
         assert len(rested[i]) < len(blocks)
+
+
+def test_a_request_end_cuts_the_streamers_rest_short(monkeypatch):
+    from transformers import AutoTokenizer
+
+    from service.engines.local import streamer as streamer_module
+    from service.model_paths import resolve_model_path
+
+    monkeypatch.setattr(streamer_module, "MAX_REST", 30.0)  # a rest far longer than the test
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(TEST_MODEL))
+    events: list = []
+    streamer = Streamer(threaded=True, rest_ratio=1e9)
+    state = RequestState(GenerationRequest("r", (5, 6), 100, seed=0), tok, frozenset(), events.append,
+                         streamer=streamer)
+    streamer.block([state], np.arange(1), np.array([[300, 301]]), np.full(1, 2), np.zeros((1, 4), dtype=np.int64))
+    deadline = time.monotonic() + 10
+    while not events and time.monotonic() < deadline:  # the first pass ran: the thread now rests
+        time.sleep(0.01)
+    streamer.finish(state, Finished(text="", token_ids=(300, 301), finish_reason="length", prompt_tokens=2,
+                                    routes=RouteCounts(key_a=0, key_b=0, plain=2, greedy=0)))
+    started = time.monotonic()
+    while not any(isinstance(e, Finished) for e in events) and time.monotonic() < started + 10:
+        time.sleep(0.01)
+    assert isinstance(events[-1], Finished) and time.monotonic() - started < 5
