@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import struct
 from datetime import datetime, timezone
 from typing import Any
 
@@ -61,9 +62,12 @@ def _check_finite(value: Any) -> None:
 
 def canonical_json(value: Any) -> bytes:
     """The canonical bytes of a JSON value (see the module docstring)."""
-    _check_finite(value)
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    try:  # allow_nan=False refuses the same floats; the walk below only names the refusal
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False).encode("utf-8")
+    except ValueError:
+        _check_finite(value)
+        raise
 
 
 def timestamp(value: datetime) -> str:
@@ -87,7 +91,11 @@ def entry_hash(fields: dict[str, Any]) -> str:
 
 def hash_token_ids(token_ids: tuple[int, ...] | list[int]) -> str:
     """hex SHA-256 of the token ids, each as 4 bytes big-endian (ids are < 2**32)."""
-    digest = hashlib.sha256()
-    for token in token_ids:
-        digest.update(int(token).to_bytes(4, "big"))
-    return digest.hexdigest()
+    ids = [int(token) for token in token_ids]
+    try:  # one pack: the same bytes as each id's to_bytes(4, "big")
+        return hashlib.sha256(struct.pack(f">{len(ids)}I", *ids)).hexdigest()
+    except struct.error:  # an id outside [0, 2**32): the error each id's own conversion gives
+        digest = hashlib.sha256()
+        for token in ids:
+            digest.update(token.to_bytes(4, "big"))
+        return digest.hexdigest()

@@ -189,7 +189,7 @@ def _append_rows(session: Session, auth, items: Sequence[tuple]) -> list[_Append
     """Append entries in order (``items``: tenant id, the row's values, its time, its k-gram
     set and their digests from :func:`_hashed`): each tenant's chain locked and its head read
     once, the rows chained and inserted in one flush, then each one's k-grams and log leaf
-    (tlog.append_entry, one leaf after another). One item is exactly one entry's append;
+    (tlog.append_entries: the leaves in order, the head read and written once). One item is exactly one entry's append;
     many (ledger.grouped) are the same entries as one after another."""
     for tenant_id in sorted({item[0] for item in items}):  # one order: two groups never wait on each other
         _lock_chain(session, tenant_id)
@@ -212,9 +212,10 @@ def _append_rows(session: Session, auth, items: Sequence[tuple]) -> list[_Append
     kgrams.store_many(session, stored)
     commitments = [EMPTY_KGRAMS if hashed is None else kgram_commitment(hashed[1], hashed[0])
                    for _, _, _, _, hashed in items]
-    return [_Appended(row, commitment, None if auth is None else tlog.append_entry(session, auth, row, commitment,
-                                                                                   now=item[2]))
-            for row, commitment, item in zip(rows, commitments, items)]
+    logged = [None] * len(rows) if auth is None else \
+        tlog.append_entries(session, auth, [(row, commitment, item[2])
+                                            for row, commitment, item in zip(rows, commitments, items)])
+    return [_Appended(row, commitment, sequenced) for row, commitment, sequenced in zip(rows, commitments, logged)]
 
 
 def _logged(entry: GenerationEntry, appended: _Appended) -> GenerationEntry:

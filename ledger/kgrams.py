@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from sqlalchemy import bindparam, select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from keys.models import LedgerKgram
@@ -50,7 +51,7 @@ from ledger.kgram_match import MIN_MATCHES, KgramMatch, false_match_log10  # noq
 _SHARED = select(LedgerKgram.generation_id, LedgerKgram.scheme, LedgerKgram.digest).where(
     LedgerKgram.key_id == bindparam("key_id"), LedgerKgram.digest.in_(bindparam("digests", expanding=True)),
     LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
-_INSERT = LedgerKgram.__table__.insert()
+_SQLITE_INSERT = "INSERT INTO ledger_kgrams (tenant_id, generation_id, key_id, digest, scheme) VALUES (?, ?, ?, ?, ?)"
 _PG_INSERT = text("INSERT INTO ledger_kgrams (tenant_id, generation_id, key_id, digest, scheme) "
                   "SELECT * FROM unnest(CAST(:t AS varchar[]), CAST(:g AS varchar[]), CAST(:k AS varchar[]), "
                   "CAST(:d AS bigint[]), CAST(:s AS smallint[]))")
@@ -105,18 +106,26 @@ def store(session: Session, *, tenant_id: str, generation_id: str, key_id: str, 
 def store_many(session: Session, generations: Sequence[tuple[str, str, str, Iterable[int], int]]) -> int:
     """:func:`store` of several generations (tenant id, generation id, key id, digests, scheme)
     in one statement (ledger.grouped: a group of streams' finished entries)."""
-    rows = [{"tenant_id": tenant_id, "generation_id": generation_id, "key_id": key_id, "digest": int(d),
-             "scheme": scheme}
+    rows = [(tenant_id, generation_id, key_id, int(d), scheme)
             for tenant_id, generation_id, key_id, digests, scheme in generations for d in sorted(set(digests))]
     if not rows:
         return 0
     connection = session.connection()
     if connection.dialect.name == "postgresql":
-        connection.execute(_PG_INSERT, {"t": [r["tenant_id"] for r in rows], "g": [r["generation_id"] for r in rows],
-                                        "k": [r["key_id"] for r in rows], "d": [r["digest"] for r in rows],
-                                        "s": [r["scheme"] for r in rows]})
+        columns = list(zip(*rows))
+        connection.execute(_PG_INSERT, {"t": list(columns[0]), "g": list(columns[1]), "k": list(columns[2]),
+                                        "d": list(columns[3]), "s": list(columns[4])})
     else:
-        connection.execute(_INSERT, rows)  # Core: the ORM's bulk insert costs more than the rows
+        # The driver's executemany with tuples: through SQLAlchemy's Core each row's parameters
+        # were processed in Python (~4 µs a row; 256 streams' finished entries are ~31,000 rows).
+        dbapi = connection.dialect.loaded_dbapi
+        cursor = connection.connection.driver_connection.cursor()
+        try:
+            cursor.executemany(_SQLITE_INSERT, rows)
+        except dbapi.Error as exc:  # as SQLAlchemy's error (keys.db.translate_error), parameters hidden
+            raise DBAPIError.instance(_SQLITE_INSERT, None, exc, dbapi.Error, hide_parameters=True) from None
+        finally:
+            cursor.close()
     return len(rows)
 
 

@@ -92,6 +92,56 @@ def write_append(session: Session, leaf: dict[str, Any], completed: list[tuple[i
         cursor.close()
 
 
+def write_appends(session: Session, leaves: list[dict[str, Any]], completed: list[tuple[int, int, bytes]],
+                  size: int, border: bytes, head_mac: bytes) -> None:
+    """:func:`write_append` for many leaves in order (their idx consecutive from the head's
+    size): the leaves, every subtree they completed, and the head at ``size`` once."""
+    if len(leaves) == 1:
+        write_append(session, leaves[0], completed, size, border, head_mac)
+        return
+    cursor, postgres = _cursor(session)
+    try:
+        with _driver_errors(session, "INSERT INTO log_leaves ..."):
+            if postgres:
+                columns = {name: [leaf[name] for leaf in leaves] for name in _LEAF_COLUMNS}
+                cursor.execute(_PG_WRITE_MANY, {**columns, "levels": [c[0] for c in completed],
+                                                "indexes": [c[1] for c in completed],
+                                                "hashes": [c[2] for c in completed], "size": size, "border": border,
+                                                "head_mac": head_mac, "updated_at": leaves[-1]["created_at"]})
+                return
+            cursor.executemany(_SQLITE_LEAF, [_sqlite_leaf(leaf) for leaf in leaves])
+            if completed:
+                cursor.executemany("INSERT INTO log_nodes (level, idx, hash) VALUES (?, ?, ?)", completed)
+            cursor.execute("UPDATE log_head SET size = ?, border = ?, mac = ?, updated_at = ? WHERE id = 1",
+                           (size, border, head_mac, _sqlite_leaf(leaves[-1])[-1]))
+    finally:
+        cursor.close()
+
+
+_LEAF_COLUMNS = ("idx", "leaf_hash", "kind", "entry_id", "tenant_id", "kgrams_sha256", "kid", "data", "mac",
+                 "created_at")
+_SQLITE_LEAF = ("INSERT INTO log_leaves (idx, leaf_hash, kind, entry_id, tenant_id, kgrams_sha256, kid, data, mac, "
+                "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_PG_WRITE_MANY = """
+WITH leaf AS (
+    INSERT INTO log_leaves (idx, leaf_hash, kind, entry_id, tenant_id, kgrams_sha256, kid, data, mac, created_at)
+    SELECT * FROM unnest(%(idx)s::bigint[], %(leaf_hash)s::bytea[], %(kind)s::text[], %(entry_id)s::bigint[],
+                         %(tenant_id)s::text[], %(kgrams_sha256)s::text[], %(kid)s::text[], %(data)s::bytea[],
+                         %(mac)s::bytea[], %(created_at)s::timestamptz[])
+), nodes AS (
+    INSERT INTO log_nodes (level, idx, hash)
+    SELECT * FROM unnest(%(levels)s::integer[], %(indexes)s::bigint[], %(hashes)s::bytea[])
+)
+UPDATE log_head SET size = %(size)s, border = %(border)s, mac = %(head_mac)s, updated_at = %(updated_at)s
+WHERE id = 1
+"""
+
+
+def _sqlite_leaf(leaf: dict[str, Any]) -> tuple:
+    return (leaf["idx"], leaf["leaf_hash"], leaf["kind"], leaf["entry_id"], leaf["tenant_id"], leaf["kgrams_sha256"],
+            leaf["kid"], leaf["data"], leaf["mac"], leaf["created_at"].astimezone(timezone.utc).strftime(_SQLITE_TIME))
+
+
 def _write(cursor: Any, postgres: bool, leaf: dict[str, Any], completed: list[tuple[int, int, bytes]], size: int,
            border: bytes, head_mac: bytes) -> None:
     if postgres:

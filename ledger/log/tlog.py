@@ -157,6 +157,34 @@ def append_entry(session: Session, auth: LogAuthority, row: LedgerEntry, kgrams_
                   entry_id=row.id, tenant_id=row.tenant_id, kgrams_sha256=kgrams_sha256, now=now)
 
 
+def append_entries(session: Session, auth: LogAuthority, items: Sequence[tuple[LedgerEntry, str, datetime | None]]
+                   ) -> list[Sequenced]:
+    """:func:`append_entry` for each (row, k-gram commitment, time) of ``items``, in order:
+    the same leaves, subtrees and final head as that many appends one after another, with
+    the head locked and read once and the leaves, subtrees and head written together (one
+    statement each on SQLite, one in all on PostgreSQL): a group of entries' log append
+    costs about one entry's (ledger.grouped)."""
+    if not items:
+        return []
+    session.flush()  # what the leaves log is written first (the ORM's pending rows)
+    size, border = read_head(session, auth, lock=True)
+    leaves, completed, sequenced = [], [], []
+    for row, kgrams_sha256, now in items:
+        leaf = {"idx": size, "leaf_hash": merkle.leaf_hash(entry_leaf(row.entry_hash, kgrams_sha256)), "kind": "entry",
+                "entry_id": row.id, "tenant_id": row.tenant_id, "kgrams_sha256": kgrams_sha256, "kid": None,
+                "data": None, "created_at": clock.resolve(now)}
+        leaf["mac"] = _leaf_mac(auth, leaf)
+        proof = tuple(reversed(border))
+        border, done = merkle.append(border, size, leaf["leaf_hash"])
+        size += 1
+        leaves.append(leaf)
+        completed += done
+        sequenced.append(Sequenced(leaf_index=size - 1, size=size, root=merkle.root(border), proof=proof))
+    raw = b"".join(border)
+    log_rows.write_appends(session, leaves, completed, size, raw, _head_mac(auth, size, raw))
+    return sequenced
+
+
 def append_key_event(session: Session, auth: LogAuthority, event: dict[str, Any],
                      now: datetime | None = None) -> Sequenced:
     return append(session, auth, leaf_data=key_event_leaf(event), kind="signing_key", kid=event["kid"],

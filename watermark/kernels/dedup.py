@@ -277,6 +277,42 @@ class GpuDeduper:
             data = host_tensor([slot] + [int(t) for t in prompt], torch.int64, self.device)
             self.append(data[:1], data[1:].unsqueeze(0), generated=False)
 
+    def open_many(self, slots: list[int], *, widths: list[int], scopes: list[str],
+                  max_histories: list[int | None], prompts: list) -> None:
+        """:meth:`open` for several requests at once (distinct slots): the same state, in a
+        few launches for all of them (fills by index, one copy of their fields, one append
+        of every scope-"all" prompt) instead of about ten each: admitting 256 requests
+        opened 256 slots one by one."""
+        if not slots:
+            return
+        if len(set(slots)) != len(slots):
+            raise ValueError("open_many needs distinct slots")
+        for width, scope, max_history in zip(widths, scopes, max_histories, strict=True):
+            if not 1 <= width <= MAX_WIDTH:
+                raise ValueError(f"context width must be in 1..{MAX_WIDTH}")
+            if scope not in SCOPES:
+                raise ValueError(f"unknown dedup scope: {scope!r}; expected one of {SCOPES}")
+            if max_history is not None and max_history < 1:
+                raise ValueError("max_history must be >= 1 or None")
+        fields = host_tensor([list(slots), list(widths), [SCOPES.index(s) for s in scopes],
+                              [-1 if m is None else min(m, 2**31 - 1) for m in max_histories]],
+                             torch.int64, self.device)
+        index = fields[0]
+        self.history.index_fill_(0, index, PAD)
+        self.table.index_fill_(0, index, -1)
+        for column in (self.length, self.generated, self.overflow):
+            column.index_fill_(0, index, 0)
+        self.width.index_copy_(0, index, fields[1].to(self.width.dtype))
+        self.scope.index_copy_(0, index, fields[2].to(self.scope.dtype))
+        self.max_history.index_copy_(0, index, fields[3].to(self.max_history.dtype))
+        rows = [(slot, [int(t) for t in prompt]) for slot, scope, prompt in zip(slots, scopes, prompts, strict=True)
+                if scope == "all" and len(prompt)]
+        if rows:
+            widest = max(len(p) for _, p in rows)
+            data = host_tensor([[slot, len(p)] + p + [0] * (widest - len(p)) for slot, p in rows], torch.int64,
+                               self.device)
+            self.append(data[:, 0], data[:, 2:], data[:, 1], generated=False)
+
     def append(self, slots: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor | None = None, *,
                generated: bool = True) -> None:
         """Commit tokens [B, N] (the first counts[b] of row b) to the requests in slots [B]."""

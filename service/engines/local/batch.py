@@ -97,8 +97,7 @@ class BatchSteps:
             self._outputs.set_pending(rows, self._outputs.last_tokens(rows), np.zeros_like(rows),
                                       np.ones_like(rows))
             if self._dedup_slots is not None:
-                for state in spec_states:
-                    self._dedup_slots.open(state)
+                self._dedup_slots.open_many(spec_states)
         self._set_running(self._running + states)
         if any(s.finished for s in states):
             self._retire()

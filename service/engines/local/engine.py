@@ -40,13 +40,17 @@ from service.engines.local.rows import DedupSlots
 from service.engines.local.runner import Group, load_model
 from service.engines.local.scheduler import SpeculativeGroups
 from service.engines.local.static_runner import StaticGroup, check_batched_prefill
-from service.engines.local.streamer import Streamer
+from service.engines.local.streamer import REST_RATIO, Streamer
 from service.engines.local.telemetry import EngineTelemetry, StepReport
 from watermark.processing import validate_sampling
 
 log = logging.getLogger("hallmark.engine.local")
 SWITCH_INTERVAL_CUDA = 0.001
 """Seconds: the interpreter's thread switch interval with the engine on CUDA (LocalEngine.switch_interval)."""
+ADMIT_QUIET = 0.001
+ADMIT_SETTLE = 0.02
+"""Seconds: an idle engine that finds a burst of requests waiting (more than one) admits them
+once none has arrived for ADMIT_QUIET, waiting ADMIT_SETTLE at most (LocalEngine._settle)."""
 
 
 class LocalEngine(BatchSteps):
@@ -58,7 +62,8 @@ class LocalEngine(BatchSteps):
                  static_cache: bool | None = None, cuda_graphs: bool = True, cpu_threads: int | None = None,
                  speculative_blocks: bool | None = None, pipeline_blocks: bool = True,
                  streamer_thread: bool | None = None, pipeline_depth: int = 1,
-                 switch_interval: float | None = None, batched_prefill: bool | None = None) -> None:
+                 switch_interval: float | None = None, batched_prefill: bool | None = None,
+                 streamer_rest: float | None = None) -> None:
         # Reported as the bundled model's real name ("bundled" is only an alias for it).
         self.model_name = BUNDLED_MODELS.get(model, model)
         self.draft_name = draft_model
@@ -111,7 +116,10 @@ class LocalEngine(BatchSteps):
         self.step_hooks: list[Callable[[StepReport], None]] = []
         self.telemetry: EngineTelemetry | None = None
         self._outbox = Outbox()
-        self._streamer = Streamer(threaded=False, after_pass=self._outbox.flush)
+        # The threaded streamer's rest after a pass, in multiples of the pass (streamer.py;
+        # None: REST_RATIO, 0: none, a pass as soon as a block is posted).
+        self._streamer = Streamer(threaded=False, after_pass=self._outbox.flush,
+                                  rest_ratio=REST_RATIO if streamer_rest is None else streamer_rest)
         self._tables: dict[str, tuple] = {}  # per group: (RowTable, dedup) of its current rows
         self._dedup_slots: DedupSlots | None = None  # the GPU deduper's request slots (CUDA)
 
@@ -336,6 +344,8 @@ class LocalEngine(BatchSteps):
                     self._wake.wait(timeout=1.0)
                 if self._stop:
                     break
+                if not self._running and len(self._waiting) > 1:
+                    self._settle()
                 admitted = []
                 while self._waiting and len(self._running) + len(admitted) < self.max_batch:
                     admitted.append(self._waiting.popleft())
@@ -360,6 +370,25 @@ class LocalEngine(BatchSteps):
             self._outbox.flush()
         self._streamer.wait(30)
         self._outbox.flush()
+
+    def _settle(self) -> None:
+        """With the engine idle and a burst of requests arriving (a round of 256 clients
+        submitted at once), wait until the burst stops growing (``self._wake`` held): the
+        step loop woke at the first of them and would otherwise admit the burst in pieces,
+        each with its own fixed cost (the blocks drained, one eager prefill forward per group
+        and chunk, the first draw read back, the groups' RowTables and graphs changed): 2 or
+        more admissions per 256 requests on the CPU, one after this (bench/engine_admission.py).
+        A lone request (batch 1) is admitted at once."""
+        deadline = time.monotonic() + ADMIT_SETTLE
+        seen = len(self._waiting)
+        while seen < self.max_batch and not self._stop:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.wait(min(ADMIT_QUIET, left))
+            if len(self._waiting) == seen:
+                return
+            seen = len(self._waiting)
 
 def caught_up(queue: asyncio.Queue, event) -> tuple[object, object]:
     """``event``, merged with the Deltas already queued behind it (a Delta only), and the

@@ -313,7 +313,10 @@ class SpeculativeBlocks:
         finished (rows already finished take nothing)."""
         k, fed, counts, out_table = self.k, launched.fed, self.counts, self.outputs
         t3 = time.perf_counter()
-        if launched.event is not None:
+        # query() first: it holds the GIL, where synchronize() releases it even for a block
+        # that has already finished, and taking it back from a streamer or event loop in the
+        # middle of its Python costs up to the switch interval.
+        if launched.event is not None and not launched.event.query():
             launched.event.synchronize()
         out = launched.host.numpy()
         t4 = time.perf_counter()

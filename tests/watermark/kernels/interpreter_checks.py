@@ -57,6 +57,7 @@ def main(seed: int) -> int:
         ("verify", lambda: parity.check_verify(seed + 6, 10, 3, 2100, torch.float32, cpu, blocks_per_row=2)),
         ("verify bf16", lambda: parity.check_verify(seed + 7, 10, 2, 700, torch.bfloat16, cpu)),
         ("dedup", lambda: parity.check_dedup(seed + 8, cpu, requests=10, steps=40, k=3)),
+        ("dedup open_many", lambda: parity.check_dedup_open_many(seed + 22, cpu)),
         ("dedup step (commit, decide, context)", lambda: parity.check_dedup_step(seed + 18, cpu, steps=30)),
         ("prepared sample (fallback launch)", lambda: parity.check_prepared_sample(seed + 19, 7, 2100,
                                                                                    torch.float32, cpu, calls=2)),

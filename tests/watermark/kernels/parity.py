@@ -402,6 +402,40 @@ def check_dedup(seed: int, device, *, requests: int = 10, steps: int = 120, k: i
         raise AssertionError("dedup history overflowed its capacity")
 
 
+def check_dedup_open_many(seed: int, device, *, requests: int = 9) -> None:
+    """GpuDeduper.open_many against open one slot at a time (then each request's first
+    tokens appended), on slots that held other requests before: every state tensor equal,
+    every scope, bounded windows, widths 1..16, empty and long prompts."""
+    from watermark.kernels.dedup import GpuDeduper
+
+    gen = _gen(seed)
+    kinds = list(DEDUP_SEQUENCES)
+    scopes = ["single_turn", "all", "none"]
+    one, many = (GpuDeduper(requests + 3, capacity=48, device=device) for _ in range(2))
+    for dd in (one, many):  # slots in use before: open must reset what they held
+        dd.open_many(list(range(requests + 3)), widths=[2] * (requests + 3), scopes=["all"] * (requests + 3),
+                     max_histories=[None] * (requests + 3), prompts=[[5, 6, 7, 5, 6, 7]] * (requests + 3))
+    slots = torch.randperm(requests + 3, generator=gen)[:requests].tolist()
+    widths = [[1, 2, 3, 4, 16][r % 5] for r in range(requests)]
+    scope = [scopes[(r + seed) % 3] for r in range(requests)]
+    windows = [[None, 3, 8][r % 3] for r in range(requests)]
+    prompts = [DEDUP_SEQUENCES[kinds[r % len(kinds)]](gen, [0, 1, 5, 20][r % 4]) for r in range(requests)]
+    firsts = [DEDUP_SEQUENCES[kinds[(r + 1) % len(kinds)]](gen, r % 3) for r in range(requests)]
+    for r, slot in enumerate(slots):
+        one.open(slot, width=widths[r], scope=scope[r], max_history=windows[r], prompt=prompts[r])
+        if firsts[r]:
+            one.append(torch.tensor([slot], device=device), torch.tensor([firsts[r]], device=device))
+    many.open_many(slots, widths=widths, scopes=scope, max_histories=windows, prompts=prompts)
+    rows = [(slot, f) for slot, f in zip(slots, firsts) if f]
+    widest = max(len(f) for _, f in rows)
+    many.append(torch.tensor([s for s, _ in rows], device=device),
+                torch.tensor([f + [0] * (widest - len(f)) for _, f in rows], device=device),
+                torch.tensor([len(f) for _, f in rows], device=device))
+    for name in ("history", "table", "length", "generated", "width", "scope", "max_history", "overflow"):
+        if not torch.equal(getattr(one, name), getattr(many, name)):
+            raise AssertionError(f"open_many differs from open in {name} (seed {seed})")
+
+
 def check_dedup_step(seed: int, device, *, requests: int = 9, steps: int = 60) -> None:
     """GpuDeduper.step (commit, decide, read the context in one launch) against append +
     repeated + the history window on a second deduper, with rows that commit or not at
