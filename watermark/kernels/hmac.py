@@ -52,11 +52,16 @@ def _rotr(x, n: tl.constexpr):
 @triton.jit
 def compress(k_ptr, h0, h1, h2, h3, h4, h5, h6, h7,
              w0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15):
-    """One SHA-256 compression (FIPS 180-4) of the block w0..w15 into state h0..h7 (uint32,
-    any shape); ``k_ptr``: the 64 round constants (uint32). The message schedule rolls
-    through the 16 words (w0 is the round's word)."""
+    """One SHA-256 compression (FIPS 180-4) of the block w0..w15 into state h0..h7 (uint32
+    blocks of one shape: the rounds are a run-time loop whose 24 carried values keep their
+    type); ``k_ptr``: the 64 round constants (uint32). The message schedule rolls through the
+    16 words (w0 is the round's word).
+
+    A run-time loop, not ``tl.static_range``: unrolled, every compression was 64 copies of
+    the round and a kernel with four to six of them took minutes to compile on the device
+    (the first H100 run's 256-bit stages timed out in their compiles, main 9d1098a)."""
     a, b, c, d, e, f, g, h = h0, h1, h2, h3, h4, h5, h6, h7
-    for i in tl.static_range(64):
+    for i in range(64):
         t1 = h + (_rotr(e, 6) ^ _rotr(e, 11) ^ _rotr(e, 25)) + ((e & f) ^ (~e & g)) + tl.load(k_ptr + i) + w0
         t2 = (_rotr(a, 2) ^ _rotr(a, 13) ^ _rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c))
         h, g, f, e, d, c, b, a = g, f, e, d + t1, c, b, a, t1 + t2

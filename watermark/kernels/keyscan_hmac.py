@@ -79,19 +79,21 @@ def _r_bits_hmac(k_ptr, mids, cols, toks, offs, mask, count, width):
     """float32 bits of r = 2^24 - (word >> 8) for positions ``offs`` [BLOCK] under the key whose
     16 HMAC midstate words (int64 holding uint32) start at ``mids``."""
     nwords = 7 + width
+    zero = tl.zeros(offs.shape, tl.uint32)  # the key's midstates as blocks: compress's loop keeps types
     s0, s1, s2, s3, s4, s5, s6, s7 = _inner_block(
         k_ptr, cols, count, offs, mask, width, nwords,
-        tl.load(mids).to(tl.uint32), tl.load(mids + 1).to(tl.uint32), tl.load(mids + 2).to(tl.uint32),
-        tl.load(mids + 3).to(tl.uint32), tl.load(mids + 4).to(tl.uint32), tl.load(mids + 5).to(tl.uint32),
-        tl.load(mids + 6).to(tl.uint32), tl.load(mids + 7).to(tl.uint32), 0)
+        zero + tl.load(mids).to(tl.uint32), zero + tl.load(mids + 1).to(tl.uint32),
+        zero + tl.load(mids + 2).to(tl.uint32), zero + tl.load(mids + 3).to(tl.uint32),
+        zero + tl.load(mids + 4).to(tl.uint32), zero + tl.load(mids + 5).to(tl.uint32),
+        zero + tl.load(mids + 6).to(tl.uint32), zero + tl.load(mids + 7).to(tl.uint32), 0)
     if width > 6:  # one width per launch: every lane takes the second inner block or none does
         s0, s1, s2, s3, s4, s5, s6, s7 = _inner_block(k_ptr, cols, count, offs, mask, width, nwords,
                                                       s0, s1, s2, s3, s4, s5, s6, s7, 1)
-    zero = tl.zeros(offs.shape, tl.uint32)
     d0, d1, d2, d3, d4, d5, _d6, _d7 = compress(
-        k_ptr, tl.load(mids + 8).to(tl.uint32), tl.load(mids + 9).to(tl.uint32), tl.load(mids + 10).to(tl.uint32),
-        tl.load(mids + 11).to(tl.uint32), tl.load(mids + 12).to(tl.uint32), tl.load(mids + 13).to(tl.uint32),
-        tl.load(mids + 14).to(tl.uint32), tl.load(mids + 15).to(tl.uint32),
+        k_ptr, zero + tl.load(mids + 8).to(tl.uint32), zero + tl.load(mids + 9).to(tl.uint32),
+        zero + tl.load(mids + 10).to(tl.uint32), zero + tl.load(mids + 11).to(tl.uint32),
+        zero + tl.load(mids + 12).to(tl.uint32), zero + tl.load(mids + 13).to(tl.uint32),
+        zero + tl.load(mids + 14).to(tl.uint32), zero + tl.load(mids + 15).to(tl.uint32),
         s0, s1, s2, s3, s4, s5, s6, s7, zero + PAD, zero, zero, zero, zero, zero, zero, zero + OUTER_BITS)
     t = tl.load(toks + offs, mask=mask, other=0).to(tl.uint32, bitcast=True)
     w0, w1, w2, w3 = philox(t >> 2, d0, d1, d2, d4 ^ d3, d5 ^ TOKEN_DOMAIN)
