@@ -12,9 +12,9 @@ settings, and whether the result rests on a watermark, on the ledger, or both)::
                  "text_sha256": hex | null,            # SHA-256 of the UTF-8 text as sent (null for token ids)
                  "token_ids_sha256": hex,              # of the ids scored, 4 bytes big-endian each
                  "tokens": int},                       # how many ids that is
-     "detector": {"version": "hallmark-detector/2",
+     "detector": {"version": "hallmark-detector/3",
                   "config_sha256": hex,                # SHA-256 of canonical_json(settings)
-                  "id": "hallmark-detector/2+<first 16 hex digits of config_sha256>"},
+                  "id": "hallmark-detector/3+<first 16 hex digits of config_sha256>"},
      "settings": {"threshold": float, ...},            # the threshold and every detector setting
      "scope": {"keys_of": "tenant" | "all_tenants" | "public",
                "tenant": str | null,                   # the tenant whose keys, for "tenant"

@@ -24,7 +24,8 @@ from ledger.receipts import RECEIPT_TYPE, REPORT_TYPE
 from ledger.reports import LENIENT_ABOVE, REPORT_VERSION, SCOPES, detector_identity, verdict_of
 from service.ledger_evidence import MAX_TESTED, SHARED_LEVEL
 
-DETECTOR_VERSION = "hallmark-detector/2"
+DETECTOR_VERSION = "hallmark-detector/3"
+"""/3: spans share 0.05 (was 0.25), the runs-merged form (issue 30)."""
 """Named in every detection report; raised when the detector's computation changes (2:
 span boundaries refined against the span's own mean, and starting at the first scored
 token's context)."""

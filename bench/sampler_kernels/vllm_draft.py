@@ -143,8 +143,8 @@ def section_hmac_sampler(run: Run) -> None:
         got = gumbel_sample_hmac(sets[0], **args, mids_a=wide.mids_a, mids_b=wide.mids_b, wide=wide.wide)
         want = reference_sample_wide(sets[0], args, wide)  # the torch reference, on the same device
         row = {"batch": batch, "dist": dist, "mode": "dual" if dual else "single", "input_sets": len(sets),
-               "bit_exact": bool(torch.equal(got.tokens.cpu(), want.tokens) and torch.equal(got.routes.cpu(),
-                                                                                          want.routes))}
+               "bit_exact": bool(torch.equal(got.tokens.cpu(), want.tokens.cpu())
+                                 and torch.equal(got.routes.cpu(), want.routes.cpu()))}
         row["philox_us"] = graph_time_us([(lambda x=x: kernels.gumbel_sample(x, **args)) for x in sets])
         row["hmac_us"] = graph_time_us([(lambda x=x: gumbel_sample_hmac(x, **args, mids_a=wide.mids_a,
                                                                         mids_b=wide.mids_b, wide=wide.wide))

@@ -129,8 +129,8 @@ def test_a_report_states_the_input_the_detector_and_the_settings(server, generat
                                      "span_min_length": 32, "normalize": True,
                                      "ledger": {"kgram_length": 8, "shared_tokens_level": 0.001, "matches_tested": 5}}
     digest = hashlib.sha256(canonical_json(statement["settings"])).hexdigest()
-    assert statement["detector"] == {"version": "hallmark-detector/2", "config_sha256": digest,
-                                     "id": f"hallmark-detector/2+{digest[:16]}"}
+    assert statement["detector"] == {"version": "hallmark-detector/3", "config_sha256": digest,
+                                     "id": f"hallmark-detector/3+{digest[:16]}"}
     assert before <= datetime.strptime(statement["created_at"], "%Y-%m-%dT%H:%M:%S.%f%z") <= after
     # The result as shown, less the per-token evidence, the per-key table and the report.
     assert statement["result"] == {k: v for k, v in response.items() if k not in REPORT_OMITS}
