@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--filter", default=None, help="also print the profile's lines matching this regex")
     parser.add_argument("--out", default=None, help="append a JSON line with the figures")
+    parser.add_argument("--statements", action="store_true", help="also print the SQL statements of one request")
     args = parser.parse_args()
 
     from fastapi.testclient import TestClient
@@ -87,6 +88,22 @@ def main() -> None:
             if args.distinct:
                 sample = [detection.detect(services, identity, next(fresh)) for _ in bodies]
 
+            if args.statements:  # every statement one (warm) request sends, BEGIN/COMMIT left out
+                from sqlalchemy import event
+
+                seen: list[str] = []
+
+                def count(conn, cursor, statement, parameters, context, executemany):
+                    seen.append(statement)
+
+                event.listen(services.store.engine, "before_cursor_execute", count)
+                detection.detect(services, identity, next(fresh) if args.distinct else bodies[0])
+                event.remove(services.store.engine, "before_cursor_execute", count)
+                queries = [q for q in seen if q.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK")]
+                print(f"{len(queries)} statements:")
+                for q in queries:
+                    print("  ", " ".join(q.split())[:300])
+
             def run():
                 for body in bodies:
                     detection.detect(services, identity, next(fresh) if args.distinct else body)
@@ -96,7 +113,7 @@ def main() -> None:
                 start = time.process_time()
                 run()
                 cpus.append((time.process_time() - start) / len(bodies))
-            row = {"spec": args.spec, "texts": len(bodies), "distinct": args.distinct, "cpu_ms_per_request_median": round(statistics.median(cpus) * 1e3, 3),
+            row = {"spec": args.spec, "statements": len(queries) if args.statements else None, "texts": len(bodies), "distinct": args.distinct, "cpu_ms_per_request_median": round(statistics.median(cpus) * 1e3, 3),
                    "tokens": [s["total_tokens"] for s in sample], "log10_p": [s["log10_p_value"] for s in sample],
                    "basis": [s["basis"] for s in sample], "scored": [s.get("scored_as") or s.get("normalization", {}).get("scored") for s in sample],
                    "load_average": os.getloadavg()}

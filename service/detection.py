@@ -156,7 +156,7 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
     cited = [(m["generation_id"], m["ledger"]["entry_hash"]) for m in out.get("ledger_matches") or ()
              if isinstance(m.get("ledger"), dict) and m.get("generation_id")]
     if out["report"] is not None and cited:  # offline proofs that the cited entries are logged
-        proofs = ledger_log.entry_proofs(services, cited)
+        proofs = ledger_log.entry_proofs(services, cited, lookup.facts)
         if proofs:
             out["report"]["log"] = {"tlog_proofs": proofs}
     return out
