@@ -53,7 +53,7 @@ _V1_KEYS = text("WITH RECURSIVE k(key_id) AS ("
 def _read_all(dialect: str, scoped: bool) -> "text":
     """One statement for what a detection reads of the k-gram table (:meth:`KgramCache.read_all`),
     its parts told apart by the first column: 0, the scheme 2 rows of the text's digests
-    (:data:`_ROWS2`); 1, every row of each generation matching at least ``:min_matches`` of
+    (:data:`_ROWS2`) but those of part 1's generations (part 1 holds them); 1, every row of each generation matching at least ``:min_matches`` of
     them, or named in ``:exact`` (:data:`_STORED`: their check against the log and an exact
     copy's id recovery); 2, the scope's finished generations (:func:`generations_in_scope`),
     counted only when some generation matched; 3, the keys with scheme 1 rows (:data:`_V1_KEYS`)."""
@@ -72,7 +72,7 @@ def _read_all(dialect: str, scoped: bool) -> "text":
         "gens AS (SELECT generation_id FROM hits GROUP BY generation_id "
         f"HAVING count(DISTINCT digest) >= :min_matches UNION {exact}) "
         "SELECT 0 AS part, generation_id, key_id, digest, 2 AS scheme, CAST(NULL AS VARCHAR) AS tenant_id "
-        "FROM hits UNION ALL "
+        "FROM hits WHERE generation_id NOT IN (SELECT generation_id FROM gens) UNION ALL "
         "SELECT 1, generation_id, key_id, digest, scheme, tenant_id FROM ledger_kgrams "
         "WHERE generation_id IN (SELECT generation_id FROM gens) UNION ALL "
         "SELECT 2, CAST(NULL AS VARCHAR), CAST(NULL AS VARCHAR), count(*), 2, CAST(NULL AS VARCHAR) "
@@ -273,7 +273,7 @@ class KgramCache:
         v1: set[str] = set()
         for part, generation_id, key_id, digest, scheme, row_tenant in connection.execute(
                 _READ_ALL[dialect, tenant_id is not None],
-                {**values, "tenant_id": tenant_id, "min_matches": MIN_MATCHES}):
+                {**values, "tenant_id": tenant_id, "min_matches": MIN_MATCHES}).all():
             if part == 0:
                 known[digest].append((generation_id, key_id))
                 self._scope_of[key_id, generation_id] = (V2, tenant_id)
@@ -281,6 +281,9 @@ class KgramCache:
                 gens.setdefault(generation_id)
                 found.setdefault(generation_id, []).append((int(scheme), int(digest)))
                 labels.setdefault(generation_id, set()).add((key_id, row_tenant))
+                if digest in known and scheme == V2 and (tenant_id is None or row_tenant == tenant_id):
+                    known[digest].append((generation_id, key_id))  # part 0's row, not sent twice
+                    self._scope_of[key_id, generation_id] = (V2, tenant_id)
             elif part == 2:
                 self._searched2[tenant_id] = int(digest or 0)
             else:
