@@ -28,6 +28,41 @@ from pathlib import Path  # noqa: E402
 from bench import edited, rows  # noqa: E402
 
 
+STAGES = [  # (stage, module path suffix, function): cumulative cProfile time of each
+    ("request (service.detection.detect)", "service/detection.py", "detect"),
+    ("tokenise the forms", "service/detection.py", "tokenize_with_offsets"),
+    ("ledger look-up, all", "service/ledger_lookup.py", "look_up"),
+    ("  exact copy (statement 1)", "ledger/read.py", "find_generations_by_output_hash"),
+    ("  k-gram read (statement 2, with its HMACs)", "ledger/kgram_cache.py", "read_all"),
+    ("    k-gram HMACs", "ledger/kgram_digests.py", "keyed_position_digests"),
+    ("  facts (statement 3)", "ledger/read.py", "detection_facts"),
+    ("  k-gram matching and log check", "ledger/kgrams.py", "find_matches"),
+    ("  id recovery (exact copies)", "service/generation_ids.py", "recover"),
+    ("detector over the forms", "detector/forms.py", "detect_forms"),
+    ("  span search", "detector/spans.py", "locate"),
+    ("ledger basis (shared-token tests)", "service/detection.py", "_ledger_basis"),
+    ("report statement", "service/provenance.py", "report_statement"),
+    ("report signature", "service/state.py", "sign"),
+    ("report tlog-proofs", "service/ledger_log.py", "entry_proofs"),
+    ("SQL statements executed (all)", "sqlalchemy/engine/base.py", "_execute_context"),
+]
+
+
+def stage_table(stats, requests: int) -> str:
+    """Cumulative cProfile ms per request of each stage (:data:`STAGES`) and its share."""
+    found = {}
+    for (path, _, name), (_, _, _, cumulative, _) in stats.stats.items():
+        for stage, suffix, function in STAGES:
+            if name == function and path.endswith(suffix):
+                found[stage] = found.get(stage, 0.0) + cumulative
+    total = found.get(STAGES[0][0]) or 1.0
+    lines = ["| stage | ms/request (cProfile) | share |", "|---|---|---|"]
+    for stage, _, _ in STAGES:
+        if stage in found:
+            lines.append(f"| {stage} | {found[stage] / requests * 1e3:.3f} | {found[stage] / total:.0%} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", default="dual", choices=["dual", "diverse"])
@@ -130,6 +165,7 @@ def main() -> None:
                 if args.filter:  # the same, restricted to the modules named
                     stats.sort_stats("cumulative").print_stats(args.filter, 60)
                 print(buffer.getvalue())
+                print(stage_table(stats, len(bodies) * max(1, args.repeats // len(bodies))))
 
 
 if __name__ == "__main__":

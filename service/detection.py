@@ -77,6 +77,13 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
         else:
             text_variants = [TextForm("as_sent", params.text, None)]
         forms = [tokenize_with_offsets(services.engine.tokenizer(), form.text) for form in text_variants]
+        # Forms that tokenise alike are one test: scored once and counted once in the
+        # Bonferroni factor over the forms (detector.forms), the first of them kept (the
+        # text as sent where it is one: its offsets need no mapping).
+        first: dict[tuple[int, ...], int] = {}
+        kept = [i for i, (ids, _) in enumerate(forms) if first.setdefault(tuple(ids), i) == i]
+        if len(kept) < len(forms):
+            forms, text_variants = [forms[i] for i in kept], [text_variants[i] for i in kept]
         form_names = [form.name for form in text_variants]
         text = params.text
     else:

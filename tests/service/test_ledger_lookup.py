@@ -132,3 +132,19 @@ def test_the_shared_token_test_reads_the_detectors_scores(served, monkeypatch):
     assert computed and len(computed) == len(set(computed)), "a key's scores of one token list computed twice"
     monkeypatch.undo()
     assert detection.detect(services, identity, body, batched=False)["kgram_matches"] == out["kgram_matches"]
+
+
+def test_forms_that_tokenise_alike_are_one_test(served, monkeypatch):
+    # A normalised form whose tokens are the text's own (a normalisation that only touched
+    # what the tokeniser ignores) is the same test: scored once, no Bonferroni factor for it.
+    gw, generated = served
+    services = gw.app.state.services
+    identity = authenticate(services, f"Bearer {gw.tokens['acme']}")
+    text = generated["text"].replace(" ", "\u00a0", 3)  # a form the normalisation rewrites
+    as_sent = detection.tokenize_with_offsets(services.engine.tokenizer(), text)
+    monkeypatch.setattr(detection, "tokenize_with_offsets", lambda tokenizer, form: as_sent)
+    out = detection.detect(services, identity, DetectBody(text=text))
+    alone = detection.detect(services, identity, DetectBody(text=text, normalize=False))
+    assert out["normalization"]["scored"] == "as_sent"
+    assert "bonferroni x" not in out["correction"]
+    assert out["log10_p_value"] == alone["log10_p_value"]
