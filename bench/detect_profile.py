@@ -29,6 +29,10 @@ from bench import edited, rows  # noqa: E402
 
 
 STAGES = [  # (stage, module path suffix, function): cumulative cProfile time of each
+    ("route (service.routes.detect._answer)", "service/routes/detect.py", "_answer"),
+    ("  access gate: admission (service.access.gate._admit)", "service/access/gate.py", "_admit"),
+    ("  access gate: settlement (service.access.gate._settle)", "service/access/gate.py", "_settle"),
+    ("  access gate: answer shaping (service.access.shape.full_answer)", "service/access/shape.py", "full_answer"),
     ("request (service.detection.detect)", "service/detection.py", "detect"),
     ("tokenise the forms", "service/detection.py", "tokenize_with_offsets"),
     ("ledger look-up, all", "service/ledger_lookup.py", "look_up"),
@@ -55,7 +59,7 @@ def stage_table(stats, requests: int) -> str:
         for stage, suffix, function in STAGES:
             if name == function and path.endswith(suffix):
                 found[stage] = found.get(stage, 0.0) + cumulative
-    total = found.get(STAGES[0][0]) or 1.0
+    total = found.get(STAGES[0][0]) or found.get(STAGES[4][0]) or 1.0
     lines = ["| stage | ms/request (cProfile) | share |", "|---|---|---|"]
     for stage, _, _ in STAGES:
         if stage in found:
@@ -74,6 +78,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--filter", default=None, help="also print the profile's lines matching this regex")
     parser.add_argument("--out", default=None, help="append a JSON line with the figures")
+    parser.add_argument("--route", action="store_true",
+                        help="time POST /v1/detect through the app (TestClient: the gate and the response too)")
     parser.add_argument("--statements", action="store_true", help="also print the SQL statements of one request")
     args = parser.parse_args()
 
@@ -143,12 +149,20 @@ def main() -> None:
                 for body in bodies:
                     detection.detect(services, identity, next(fresh) if args.distinct else body)
 
+            if args.route:  # the whole route (the access gate, the response) through the ASGI app
+                headers = {"Authorization": f"Bearer {tokens['expert']}"}
+
+                def run():  # noqa: F811
+                    for body in bodies:
+                        sent = next(fresh) if args.distinct else body
+                        client.post("/v1/detect", headers=headers, json={"text": sent.text}).raise_for_status()
+
             cpus = []
             for _ in range(max(1, args.repeats // len(bodies))):
                 start = time.process_time()
                 run()
                 cpus.append((time.process_time() - start) / len(bodies))
-            row = {"spec": args.spec, "statements": len(queries) if args.statements else None, "texts": len(bodies), "distinct": args.distinct, "cpu_ms_per_request_median": round(statistics.median(cpus) * 1e3, 3),
+            row = {"route": args.route, "spec": args.spec, "statements": len(queries) if args.statements else None, "texts": len(bodies), "distinct": args.distinct, "cpu_ms_per_request_median": round(statistics.median(cpus) * 1e3, 3),
                    "tokens": [s["total_tokens"] for s in sample], "log10_p": [s["log10_p_value"] for s in sample],
                    "basis": [s["basis"] for s in sample], "scored": [s.get("scored_as") or s.get("normalization", {}).get("scored") for s in sample],
                    "load_average": os.getloadavg()}
