@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--filter", default=None, help="also print the profile's lines matching this regex")
     parser.add_argument("--out", default=None, help="append a JSON line with the figures")
     parser.add_argument("--route", action="store_true",
-                        help="time POST /v1/detect through the app (TestClient: the gate and the response too)")
+                        help="time the route's body (service.routes.detect._answer: the access gate and the response too)")
     parser.add_argument("--statements", action="store_true", help="also print the SQL statements of one request")
     args = parser.parse_args()
 
@@ -149,13 +149,21 @@ def main() -> None:
                 for body in bodies:
                     detection.detect(services, identity, next(fresh) if args.distinct else body)
 
-            if args.route:  # the whole route (the access gate, the response) through the ASGI app
-                headers = {"Authorization": f"Bearer {tokens['expert']}"}
+            if args.route:  # the route's body (the access gate, the core, the response) on this thread
+                import asyncio
 
-                def run():  # noqa: F811
+                from service.routes import detect as detect_route
+
+                loop = asyncio.new_event_loop()
+
+                async def batch():
                     for body in bodies:
                         sent = next(fresh) if args.distinct else body
-                        client.post("/v1/detect", headers=headers, json={"text": sent.text}).raise_for_status()
+                        response = await detect_route._answer(services, identity, sent, None)
+                        assert response.status_code == 200
+
+                def run():  # noqa: F811
+                    loop.run_until_complete(batch())
 
             cpus = []
             for _ in range(max(1, args.repeats // len(bodies))):
