@@ -6,9 +6,13 @@ their recorded salt) and which generations it cites as a second basis (service.d
 after). Both rest on the same two look-ups: generations whose output is exactly the text
 (output hash) and generations sharing k-grams with any form of it (ledger.kgrams, one hash and
 one query for every key under scheme 2). :func:`look_up` makes them once, in one read
-transaction; the basis then reuses its k-gram rows (ledger.kgrams.KgramCache) for the shared
-tokens' evidence, and the salts and key states of what it found, read in the same
-transaction, so that the basis usually needs no query at all. Rows are append-only and a
+transaction of at most 3 statements (issue 30): the exact copies with their log leaves; every
+k-gram row the text and its matched generations need (ledger.kgram_cache.KgramCache.read_all);
+those generations' entries, leaves, key states and the latest checkpoint
+(ledger.read.detection_facts). The basis then reuses its k-gram rows for the shared tokens'
+evidence, and the salts and key states of what it found, so that it needs no query at all;
+the report's tlog-proofs read only when a published checkpoint covers a cited entry. Stores
+with scheme 1 k-gram rows, or without a log key, read more (per-part reads). Rows are append-only and a
 generation's are written in one transaction, so what the look-up read stays right after it.
 """
 
@@ -75,8 +79,9 @@ def ledger_scope(services: Services, identity: Identity, tenant: str | None) -> 
 
 
 def _with_facts(session, found: LedgerLookup) -> None:
-    """The salts and key states of what ``found`` holds, one query each (none when it holds
-    nothing): the salt narrowing and the basis read them instead of querying again."""
+    """The salts and key states of what ``found`` holds: from statement 3 (``found.facts``)
+    where it read them all, else one query each (none when it holds nothing). The salt
+    narrowing and the basis read them instead of querying again."""
     generations = [e.id for e in found.exact] + [m.generation_id for ms in found.kgram for m in ms]
     key_ids = [e.key_id for e in found.exact] + [m.key_id for ms in found.kgram for m in ms]
     facts = found.facts
