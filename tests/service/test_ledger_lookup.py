@@ -23,10 +23,19 @@ from watermark.spec import WatermarkSpec
 from tests.service import gateway
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    # acme's key `diverse`: the salt narrowing reads the look-up too.
-    gw = gateway.start(tmp_path_factory.mktemp("lookup"), secrets=gateway.FIXED_SECRETS, modes={"acme": "diverse"})
+@pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def served(request, tmp_path_factory):
+    # acme's key `diverse`: the salt narrowing reads the look-up too. On both backends: the
+    # look-up's statements are written per dialect (ledger.kgram_cache._read_all).
+    server, database, url = None, None, None
+    if request.param == "postgres":
+        from tests.keys.conftest import PgDatabase, reachable_pg_server
+
+        server = reachable_pg_server()
+        database = PgDatabase(server)
+        url = database.reset()
+    gw = gateway.start(tmp_path_factory.mktemp("lookup"), database_url=url, secrets=gateway.FIXED_SECRETS,
+                       modes={"acme": "diverse"})
     try:
         r = httpx.post(gw.url + "/v1/generate", headers={"Authorization": f"Bearer {gw.tokens['acme']}"},
                        json={"prompt": "The function returns", "max_tokens": 120, "seed": 3}, timeout=300)
@@ -48,6 +57,9 @@ def served(tmp_path_factory):
         yield gw, r.json()
     finally:
         gw.stop()
+        if database is not None:
+            database.close()
+            server.close()  # drops the database it created
 
 
 def _statements(services, body):
