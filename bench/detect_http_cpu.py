@@ -68,7 +68,8 @@ def main() -> None:
     row = {"label": args.label, "tree": str(repo), "requests": len(latencies), "errors": errors,
            "requests_per_second": len(latencies) / args.seconds,
            "server_cpu_ms_per_request": round(spent / max(1, len(latencies)) * 1e3, 3),
-           "load_average_1min_before": round(load, 2), "distinct_texts": args.distinct, "workers": args.workers, "clients": args.clients}
+           "load_average_1min_before": round(load, 2), "distinct_texts": args.distinct, "workers": args.workers,
+           "clients": args.clients}
     rows.emit(row, args.out)
 
 

@@ -79,7 +79,7 @@ def main() -> None:
     parser.add_argument("--filter", default=None, help="also print the profile's lines matching this regex")
     parser.add_argument("--out", default=None, help="append a JSON line with the figures")
     parser.add_argument("--route", action="store_true",
-                        help="time the route's body (service.routes.detect._answer: the access gate and the response too)")
+                        help="time the route's body (service.routes.detect._answer: the gate and the response too)")
     parser.add_argument("--statements", action="store_true", help="also print the SQL statements of one request")
     args = parser.parse_args()
 
@@ -170,7 +170,8 @@ def main() -> None:
                 start = time.process_time()
                 run()
                 cpus.append((time.process_time() - start) / len(bodies))
-            row = {"route": args.route, "spec": args.spec, "statements": len(queries) if args.statements else None, "texts": len(bodies), "distinct": args.distinct, "cpu_ms_per_request_median": round(statistics.median(cpus) * 1e3, 3),
+            row = {"route": args.route, "spec": args.spec, "statements": len(queries) if args.statements else None,
+                   "texts": len(bodies), "distinct": args.distinct, "cpu_ms_per_request_median": round(statistics.median(cpus) * 1e3, 3),
                    "tokens": [s["total_tokens"] for s in sample], "log10_p": [s["log10_p_value"] for s in sample],
                    "basis": [s["basis"] for s in sample], "scored": [s.get("scored_as") or s.get("normalization", {}).get("scored") for s in sample],
                    "load_average": os.getloadavg()}

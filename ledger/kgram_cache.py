@@ -53,7 +53,8 @@ _V1_KEYS = text("WITH RECURSIVE k(key_id) AS ("
 def _read_all(dialect: str, scoped: bool) -> "text":
     """One statement for what a detection reads of the k-gram table (:meth:`KgramCache.read_all`),
     its parts told apart by the first column: 0, the scheme 2 rows of the text's digests
-    (:data:`_ROWS2`) but those of part 1's generations (part 1 holds them); 1, every row of each generation matching at least ``:min_matches`` of
+    (:data:`_ROWS2`) but those of part 1's generations (part 1 holds them); 1, every row of
+    each generation matching at least ``:min_matches`` of
     them, or named in ``:exact`` (:data:`_STORED`: their check against the log and an exact
     copy's id recovery); 2, the scope's finished generations (:func:`generations_in_scope`),
     counted only when some generation matched; 3, the keys with scheme 1 rows (:data:`_V1_KEYS`)."""

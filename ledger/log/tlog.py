@@ -338,7 +338,7 @@ def published_size(session: Session) -> int:
 # --- what detection may cite ------------------------------------------------------------------
 
 
-LEAF_FIELDS = _LEAF_FIELDS = ("idx", "leaf_hash", "kind", "entry_id", "tenant_id", "kgrams_sha256", "kid", "data", "mac")
+_LEAF_FIELDS = ("idx", "leaf_hash", "kind", "entry_id", "tenant_id", "kgrams_sha256", "kid", "data", "mac")
 _VERIFIED: dict[tuple, bool] = {}
 """Outcomes of :func:`_entry_leaf_ok` by everything it reads (the log key, every field of the
 row and of its leaf): a pure function of them, so a row or leaf changed in any field is a new
