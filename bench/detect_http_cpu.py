@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from bench import detect_http, rows
+from bench import detect_http, edited, rows
 from bench.gateway import REPO, Gateway
 
 
@@ -44,15 +44,20 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--label", default="")
     parser.add_argument("--out", default=None, help="append one JSON line")
+    parser.add_argument("--tree", type=Path, default=None,
+                        help="serve another worktree's code (as bench.detect_http --compare does)")
+    parser.add_argument("--distinct", type=int, default=0,
+                        help="this many distinct texts (generations with 3 words changed: bench.edited)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         extra = ("--workers", str(args.workers)) if args.workers > 1 else ()
-        tree = detect_http._Tree("this", REPO, Path(tmp) / "this", extra)
+        repo = REPO if args.tree is None else args.tree.resolve()
+        tree = detect_http._Tree(str(repo), repo, Path(tmp) / "this", extra)
         server = Gateway(tree.env, Path(tmp) / "gateway.log", repo=tree.repo, args=tree.args)
         try:
             server.wait_ready()
             texts = detect_http._generate(server.url, tree.token)
-            bodies = [{"text": t} for t in texts]
+            bodies = [{"text": t} for t in (edited.variants(texts, args.distinct) if args.distinct else texts)]
             asyncio.run(detect_http._load(server.port, tree.detect_token, bodies, args.clients, args.warmup, 0.0))
             before, load = _cpu(server.process.pid), os.getloadavg()[0]
             latencies, errors = asyncio.run(detect_http._load(server.port, tree.detect_token, bodies, args.clients,
@@ -60,10 +65,11 @@ def main() -> None:
             spent = _cpu(server.process.pid) - before
         finally:
             server.stop(30)
-    row = {"label": args.label, "requests": len(latencies), "errors": errors,
+    row = {"label": args.label, "tree": str(repo), "requests": len(latencies), "errors": errors,
            "requests_per_second": len(latencies) / args.seconds,
            "server_cpu_ms_per_request": round(spent / max(1, len(latencies)) * 1e3, 3),
-           "load_average_1min_before": round(load, 2), "workers": args.workers, "clients": args.clients}
+           "load_average_1min_before": round(load, 2), "distinct_texts": args.distinct, "workers": args.workers,
+           "clients": args.clients}
     rows.emit(row, args.out)
 
 

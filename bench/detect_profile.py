@@ -28,6 +28,45 @@ from pathlib import Path  # noqa: E402
 from bench import edited, rows  # noqa: E402
 
 
+STAGES = [  # (stage, module path suffix, function): cumulative cProfile time of each
+    ("route (service.routes.detect._answer)", "service/routes/detect.py", "_answer"),
+    ("  access gate: admission (service.access.gate._admit)", "service/access/gate.py", "_admit"),
+    ("  access gate: settlement (service.access.gate._settle)", "service/access/gate.py", "_settle"),
+    ("  access gate: answer shaping (service.access.shape.full_answer)", "service/access/shape.py", "full_answer"),
+    ("request (service.detection.detect)", "service/detection.py", "detect"),
+    ("tokenise the forms", "service/detection.py", "tokenize_with_offsets"),
+    ("ledger look-up, all", "service/ledger_lookup.py", "look_up"),
+    ("  exact copy (statement 1)", "ledger/read.py", "find_generations_by_output_hash"),
+    ("  k-gram read (statement 2, with its HMACs)", "ledger/kgram_cache.py", "read_all"),
+    ("    k-gram HMACs", "ledger/kgram_digests.py", "keyed_position_digests"),
+    ("  facts (statement 3)", "ledger/read.py", "detection_facts"),
+    ("  k-gram matching and log check", "ledger/kgrams.py", "find_matches"),
+    ("  id recovery (exact copies)", "service/generation_ids.py", "recover"),
+    ("detector over the forms", "detector/forms.py", "detect_forms"),
+    ("  span search", "detector/spans.py", "locate"),
+    ("ledger basis (shared-token tests)", "service/detection.py", "_ledger_basis"),
+    ("report statement", "service/provenance.py", "report_statement"),
+    ("report signature", "service/state.py", "sign"),
+    ("report tlog-proofs", "service/ledger_log.py", "entry_proofs"),
+    ("SQL statements executed (all)", "sqlalchemy/engine/base.py", "_execute_context"),
+]
+
+
+def stage_table(stats, requests: int) -> str:
+    """Cumulative cProfile ms per request of each stage (:data:`STAGES`) and its share."""
+    found = {}
+    for (path, _, name), (_, _, _, cumulative, _) in stats.stats.items():
+        for stage, suffix, function in STAGES:
+            if name == function and path.endswith(suffix):
+                found[stage] = found.get(stage, 0.0) + cumulative
+    total = found.get(STAGES[0][0]) or found.get(STAGES[4][0]) or 1.0
+    lines = ["| stage | ms/request (cProfile) | share |", "|---|---|---|"]
+    for stage, _, _ in STAGES:
+        if stage in found:
+            lines.append(f"| {stage} | {found[stage] / requests * 1e3:.3f} | {found[stage] / total:.0%} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--spec", default="dual", choices=["dual", "diverse"])
@@ -39,6 +78,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--filter", default=None, help="also print the profile's lines matching this regex")
     parser.add_argument("--out", default=None, help="append a JSON line with the figures")
+    parser.add_argument("--route", action="store_true",
+                        help="time the route's body (service.routes.detect._answer: the gate and the response too)")
+    parser.add_argument("--statements", action="store_true", help="also print the SQL statements of one request")
     args = parser.parse_args()
 
     from fastapi.testclient import TestClient
@@ -87,16 +129,49 @@ def main() -> None:
             if args.distinct:
                 sample = [detection.detect(services, identity, next(fresh)) for _ in bodies]
 
+            if args.statements:  # every statement one (warm) request sends, BEGIN/COMMIT left out
+                from sqlalchemy import event
+
+                seen: list[str] = []
+
+                def count(conn, cursor, statement, parameters, context, executemany):
+                    seen.append(statement)
+
+                event.listen(services.store.engine, "before_cursor_execute", count)
+                detection.detect(services, identity, next(fresh) if args.distinct else bodies[0])
+                event.remove(services.store.engine, "before_cursor_execute", count)
+                queries = [q for q in seen if q.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK")]
+                print(f"{len(queries)} statements:")
+                for q in queries:
+                    print("  ", " ".join(q.split())[:300])
+
             def run():
                 for body in bodies:
                     detection.detect(services, identity, next(fresh) if args.distinct else body)
+
+            if args.route:  # the route's body (the access gate, the core, the response) on this thread
+                import asyncio
+
+                from service.routes import detect as detect_route
+
+                loop = asyncio.new_event_loop()
+
+                async def batch():
+                    for body in bodies:
+                        sent = next(fresh) if args.distinct else body
+                        response = await detect_route._answer(services, identity, sent, None)
+                        assert response.status_code == 200
+
+                def run():  # noqa: F811
+                    loop.run_until_complete(batch())
 
             cpus = []
             for _ in range(max(1, args.repeats // len(bodies))):
                 start = time.process_time()
                 run()
                 cpus.append((time.process_time() - start) / len(bodies))
-            row = {"spec": args.spec, "texts": len(bodies), "distinct": args.distinct, "cpu_ms_per_request_median": round(statistics.median(cpus) * 1e3, 3),
+            row = {"route": args.route, "spec": args.spec, "statements": len(queries) if args.statements else None,
+                   "texts": len(bodies), "distinct": args.distinct, "cpu_ms_per_request_median": round(statistics.median(cpus) * 1e3, 3),
                    "tokens": [s["total_tokens"] for s in sample], "log10_p": [s["log10_p_value"] for s in sample],
                    "basis": [s["basis"] for s in sample], "scored": [s.get("scored_as") or s.get("normalization", {}).get("scored") for s in sample],
                    "load_average": os.getloadavg()}
@@ -113,6 +188,7 @@ def main() -> None:
                 if args.filter:  # the same, restricted to the modules named
                     stats.sort_stats("cumulative").print_stats(args.filter, 60)
                 print(buffer.getvalue())
+                print(stage_table(stats, len(bodies) * max(1, args.repeats // len(bodies))))
 
 
 if __name__ == "__main__":

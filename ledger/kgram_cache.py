@@ -49,6 +49,42 @@ _V1_KEYS = text("WITH RECURSIVE k(key_id) AS ("
                 "SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 UNION ALL "
                 "SELECT (SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 AND key_id > k.key_id) "
                 "FROM k WHERE k.key_id IS NOT NULL) SELECT key_id FROM k WHERE key_id IS NOT NULL")
+
+def _read_all(dialect: str, scoped: bool) -> "text":
+    """One statement for what a detection reads of the k-gram table (:meth:`KgramCache.read_all`),
+    its parts told apart by the first column: 0, the scheme 2 rows of the text's digests
+    (:data:`_ROWS2`) but those of part 1's generations (part 1 holds them); 1, every row of
+    each generation matching at least ``:min_matches`` of
+    them, or named in ``:exact`` (:data:`_STORED`: their check against the log and an exact
+    copy's id recovery); 2, the scope's finished generations (:func:`generations_in_scope`),
+    counted only when some generation matched; 3, the keys with scheme 1 rows (:data:`_V1_KEYS`)."""
+    if dialect == "sqlite":  # the lists as JSON arrays (no bind parameter per value)
+        digests, exact = "SELECT value FROM json_each(:digests)", "SELECT value FROM json_each(:exact)"
+    else:
+        digests, exact = "SELECT unnest(CAST(:digests AS BIGINT[]))", "SELECT unnest(CAST(:exact AS VARCHAR[]))"
+    tenant = " AND tenant_id = :tenant_id" if scoped else ""
+    return text(
+        "WITH RECURSIVE v1(key_id) AS ("
+        "SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 UNION ALL "
+        "SELECT (SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 AND key_id > v1.key_id) "
+        "FROM v1 WHERE v1.key_id IS NOT NULL), "
+        f"hits AS MATERIALIZED (SELECT generation_id, key_id, digest FROM ledger_kgrams "
+        f"WHERE digest IN ({digests}) AND scheme = 2{tenant}), "
+        "gens AS (SELECT generation_id FROM hits GROUP BY generation_id "
+        f"HAVING count(DISTINCT digest) >= :min_matches UNION {exact}) "
+        "SELECT 0 AS part, generation_id, key_id, digest, 2 AS scheme, CAST(NULL AS VARCHAR) AS tenant_id "
+        "FROM hits WHERE generation_id NOT IN (SELECT generation_id FROM gens) UNION ALL "
+        "SELECT 1, generation_id, key_id, digest, scheme, tenant_id FROM ledger_kgrams "
+        "WHERE generation_id IN (SELECT generation_id FROM gens) UNION ALL "
+        "SELECT 2, CAST(NULL AS VARCHAR), CAST(NULL AS VARCHAR), count(*), 2, CAST(NULL AS VARCHAR) "
+        f"FROM ledger_entries WHERE kind = 'finished' AND output_tokens >= {K}{tenant} "
+        "AND EXISTS (SELECT 1 FROM gens) UNION ALL "
+        "SELECT 3, CAST(NULL AS VARCHAR), key_id, CAST(NULL AS BIGINT), 1, CAST(NULL AS VARCHAR) "
+        "FROM v1 WHERE key_id IS NOT NULL")
+
+
+_READ_ALL = {(dialect, scoped): _read_all(dialect, scoped) for dialect in ("sqlite", "postgresql")
+             for scoped in (False, True)}
 _FINISHED = (LedgerEntry.kind == "finished", LedgerEntry.output_tokens >= K)
 _SEARCHED = select(func.count()).select_from(LedgerEntry).where(LedgerEntry.key_id == bindparam("key_id"), *_FINISHED)
 _SEARCHED_BY_KEY = select(LedgerEntry.key_id, func.count()).where(
@@ -131,6 +167,7 @@ class KgramCache:
         self._v1_keys: frozenset[str] | None = None
         self._recorded: dict[str, list[tuple[int, int]]] = {}
         self._labels: dict[str, set[tuple[str, str]]] = {}
+        self._facts = None
 
     def _keyed(self, token_ids: Sequence[int], key: bytes) -> list[int]:
         index = (key, tuple(token_ids))
@@ -206,6 +243,62 @@ class KgramCache:
                 self._scope_of[key_id, generation_id] = (V2, tenant_id)
         return known
 
+    def read_all(self, session: Session, tenant_id: str | None, forms: Sequence[Sequence[int]],
+                 exact: Sequence[str] = ()) -> list[str] | None:
+        """Everything a detection reads of the k-gram table, in one statement
+        (:func:`_read_all`): the scheme 2 rows of every form's digests in scope ``tenant_id``
+        (what :meth:`rows2` reads), the keys with scheme 1 rows (:meth:`v1_keys`), every row
+        of the generations that match at least :data:`~ledger.kgram_match.MIN_MATCHES`
+        digests (any key) or are named in ``exact`` (:meth:`recorded`, :meth:`stored`), and
+        when there are such, the scope's count (:meth:`searched2`): kept, so that those
+        methods and :func:`ledger.kgrams.find_matches` read nothing more (scheme 1 keys
+        aside). Returns those generations (for :meth:`use_facts`); None, and nothing read,
+        when the store has no k-gram key (no scheme 2 row: the per-part reads answer)."""
+        from ledger.kgram_match import MIN_MATCHES
+
+        if self.store_key(session) is None:
+            return None
+        query = sorted({d for tokens in forms for d in self.at2(session, tokens)})
+        connection = session.connection()
+        dialect = "sqlite" if connection.dialect.name == "sqlite" else "postgresql"
+        exact = list(dict.fromkeys(exact))
+        if dialect == "sqlite":
+            values = {"digests": json.dumps(query), "exact": json.dumps(exact)}
+        else:
+            values = {"digests": query, "exact": exact}
+        known = self._rows2.setdefault(tenant_id, {})
+        known.update((d, []) for d in query)
+        gens: dict[str, None] = dict.fromkeys(exact)
+        found: dict[str, list[tuple[int, int]]] = {g: [] for g in exact}
+        labels: dict[str, set[tuple[str, str]]] = {g: set() for g in exact}
+        v1: set[str] = set()
+        for part, generation_id, key_id, digest, scheme, row_tenant in connection.execute(
+                _READ_ALL[dialect, tenant_id is not None],
+                {**values, "tenant_id": tenant_id, "min_matches": MIN_MATCHES}).all():
+            if part == 0:
+                known[digest].append((generation_id, key_id))
+                self._scope_of[key_id, generation_id] = (V2, tenant_id)
+            elif part == 1:
+                gens.setdefault(generation_id)
+                found.setdefault(generation_id, []).append((int(scheme), int(digest)))
+                labels.setdefault(generation_id, set()).add((key_id, row_tenant))
+                if digest in known and scheme == V2 and (tenant_id is None or row_tenant == tenant_id):
+                    known[digest].append((generation_id, key_id))  # part 0's row, not sent twice
+                    self._scope_of[key_id, generation_id] = (V2, tenant_id)
+            elif part == 2:
+                self._searched2[tenant_id] = int(digest or 0)
+            else:
+                v1.add(key_id)
+        self._v1_keys = frozenset(v1)
+        self._recorded.update(found)
+        self._labels.update(labels)
+        return list(gens)
+
+    def use_facts(self, facts) -> None:
+        """The generations' finished entries and leaves (ledger.read.detection_facts), read
+        with their facts: :meth:`stored` checks their rows against them, no query."""
+        self._facts = facts
+
     def searched(self, session: Session, key_id: str) -> int:
         if key_id not in self._searched:
             self._searched[key_id] = generations_searched(session, key_id)
@@ -261,7 +354,13 @@ class KgramCache:
                 self._read_recorded(session, unread)
             found = {g: self._recorded[g] for g in missing}
             labels = {g: self._labels[g] for g in missing}
-            authentic = tlog.logged_kgrams(session, found, labels)
+            facts = self._facts
+            if facts is not None and all(g in facts.checked for g in missing):
+                rows = [facts.finished[g] for g in missing if g in facts.finished]
+                authentic = tlog.kgrams_matching(rows, tlog.logged_entries(session, rows, facts.leaves), found,
+                                                 labels)
+            else:
+                authentic = tlog.logged_kgrams(session, found, labels)
             self._stored.update((g, len({d for _, d in found[g]}) if g in authentic else None) for g in missing)
         return {g: c for g, c in self._stored.items() if c is not None}
 

@@ -304,7 +304,10 @@ def _by_hash(scoped: bool):
         matching = matching.where(Row.tenant_id == bindparam("tenant_id"))
     matching = (matching.group_by(Row.generation_id).order_by(func.max(Row.id).desc())
                 .limit(bindparam("limit")).subquery())
-    query = (select(table, Tenant.name.label("tenant_name")).join(Tenant, Tenant.id == table.c.tenant_id)
+    # The entries' log leaves joined (tlog.leaf_columns): their check needs no second query.
+    leaves = LogLeaf.__table__
+    query = (select(table, Tenant.name.label("tenant_name"), *tlog.leaf_columns())
+             .join(Tenant, Tenant.id == table.c.tenant_id).outerjoin(leaves, leaves.c.entry_id == table.c.id)
              .where(table.c.generation_id.in_(select(matching.c.generation_id))))
     if scoped:
         query = query.where(table.c.tenant_id == bindparam("tenant_id"))
@@ -342,7 +345,7 @@ def find_generations_by_output_hash(session: Session, *, output_sha256: str, ten
     # Only what the transparency log holds as written is cited: an entry inserted or edited
     # by anyone without the log key (the gateway's database role, the tables' owner) is not.
     everything = [row for found in grouped.values() for row in found]
-    logged = tlog.logged_entries(session, everything)
+    logged = tlog.logged_entries(session, everything, tlog.joined_leaves(everything))
     if len(logged) < len(everything) and tlog.authority(session) is not None:
         faults.report_unlogged(session, [row for row in everything if row.id not in logged])
     now = clock.utcnow()
@@ -427,3 +430,70 @@ def generation_facts(session: Session, generation_ids: Sequence[str]) -> tuple[d
         if generation_id not in latest or row_id > latest[generation_id][0]:
             latest[generation_id] = (row_id, key_state)
     return salts, {g: state for g, (_, state) in latest.items()}
+
+
+@dataclass
+class GenerationFacts:
+    """What a detection needs of the generations the ledger matched, from one statement
+    (:func:`detection_facts`): the salts and key states :func:`generation_facts` gives, each
+    entry's key state now, the ``finished`` entries with the leaves the log holds them by (the
+    k-gram rows' check, ledger.log.tlog.kgrams_matching), and the latest published checkpoint
+    (a report's tlog-proofs, service.ledger_log.entry_proofs)."""
+
+    salts: dict[str, int] = field(default_factory=dict)
+    at_generation: dict[str, str | None] = field(default_factory=dict)
+    now: dict[str, str] = field(default_factory=dict)
+    finished: dict[str, Any] = field(default_factory=dict)
+    """generation id -> its ``finished`` entry row."""
+    leaves: dict[int, Any] = field(default_factory=dict)
+    """entry id -> its log leaf (not yet checked: ledger.log.tlog.logged_entries does)."""
+    published: tuple[int, str] | None = None
+    """(size, note) of the latest published checkpoint; None: none published."""
+    checked: frozenset[str] = frozenset()
+    """The generation ids read (their finished entries are in ``finished``, if they have one)."""
+
+
+def _facts_statement():
+    from keys.models import KeyRow as WatermarkKey, LogCheckpoint
+
+    table, leaves, keys, checkpoints = (Row.__table__, LogLeaf.__table__, WatermarkKey.__table__,
+                                        LogCheckpoint.__table__)
+    latest = select(checkpoints.c.size).order_by(checkpoints.c.size.desc()).limit(1)
+    return (select(table, *tlog.leaf_columns(), keys.c.state.label("key_state_now"),
+                   latest.scalar_subquery().label("published_size"),
+                   select(checkpoints.c.note).order_by(checkpoints.c.size.desc()).limit(1)
+                   .scalar_subquery().label("published_note"))
+            .select_from(table.outerjoin(leaves, leaves.c.entry_id == table.c.id)
+                         .outerjoin(keys, keys.c.id == table.c.key_id))
+            .where(table.c.generation_id.in_(bindparam("ids", expanding=True))))
+
+
+_DETECTION_FACTS = _facts_statement()
+
+
+def detection_facts(session: Session, generation_ids: Sequence[str]) -> GenerationFacts:
+    """:class:`GenerationFacts` of ``generation_ids`` in one statement (entries joined to
+    their leaves and keys, the latest checkpoint as two scalar subqueries); none for no id.
+    The caller has already scoped the ids to what it may see."""
+    out = GenerationFacts()
+    if not generation_ids:
+        return out
+    rows = session.connection().execute(_DETECTION_FACTS, {"ids": list(dict.fromkeys(generation_ids))}).all()
+    latest: dict[str, tuple[int, str | None]] = {}
+    for row in rows:
+        details = row.details
+        salt = details.get(SALT_DETAIL) if isinstance(details, dict) else None
+        if isinstance(salt, int) and not isinstance(salt, bool):
+            out.salts[row.generation_id] = salt
+        if row.generation_id not in latest or row.id > latest[row.generation_id][0]:
+            latest[row.generation_id] = (row.id, row.key_state)
+        if row.key_id is not None and row.key_state_now is not None:
+            out.now[row.key_id] = row.key_state_now
+        if row.kind == "finished":
+            out.finished[row.generation_id] = row
+        if out.published is None and row.published_size is not None:
+            out.published = (int(row.published_size), row.published_note)
+    out.at_generation = {g: state for g, (_, state) in latest.items()}
+    out.leaves = tlog.joined_leaves(rows)
+    out.checked = frozenset(generation_ids)
+    return out

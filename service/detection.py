@@ -81,6 +81,13 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
         # Whitespace runs as the model writes them, one more form where encode splits them.
         text_variants, forms = with_runs_merged(text_variants, forms, generation_ids.segmentation_table(
             tokenizer, services.engine), lambda part: tokenize_with_offsets(tokenizer, part)[0])
+        # Forms that tokenise alike are one test: scored once and counted once in the
+        # Bonferroni factor over the forms (detector.forms), the first of them kept (the
+        # text as sent where it is one: its offsets need no mapping).
+        first: dict[tuple[int, ...], int] = {}
+        kept = [i for i, (ids, _) in enumerate(forms) if first.setdefault(tuple(ids), i) == i]
+        if len(kept) < len(forms):
+            forms, text_variants = [forms[i] for i in kept], [text_variants[i] for i in kept]
         form_names = [form.name for form in text_variants]
         text = params.text
     else:
@@ -160,7 +167,7 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
     cited = [(m["generation_id"], m["ledger"]["entry_hash"]) for m in out.get("ledger_matches") or ()
              if isinstance(m.get("ledger"), dict) and m.get("generation_id")]
     if out["report"] is not None and cited:  # offline proofs that the cited entries are logged
-        proofs = ledger_log.entry_proofs(services, cited)
+        proofs = ledger_log.entry_proofs(services, cited, lookup.facts)
         if proofs:
             out["report"]["log"] = {"tlog_proofs": proofs}
     return out

@@ -128,7 +128,7 @@ def tile(services: Services, path: str) -> tuple[bytes, bool]:
 # --- tlog-proofs of the entries a detection report cites -----------------------------------
 
 
-def entry_proofs(services: Services, cited: list[tuple[str, str]]) -> list[str]:
+def entry_proofs(services: Services, cited: list[tuple[str, str]], facts=None) -> list[str]:
     """``c2sp.org/tlog-proof@v1`` texts for the cited generations' ``finished`` entries
     ((generation id, entry hash) each) against the latest published checkpoint (cosigned by
     the witness quorum when the log has witnesses); an entry it does not cover yet has none.
@@ -137,6 +137,17 @@ def entry_proofs(services: Services, cited: list[tuple[str, str]]) -> list[str]:
 
     wanted = {generation_id: entry_hash for generation_id, entry_hash in cited}
     out: list[str] = []
+    if facts is not None and all(g in facts.checked for g in wanted):
+        # ``facts`` (ledger.read.detection_facts, the detection's look-up) holds the latest
+        # checkpoint and the cited entries' leaves: no query unless a proof is due.
+        if facts.published is None or not wanted:
+            return out
+        size, note = facts.published
+        rows = [(facts.leaves[row.id].idx, facts.leaves[row.id].kgrams_sha256, row.entry_hash)
+                for g, row in facts.finished.items() if g in wanted and row.id in facts.leaves
+                and facts.leaves[row.id].idx < size]
+        if not any(entry_hash in wanted.values() and kgrams is not None for _, kgrams, entry_hash in rows):
+            return out
     try:
         return _entry_proofs(services, wanted, out)
     except KeyStoreError as exc:  # the report stands without them; `ledger verify` names a damaged log

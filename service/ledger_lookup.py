@@ -6,9 +6,13 @@ their recorded salt) and which generations it cites as a second basis (service.d
 after). Both rest on the same two look-ups: generations whose output is exactly the text
 (output hash) and generations sharing k-grams with any form of it (ledger.kgrams, one hash and
 one query for every key under scheme 2). :func:`look_up` makes them once, in one read
-transaction; the basis then reuses its k-gram rows (ledger.kgrams.KgramCache) for the shared
-tokens' evidence, and the salts and key states of what it found, read in the same
-transaction, so that the basis usually needs no query at all. Rows are append-only and a
+transaction of at most 3 statements (issue 30): the exact copies with their log leaves; every
+k-gram row the text and its matched generations need (ledger.kgram_cache.KgramCache.read_all);
+those generations' entries, leaves, key states and the latest checkpoint
+(ledger.read.detection_facts). The basis then reuses its k-gram rows for the shared tokens'
+evidence, and the salts and key states of what it found, so that it needs no query at all;
+the report's tlog-proofs read only when a published checkpoint covers a cited entry. Stores
+with scheme 1 k-gram rows, or without a log key, read more (per-part reads). Rows are append-only and a
 generation's are written in one transaction, so what the look-up read stays right after it.
 """
 
@@ -25,7 +29,7 @@ from ledger import kgrams
 from keys.errors import KeyStoreError
 from ledger.kgrams import KgramCache, KgramMatch
 from ledger.entries import GenerationEntry, hash_output
-from ledger.read import find_generations_by_output_hash, generation_facts
+from ledger.read import GenerationFacts, detection_facts, find_generations_by_output_hash, generation_facts
 from service.auth import Identity
 from service.http_errors import store_error
 from service.state import Services
@@ -56,6 +60,9 @@ class LedgerLookup:
     """The exact copy whose own token ids were recovered (service.generation_ids), if any."""
     generation_ids: Recovered | None = None
     """Its token ids (their SHA-256 the recorded one) and their character ranges in the text."""
+    facts: GenerationFacts | None = None
+    """What statement 3 read of the generations found (ledger.read.detection_facts): the
+    facts above come from it, and the report's tlog-proofs (service.ledger_log.entry_proofs)."""
 
 
 def stored_keys(candidates: Sequence[Candidate]) -> list[tuple[str, int]]:
@@ -72,15 +79,22 @@ def ledger_scope(services: Services, identity: Identity, tenant: str | None) -> 
 
 
 def _with_facts(session, found: LedgerLookup) -> None:
-    """The salts and key states of what ``found`` holds, one query each (none when it holds
-    nothing): the salt narrowing and the basis read them instead of querying again."""
+    """The salts and key states of what ``found`` holds: from statement 3 (``found.facts``)
+    where it read them all, else one query each (none when it holds nothing). The salt
+    narrowing and the basis read them instead of querying again."""
     generations = [e.id for e in found.exact] + [m.generation_id for ms in found.kgram for m in ms]
+    key_ids = [e.key_id for e in found.exact] + [m.key_id for ms in found.kgram for m in ms]
+    facts = found.facts
+    if facts is not None and all(g in facts.checked for g in generations):  # read in statement 3
+        found.salts = {g: facts.salts[g] for g in generations if g in facts.salts}
+        found.at_generation = {g: facts.at_generation[g] for g in generations if g in facts.at_generation}
+        found.now = {k: facts.now[k] for k in key_ids if k and k in facts.now}
+        return
     # Salts and the key state each generation recorded, one query ({} without one when none).
     found.salts, found.at_generation = generation_facts(session, generations)
     if not generations:
         return
-    found.now = key_states.current_states(session, [e.key_id for e in found.exact]
-                                          + [m.key_id for ms in found.kgram for m in ms])
+    found.now = key_states.current_states(session, key_ids)
 
 
 def look_up(services: Services, identity: Identity, tenant: str | None, candidates: Sequence[Candidate],
@@ -96,11 +110,21 @@ def look_up(services: Services, identity: Identity, tenant: str | None, candidat
         return found
     try:
         with services.store.transaction(write=False) as session:
-            if text:
+            if text:  # statement 1: the exact copies, their log leaves joined
                 found.exact = find_generations_by_output_hash(session, output_sha256=hash_output(text),
                                                               tenant_id=found.scope)
-                if found.exact and recover is not None:
-                    recover(session, found)
+            if keys or found.exact:
+                # Statement 2: the k-gram rows of every form, and every row of the generations
+                # they (or the exact copies) name; statement 3: those generations' entries,
+                # leaves, key states and the latest checkpoint. What follows reads these.
+                searched = distinct_forms(forms, kgrams.K)
+                generations = found.cache.read_all(session, found.scope, searched if keys else [],
+                                                   [e.id for e in found.exact])
+                if generations is not None:
+                    found.facts = detection_facts(session, generations)
+                    found.cache.use_facts(found.facts)
+            if found.exact and recover is not None:
+                recover(session, found)
             if keys:
                 # Every form of the text is searched, not only the one the watermark scores best
                 # (detector.forms.merge_form_matches says why and what it costs).

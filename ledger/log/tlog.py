@@ -411,15 +411,18 @@ _FINISHED_OF = select(LedgerEntry.__table__).where(
     LedgerEntry.__table__.c.kind == "finished")
 
 
-def logged_entries(session: Session, rows: Sequence[LedgerEntry]) -> dict[int, LogLeaf]:
+def logged_entries(session: Session, rows: Sequence[LedgerEntry],
+                   leaves: dict[int, LogLeaf] | None = None) -> dict[int, LogLeaf]:
     """Of ``rows``, those the log holds as written: by entry id, its leaf. An entry inserted
     or changed by anyone without the log key (and so every entry when the store has no log
-    key) is left out: detection never cites it."""
+    key) is left out: detection never cites it. ``leaves``: the rows' leaves by entry id,
+    read already with them (a join: service.ledger_lookup); None: read here."""
     auth = authority(session)
     if auth is None or not rows:
         return {}
-    leaves = {leaf.entry_id: leaf for leaf in session.connection().execute(
-        _LEAVES_OF, {"entry_ids": [r.id for r in rows]})}
+    if leaves is None:
+        leaves = {leaf.entry_id: leaf for leaf in session.connection().execute(
+            _LEAVES_OF, {"entry_ids": [r.id for r in rows]})}
     return {r.id: leaves[r.id] for r in rows if r.id in leaves and _entry_leaf_ok(auth, r, leaves[r.id])}
 
 
@@ -436,7 +439,48 @@ def logged_kgrams(session: Session, digests: dict[str, list[tuple[int, int]]],
     if not digests:
         return set()
     rows = session.connection().execute(_FINISHED_OF, {"generation_ids": list(digests)}).all()
-    leaves = logged_entries(session, rows)
+    return kgrams_matching(rows, logged_entries(session, rows), digests, labels)
+
+
+LEAF_LABEL = "leaf_"
+"""The prefix of a leaf's columns joined to its entry's (:func:`leaf_columns`)."""
+
+
+def leaf_columns() -> list:
+    """Every ``log_leaves`` column labelled ``leaf_<name>``: selected beside an entry's own
+    (an outer join on ``entry_id``), so that one statement reads entries and their leaves."""
+    table = LogLeaf.__table__
+    return [table.c[name].label(LEAF_LABEL + name) for name in _LEAF_FIELDS]
+
+
+def joined_leaves(rows: Iterable[Any]) -> dict[int, Any]:
+    """The leaves of entry rows read with :func:`leaf_columns`, by entry id (rows without one
+    left out), with the attributes of a ``LogLeaf``."""
+    out = {}
+    for row in rows:
+        mapping = row._mapping
+        if mapping[LEAF_LABEL + "idx"] is not None:
+            out[row.id] = _JoinedLeaf(*(mapping[LEAF_LABEL + name] for name in _LEAF_FIELDS))
+    return out
+
+
+@dataclass(frozen=True)
+class _JoinedLeaf:
+    idx: int
+    leaf_hash: bytes
+    kind: str
+    entry_id: int | None
+    tenant_id: str | None
+    kgrams_sha256: str | None
+    kid: str | None
+    data: bytes | None
+    mac: bytes
+
+
+def kgrams_matching(rows: Sequence[LedgerEntry], leaves: dict[int, LogLeaf], digests: dict[str, list[tuple[int, int]]],
+                    labels: dict[str, set[tuple[str, str]]] | None = None) -> set[str]:
+    """:func:`logged_kgrams` given the generations' ``finished`` entries ``rows`` and, of
+    those, the ones the log holds as written (:func:`logged_entries`'s answer, however read)."""
     return {r.generation_id for r in rows
             if r.id in leaves and leaves[r.id].kgrams_sha256 == kgram_rows_commitment(digests[r.generation_id])
             and len(set(digests[r.generation_id])) == len(digests[r.generation_id])

@@ -48,6 +48,25 @@ def _edited(tokens, rng):
     return edited
 
 
+def _one_read(session, keys, tokens, scope, exact=()):
+    """find_matches as a detection's look-up runs it (service.ledger_lookup): the k-gram table
+    read in one statement, the matched generations' entries, leaves and key states in one
+    more (ledger.read.detection_facts), the log check answered from those."""
+    from ledger.read import detection_facts
+
+    cache = kgrams.KgramCache()
+    generations = cache.read_all(session, scope, [tokens], exact)
+    cache.use_facts(detection_facts(session, generations))
+    return kgrams.find_matches(session, keys=keys, token_ids=tokens, tenant_id=scope, cache=cache)
+
+
+def _both_paths(session, keys, tokens, scope):
+    """find_matches on its own and in one read: the same matches (bounds included)."""
+    alone = kgrams.find_matches(session, keys=keys, token_ids=tokens, tenant_id=scope)
+    assert _one_read(session, keys, tokens, scope) == alone
+    return alone
+
+
 @pytest.fixture
 def setup(two_tenants):
     made = two_tenants(beta_key=True)
@@ -154,8 +173,7 @@ def test_tampered_rows_of_either_scheme_are_never_cited(store, setup, database_u
     other = _gen(store, beta, beta_key, [rng.randrange(50_000) for _ in range(120)], scheme=scheme)
     keys = [(acme_key.key_id, acme_key.material.secret)]
     with store.transaction(write=False) as session:
-        assert [m.generation_id for m in kgrams.find_matches(session, keys=keys, token_ids=tokens,
-                                                              tenant_id=acme.id)] == [target]
+        assert [m.generation_id for m in _both_paths(session, keys, tokens, acme.id)] == [target]
     g = {"g": target, "o": other}
     if tamper == "relabel":  # the same digests, claimed under the other scheme
         _owner_sql(database_url, "UPDATE ledger_kgrams SET scheme = :s WHERE generation_id = :g",
@@ -171,7 +189,7 @@ def test_tampered_rows_of_either_scheme_are_never_cited(store, setup, database_u
         _owner_sql(database_url, "UPDATE ledger_kgrams SET generation_id = :g WHERE id IN "
                                  "(SELECT min(id) FROM ledger_kgrams WHERE generation_id = :o)", g)
     with store.transaction(write=False) as session:
-        assert kgrams.find_matches(session, keys=keys, token_ids=tokens, tenant_id=acme.id) == []
+        assert _both_paths(session, keys, tokens, acme.id) == []
         problems = audit_log(session, tlog.authority(session)).problems
     assert any(target in p and "k-gram rows" in p for p in problems), problems
 
@@ -201,7 +219,7 @@ def test_rows_relabelled_to_another_key_or_copied_are_never_cited(store, setup, 
                                  "WHERE id IN (SELECT min(id) FROM ledger_kgrams WHERE generation_id = :g)", g)
     with store.transaction(write=False) as session:
         for keys, scope in [(beta_keys, beta.id), (beta_keys, None), (acme_keys, acme.id)]:
-            assert kgrams.find_matches(session, keys=keys, token_ids=tokens, tenant_id=scope) == [], (keys, scope)
+            assert _both_paths(session, keys, tokens, scope) == [], (keys, scope)
         problems = audit_log(session, tlog.authority(session)).problems
     assert any(target in p and "k-gram rows" in p for p in problems), problems
 
@@ -288,3 +306,35 @@ def test_rows_from_before_migration_0010_become_scheme_1(tmp_path):
             assert connection.execute(text("SELECT scheme, digest FROM ledger_kgrams")).all() == [(1, 42)]
     finally:
         engine.dispose()
+
+
+def test_one_read_is_two_statements_and_finds_the_same(store, setup):
+    """A detection's look-up (service.ledger_lookup) reads the k-gram table in one statement
+    and the matched generations' facts in one more, on either backend, and finds what the
+    per-part reads find: an exact copy's and an edited copy's matches, in a tenant and store-wide."""
+    acme, acme_key, beta, beta_key = setup
+    rng = random.Random(21)
+    tokens = [rng.randrange(50_000) for _ in range(120)]
+    target = _gen(store, acme, acme_key, tokens)
+    _gen(store, beta, beta_key, tokens[:40] + [rng.randrange(50_000) for _ in range(80)])  # shares 33 k-grams
+    keys = [(acme_key.key_id, acme_key.material.secret), (beta_key.key_id, beta_key.material.secret)]
+    seen: list[str] = []
+
+    def count(conn, cursor, statement, parameters, context, executemany):
+        seen.append(statement)
+
+    for text_tokens in (tokens, _edited(tokens, rng)):
+        for scope in (acme.id, None):
+            with store.transaction(write=False) as session:
+                expected = kgrams.find_matches(session, keys=keys, token_ids=text_tokens, tenant_id=scope)
+                assert expected and expected[0].generation_id == target
+                tlog.authority(session)  # opened once per store, not per request
+                seen.clear()
+                event.listen(store.engine, "before_cursor_execute", count)
+                try:
+                    found = _one_read(session, keys, text_tokens, scope, exact=[target])
+                finally:
+                    event.remove(store.engine, "before_cursor_execute", count)
+            assert found == expected
+            queries = [q for q in seen if q.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK")]
+            assert len(queries) == 2, queries
