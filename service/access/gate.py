@@ -264,7 +264,8 @@ async def _settle(services, access: Access, who: Principal, identity: Identity |
         return
 
     def settle(session) -> None:
-        if budgets and float(tokens) != charge.reserved:
+        if budgets and (charge.rows or float(tokens) != charge.reserved):
+            # Written even at no difference: the row uses the reservation's one refund (budgets.charge).
             access.budgets.charge(session, budgets, float(tokens) - charge.reserved, settles=charge.rows)
         if audit:
             record_audit(session, actor=f"api:{identity.token_id}",
