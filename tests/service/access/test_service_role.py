@@ -113,6 +113,13 @@ def test_the_service_role_cannot_reset_budgets_or_probe_families(service_gateway
                 service, "INSERT INTO access_spend (id, name, amount, created, settles) VALUES (:id, :name, -1, 0, :s)",
                 id=secrets.token_hex(16), name=rows[0].name, s=rows[0].id)
         assert settled
+        # Every answered check's reservation is settled (its one refund used), even where it
+        # scored exactly what it reserved: none is left for the service role to give back.
+        with service.connect() as connection:
+            open_reservations = connection.execute(text(
+                "SELECT count(*) FROM access_spend r WHERE r.amount > 0 AND r.settles IS NULL "
+                "AND NOT EXISTS (SELECT 1 FROM access_spend s WHERE s.settles = r.id)")).scalar_one()
+        assert open_reservations == 0
         # A backdated row is stamped with the database's clock.
         with service.connect() as connection:
             connection.execute(text("INSERT INTO access_spend (id, name, amount, created) VALUES ('x1', 'n', 1, 0)"))
