@@ -20,7 +20,13 @@ query that matches several families is refused if any of them is spent.
 
 Families are kept for the whole window (24 hours; no last-N cut: 500 junk checks reopened a
 family before) and per family space: a tenant (every token of it, its admin tokens included),
-an expert or admin token, or for the public tier a wide address group (service.access.addresses).
+an expert or admin token, or for the public tier one space for every caller (a fresh network
+for every query was a fresh allowance of the same text: service.access.tiers). An exact
+repeat of an answered query (:func:`same_query`) is answered again without counting.
+
+Cost: each space's queries of the window are kept in the process with an index from k-gram
+hash to query (:class:`_Space`), so a check compares only the queries sharing a window with
+it and reads only the rows added since the last check.
 
 What is kept: per query, keyed 8-byte hashes (BLAKE2b under a key derived from the KEK) of
 its 5-grams, at most ``_MAX_HASHES`` of them chosen by a fixed rule so two queries keep the
