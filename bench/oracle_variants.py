@@ -11,8 +11,8 @@ current text) that tried to get more answers than the probe guard allows:
 * ``flushing``: on a probe-guard refusal, 520 junk checks, then the query again;
 * ``many_tokens``: each query through the next of three tokens of one tenant (tenant tiers);
 * ``admin_token``: the tenant's own admin token (`tokens issue --tenant T --admin`);
-* ``many_addresses``: each query from a new address in a new /24 (public; a Sybil with
-  many networks: stated, not defended beyond the global budget and each network's share);
+* ``many_addresses``: each query from a new address in a new /24 (public; a Sybil with many
+  networks: since the third round every public caller shares one family space);
 * ``xff``: a new ``X-Forwarded-For`` per query (public; no proxy is trusted by default).
 """
 

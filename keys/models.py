@@ -202,6 +202,10 @@ class RateLimitBucket(Base):
     name: Mapped[str] = mapped_column(String(200), primary_key=True)
     level: Mapped[float] = mapped_column(Double())
     updated: Mapped[float] = mapped_column(Double())
+    rate: Mapped[float | None] = mapped_column(Double(), nullable=True)
+    """Pinned at creation on PostgreSQL (``hallmark_take_bucket``, migration 0013): a caller
+    passing a larger rate or burst refills nothing."""
+    burst: Mapped[float | None] = mapped_column(Double(), nullable=True)
 
 
 class ProbeQuery(Base):

@@ -9,13 +9,16 @@ grant-service-role NAME``) that may only:
   transparency log's ``log_leaves``, ``log_nodes`` and ``log_checkpoints``, and the detection
   access tables ``access_spend`` and ``probe_queries`` (append, never rewrite; the last two's
   old rows only through the owner's ``hallmark_prune_access()``, which it may EXECUTE); SELECT, UPDATE on ``log_head`` (each append moves it, under its row lock);
+- SELECT on ``rate_limit_buckets``, written only through the owner's
+  ``hallmark_take_bucket()`` (EXECUTE): it pins each bucket's rate and burst and takes refunds
+  only for generation token buckets, so the role cannot refill a per-minute limit;
 - SELECT on ``tenants``, ``watermark_keys``, ``api_tokens``, ``signing_keys``,
   ``log_keys`` and ``alembic_version``: key, signing-key and token changes are the admin
   CLI's, run as the owner (the gateway can neither add a signing key nor retire one);
 - SELECT, UPDATE on ``store_kek`` (UPDATE is what PostgreSQL requires for the row lock
   that writers of wrapped secrets take);
-- SELECT, INSERT, UPDATE, DELETE on any other table (later migrations' working tables,
-  such as shared rate limits), and the sequences behind them.
+- SELECT, INSERT, UPDATE, DELETE on any other table (later migrations' working tables),
+  and the sequences behind them.
 
 Not being the owner, the role cannot TRUNCATE, ALTER (disable triggers), or DROP
 anything; being refused superuser and BYPASSRLS here, it cannot escape that either.
@@ -34,9 +37,13 @@ APPEND_ONLY = ("ledger_entries", "ledger_kgrams", "audit_events", "log_leaves", 
                "access_spend", "probe_queries")
 """``access_spend`` and ``probe_queries``: detection budgets and probe families, which the
 service must not reset (issue 31); their old rows go through ``hallmark_prune_access()``."""
-FUNCTIONS = ("hallmark_prune_access()",)
+FUNCTIONS = ("hallmark_prune_access()",
+             "hallmark_take_bucket(text, double precision, double precision, double precision)")
 """Owner-defined SECURITY DEFINER functions the service role may call."""
-READ_ONLY = ("tenants", "watermark_keys", "api_tokens", "signing_keys", "log_keys", "alembic_version")
+READ_ONLY = ("tenants", "watermark_keys", "api_tokens", "signing_keys", "log_keys", "alembic_version",
+             "rate_limit_buckets")
+"""``rate_limit_buckets``: written only through ``hallmark_take_bucket()`` (migration 0013), so
+the service role cannot refill a per-minute limit (issue 31)."""
 SPECIAL = {"store_kek": "SELECT, UPDATE", "log_head": "SELECT, UPDATE"}
 _ROLE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 

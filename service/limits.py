@@ -6,7 +6,8 @@ takes ``cost`` units or is refused with the seconds until it could succeed (HTTP
 Retry-After). Buckets live where every gateway replica sees them:
 
 * ``database`` (the default on PostgreSQL): one row per bucket in ``rate_limit_buckets``,
-  updated under a row lock, timed by the database's clock;
+  updated under a row lock, timed by the database's clock, through the owner's
+  ``hallmark_take_bucket()`` (migration 0013: the service role cannot refill a bucket);
 * ``redis`` (``HALLMARK_REDIS_URL``): one hash per bucket, updated by one Lua script, timed
   by Redis's clock;
 * ``memory`` (the default on SQLite): this process only.
@@ -89,19 +90,17 @@ class DatabaseBuckets:
         with self.store.transaction() as session:
             connection = session.connection()
             if self._postgres:
-                connection.execute(text(
-                    "INSERT INTO rate_limit_buckets (name, level, updated) "
-                    "VALUES (:name, :burst, EXTRACT(EPOCH FROM clock_timestamp())) ON CONFLICT (name) DO NOTHING"),
-                    {"name": name, "burst": burst})
-                level, updated, now = connection.execute(text(
-                    "SELECT level, updated, EXTRACT(EPOCH FROM clock_timestamp())::float8 FROM rate_limit_buckets "
-                    "WHERE name = :name FOR UPDATE"), {"name": name}).one()
-            else:  # SQLite: the write transaction (BEGIN IMMEDIATE) already serialises takers
-                now = time.time()
-                connection.execute(text("INSERT OR IGNORE INTO rate_limit_buckets (name, level, updated) "
-                                        "VALUES (:name, :burst, :now)"), {"name": name, "burst": burst, "now": now})
-                level, updated = connection.execute(text(
-                    "SELECT level, updated FROM rate_limit_buckets WHERE name = :name"), {"name": name}).one()
+                # The owner's function is the table's one write path (migration 0013): the service
+                # role cannot refill a bucket, pass itself a larger rate, or refund a detection.
+                wait = connection.execute(text("SELECT hallmark_take_bucket(:name, :cost, :rate, :burst)"),
+                                          {"name": name, "cost": cost, "rate": rate, "burst": burst}).scalar_one()
+                return math.inf if wait < 0 else wait
+            # SQLite: the write transaction (BEGIN IMMEDIATE) already serialises takers
+            now = time.time()
+            connection.execute(text("INSERT OR IGNORE INTO rate_limit_buckets (name, level, updated) "
+                                    "VALUES (:name, :burst, :now)"), {"name": name, "burst": burst, "now": now})
+            level, updated = connection.execute(text(
+                "SELECT level, updated FROM rate_limit_buckets WHERE name = :name"), {"name": name}).one()
             level, wait = _decide(_refill(level, now - updated, rate, burst), cost, rate, burst)
             connection.execute(text("UPDATE rate_limit_buckets SET level = :level, updated = :now WHERE name = :name"),
                                {"level": level, "now": now, "name": name})

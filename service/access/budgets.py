@@ -106,7 +106,10 @@ class Budgets:
         for budget in sorted(budgets, key=lambda b: b.name):
             self._lock(connection, budget)
             row = secrets.token_hex(16)
-            settled = (settles or {}).get(budget.name) if cost < 0 else None
+            # A settlement always names its reservation, whatever its sign (zero included): the
+            # reservation's one refund is then used, and the service role cannot give it back
+            # later (a token-id body scores exactly what it reserved, and wrote no row before).
+            settled = (settles or {}).get(budget.name)
             if cost < 0 and settled is None:
                 continue  # nothing to give back against
             connection.execute(text(

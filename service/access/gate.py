@@ -16,7 +16,9 @@
 5. the core (:func:`service.detection.detect`) at full precision;
 6. in one write: the difference between the tokens scored and the reservation is charged
    (or refunded), and an expert's or operator's request or an evidence use is audited (no text, no text
-   hash); a request that fails between 4 and 6 gets its reservation back;
+   hash); awaited only when it holds an audit event (a settlement alone is queued: it only gives
+   back what the reservation over-counted); a request that fails between 4 and 6 gets its
+   reservation back;
 7. the tier's answer (:mod:`service.access.shape`), its report re-signed.
 
 The writes (4, 6) go through :mod:`service.access.group_commit`: committed with other
@@ -264,7 +266,8 @@ async def _settle(services, access: Access, who: Principal, identity: Identity |
         return
 
     def settle(session) -> None:
-        if budgets and float(tokens) != charge.reserved:
+        if budgets and (charge.rows or float(tokens) != charge.reserved):
+            # Written even at no difference: the row uses the reservation's one refund (budgets.charge).
             access.budgets.charge(session, budgets, float(tokens) - charge.reserved, settles=charge.rows)
         if audit:
             record_audit(session, actor=f"api:{identity.token_id}",
@@ -273,8 +276,17 @@ async def _settle(services, access: Access, who: Principal, identity: Identity |
                          details={"token_id": identity.token_id, "tier": who.tier, "tokens": tokens,
                                   "evidence": evidence, "verdict": verdict})
 
-    await _write(access, settle)
-    charge.settled = True  # only once committed: a settle that failed leaves the refund to answer()
+    if audit:
+        await _write(access, settle)
+        charge.settled = True  # only once committed: a settle that failed leaves the refund to answer()
+        return
+    # Without an audit event the settlement only gives back what the reservation over-counted
+    # (a text's bytes bound its tokens): queued, not awaited, so the answer leaves one commit
+    # sooner (and under another principal's flood, one group's commit sooner). The writes'
+    # thread takes its queue in order, so this principal's next admission counts it; were it
+    # lost, the budget would only be charged the whole reservation.
+    charge.settled = True
+    access.writes.submit(settle).add_done_callback(_log_failed("settle"))
 
 
 _AUDIT_ACTIONS = {EXPERT: "detection.expert", OPERATOR: "detection.operator"}
@@ -328,6 +340,13 @@ async def answer(services, identity: Identity | None, body: DetectBody, who: Pri
     return shown
 
 
+def _log_failed(what: str) -> Callable[[Any], None]:
+    def failed(future) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            log.warning("could not %s a detection's reservation: %s", what, type(future.exception()).__name__)
+    return failed
+
+
 def _refund(access: Access, who: Principal, settings, charge: Charge) -> None:
     """Give back the reservation (and the evidence use) of a request that failed (or was
     cancelled) before its answer left: queued, not awaited (a cancelled task may not await
@@ -342,12 +361,7 @@ def _refund(access: Access, who: Principal, settings, charge: Charge) -> None:
         if evidence_budget:
             access.budgets.charge(session, evidence_budget, -1.0, settles=charge.evidence_rows)
 
-    def failed(future) -> None:
-        if not future.cancelled() and future.exception() is not None:
-            log.warning("could not refund a failed detection's reservation: %s",
-                        type(future.exception()).__name__)
-
-    access.writes.submit(refund).add_done_callback(failed)
+    access.writes.submit(refund).add_done_callback(_log_failed("refund"))
 
 
 def _check_rate(services, identity: Identity | None, who: Principal) -> None:

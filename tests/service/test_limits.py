@@ -79,14 +79,27 @@ def buckets(request, tmp_path):
 
 def test_bucket_takes_refuses_refunds(buckets):
     rate, burst = 0.001, 3.0  # refills one unit in ~17 minutes: nothing refills during the test
-    assert [buckets.take("a", 1, rate, burst) for _ in range(3)] == [0.0, 0.0, 0.0]
-    wait = buckets.take("a", 1, rate, burst)
+    # Generation token buckets ("gen:"): the only ones a refund may go to on PostgreSQL (migration 0013).
+    assert [buckets.take("gen:a", 1, rate, burst) for _ in range(3)] == [0.0, 0.0, 0.0]
+    wait = buckets.take("gen:a", 1, rate, burst)
     assert 900 < wait < 1100  # (1 - level) / rate
-    assert buckets.take("b", 1, rate, burst) == 0.0  # buckets are independent
-    assert buckets.take("a", -2, rate, burst) == 0.0  # a refund
-    assert buckets.take("a", 2, rate, burst) == 0.0
-    assert math.isinf(buckets.take("c", 4, rate, burst))  # more than the bucket ever holds
-    assert buckets.take("c", -10, rate, burst) == 0.0 and buckets.take("c", 3, rate, burst) == 0.0  # capped at burst
+    assert buckets.take("gen:b", 1, rate, burst) == 0.0  # buckets are independent
+    assert buckets.take("gen:a", -2, rate, burst) == 0.0  # a refund
+    assert buckets.take("gen:a", 2, rate, burst) == 0.0
+    assert math.isinf(buckets.take("gen:c", 4, rate, burst))  # more than the bucket ever holds
+    assert buckets.take("gen:c", -10, rate, burst) == 0.0 and buckets.take("gen:c", 3, rate, burst) == 0.0  # capped
+
+
+def test_on_postgresql_a_detection_bucket_takes_no_refund_and_keeps_its_rate(buckets):
+    """The owner's hallmark_take_bucket() is the table's one write path on PostgreSQL (issue 31):
+    a detection's rate bucket cannot be refunded, and a caller passing a larger rate or burst
+    than the bucket was created with refills nothing."""
+    if not isinstance(buckets, DatabaseBuckets) or not buckets._postgres:
+        pytest.skip("PostgreSQL's owner function")
+    assert [buckets.take("detect:t", 1, 0.001, 2.0) for _ in range(2)] == [0.0, 0.0]
+    with pytest.raises(Exception, match="refund"):
+        buckets.take("detect:t", -2, 0.001, 2.0)
+    assert buckets.take("detect:t", 1, 1e9, 1e9) > 100  # still the pinned 0.001 a second
 
 
 def test_a_failing_shared_backend_falls_back_to_this_process():

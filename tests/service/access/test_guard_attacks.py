@@ -1,7 +1,8 @@
 """The probe guard against issue 31's second-round attacks, each sent to a running gateway:
 padding (the text plus 1.5x its length of fresh junk each time), padding token ids, splitting a
 text over queries, interleaving it with junk, flushing (more than 500 junk checks between two
-checks of the text) and many tokens of one tenant. Each must end at the family's limit (3)."""
+checks of the text) and many tokens of one tenant. Each must end at the family's limit (3).
+An exact repeat of an answered query is answered without counting (nothing new to learn)."""
 
 from __future__ import annotations
 
@@ -75,10 +76,12 @@ def test_padded_token_ids_and_the_text_are_one_family(guarded):
 
 
 def test_splitting_a_text_over_queries_counts_against_its_family(guarded):
-    text = _subject(3)
+    rng, text = random.Random(3), _subject(3)
     words = text.split()
     half = " ".join(words[: len(words) // 2])
-    assert [_detect(guarded, "acme", text=half) for _ in range(LIMIT)] == [200] * LIMIT
+    # The half probed (edited a little each time; the same query again would be an exact repeat,
+    # answered without counting: nothing new to learn from it).
+    assert [_detect(guarded, "acme", text=_edit(half, rng)) for _ in range(LIMIT)] == [200] * LIMIT
     assert _detect(guarded, "acme", text=text) == 429  # the whole contains the spent half
 
 
@@ -128,5 +131,16 @@ def test_a_tenants_own_recorded_generation_is_not_counted_but_its_edited_copies_
     rng = random.Random(8)
     edited = [_detect(guarded, "acme", text=_edit(made["text"], rng)) for _ in range(LIMIT + 1)]
     assert edited == [200] * LIMIT + [429]
-    # Another tenant's copy of it is not its own generation: counted.
-    assert [_detect(guarded, "globex", text=made["text"]) for _ in range(LIMIT + 1)] == [200] * LIMIT + [429]
+    # Another tenant's copy of it is not its own generation: counted (its exact repeats are not,
+    # as any text's: the same answer again), so its edited copies end at the limit.
+    assert [_detect(guarded, "globex", text=made["text"]) for _ in range(2)] == [200, 200]
+    rng = random.Random(10)
+    assert [_detect(guarded, "globex", text=_edit(made["text"], rng)) for _ in range(LIMIT)] == \
+        [200] * (LIMIT - 1) + [429]
+
+
+def test_an_exact_repeat_is_answered_again_without_counting_and_an_edit_is_not_a_repeat(guarded):
+    rng, text = random.Random(9), _subject(9)
+    assert [_detect(guarded, "acme", text=text) for _ in range(LIMIT + 3)] == [200] * (LIMIT + 3)  # one member
+    assert [_detect(guarded, "acme", text=_edit(text, rng)) for _ in range(LIMIT)] == [200] * (LIMIT - 1) + [429]
+    assert _detect(guarded, "acme", text=text) == 200  # the answered text itself: still the same answer

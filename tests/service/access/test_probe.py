@@ -55,3 +55,41 @@ def test_two_replicas_placing_a_familys_last_query_at_once_admit_one():
     finally:
         store.close()
         pg.close()
+
+
+def test_the_in_process_index_follows_the_store_rollbacks_expiry_and_other_writers(tmp_path):
+    """Each family space is indexed in the process and read incrementally (issue 31, third
+    round): a placement rolled back, rows another writer added or deleted, and rows past the
+    window must leave the same verdicts as reading the store whole."""
+    store = open_store(StoreSettings(database_url=f"sqlite:///{tmp_path / 'p.db'}",
+                                     kek=SecretStr(Kek.generate().to_base64())), check_schema=False, create=True)
+    migrate.upgrade(store.engine)
+    key = secrets.token_bytes(32)
+    texts = [probe.sketch(key, variant(HUMAN, i)) for i in range(6)]
+
+    def place(sketch, now, per_day=2):
+        with store.transaction() as session:
+            return probe.guard(session, principal="q", query=sketch, per_day=per_day, min_share=0.5, now=now)
+
+    try:
+        t0 = 1_000_000.0
+        assert place(texts[0], t0).admitted
+        # A placement whose transaction rolls back leaves nothing behind, in the store or the index.
+        with pytest.raises(RuntimeError):
+            with store.transaction() as session:
+                assert probe.guard(session, principal="q", query=texts[1], per_day=2, min_share=0.5, now=t0 + 1).admitted
+                raise RuntimeError("rolled back")
+        assert place(texts[2], t0 + 2).admitted  # the second of the family, not the third
+        assert not place(texts[3], t0 + 3).admitted
+        assert place(texts[0], t0 + 4).repeat  # an exact repeat: answered, not counted
+        # Another writer deletes the family's rows (the owner pruning, say): the count differs and
+        # the space is read again whole.
+        with store.transaction() as session:
+            session.execute(probe.delete(probe.ProbeQuery).where(probe.ProbeQuery.principal == "q"))
+        assert place(texts[4], t0 + 5).admitted
+        # A day later the window holds none of it.
+        later = t0 + probe.WINDOW_S + 10
+        assert place(texts[5], later).admitted and place(texts[3], later + 1).admitted
+        assert not place(texts[1], later + 2).admitted
+    finally:
+        store.close()

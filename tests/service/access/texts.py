@@ -17,6 +17,21 @@ HUMAN = (
     "would never be built, and whether the lighthouse keeper's dog was really fourteen years old."
 )
 
+OTHER = (
+    "Every spring the river flooded the lower meadows, and every spring the farmers moved their sheep "
+    "to the ridge and waited. The water came brown and slow, carrying branches, fence posts and once a "
+    "rowing boat with no one in it, which the postmaster claimed and painted blue. When it went down it "
+    "left a skin of silt that cracked in the sun, and the grass that grew through it was the best in the "
+    "valley. The old surveyor kept a notebook of the flood marks on the mill wall, each dated in pencil, "
+    "and argued with anyone who would listen that the river was rising a finger's width every decade. "
+    "The schoolteacher set her pupils to measure it themselves, with string and a borrowed ladder, and "
+    "they found he was right, which pleased him more than anything had in years. On market days the "
+    "square smelled of onions and wet wool; the cheese seller sang hymns out of tune, the cobbler mended "
+    "boots on an upturned crate, and the mayor walked from stall to stall shaking hands with people who "
+    "had not voted for him. In autumn the swallows gathered on the telegraph wires, and the children "
+    "counted them every morning until one day the wires were empty and it was time to light the stoves."
+)
+
 
 def variant(text: str, i: int) -> str:
     """``text`` with its ``i``-th word (counting every seventh) replaced: one small edit, the
