@@ -5,8 +5,8 @@
 
 The probe guard answers a text's family 3 times a day (per tenant; on the public tier once
 for every caller together), so 30 days buy at most 90 answers about one text, each of them
-what the tier shows: the tenant tier's p rounded up to a power of ten, the public tier's
-verdict and band. This bench gives the attacker exactly that: bench.oracle_attack's ratchet
+what the tier shows: the tenant tier's p rounded up to a power of ten at or below its
+threshold and the band ``p > threshold`` above it (since run 3), the public tier's verdict and band. This bench gives the attacker exactly that: bench.oracle_attack's ratchet
 (per round 5 random token changes, kept when the tier's signal rose), 3 x --days rounds, on a
 human text (a licence paragraph of >= 205 tokens, each attempt its own), the answers computed
 by the gateway's expert tier over HTTP and cut down to the tier's view by the gateway's own
@@ -47,7 +47,9 @@ class ViewOracle:
         if self.view == "tenant":
             shown = shape.tenant_answer(full, evidence=False)
             return {"refused": None, "watermarked": bool(shown["watermarked"]), "ledger": False,
-                    "signal": -float(shown["log10_p_value"]), "scores": None}
+                    # Above the threshold the tenant tier shows one band, no p (issue 31, run 3).
+                    "signal": -float(shown["log10_p_value"] if shown["log10_p_value"] is not None else 0.0),
+                    "scores": None}
         shown = shape.public_answer(full, tokens=int(full.get("total_tokens") or 0), min_tokens=200,
                                     provider="bench", attributed=set())
         return {"refused": None, "watermarked": shown["verdict"] == "watermarked", "ledger": False,

@@ -125,8 +125,11 @@ class DetectResponse(_Body):
 
     watermarked: bool
     """The global p-value is at most `threshold`, or the ledger is a basis (`basis`)."""
-    p_value: float
-    log10_p_value: float
+    p_value: float | None
+    log10_p_value: float | None
+    """Null in a tenant token's answer about a text that does not pass (`p_band` says "p > threshold")."""
+    p_band: str | None = None
+    """A tenant token's answer only: "p <= 1e-N" (the rounded p) or "p > <threshold>" (issue 31)."""
     threshold: float
     scored_tokens: int
     total_tokens: int

@@ -5,7 +5,8 @@
 2. a slot of the principal's (:mod:`service.access.slots`): for bodies detected in a worker
    thread, taken by the route before anything else; for small bodies detected on the event
    loop, around the core;
-3. the tier's options (a tenant's threshold is a whole power of ten; evidence needs the
+3. the tier's options (a tenant's threshold is a whole power of ten, at most the signing
+   policy's maximum; evidence needs the
    ``evidence`` scope), then the per-token request rate (429 before the probe guard counts the
    query: a refused request is not one of its family's checks);
 4. in one write: the principal's budgets admit (429 ``detection_budget_exhausted``), the
@@ -127,7 +128,7 @@ def _budgets(settings, who: Principal) -> list[Budget]:
     return []  # expert and operator: unlimited volume
 
 
-def _check_options(tier: str, identity: Identity | None, body: DetectBody) -> bool:
+def _check_options(tier: str, identity: Identity | None, body: DetectBody, max_p: float) -> bool:
     """Whether per-token evidence is asked for and allowed (403 if asked for without the scope)."""
     if tier == TENANT:
         # Another tenant named: 403 before admission (a refused query is not one of a family's checks).
@@ -138,6 +139,11 @@ def _check_options(tier: str, identity: Identity | None, body: DetectBody) -> bo
             # Arbitrary thresholds would let a caller bisect the p-value this tier rounds.
             raise Forbidden(f"threshold {body.threshold!r}: a tenant token may choose a whole power of ten "
                                 "(1e-3, 1e-6, ...); the p-value it sees is rounded to one")
+        if body.threshold > max_p * (1 + 1e-9):
+            # Above its threshold a tenant sees only "p > threshold" (service.access.shape): a looser
+            # threshold, stepped down a power of ten per query, would hand the ratchet its gradient back.
+            raise Forbidden(f"threshold {body.threshold!r}: a tenant token may choose the provider's policy maximum "
+                            f"{max_p:g} or a stricter power of ten")
     if not body.evidence:
         return False
     if tier == TENANT and "evidence" not in (identity.scopes if identity else ()):
@@ -315,7 +321,7 @@ async def answer(services, identity: Identity | None, body: DetectBody, who: Pri
     access = access_of(services)
     tier = who.tier
     check_size(settings, tier, body)
-    evidence = _check_options(tier, identity, body)
+    evidence = _check_options(tier, identity, body, services.settings.signed_max_p)
     _check_rate(services, identity, who)
     charge = await _admit(services, access, who, body, evidence, inline, identity)
     try:

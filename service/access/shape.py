@@ -69,19 +69,43 @@ def _rounded(value: Any) -> Any:
 
 
 def tenant_answer(full: dict[str, Any], *, evidence: bool) -> dict[str, Any]:
-    """The tenant tier: verdict, key, p to a whole power of ten, spans and the ledger's
+    """The tenant tier: verdict, key, p to a whole power of ten where the text passes the
+    threshold (else only the band ``p > threshold``: :func:`_above_threshold`), spans and the ledger's
     citations (generation ids, k-gram counts, whether each match passes; bounds to a power of
     ten); no scores, no per-test p-values; per-token evidence only with the ``evidence`` scope
     and only of the tenant's own generation, unedited (issue 31 item 3: evidence on any other
     text plans the next edit)."""
     out = {k: v for k, v in full.items() if k not in ("report", "evidence")}
     out = _rounded(out)
+    threshold = full.get("threshold")
+    if not full.get("watermarked") and isinstance(threshold, (int, float)) and threshold > 0:
+        out = _above_threshold(out, threshold)
+    else:
+        out["p_band"] = f"p <= 1e{power_of_ten(full.get('log10_p_value'))}"
     out["tier"] = TENANT
     if evidence and full.get("evidence"):
         if own_unedited(full):
             out["evidence"] = coarse_evidence(full["evidence"])
         else:
             out["evidence_withheld"] = EVIDENCE_WITHHELD
+    return out
+
+
+def _above_threshold(shown: dict[str, Any], threshold: float) -> dict[str, Any]:
+    """A tenant's answer about a text the watermark does not pass: one band, no p-values.
+
+    Issue 31: the rounded p was a ratchet's gradient. An attacker keeping every edit that moved
+    the rounded p down a power of ten spoofed a human text 7 times in 681 within 90 answers (30
+    days of the tenant's family allowance). Above the threshold every text now reads the same
+    (``p > threshold``), so no edit shows progress until the text passes; the per-key p-values
+    and any span go too (each another reading of the same score). The threshold itself is at
+    most the provider's policy maximum in this tier (service.access.gate), so a caller cannot
+    step it down a power of ten at a time to get the gradient back one bit per query."""
+    out = {**shown, "p_value": None, "log10_p_value": None, "p_band": f"p > {threshold:g}", "spans": []}
+    if "log10_p_adjusted" in out:
+        out["log10_p_adjusted"] = None
+    out["per_key"] = [{k: (None if k == "p_value" or k.startswith("log10_") else v) for k, v in entry.items()}
+                      if isinstance(entry, dict) else entry for entry in shown.get("per_key") or ()]
     return out
 
 

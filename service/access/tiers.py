@@ -5,9 +5,10 @@ tier       who                          answer                                  
 =========  ===========================  ============================================  ===================
 public     anyone, no account           verdict in words, provider, opted-in tenant,  per client address
                                         confidence band, tokens, basis, signed report and in all
-tenant     a tenant's API token, or     verdict, key, p to a power of ten, spans;     per tenant
-           its tenant-scoped admin      evidence with the ``evidence`` scope on its
-           token                        own unedited generations
+tenant     a tenant's API token, or     verdict, key, p to a power of ten and spans   per tenant
+           its tenant-scoped admin      where the text passes, else ``p > threshold``;
+           token                        evidence with the ``evidence`` scope on its
+                                        own unedited generations
 expert     admin-issued expert token    the full result, evidence included; audited   unlimited
 operator   the global admin token       the full result (the provider itself);        unlimited
                                         audited

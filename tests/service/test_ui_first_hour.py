@@ -354,6 +354,9 @@ def test_a_tenants_bound_above_a_tenth_is_not_written_p_at_most_1(server, browse
     assert "p ≤ 1," not in detail and "p ≤ 1" not in _text(browser, "check-result")
     if answer.get("log10_p_value") == 0:
         assert detail.startswith("p > 0.1, "), detail
+    if answer.get("log10_p_value") is None:  # above the threshold: the band only (issue 31)
+        assert answer["p_band"] == "p > 1e-06" and detail.startswith("p > 10−6, "), detail
+        assert "p unknown" not in _text(browser, "check-result")
 
 
 def test_the_record_page_writes_every_time_one_way(server, browser):

@@ -125,10 +125,12 @@ function verdictWords(result) {
 }
 
 // "p ≤ 10⁻¹³⁰, 153 of 153 tokens scored (threshold 10⁻⁶)."; without a p (a tier that withholds
-// it), the confidence band the answer gives instead, if any.
+// it), the band the answer gives instead, if any: the tenant's "p > 10⁻⁶", the public confidence.
 function verdictDetail(result) {
   const detail = clear($("verdict-detail"));
   if (typeof result.log10_p_value === "number") detail.append(pValue(result.log10_p_value, result.tier === "tenant"), ", ");
+  // The tenant tier above its threshold: one band, no p (service/access/shape.py, issue 31).
+  else if (result.p_band && typeof result.threshold === "number") detail.append("p > ", thresholdNode(result.threshold), ", ");
   else if (result.confidence && result.confidence !== "none") detail.append(`${result.confidence} confidence, `);
   detail.append(`${result.scored_tokens} of ${result.total_tokens} tokens scored (threshold `, thresholdNode(result.threshold), ").");
 }
@@ -367,6 +369,8 @@ function renderPerKey(result) {
   const body = clear($("per-key").tBodies[0]);
   const bounded = result.tier === "tenant";
   const p = (r) => (typeof r.log10_p_value === "number" ? r.log10_p_value : 0);
+  // A tenant's per-key p is withheld above the threshold (a number there guides a forger): a dash.
+  const cell = (v) => (bounded && typeof v !== "number" ? document.createTextNode("—") : pValue(v, bounded));
   for (const group of keyGroups(rows).values()) {
     const r = group.reduce((best, row) => (p(row) < p(best) ? row : best));
     const salts = group.length > 1 ? `${group.length}, best ${r.salt}` : r.salt !== undefined && r.salt !== null ? `only ${r.salt}` : "—";
@@ -374,7 +378,7 @@ function renderPerKey(result) {
       el("td", { text: r.tenant ?? "—" }), el("td", {}, el("code", { text: r.key_id ?? r.fingerprint })),
       el("td", { text: r.version ?? "—" }), el("td", {}, el("span", { class: "state state-" + r.state, text: r.state })),
       el("td", { text: salts }), el("td", { text: r.statistic }), el("td", { class: "num", text: r.scored_tokens }),
-      el("td", {}, pValue(r.log10_p_value, bounded)), el("td", {}, pValue(r.log10_p_adjusted, bounded))));
+      el("td", {}, cell(r.log10_p_value)), el("td", {}, cell(r.log10_p_adjusted))));
   }
   $("per-key-summary").textContent = rows.length ? `Every key tested: ${keysTested(result)}` : "Every key tested";
 }

@@ -133,8 +133,39 @@ def test_tenant_tier_rounds_p_to_a_power_of_ten_and_withholds_scores_and_evidenc
     # A threshold that is not a power of ten would let a tenant bisect the rounded p-value.
     bisect = tiers.client.post("/v1/detect", json={"text": HUMAN, "threshold": 0.0123}, headers=_auth(tiers, "acme"))
     assert bisect.status_code == 403 and "whole power of ten" in bisect.json()["error"]["message"]
-    assert tiers.client.post("/v1/detect", json={"text": HUMAN, "threshold": 1e-3},
+    # A looser threshold than the policy maximum, stepped down a power of ten per query, would
+    # give back the gradient that the band above the threshold takes away.
+    loose = tiers.client.post("/v1/detect", json={"text": HUMAN, "threshold": 1e-3}, headers=_auth(tiers, "acme"))
+    assert loose.status_code == 403 and "policy maximum 1e-06" in loose.json()["error"]["message"]
+    assert tiers.client.post("/v1/detect", json={"text": HUMAN, "threshold": 1e-9},
                              headers=_auth(tiers, "acme")).status_code == 200
+
+
+BAKERY = ("The bakery on the corner opens at six, and by seven the queue reaches the bus stop. Its owner "
+          "learned the trade from her grandfather, who kept a wood oven behind the old post office and "
+          "refused to sell a loaf before it had cooled on the rack for an hour. Regulars bring their own "
+          "cloth bags, argue about the rye, and leave with more than they came for.")
+
+
+def test_tenant_tier_above_its_threshold_shows_only_the_band(tiers):
+    """Issue 31: the rounded p was a ratchet's gradient (7 spoofs in 681 within 30 days of
+    answers). A text that does not pass shows "p > threshold" and no number that moves."""
+    for threshold in (None, 1e-9):
+        body = {"text": BAKERY} if threshold is None else {"text": BAKERY, "threshold": threshold}
+        shown = tiers.client.post("/v1/detect", json=body, headers=_auth(tiers, "globex")).json()
+        assert not shown["watermarked"] and shown["tier"] == "tenant"
+        assert shown["p_value"] is None and shown["log10_p_value"] is None and shown["spans"] == []
+        assert shown["p_band"] == f"p > {threshold or 1e-6:g}"
+        for row in shown["per_key"]:
+            assert all(row[k] is None for k in row if k == "p_value" or k.startswith("log10_")), row
+        statement = _signed_result_is_shown(shown)
+        assert statement["verdict"] == "not_watermarked" and statement["access"] == {"tier": "tenant"}
+        assert verify_report(shown["report"], _keys(tiers), text=BAKERY).statement["result"]["p_band"] == shown["p_band"]
+    # The expert sees the number the band hides; a passing text still shows its rounded p.
+    full = tiers.client.post("/v1/detect", json={"text": BAKERY}, headers=_auth(tiers, "expert")).json()
+    assert isinstance(full["log10_p_value"], float) and full["log10_p_value"] > -6
+    passing = tiers.client.post("/v1/detect", json={"text": tiers.generated}, headers=_auth(tiers, "acme")).json()
+    assert passing["p_band"] == f"p <= 1e{passing['log10_p_value']}"
 
 
 def test_tenant_report_verifies_with_the_cli(tiers, tmp_path):

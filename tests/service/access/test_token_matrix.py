@@ -36,6 +36,8 @@ def _expected(kind: str, option: str) -> int:
     if TIER[kind] == "tenant":
         if option == "threshold_between":
             return 403  # a rounded p must not be bisected
+        if option == "threshold_power_of_ten":
+            return 403  # looser than the policy maximum: stepped down, it would be the ratchet's gradient
         if option == "other_tenant":
             return 403
         if option == "evidence" and kind != "tenant_evidence":
