@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from service.engines.base import Finished, GenerationRequest, WatermarkPlan
+from service.engines.base import Finished, GenerationRequest, WatermarkPlan, finish_all
 from service.engines.local.engine import LocalEngine
 from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
@@ -40,15 +40,6 @@ def _requests(tok, prf: str, n: int, tokens: int, round_: int) -> list[Generatio
     return out
 
 
-async def _collect(engine, requests) -> list[Finished]:
-    async def one(request):
-        async for event in engine.generate(request):
-            if isinstance(event, Finished):
-                return event
-
-    return list(await asyncio.gather(*(one(r) for r in requests)))
-
-
 async def _run(args) -> dict:
     engines = {}
     for name, (_, speculate) in MODES.items():
@@ -66,7 +57,7 @@ async def _run(args) -> dict:
                 engine = engines[name]
                 requests = _requests(engine.tokenizer(), prf, args.requests, args.tokens, round_)
                 start = time.perf_counter()
-                done = await _collect(engine, requests)
+                done = await finish_all(engine, requests)
                 elapsed = time.perf_counter() - start
                 if round_ == 0:
                     continue

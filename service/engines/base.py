@@ -8,6 +8,7 @@ client went away) cancels the request inside the engine.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol, Union
 
@@ -103,3 +104,16 @@ class Engine(Protocol):
     async def stop(self) -> None: ...
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[Event]: ...
+
+
+async def finished(engine: Engine, request: GenerationRequest) -> Finished | None:
+    """The request's Finished event, its Deltas consumed (None if the stream ends without one)."""
+    async for event in engine.generate(request):
+        if isinstance(event, Finished):
+            return event
+    return None
+
+
+async def finish_all(engine: Engine, requests: list[GenerationRequest]) -> list[Finished]:
+    """Every request run to its end at once (one batch, as concurrent clients would), in order."""
+    return list(await asyncio.gather(*(finished(engine, r) for r in requests)))

@@ -12,9 +12,8 @@ rows finish at different steps and the batch changes under the running blocks.
 
 from __future__ import annotations
 
-import asyncio
 
-from service.engines.base import Finished, GenerationRequest, WatermarkPlan
+from service.engines.base import Finished, GenerationRequest, WatermarkPlan, finish_all
 from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
 
@@ -60,15 +59,6 @@ def parity_requests(tok, tokens: int = 48, extra_dual: int = 0) -> list[Generati
     return out
 
 
-async def _collect(engine, requests) -> list[Finished]:
-    async def one(request):
-        async for event in engine.generate(request):
-            if isinstance(event, Finished):
-                return event
-
-    return list(await asyncio.gather(*(one(r) for r in requests)))
-
-
 def outputs(finished: list[Finished]) -> list[dict]:
     """What is recorded per request: tokens, text, why it ended, its route counts."""
     return [{"token_ids": list(f.token_ids), "text": f.text, "finish_reason": f.finish_reason,
@@ -77,4 +67,4 @@ def outputs(finished: list[Finished]) -> list[dict]:
 
 async def run_parity(engine, tokens: int = 48, extra_dual: int = 0) -> list[dict]:
     """The request set run together (rows join as one batch and leave as they finish)."""
-    return outputs(await _collect(engine, parity_requests(engine.tokenizer(), tokens, extra_dual)))
+    return outputs(await finish_all(engine, parity_requests(engine.tokenizer(), tokens, extra_dual)))

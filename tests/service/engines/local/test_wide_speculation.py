@@ -13,7 +13,7 @@ import pytest
 
 from detector.detect import detect
 from detector.result import Candidate, salted_candidates
-from service.engines.base import Finished, GenerationRequest, WatermarkPlan
+from service.engines.base import Finished, GenerationRequest, WatermarkPlan, finish_all
 from service.engines.local.engine import LocalEngine
 from tests.service.engine_models import TEST_DRAFT, TEST_MODEL
 from watermark.key import WatermarkKey
@@ -44,15 +44,6 @@ def _requests(tok, tokens: int = 40) -> list[GenerationRequest]:
             for i, case in enumerate(cases)]
 
 
-async def _collect(engine, requests) -> list[Finished]:
-    async def one(request):
-        async for event in engine.generate(request):
-            if isinstance(event, Finished):
-                return event
-
-    return list(await asyncio.gather(*(one(r) for r in requests)))
-
-
 def _run(requests_of, alone_rows=(0, 4), **options) -> tuple[list[GenerationRequest], list[Finished], list[Finished]]:
     """The request set together and (for its first and 64-bit rows) alone, on one engine."""
     async def go():
@@ -61,8 +52,8 @@ def _run(requests_of, alone_rows=(0, 4), **options) -> tuple[list[GenerationRequ
         await engine.start()
         try:
             requests = requests_of(engine.tokenizer())
-            together = await _collect(engine, requests)
-            alone = [(await _collect(engine, [requests[i]]))[0] for i in alone_rows]
+            together = await finish_all(engine, requests)
+            alone = [(await finish_all(engine, [requests[i]]))[0] for i in alone_rows]
             return requests, together, alone
         finally:
             await engine.stop()
