@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from service.engines.base import Finished, GenerationRequest, WatermarkPlan, finish_all
+from service.engines.base import GenerationRequest, WatermarkPlan, finish_all
 from service.engines.local.engine import LocalEngine
 from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec

@@ -12,7 +12,6 @@ rows finish at different steps and the batch changes under the running blocks.
 
 from __future__ import annotations
 
-
 from service.engines.base import Finished, GenerationRequest, WatermarkPlan, finish_all
 from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
