@@ -49,6 +49,8 @@ STAGES = [  # (stage, module path suffix, function): cumulative cProfile time of
     ("report signature", "service/state.py", "sign"),
     ("report tlog-proofs", "service/ledger_log.py", "entry_proofs"),
     ("SQL statements executed (all)", "sqlalchemy/engine/base.py", "_execute_context"),
+    ("response JSON (JSONResponse.render)", "starlette/responses.py", "render"),
+    ("tier's report re-signed (service.access.shape.resign)", "service/access/shape.py", "resign"),
 ]
 
 
