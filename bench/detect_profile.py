@@ -49,6 +49,8 @@ STAGES = [  # (stage, module path suffix, function): cumulative cProfile time of
     ("report signature", "service/state.py", "sign"),
     ("report tlog-proofs", "service/ledger_log.py", "entry_proofs"),
     ("SQL statements executed (all)", "sqlalchemy/engine/base.py", "_execute_context"),
+    ("response JSON (JSONResponse.render)", "starlette/responses.py", "render"),
+    ("tier's report re-signed (service.access.shape.resign)", "service/access/shape.py", "resign"),
 ]
 
 
@@ -80,6 +82,9 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="append a JSON line with the figures")
     parser.add_argument("--route", action="store_true",
                         help="time the route's body (service.routes.detect._answer: the gate and the response too)")
+    parser.add_argument("--tier", default="expert", choices=["expert", "tenant", "public"],
+                        help="with --route: the caller's tier (tenant: the tenant's token; public: no token, "
+                             "a text of at least public_min_tokens; both re-sign the report, both sketch the text)")
     parser.add_argument("--statements", action="store_true", help="also print the SQL statements of one request")
     args = parser.parse_args()
 
@@ -108,7 +113,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         env, tokens = provision_store(Path(tmp), populate)
         store_settings = StoreSettings(database_url=env["HALLMARK_DATABASE_URL"], kek_file=env["HALLMARK_KEK_FILE"])
-        settings = ServiceSettings(detect_rate_per_minute=1e9, detect_burst=1_000_000_000)
+        # Budgets and the probe guard out of the way: this measures a request's CPU, not its refusal.
+        settings = ServiceSettings(detect_rate_per_minute=1e9, detect_burst=1_000_000_000,
+                                   probe_family_per_day=1_000_000_000, public_tokens_per_day=1e15,
+                                   public_wide_tokens_per_day=1e15, public_global_tokens_per_day=1e15,
+                                   tenant_detect_tokens_per_day=1e15, public_min_tokens=100)
         app = create_app(settings, store_settings=store_settings)
         with TestClient(app) as client:
             services = app.state.services
@@ -156,11 +165,16 @@ def main() -> None:
 
                 loop = asyncio.new_event_loop()
 
+                caller = {"expert": identity, "public": None,
+                          "tenant": authenticate(services, f"Bearer {tokens['tenant']}")}[args.tier]
+                client_address = "192.0.2.7" if args.tier == "public" else None
+
                 async def batch():
                     for body in bodies:
                         sent = next(fresh) if args.distinct else body
-                        response = await detect_route._answer(services, identity, sent, None)
-                        assert response.status_code == 200
+                        response = await detect_route._answer(services, caller, sent, client_address)
+                        assert response.status_code == 200, response.body
+                        assert response.headers["X-Hallmark-Access-Tier"] == args.tier
 
                 def run():  # noqa: F811
                     loop.run_until_complete(batch())
@@ -170,7 +184,7 @@ def main() -> None:
                 start = time.process_time()
                 run()
                 cpus.append((time.process_time() - start) / len(bodies))
-            row = {"route": args.route, "spec": args.spec, "statements": len(queries) if args.statements else None,
+            row = {"route": args.route, "tier": args.tier if args.route else "core", "spec": args.spec, "statements": len(queries) if args.statements else None,
                    "texts": len(bodies), "distinct": args.distinct, "cpu_ms_per_request_median": round(statistics.median(cpus) * 1e3, 3),
                    "tokens": [s["total_tokens"] for s in sample], "log10_p": [s["log10_p_value"] for s in sample],
                    "basis": [s["basis"] for s in sample], "scored": [s.get("scored_as") or s.get("normalization", {}).get("scored") for s in sample],

@@ -46,11 +46,16 @@ def detector_config(params: DetectBody) -> DetectorConfig:
 
 
 def detect(services: Services, identity: Identity, params: DetectBody, *, batched: bool = True,
-           counted: bool = True) -> dict[str, Any]:
+           counted: bool = True, sign: bool = True, tokens: "Tokenised | None" = None) -> dict[str, Any]:
     """The full result of one detection (what ``/v1/detect`` answers). ``batched`` False:
     the reference path (every key scored in full, each form of the text looked up in the
     ledger on its own), which the batched one matches (tests/service/test_detect_batched.py).
-    ``counted`` False: not in the detection metrics (the start's warm-up, service.warmup)."""
+    ``counted`` False: not in the detection metrics (the start's warm-up, service.warmup).
+    ``sign`` False: ``report`` is the statement unsigned (``{"statement", "log"}``, its
+    ``result`` and verdict text left out), for a tier that re-signs its own view of it
+    (service.access.shape.resign): one signature a request, not two. Still None where the
+    store has no signing key. ``tokens``: the request's tokenisations so far (the access
+    gate's probe sketch tokenised the same forms), shared, not redone."""
     settings = services.settings
     if (params.text is None) == (params.token_ids is None):
         raise Unprocessable("give exactly one of 'text' and 'token_ids'")
@@ -72,12 +77,13 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
     if params.text is not None:
         if len(params.text) > settings.max_detect_chars:
             raise TooLarge(f"text has {len(params.text)} characters; the limit is {settings.max_detect_chars}")
+        tokenizer = services.engine.tokenizer()
+        tokens = tokens if tokens is not None else Tokenised(tokenizer)
         if params.normalize:
-            text_variants, normalized = text_forms(params.text)
+            text_variants, normalized = tokens.forms(params.text)
         else:
             text_variants = [TextForm("as_sent", params.text, None)]
-        tokenizer = services.engine.tokenizer()
-        forms = [tokenize_with_offsets(tokenizer, form.text) for form in text_variants]
+        forms = [tokens.encode(form.text) for form in text_variants]
         # Whitespace runs as the model writes them, one more form where encode splits them.
         text_variants, forms = with_runs_merged(text_variants, forms, generation_ids.segmentation_table(
             tokenizer, services.engine), lambda part: tokenize_with_offsets(tokenizer, part)[0])
@@ -162,8 +168,17 @@ def detect(services: Services, identity: Identity, params: DetectBody, *, batche
     # What was checked and what the verdict rests on, signed (verifiable offline like a receipt).
     scope = report_scope(candidates, keys_of="tenant" if tenant is not None else "all_tenants", tenant=tenant)
     settings = report_settings(config, normalize=params.normalize if params.text is not None else None)
-    out["report"] = services.sign(report_statement(out, text=params.text, token_ids=list(token_ids),
-                                                   scope=scope, settings=settings))
+    if sign:
+        out["report"] = services.sign(report_statement(out, text=params.text, token_ids=list(token_ids),
+                                                       scope=scope, settings=settings))
+    elif services.signer() is not None:
+        # The tier's re-signing replaces the result, verdict text and basis (shape.resign):
+        # only what it keeps (subject, detector, settings, scope, time) is worked out here.
+        bare = {"watermarked": out.get("watermarked")}
+        out["report"] = {"statement": report_statement(bare, text=params.text, token_ids=list(token_ids),
+                                                       scope=scope, settings=settings)}
+    else:
+        out["report"] = None
     cited = [(m["generation_id"], m["ledger"]["entry_hash"]) for m in out.get("ledger_matches") or ()
              if isinstance(m.get("ledger"), dict) and m.get("generation_id")]
     if out["report"] is not None and cited:  # offline proofs that the cited entries are logged
@@ -258,6 +273,30 @@ def _kgram_matches_per_form(services: Services, identity: Identity, tenant, cand
                 for tokens in distinct_forms(forms, kgrams.K)])
     except KeyStoreError as exc:
         raise store_error(exc) from None
+
+
+class Tokenised:
+    """One request's tokenisations by text (and its normalised forms), made once and read by
+    each step that needs them: the access gate's probe sketch, the public tier's token count,
+    the core (issue 30 item 4: a request tokenises each form once). The lists are shared:
+    read them, do not change them."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._encoded: dict[str, tuple[list[int], list[tuple[int, int]] | None]] = {}
+        self._forms: tuple[str, Any] | None = None
+
+    def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]] | None]:
+        found = self._encoded.get(text)
+        if found is None:
+            found = self._encoded[text] = tokenize_with_offsets(self.tokenizer, text)
+        return found
+
+    def forms(self, text: str):
+        """:func:`detector.forms.text_forms` of ``text`` (the forms and the normalisation)."""
+        if self._forms is None or self._forms[0] != text:
+            self._forms = (text, text_forms(text))
+        return self._forms[1]
 
 
 def tokenize_with_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]] | None]:

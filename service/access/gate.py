@@ -35,11 +35,11 @@ import math
 import sys
 import threading
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 from sqlalchemy import select
 
-from detector.forms import text_forms
 from keys.audit import record_audit
 from keys.errors import KeyStoreError
 from keys.models import Tenant
@@ -152,14 +152,16 @@ def _check_options(tier: str, identity: Identity | None, body: DetectBody, max_p
     return True
 
 
-def _sketch_of(services, secret: bytes, body: DetectBody, k: int) -> probe.Sketch:
+def _sketch_of(services, secret: bytes, body: DetectBody, k: int,
+               tokens: detection.Tokenised | None = None) -> probe.Sketch:
     """The query's token k-grams as the detector will score them: the token ids sent, or the
-    text's tokens as sent and in its normalised forms (service.access.probe)."""
+    text's tokens as sent and in its normalised forms (service.access.probe). ``tokens``: the
+    request's tokenisations, which the core then reads instead of tokenising again."""
     if body.text is None:
         return probe.sketch_of_forms(secret, [body.token_ids], k)
-    texts = [form.text for form in text_forms(body.text)[0]] if body.normalize else [body.text]
-    tokenizer = services.engine.tokenizer()
-    return probe.sketch_of_forms(secret, [detection.tokenize_with_offsets(tokenizer, t)[0] for t in texts], k)
+    tokens = tokens if tokens is not None else detection.Tokenised(services.engine.tokenizer())
+    texts = [form.text for form in tokens.forms(body.text)[0]] if body.normalize else [body.text]
+    return probe.sketch_of_forms(secret, [tokens.encode(t)[0] for t in texts], k)
 
 
 def _own_recorded(session, identity: Identity | None, body: DetectBody) -> bool:
@@ -216,7 +218,7 @@ def reservation(settings, body: DetectBody, budgets: list[Budget]) -> float:
 
 
 async def _admit(services, access: Access, who: Principal, body: DetectBody, evidence: bool, inline: bool,
-                 identity: Identity | None = None) -> Charge:
+                 identity: Identity | None = None, tokens: detection.Tokenised | None = None) -> Charge:
     settings = services.settings
     budgets = _budgets(settings, who)
     evidence_budget = [Budget(f"evidence:{who.key}", settings.evidence_per_day)] if evidence and who.tier == TENANT \
@@ -225,7 +227,8 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
     charge = Charge(reserved=reservation(settings, body, budgets) if budgets else 0.0, budgets=budgets)
     if not budgets and not evidence_budget and not guarded:
         return charge
-    sketch = await _call(inline, _sketch_of, services, access.secret, body, settings.probe_kgram) if guarded else None
+    sketch = await _call(inline, _sketch_of, services, access.secret, body, settings.probe_kgram,
+                         tokens) if guarded else None
 
     def admit(session) -> None:
         short = access.budgets.admit(session, budgets + evidence_budget)
@@ -323,10 +326,15 @@ async def answer(services, identity: Identity | None, body: DetectBody, who: Pri
     check_size(settings, tier, body)
     evidence = _check_options(tier, identity, body, services.settings.signed_max_p)
     _check_rate(services, identity, who)
-    charge = await _admit(services, access, who, body, evidence, inline, identity)
+    # One tokenisation of the text's forms for the probe sketch, the public count and the core.
+    tokens = detection.Tokenised(services.engine.tokenizer()) if body.text is not None and tier == PUBLIC else None
+    charge = await _admit(services, access, who, body, evidence, inline, identity, tokens)
     try:
         if tier == PUBLIC:
-            return await _public(services, access, who, body, inline, charge)
+            return await _public(services, access, who, body, inline, charge, tokens)
+        # The tenant tier keeps the core's signature and tokenisation for now: with them shared,
+        # tests/service/access/test_guard_attacks.py's own-generation case failed 3 runs in 9 (0 in
+        # 8 before), cause not found by the deadline (bench/results/detect-perf30b.md).
         full = await _core(access, who, inline, detection.detect, services, identity, body)
         tokens = int(full.get("total_tokens") or 0)
         await _settle(services, access, who, identity, tokens, evidence=evidence,
@@ -388,16 +396,18 @@ async def _core(access: Access, who: Principal, inline: bool, fn: Callable[..., 
 
 
 async def _public(services, access: Access, who: Principal, body: DetectBody, inline: bool,
-                  charge: Charge) -> dict[str, Any]:
+                  charge: Charge, tokenised: detection.Tokenised | None = None) -> dict[str, Any]:
     settings = services.settings
-    tokens = len((await _call(inline, detection.tokenize_with_offsets, services.engine.tokenizer(), body.text))[0])
+    tokenised = tokenised if tokenised is not None else detection.Tokenised(services.engine.tokenizer())
+    tokens = len((await _call(inline, tokenised.encode, body.text))[0])
     if tokens < settings.public_min_tokens:
         await _settle(services, access, who, None, tokens, evidence=False, verdict="too_short", charge=charge)
         shown = shape.public_answer(None, tokens=tokens, min_tokens=settings.public_min_tokens,
                                     provider=settings.provider_name, attributed=set())
-        shown["report"] = await _call(inline, _too_short_report, services, body, shown)
+        shown["report"] = await _call(inline, _too_short_report, services, body, shown, tokenised)
         return shown
-    full = await _core(access, who, inline, detection.detect, services, _public_identity(who), body)
+    full = await _core(access, who, inline, partial(detection.detect, sign=False, tokens=tokenised),
+                       services, _public_identity(who), body)
     tokens = int(full.get("total_tokens") or tokens)
     await _settle(services, access, who, None, tokens, evidence=False,
                   verdict="watermarked" if full.get("watermarked") else "not_watermarked", charge=charge)
@@ -408,13 +418,15 @@ async def _public(services, access: Access, who: Principal, body: DetectBody, in
     return shown
 
 
-def _too_short_report(services, body: DetectBody, shown: dict[str, Any]) -> dict[str, Any] | None:
+def _too_short_report(services, body: DetectBody, shown: dict[str, Any],
+                      tokenised: detection.Tokenised | None = None) -> dict[str, Any] | None:
     """A signed report of a text the public tier did not test: verdict ``not_tested`` (never
     ``not_watermarked``: nothing was tested; issue 31), the subject's hashes, and why."""
     from service.provenance import report_scope, report_settings, report_statement
 
     config = detection.detector_config(body)
-    token_ids = detection.tokenize_with_offsets(services.engine.tokenizer(), body.text)[0]
+    tokenised = tokenised if tokenised is not None else detection.Tokenised(services.engine.tokenizer())
+    token_ids = tokenised.encode(body.text)[0]
     candidates = services.detection_candidates(None)
     statement = report_statement(shown, text=body.text, token_ids=token_ids,
                                  scope=report_scope(candidates, keys_of="all_tenants", tenant=None),
