@@ -91,8 +91,8 @@ def test_auto_statistic_follows_the_coin():
     assert key.log10_p_weighted == pytest.approx(
         stats.weighted_gamma_log10_sf(float(scoring.dual_scores(plain, scoring.scored_positions(
             tokens, plain.spec.context_width, plain.spec.dedup)).weighted.sum()), key.scored_tokens, plain.spec.alpha))
-    assert key.log10_p_value == pytest.approx(min(key.log10_p_sum - math.log10(0.15), key.log10_p_weighted - math.log10(0.45),
-                                                  key.log10_p_trgof - math.log10(0.15)))
+    assert key.log10_p_value == pytest.approx(min(key.log10_p_sum - math.log10(0.19), key.log10_p_weighted - math.log10(0.57),
+                                                  key.log10_p_trgof - math.log10(0.19)))
 
 
 NULL_TEXTS = 3000

@@ -280,7 +280,7 @@ def test_zero_width_and_homoglyph_attacks_do_not_hide_the_watermark(server):
     assert result["normalization"]["changed"] and changes["zero_width"] > 0 and changes["homoglyph"] > 0
     assert result["normalization"]["scored"].startswith("normalized") and "normalised forms" in result["correction"]
     # Without normalisation the attack changes the tokens (the evidence is much weaker).
-    raw = client(server).post("/v1/detect", json={"text": attacked, "normalize": False}).json()
+    raw = client(server, "admin").post("/v1/detect", json={"text": attacked, "tenant": "acme", "normalize": False}).json()
     assert raw["log10_p_value"] > result["log10_p_value"] + 3 and "normalization" not in raw
 
 
