@@ -7,6 +7,7 @@ An exact repeat of an answered query is answered without counting (nothing new t
 from __future__ import annotations
 
 import random
+import re
 
 import httpx
 import pytest
@@ -40,10 +41,14 @@ def _junk(rng: random.Random, words: int) -> str:
 
 
 def _edit(text: str, rng: random.Random, share: float = 0.05) -> str:
-    words = text.split()
-    for i in rng.sample(range(len(words)), int(len(words) * share)):
-        words[i] = _junk(rng, 1)
-    return " ".join(words)
+    """``share`` of the words replaced, the whitespace between them kept: joining the words
+    with single spaces would also rewrite every newline and indent of a generated text, an edit
+    of a size that depends on the text (the key, and so the text, is new in every run)."""
+    parts = re.split(r"(\s+)", text)
+    words = [i for i, part in enumerate(parts) if part and not part.isspace()]
+    for i in rng.sample(words, int(len(words) * share)):
+        parts[i] = _junk(rng, 1)
+    return "".join(parts)
 
 
 def _detect(gateway, who: str, **body) -> int:
