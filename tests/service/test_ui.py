@@ -197,9 +197,13 @@ def browser():
 
 
 def _wait(driver, condition, timeout=120):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
+    # A condition that reads a table the page is re-rendering meets an element the page just
+    # replaced: the wait tries again, as for one not there yet.
+    return WebDriverWait(driver, timeout, poll_frequency=0.1,
+                         ignored_exceptions=(StaleElementReferenceException,)).until(condition)
 
 
 def _visible(driver, element_id, timeout=120):
