@@ -71,25 +71,78 @@ def word_repairs(canonical: Sequence[int], table: SegmentationTable,
                 if tokens != original and (start, end, tokens) not in seen:
                     seen.add((start, end, tokens))
                     out.append((start, end, tokens))
+    for start in range(n - 1):  # a whitespace run written whole before a bare word
+        run, word = pieces[start], pieces[start + 1]
+        if run is None or word is None or not run or not all(b in _SPACE_BYTES for b in run):
+            continue
+        if len(word) < 2 or word[:1] != b" " or word[1:2][0] in _SPACE_BYTES:
+            continue
+        whole = table.by_bytes.get(run + b" ")
+        if whole is None:
+            continue
+        rest = word[1:]
+        options = []
+        if rest in table.by_bytes:
+            options.append((whole, table.by_bytes[rest]))
+        for cut in range(1, len(rest)):
+            a, b = table.by_bytes.get(rest[:cut]), table.by_bytes.get(rest[cut:])
+            if a is not None and b is not None:
+                options.append((whole, a, b))
+        for tokens in options:
+            if (start, start + 2, tokens) not in seen:
+                seen.add((start, start + 2, tokens))
+                out.append((start, start + 2, tokens))
     return out
 
 
+def repair_class(canonical: Sequence[int], repair: tuple[int, int, tuple[int, ...]], table: SegmentationTable) -> str:
+    """The shape of a repair (what :data:`CLASS_RATES` weighs): ``run`` (a whitespace run
+    written whole), ``space`` (a word's space written alone: ``Ġ`` + ``word``), ``punct`` (a
+    token of punctuation or digits split or merged), ``merge`` (two or more tokens as one),
+    ``suffix`` (a word written as stem + a suffix of at most 2 bytes), ``other``."""
+    start, end, tokens = repair
+    pieces = [table.pieces[int(t)] for t in canonical[start:end]]
+    new = [table.pieces[int(t)] for t in tokens]
+    data = b"".join(pieces)
+    if all(b in _SPACE_BYTES for b in pieces[0]):
+        return "run"
+    if len(new) == 2 and new[0] == b" ":
+        return "space"
+    if all(not chr(b).isalpha() and b < 0x80 and b not in _SPACE_BYTES for b in data.lstrip(b" ")):
+        return "punct"
+    if len(new) == 1:
+        return "merge"
+    if len(new[-1]) <= 2:
+        return "suffix"
+    return "other"
+
+
 def repair_log10_p(canonical: Sequence[int], candidates: Sequence[Candidate], config: DetectorConfig,
-                   table: SegmentationTable) -> tuple[float, int, tuple[int, int, tuple[int, ...]] | None]:
-    """log10 of N times the smallest detection p over the N forms of :func:`word_repairs`
-    (capped at 0), N, and the winning repair (None when N is 0)."""
+                   table: SegmentationTable, rates: dict[str, float] | None = None
+                   ) -> tuple[float, int, tuple[int, int, tuple[int, ...]] | None]:
+    """log10 of the weighted Bonferroni min_j p_j / w_j over the N forms of
+    :func:`word_repairs` (capped at 0), N, and the winning repair (None when N is 0). Weights
+    w_j: equal (1 / N), or with ``rates`` (a rate per :func:`repair_class`, fixed before the
+    text is seen) w_j = rates[class_j] / sum over the text's forms: a pure function of the
+    text, so the bound stays valid."""
     repairs = word_repairs(canonical, table)
     if not repairs:
         return 0.0, 0, None
+    if rates is None:
+        log10_weights = [-math.log10(len(repairs))] * len(repairs)
+    else:
+        raw = [rates[repair_class(canonical, r, table)] for r in repairs]
+        total = sum(raw)
+        log10_weights = [math.log10(x / total) for x in raw]
     ids = [int(t) for t in canonical]
     best, best_p = None, math.inf
-    for repair in repairs:
+    for repair, log10_weight in zip(repairs, log10_weights):
         start, end, tokens = repair
         form = ids[:start] + list(tokens) + ids[end:]
-        p = detect(form, candidates, config).log10_p_value
+        p = detect(form, candidates, config).log10_p_value - log10_weight
         if p < best_p:
             best, best_p = repair, p
-    return min(0.0, best_p + math.log10(len(repairs))), len(repairs), best
+    return min(0.0, best_p), len(repairs), best
 
 
 def combined_log10_p(forms_log10_p: float, repair_log10_p: float, eps: float) -> float:
