@@ -256,14 +256,36 @@ def run_head_cost(count: int, which: str = "gumbel") -> dict:
     texts = robustness.generate(keys, N, robustness.SIGMAS[1.7], seed=_seed("head-cost-gen" + label))
     config = DetectorConfig()
     rng = np.random.default_rng(_seed("head-cost-attack" + label))
+    from detector import scoring
+    from detector.detect import statistic_for
+
     full, skipped = [], []
+    head_scores, rest_scores = [], []
+    width = spec().context_width
     for text, key in zip(texts, keys):
         edited = attack(text, "substitution", 0.2, rng, robustness.VOCAB)
         full.append(detect(edited, [Candidate.inline(key)], config).log10_p_value)
         skipping = WatermarkKey(key.secret, spec("all"))
         skipped.append(detect(edited, [Candidate.inline(skipping)], config).log10_p_value)
+        # Where the head's evidence sits: the per-token scores (the verdict's statistic) of the
+        # first w positions against the rest. Under substitution at rate r a position keeps its
+        # watermark only if its token and the non-padding part of its context survive:
+        # (1 - r)^(i + 1) for position i < w, (1 - r)^(w + 1) after, so the head's positions
+        # carry more than their share of what an edited text keeps.
+        scored = scoring.scored_positions(np.asarray(edited), width, "single_turn")
+        per_token = scoring.token_scores(key, scored, statistic_for(Candidate.inline(key), config))
+        head_scores.append(per_token[scored.positions < width])
+        rest_scores.append(per_token[scored.positions >= width])
     full, skipped = np.array(full), np.array(skipped)
-    return {"keys": f"{algorithm} {coin} coin", "texts": count, "tpr6_all_positions": float(np.mean(full <= LEVEL)),
+    survive = [(1 - 0.2) ** (i + 1) for i in range(width)] + [(1 - 0.2) ** (width + 1)] * (N - width)
+    return {"keys": f"{algorithm} {coin} coin", "texts": count,
+            "mean_score_first_w": round(float(np.mean(np.concatenate(head_scores))), 4),
+            "mean_score_after_first_w": round(float(np.mean(np.concatenate(rest_scores))), 4),
+            "first_w_share_of_intact_positions_expected": round(sum(survive[:width]) / sum(survive), 4),
+            "first_w_share_of_positions": round(width / N, 4),
+            "passing_with_first_w_only": int(np.sum((full <= LEVEL) & (skipped > LEVEL))),
+            "passing_without_first_w_only": int(np.sum((full > LEVEL) & (skipped <= LEVEL))),
+            "tpr6_all_positions": float(np.mean(full <= LEVEL)),
             "tpr6_without_first_w": float(np.mean(skipped <= LEVEL)),
             "median_log10_p_all": float(np.median(full)), "median_log10_p_without_first_w": float(np.median(skipped)),
             "mean_log10_p_lost": float(np.mean(skipped - full))}
