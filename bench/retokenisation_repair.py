@@ -73,9 +73,10 @@ def _texts(items: list[dict], condition: str, tokenizer, vocab: int):
         yield item, ids
 
 
-def evaluate(items: list[dict], recorded_rows: dict, tokenizer, table, rates: dict | None) -> dict:
+def evaluate(items: list[dict], recorded_rows: dict, tokenizer, table, rates: dict | None,
+             incremental: bool = False) -> dict:
     from detector.detect import DetectorConfig
-    from detector.resegment import combined_log10_p, repair_log10_p
+    from detector.resegment import combined_log10_p, repair_log10_p, repair_sum_log10_p
     from detector.result import Candidate, salted_candidates
     from detector.segmentation import merge_space_runs
 
@@ -103,7 +104,11 @@ def evaluate(items: list[dict], recorded_rows: dict, tokenizer, table, rates: di
             base = list(merged.token_ids) if merged is not None else canonical
             scored += 1
             candidates = salted_candidates([Candidate.inline(item["key"])])
-            repair_p[index], n_forms[index], _ = repair_log10_p(base, candidates, config, table, rates)
+            if incremental:
+                assert len(candidates) == 1
+                repair_p[index], n_forms[index], _ = repair_sum_log10_p(base, candidates[0].key, table)
+            else:
+                repair_p[index], n_forms[index], _ = repair_log10_p(base, candidates, config, table, rates)
         cpu = time.process_time() - t0
         row = {"texts": len(items), "repair_scored": scored, "repair_cpu_s": round(cpu, 2),
                "median_family_size": float(np.median(n_forms[n_forms >= 0])) if scored else None,
@@ -127,13 +132,13 @@ def evaluate(items: list[dict], recorded_rows: dict, tokenizer, table, rates: di
     return rows
 
 
-def null(items: list[dict], tokenizer, table, keys_per_text: int) -> dict:
+def null(items: list[dict], tokenizer, table, keys_per_text: int, incremental: bool = False) -> dict:
     """The texts unedited under keys that did not write them (fresh deterministic keys, gumbel
     and keyed-coin dual in turn): the combined p (text forms as the service scores them, the
     repair at each eps) against its level; every text is scored in full (no screen)."""
     from detector.detect import DetectorConfig
     from detector.forms import detect_forms, text_forms, with_runs_merged
-    from detector.resegment import combined_log10_p, repair_log10_p
+    from detector.resegment import combined_log10_p, repair_log10_p, repair_sum_log10_p
     from detector.result import Candidate
     from watermark.key import WatermarkKey
     from watermark.spec import WatermarkSpec
@@ -158,7 +163,8 @@ def null(items: list[dict], tokenizer, table, keys_per_text: int) -> dict:
             spec = WatermarkSpec(algorithm=algorithm, coin="keyed" if algorithm != "gumbel" else "ordinary")
             candidates = [Candidate.inline(WatermarkKey(_seed("repair-null", index, j) | (1 << 41), spec))]
             forms_p.append(detect_forms([ids for ids, _ in tokenised], candidates, config)[0].log10_p_value)
-            repair_p.append(repair_log10_p(base, candidates, config, table)[0])
+            repair_p.append(repair_sum_log10_p(base, candidates[0].key, table)[0] if incremental
+                            else repair_log10_p(base, candidates, config, table)[0])
     forms_p, repair_p = np.array(forms_p), np.array(repair_p)
     out = {"null_texts": len(forms_p), "cpu_s": round(time.process_time() - t0, 1)}
     for level in (1e-2, 1e-3):
@@ -184,6 +190,8 @@ def main() -> None:
                         help="class rates, e.g. 'T=0.7:space=2.8,suffix=4.75,...;T=1.0:...' (cross-fitted: "
                              "each temperature's from the other's texts); default equal weights")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--incremental", action="store_true",
+                        help="the repair's sum test only, computed incrementally (detector.resegment.sum_repairs)")
     args = parser.parse_args()
     from tokenizers import Tokenizer
 
@@ -200,14 +208,15 @@ def main() -> None:
     model = BUNDLED_DRAFT if args.source == "vllm" else "bundled"
     tokenizer = Tokenizer.from_file(str(resolve_model_path(model)) + "/tokenizer.json")
     table = segmentation_table(_Backend(tokenizer))
-    out: dict = {"meta": meta, "rates": rates}
+    out: dict = {"meta": meta, "rates": rates, "incremental": args.incremental}
     if args.source == "null":
         items = [item for t in (0.7, 1.0) for item in _items_bundled(args.texts, args.tokens, t)]
-        out["null"] = null(items, tokenizer, table, args.keys_per_text)
+        out["null"] = null(items, tokenizer, table, args.keys_per_text, args.incremental)
     elif args.source == "vllm":
         source = json.loads((RESULTS / "retokenisation-vllm.json").read_text())
         out["source"] = source["meta"]["command"]
-        out["rows"] = {"T=1.0": evaluate(_items_vllm(), source["rows"]["T=1.0"], tokenizer, table, None)}
+        out["rows"] = {"T=1.0": evaluate(_items_vllm(), source["rows"]["T=1.0"], tokenizer, table, None,
+                                         args.incremental)}
     else:
         source = json.loads((RESULTS / "retokenisation-bundled.json").read_text())
         out["source"] = source["meta"]["command"]
@@ -216,9 +225,9 @@ def main() -> None:
             print("T =", temperature, flush=True)
             out["rows"][f"T={temperature}"] = evaluate(
                 _items_bundled(args.texts, args.tokens, temperature), source["rows"][f"T={temperature}"], tokenizer,
-                table, None if rates is None else rates[f"T={temperature}"])
-    name = args.out or ("retokenisation-repair.json" if args.source == "bundled"
-                        else f"retokenisation-repair-{args.source}.json")
+                table, None if rates is None else rates[f"T={temperature}"], args.incremental)
+    name = args.out or ("retokenisation-repair" + ("" if args.source == "bundled" else f"-{args.source}")
+                        + ("-incremental" if args.incremental else "") + ".json")
     path = RESULTS / name
     path.write_text(json.dumps(out, indent=1) + "\n")
     print("wrote", path, flush=True)

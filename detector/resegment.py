@@ -149,3 +149,100 @@ def combined_log10_p(forms_log10_p: float, repair_log10_p: float, eps: float) ->
     """Weighted Bonferroni of the text forms' p (weight 1 - eps) and the repair's (eps):
     min(p_forms / (1 - eps), p_repair / eps), capped at 1."""
     return min(0.0, forms_log10_p - math.log10(1.0 - eps), repair_log10_p - math.log10(eps))
+
+
+def repair_sum_log10_p(canonical: Sequence[int], key, table: SegmentationTable
+                       ) -> tuple[float, int, tuple[int, int, tuple[int, ...]] | None]:
+    """:func:`repair_log10_p` for one key at a fraction of its cost (:func:`sum_totals`):
+    (log10 of N x the smallest form's sum-test p, capped at 0; N; the best repair). The Gamma
+    tail is monotone in the score at fixed n, so only each n's best form needs it."""
+    from detector import stats
+
+    repairs, scores, counts = sum_totals(canonical, key, table)
+    best, best_p = None, math.inf
+    for n in sorted(set(counts.tolist())):
+        if n <= 0:
+            continue
+        at = [i for i in range(len(repairs)) if counts[i] == n]
+        top = max(at, key=lambda i: scores[i])
+        p = stats.gamma_log10_sf(float(scores[top]), int(n))
+        if p < best_p or (p == best_p and top < best):
+            best, best_p = top, p
+    if best is None:
+        return 0.0, len(repairs), None
+    return min(0.0, best_p + math.log10(len(repairs))), len(repairs), repairs[best]
+
+
+def sum_repairs(canonical: Sequence[int], key, table: SegmentationTable
+                ) -> tuple[list[tuple[int, int, tuple[int, ...]]], list[float]]:
+    """The :func:`word_repairs` forms and each one's sum-test log10 p under ``key``
+    (:func:`sum_totals`'s scores and counts through the Gamma tail)."""
+    from detector import stats
+
+    repairs, scores, counts = sum_totals(canonical, key, table)
+    return repairs, [stats.gamma_log10_sf(float(s), int(n)) if n > 0 else math.inf
+                     for s, n in zip(scores, counts)]
+
+
+def sum_totals(canonical: Sequence[int], key, table: SegmentationTable):
+    """The :func:`word_repairs` forms and each one's sum-test score and scored count under
+    ``key`` (statistic ``single`` for a gumbel key, ``max`` for a dual key: both local, Exp(1) per
+    token under the null), computed from the encoding's scores by replacing those of the
+    positions a form changes (its window and the w after it) in one batched PRF pass over
+    every form's new positions. A form's scored positions are the encoding's outside that
+    range plus the range's own whose context is neither padding under dedup scope ``all`` nor
+    among the contexts already kept (so every scored context is distinct, as the null needs;
+    a key-free rule, so each form's p is valid). Where no context repeats this is exactly
+    ``detect`` with ``test="sum"``, spans off and ``dual_statistic="max"`` on the form."""
+    import numpy as np
+
+    from detector import scoring
+    from watermark.dedup import PAD
+
+    repairs = word_repairs(canonical, table)
+    if not repairs:
+        return [], np.zeros(0), np.zeros(0, dtype=np.int64)
+    spec = key.spec
+    width, skip_padded = spec.context_width, spec.dedup == "all"
+    statistic = "single" if spec.algorithm == "gumbel" else "max"
+    tokens = np.asarray([int(t) for t in canonical], dtype=np.int64)
+    base = scoring.scored_positions(tokens, width, spec.dedup)
+    base_scores = scoring.token_scores(key, base, statistic)
+    cumulative = np.concatenate(([0.0], np.cumsum(base_scores)))
+    where: dict[tuple[int, ...], list[int]] = {}  # each scored context's positions (one, deduplicated)
+    for position, context in zip(base.positions.tolist(), map(tuple, base.contexts.tolist())):
+        where.setdefault(context, []).append(position)
+    ids = tokens.tolist()
+    ranges, new_contexts, new_tokens, owner = [], [], [], []
+    for index, (start, end, replacement) in enumerate(repairs):
+        lo, hi = start, min(len(ids), end + width)  # encoding's positions whose context or token changes
+        first, last = np.searchsorted(base.positions, [lo, hi])
+        ranges.append((int(first), int(last)))
+        offset = start - max(0, start - width)
+        padded = [PAD] * (width - offset) + ids[start - offset:start] + list(replacement) + ids[end:hi]
+        seen = set()
+        for j in range(len(replacement) + (hi - end)):  # the form's j-th changed position
+            context = tuple(padded[j:j + width])
+            if (skip_padded and PAD in context) or context in seen or any(
+                    p < lo or p >= hi for p in where.get(context, ())):
+                continue
+            seen.add(context)
+            new_contexts.append(context)
+            new_tokens.append(padded[j + width])
+            owner.append(index)
+    added = np.zeros(len(repairs))
+    added_count = np.zeros(len(repairs), dtype=np.int64)
+    if new_tokens:
+        scored = scoring.ScoredPositions(np.zeros(len(new_tokens), dtype=np.int64),
+                                         np.ascontiguousarray(np.asarray(new_contexts, dtype=np.int64)),
+                                         np.asarray(new_tokens, dtype=np.int64))
+        scores = scoring.token_scores(key, scored, statistic)
+        owner_array = np.asarray(owner)
+        added = np.bincount(owner_array, weights=scores, minlength=len(repairs))
+        added_count = np.bincount(owner_array, minlength=len(repairs))
+    total, count = float(cumulative[-1]), len(base_scores)
+    ranges_array = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+    removed_scores = cumulative[ranges_array[:, 1]] - cumulative[ranges_array[:, 0]]
+    scores_out = total - removed_scores + added
+    counts_out = count - (ranges_array[:, 1] - ranges_array[:, 0]) + added_count
+    return repairs, scores_out, counts_out
