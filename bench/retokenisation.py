@@ -205,7 +205,7 @@ def _generate_cached(jobs: list[dict], tokens: int, temperature: float) -> list[
     return done
 
 
-def run_bundled(texts: int, tokens: int) -> dict:
+def run_bundled(texts: int, tokens: int, first: int = 0) -> dict:
     from tokenizers import Tokenizer
 
     from service.model_paths import resolve_model_path
@@ -216,7 +216,7 @@ def run_bundled(texts: int, tokens: int) -> dict:
     out = {}
     for temperature in (0.7, 1.0):
         jobs = []
-        for i in range(texts):
+        for i in range(first, first + texts):
             algorithm = "gumbel" if i % 2 == 0 else "dual_key_gumbel"
             spec = WatermarkSpec(algorithm=algorithm, coin="keyed" if algorithm != "gumbel" else "ordinary")
             jobs.append({"prompt": PROMPTS[i % len(PROMPTS)], "seed": _seed("retok-bench", temperature, i),
@@ -225,7 +225,7 @@ def run_bundled(texts: int, tokens: int) -> dict:
         done = _generate_cached(jobs, tokens, temperature)
         out[f"T={temperature}"] = {"generation_s": round(time.perf_counter() - t0, 1),
                                    **evaluate([d for d in done if d["tokens"]], tokenizer)}
-    return {"source": "bundled target + draft (local engine, CPU)", "tokens": tokens, "rows": out}
+    return {"source": "bundled target + draft (local engine, CPU)", "tokens": tokens, "first": first, "rows": out}
 
 
 def run_vllm() -> dict:
@@ -248,11 +248,14 @@ def main() -> None:
     parser.add_argument("source", choices=["bundled", "vllm"])
     parser.add_argument("--texts", type=int, default=48)
     parser.add_argument("--tokens", type=int, default=100)
+    parser.add_argument("--first", type=int, default=0,
+                        help="bundled: the first text's index (a further, disjoint batch of seeds; written to "
+                             "retokenisation-bundled-from<first>.json)")
     args = parser.parse_args()
     meta = _meta(args.source)
     meta["command"] = meta["command"].replace("bench.diversity ", "bench.retokenisation ")
-    payload = run_bundled(args.texts, args.tokens) if args.source == "bundled" else run_vllm()
-    path = RESULTS / f"retokenisation-{args.source}.json"
+    payload = run_bundled(args.texts, args.tokens, args.first) if args.source == "bundled" else run_vllm()
+    path = RESULTS / f"retokenisation-{args.source}{f'-from{args.first}' if args.first else ''}.json"
     path.write_text(json.dumps({"meta": meta, **payload}, indent=1) + "\n")
     print("wrote", path, flush=True)
 

@@ -35,12 +35,12 @@ EPS = (0.05, 0.1, 0.2)
 SCORED_ABOVE = -6.3
 
 
-def _items_bundled(texts: int, tokens: int, temperature: float) -> list[dict]:
+def _items_bundled(texts: int, tokens: int, temperature: float, first: int = 0) -> list[dict]:
     from watermark.key import WatermarkKey
     from watermark.spec import WatermarkSpec
 
     jobs = []
-    for i in range(texts):
+    for i in range(first, first + texts):
         algorithm = "gumbel" if i % 2 == 0 else "dual_key_gumbel"
         spec = WatermarkSpec(algorithm=algorithm, coin="keyed" if algorithm != "gumbel" else "ordinary")
         jobs.append({"prompt": PROMPTS[i % len(PROMPTS)], "seed": _seed("retok-bench", temperature, i),
@@ -186,6 +186,9 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=288)
     parser.add_argument("--tokens", type=int, default=100)
     parser.add_argument("--keys-per-text", type=int, default=4, help="null: wrong keys per bundled text")
+    parser.add_argument("--first", type=int, default=0,
+                        help="bundled: the batch bench.retokenisation --first wrote "
+                             "(retokenisation-bundled-from<first>.json)")
     parser.add_argument("--rates", default=None,
                         help="class rates, e.g. 'T=0.7:space=2.8,suffix=4.75,...;T=1.0:...' (cross-fitted: "
                              "each temperature's from the other's texts); default equal weights")
@@ -218,15 +221,18 @@ def main() -> None:
         out["rows"] = {"T=1.0": evaluate(_items_vllm(), source["rows"]["T=1.0"], tokenizer, table, None,
                                          args.incremental)}
     else:
-        source = json.loads((RESULTS / "retokenisation-bundled.json").read_text())
+        tag = f"-from{args.first}" if args.first else ""
+        source = json.loads((RESULTS / f"retokenisation-bundled{tag}.json").read_text())
         out["source"] = source["meta"]["command"]
         out["rows"] = {}
         for temperature in (0.7, 1.0):
             print("T =", temperature, flush=True)
             out["rows"][f"T={temperature}"] = evaluate(
-                _items_bundled(args.texts, args.tokens, temperature), source["rows"][f"T={temperature}"], tokenizer,
+                _items_bundled(args.texts, args.tokens, temperature, args.first), source["rows"][f"T={temperature}"],
+                tokenizer,
                 table, None if rates is None else rates[f"T={temperature}"], args.incremental)
     name = args.out or ("retokenisation-repair" + ("" if args.source == "bundled" else f"-{args.source}")
+                        + (f"-from{args.first}" if args.first and args.source == "bundled" else "")
                         + ("-incremental" if args.incremental else "") + ".json")
     path = RESULTS / name
     path.write_text(json.dumps(out, indent=1) + "\n")
