@@ -32,6 +32,9 @@ from bench.retokenisation import CONDITIONS, _Backend, _generate_cached, _stable
 from bench.diversity import PROMPTS
 
 EPS = (0.05, 0.1, 0.2)
+UP_TO = 1e-5
+"""Also eps 0.05 with the repair's share growing only up to this level
+(detector.resegment.combined_log10_p's ``up_to``)."""
 SCORED_ABOVE = -6.3
 
 
@@ -115,16 +118,17 @@ def evaluate(items: list[dict], recorded_rows: dict, tokenizer, table, rates: di
                "ids_tpr_1e-6": float(np.mean(ids_p <= -6)), "ids_tpr_1e-3": float(np.mean(ids_p <= -3)),
                "forms_lost_1e-6": round(float(np.mean(ids_p <= -6) - np.mean(forms_p <= -6)), 4),
                "forms_lost_1e-3": round(float(np.mean(ids_p <= -3) - np.mean(forms_p <= -3)), 4)}
-        for eps in EPS:
-            combined = np.array([
-                combined_log10_p(f, r, eps) if n >= 0 else min(0.0, f - math.log10(1 - eps))
-                for f, r, n in zip(forms_p, repair_p, n_forms)])
+        for eps, up_to in [(e, None) for e in EPS] + [(0.05, UP_TO)]:
+            name = f"eps_{eps}" + (f"_up_to_{up_to}" if up_to else "")
+            # A text not scored: the repair taken as p = 1 (a valid upper bound on the combination).
+            combined = np.array([combined_log10_p(f, r if n >= 0 else 0.0, eps, up_to)
+                                 for f, r, n in zip(forms_p, repair_p, n_forms)])
             for level in (-6, -3):
                 lost = float(np.mean(ids_p <= level) - np.mean(combined <= level))
-                row[f"eps_{eps}_lost_1e{level}"] = round(lost, 4)
-                row[f"eps_{eps}_ids_only_1e{level}"] = int(np.sum((ids_p <= level) & (combined > level)))
-                row[f"eps_{eps}_text_only_1e{level}"] = int(np.sum((ids_p > level) & (combined <= level)))
-            row[f"eps_{eps}_log10_p"] = [round(float(x), 3) for x in combined]
+                row[f"{name}_lost_1e{level}"] = round(lost, 4)
+                row[f"{name}_ids_only_1e{level}"] = int(np.sum((ids_p <= level) & (combined > level)))
+                row[f"{name}_text_only_1e{level}"] = int(np.sum((ids_p > level) & (combined <= level)))
+            row[f"{name}_log10_p"] = [round(float(x), 3) for x in combined]
         row["repair_log10_p"] = [round(float(x), 3) for x in repair_p]
         row["repair_family_size"] = [int(x) for x in n_forms]
         rows[condition] = row
@@ -171,9 +175,10 @@ def null(items: list[dict], tokenizer, table, keys_per_text: int, incremental: b
         k = len(forms_p) * level
         out[f"expected_at_{level}"] = k
         out[f"forms_at_{level}"] = int(np.sum(forms_p <= math.log10(level)))
-        for eps in EPS:
-            combined = np.array([combined_log10_p(f, r, eps) for f, r in zip(forms_p, repair_p)])
-            out[f"eps_{eps}_at_{level}"] = int(np.sum(combined <= math.log10(level)))
+        for eps, up_to in [(e, None) for e in EPS] + [(0.05, UP_TO)]:
+            name = f"eps_{eps}" + (f"_up_to_{up_to}" if up_to else "")
+            combined = np.array([combined_log10_p(f, r, eps, up_to) for f, r in zip(forms_p, repair_p)])
+            out[f"{name}_at_{level}"] = int(np.sum(combined <= math.log10(level)))
     out["min_log10_p_combined_eps_0.05"] = round(float(min(combined_log10_p(f, r, 0.05)
                                                            for f, r in zip(forms_p, repair_p))), 3)
     print("null", out, flush=True)

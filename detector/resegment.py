@@ -152,10 +152,26 @@ def repair_log10_p(canonical: Sequence[int], candidates: Sequence[Candidate], co
     return min(0.0, best_p), len(repairs), best
 
 
-def combined_log10_p(forms_log10_p: float, repair_log10_p: float, eps: float) -> float:
-    """Weighted Bonferroni of the text forms' p (weight 1 - eps) and the repair's (eps):
-    min(p_forms / (1 - eps), p_repair / eps), capped at 1."""
-    return min(0.0, forms_log10_p - math.log10(1.0 - eps), repair_log10_p - math.log10(eps))
+def combined_log10_p(forms_log10_p: float, repair_log10_p: float, eps: float,
+                     up_to: float | None = None) -> float:
+    """The text forms' p and the repair's combined by a Bonferroni split of each level t: the
+    text is rejected at t when p_forms <= t - b(t) or p_repair <= b(t), b(t) = eps * min(t,
+    ``up_to``) (``up_to`` None: b(t) = eps * t, the plain weighted Bonferroni
+    min(p_forms / (1 - eps), p_repair / eps)). Both parts are nondecreasing in t, so the
+    rejections are nested and the smallest t that rejects is a p-value: P(p <= t) <= t for
+    every t. With ``up_to`` (say 1e-5) the repair's share stops growing there: levels far above
+    it (1e-3) lose only eps * up_to of the forms' share (a p larger by at most 5e-7 at eps
+    0.05), where the repair, which wins only on strong texts, would buy nothing."""
+    p_forms, p_repair = 10.0 ** forms_log10_p, 10.0 ** repair_log10_p
+    if up_to is None or p_forms <= (1.0 - eps) * up_to:
+        from_forms = forms_log10_p - math.log10(1.0 - eps)
+    else:
+        from_forms = math.log10(p_forms + eps * up_to)
+    if up_to is None or p_repair <= eps * up_to:
+        from_repair = repair_log10_p - math.log10(eps)
+    else:
+        from_repair = 0.0
+    return min(0.0, from_forms, from_repair)
 
 
 def repair_sum_log10_p(canonical: Sequence[int], key, table: SegmentationTable

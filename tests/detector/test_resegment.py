@@ -65,6 +65,22 @@ def test_the_repair_p_is_the_weighted_bonferroni_it_states():
     assert combined_log10_p(-7.0, -9.0, 0.05) == pytest.approx(min(-7.0 - math.log10(0.95), -9.0 - math.log10(0.05)))
 
 
+def test_the_level_dependent_split_is_the_smallest_level_that_rejects():
+    """combined_log10_p with ``up_to``: p = inf{t: p_f <= t - b(t) or p_r <= b(t)}, b(t) =
+    eps * min(t, up_to), checked against a direct search over a fine grid of levels."""
+    eps, up_to = 0.05, 1e-5
+    levels = np.logspace(-12, 0, 24001)
+    b = eps * np.minimum(levels, up_to)
+    for p_f, p_r in ((1e-8, 1.0), (3e-4, 1.0), (3e-4, 1e-9), (2e-6, 4e-7), (0.5, 1e-6), (1e-3, 1e-3), (1.0, 1.0)):
+        rejects = (p_f <= levels - b) | (p_r <= b)
+        smallest = levels[np.argmax(rejects)] if rejects.any() else 1.0
+        got = 10 ** combined_log10_p(math.log10(p_f), math.log10(p_r), eps, up_to)
+        assert got == pytest.approx(smallest, rel=2e-3), (p_f, p_r)
+    # Above up_to the forms lose eps * up_to in p and nothing more; at and below, the plain split.
+    assert 10 ** combined_log10_p(math.log10(1e-3), 0.0, eps, up_to) == pytest.approx(1e-3 + eps * up_to)
+    assert combined_log10_p(-7.0, -9.0, eps, up_to) == pytest.approx(combined_log10_p(-7.0, -9.0, eps))
+
+
 @pytest.mark.slow
 def test_the_combined_p_is_valid_on_null_text():
     """Texts drawn independently of the keys (uniform ids of the miniature vocabulary, 40
@@ -80,10 +96,10 @@ def test_the_combined_p_is_valid_on_null_text():
         candidates = [Candidate.inline(_key(1000 + i, "gumbel" if i % 2 == 0 else "dual_key_gumbel"))]
         forms = detect(canonical, candidates, config).log10_p_value
         repair, _, _ = repair_log10_p(canonical, candidates, config, TABLE)
-        combined.append(combined_log10_p(forms, repair, 0.05))
+        combined.append([combined_log10_p(forms, repair, 0.05), combined_log10_p(forms, repair, 0.05, 1e-5)])
     combined = np.array(combined)
     for level, allowed in ((0.05, 102), (0.01, 28), (1e-3, 6)):  # binomial 99.9 % quantiles at 1,500
-        assert np.sum(combined <= math.log10(level)) <= allowed, level
+        assert np.all(np.sum(combined <= math.log10(level), axis=0) <= allowed), level
 
 
 def test_a_word_split_as_encode_would_not_is_found_under_its_key():
@@ -147,7 +163,8 @@ def test_the_incremental_combined_p_is_valid_on_null_text():
         canonical = [int(x) for x in rng.integers(0, len(PIECES), 40)]
         key = _key(5000 + i, "gumbel" if i % 2 == 0 else "dual_key_gumbel")
         forms = detect(canonical, [Candidate.inline(key)], config).log10_p_value
-        combined.append(combined_log10_p(forms, repair_sum_log10_p(canonical, key, TABLE)[0], 0.05))
+        repair = repair_sum_log10_p(canonical, key, TABLE)[0]
+        combined.append([combined_log10_p(forms, repair, 0.05), combined_log10_p(forms, repair, 0.05, 1e-5)])
     combined = np.array(combined)
     for level, allowed in ((0.05, 188), (0.01, 48), (1e-3, 10)):  # binomial 99.9 % quantiles at 3,000
-        assert np.sum(combined <= math.log10(level)) <= allowed, level
+        assert np.all(np.sum(combined <= math.log10(level), axis=0) <= allowed), level
