@@ -138,6 +138,10 @@ class ServiceSettings(BaseSettings):
     detect_slots: int = Field(default=2, ge=0)
     """Detections one principal (a tenant, an expert token, a client address) may run at once in
     this replica; 429 beyond, before any tokenisation (0: no limit)."""
+    detect_workers: int = Field(default=1, ge=0)
+    """Processes that detect bodies over the inline size (service/access/offload.py), so their
+    CPU-bound Python does not hold the interpreter other principals' checks run in; 0: a
+    worker thread of the gateway's own process instead."""
     metrics_listen: str | None = Field(default=None, pattern=r"^[^\s:]*:[0-9]{1,5}$")
     """``host:port`` of a listener serving only /metrics (e.g. 127.0.0.1:9464); the gateway's
     own port then answers 404 on /metrics."""

@@ -45,7 +45,7 @@ from keys.errors import KeyStoreError
 from keys.models import Tenant
 from ledger.read import find_generations_by_output_hash
 from service import detection
-from service.access import probe, shape
+from service.access import offload, probe, shape
 from service.access.budgets import Budget, Budgets
 from service.access.group_commit import GroupCommit
 from service.access.lanes import Lanes
@@ -227,8 +227,12 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
     charge = Charge(reserved=reservation(settings, body, budgets) if budgets else 0.0, budgets=budgets)
     if not budgets and not evidence_budget and not guarded:
         return charge
-    sketch = await _call(inline, _sketch_of, services, access.secret, body, settings.probe_kgram,
-                         tokens) if guarded else None
+    pool = None if inline or not guarded else offload.offload_of(services)
+    if pool is not None:  # a large body's hashes in a worker process (service.access.offload)
+        sketch = await pool.sketch(services, access.secret, body, settings.probe_kgram)
+    else:
+        sketch = await _call(inline, _sketch_of, services, access.secret, body, settings.probe_kgram,
+                             tokens) if guarded else None
 
     def admit(session) -> None:
         short = access.budgets.admit(session, budgets + evidence_budget)
@@ -392,6 +396,9 @@ async def _core(access: Access, who: Principal, inline: bool, fn: Callable[..., 
         # as a thread's would (a principal whose large bodies hold every slot waits here too).
         with access.slots.hold(who.name):
             return fn(*args)
+    pool = offload.offload_of(args[0]) if offload.offloadable(fn) else None
+    if pool is not None:  # its own process: its CPU does not hold this one's interpreter (guard31)
+        return await pool.detect(fn, *args)
     return await asyncio.to_thread(fn, *args)
 
 
