@@ -107,8 +107,9 @@ class ServiceSettings(BaseSettings):
     """Tokens the public check scores a day for one wide group (an IPv4 /24, an IPv6 /48)
     together: walking a network's addresses buys at most this (service/access/addresses.py)."""
     public_reserved_tokens_per_day: float = Field(default=4_000.0, ge=0)
-    """Tokens a wide group may still have scored a day once the global public budget is used
-    up: no flood from other networks closes the public check for it."""
+    """Tokens an address group may still have scored a day once the global public budget is
+    used up, within ten times this for its wide group (service/access/budgets.py): no flood
+    from other networks closes the public check for it."""
     trusted_proxies: str = ""
     """Comma-separated addresses or networks of reverse proxies whose ``X-Forwarded-For`` is
     believed (`hallmark serve --trusted-proxies`); none by default: the TCP peer is the client."""

@@ -46,7 +46,7 @@ from keys.models import Tenant
 from ledger.read import find_generations_by_output_hash
 from service import detection
 from service.access import offload, probe, shape
-from service.access.budgets import Budget, Budgets
+from service.access.budgets import Budget, Budgets, public_reserves
 from service.access.group_commit import GroupCommit
 from service.access.lanes import Lanes
 from service.access.slots import Slots
@@ -239,11 +239,11 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
         if short is not None and short[0].name == GLOBAL_PUBLIC and who.wide:
             # The global public budget is used up (a flood from many networks): this network
             # still has its reserve (issue 31: no actor closes the public check for others).
-            reserve = Budget(f"public-reserve:{who.wide}", settings.public_reserved_tokens_per_day)
+            reserve = public_reserves(settings.public_reserved_tokens_per_day, who.key, who.wide)
             others = [b for b in budgets if b.name != GLOBAL_PUBLIC]
-            short = access.budgets.admit(session, others + evidence_budget + [reserve])
+            short = access.budgets.admit(session, others + evidence_budget + reserve)
             if short is None:
-                budgets[:] = others + [reserve]  # charged (and settled) instead of the global one
+                budgets[:] = others + reserve  # charged (and settled) instead of the global one
         if short is not None:
             budget, wait = short
             what = "per-token evidence uses" if budget in evidence_budget else "detection tokens"

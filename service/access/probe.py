@@ -12,7 +12,7 @@ position's window of 5 tokens. The guard therefore sketches a query by its **tok
 (of the text as sent and as the detector normalises it: invisible characters, bidi controls,
 look-alike letters; token ids as sent, so a text and its token ids are one family), and a
 query joins an earlier query's family when the two share at least :data:`ABSOLUTE` (32)
-5-grams (half the smaller one's, at most 100), or at least ``share`` (default 50 %) of the smaller one's (a short text; a piece of a
+5-grams (a quarter of the smaller one's, at most 100), or at least ``share`` (default 50 %) of the smaller one's (a short text; a piece of a
 text split over queries). A count of shared windows is what padding cannot lower (added junk
 adds 5-grams to a query, never removes the text's), and interleaving lowers it only by hiding
 the text's positions from the detector, which is what the guard protects. A
@@ -66,16 +66,18 @@ ABSOLUTE = 32
 """k-grams two queries may share before they are one text's family, however much else either
 holds: about 36 tokens of one text repeated. Distinct texts rarely repeat 32 windows of 5
 tokens (quotes and boilerplate do: then they are counted together, which errs towards refusing)."""
-DENSITY, CAP = 0.5, 200
-"""The bar rises to half the smaller query's windows, at most 100 (half of 200). 100 is the
-bar a padded query met already (issue 31, third round: a quarter of at most 400 windows), and
-any attacker can pad; an unpadded query now meets the same bar. Texts that share boilerplate
-share 30-180 windows by chance: at a quarter (bench.legit_use) licence clauses shared by
-LGPL-3 and GPL-3 (65 of 235 windows) and pydoc's argparse listings (59-105) merged distinct
-public checks into families already checked 3 times (7 of 150 refused; 3 at half, each
-sharing 102-211 windows, 44-82 % of its own, with one earlier text: near-copies, which no
-count of windows tells from an edited text). A text of 200 tokens edited a few percent a round
-(5 % of tokens: about 150 of its 196 windows kept) still clears 100."""
+DENSITY, CAP = 0.25, 400
+"""The bar rises to a quarter of the smaller query's windows, at most 100 (a quarter of 400):
+texts that share boilerplate (pydoc's tables, licence clauses) share 30-180 windows by chance
+(bench.legit_use: at 32 flat, 2 of 150 distinct public checks were refused), while padding
+either query beyond 400 windows cannot raise the bar above 100, which a padded text of 200
+tokens edited a few percent a round still clears.
+
+Half of at most 200 windows was tried (guard31, round four): bench.legit_use answered 147 of
+150 public checks instead of 143, but interleaving (12 tokens of the text, 4 of junk: about
+100 windows of the text left in a query) then stripped 1 of 2 texts at 9.5 % of tokens
+changed (bench.oracle_attack --round2 2, seed 31; 0 of 2 at a quarter), so the quarter stays:
+what a window count cannot tell apart is a quoted clause from an interleaved text."""
 _WORD = re.compile(r"\w+")
 
 
