@@ -209,6 +209,9 @@ def main() -> None:
         for name in tokens:
             httpx.post(server.url + "/v1/detect", json={"text": "warm up"},
                        headers={"Authorization": f"Bearer {tokens[name]}"}, timeout=120)
+        # A large body too: a worker process (service.access.offload) is started and warm.
+        httpx.post(server.url + "/v1/detect", json={"token_ids": list(range(300, 3300))},
+                   headers={"Authorization": f"Bearer {tokens['flood']}"} if "flood" in tokens else {}, timeout=300)
         if args.public:  # the public path warm too (tokenizer forms, the sketch, the worker)
             httpx.post(server.url + "/v1/public/detect", json={"text": "warm up " * 2000}, timeout=120)
         time.sleep(1)
