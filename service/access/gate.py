@@ -86,7 +86,6 @@ def access_of(services) -> Access:
                 if sys.getswitchinterval() > FAIR_SWITCH_INTERVAL:
                     sys.setswitchinterval(FAIR_SWITCH_INTERVAL)
                 services._access = found
-                offload.offload_of(services)  # its workers start now, not with the first large body
     return found
 
 
