@@ -17,9 +17,10 @@ is what must be shared by its requests: the principal's lane and slot, the budge
 families' writes (one writer, :mod:`service.access.group_commit`), the tier's shaping and
 signing, the metrics.
 
-The worker's key cache holds nothing (``key_cache_seconds`` 0): the gateway clears its own
-cache when a key is revoked or rotated, and a worker, which cannot be told, reads the keys of
-each request from the store (opened keys are kept: only changed rows are opened again).
+A worker keeps keys as long as the gateway's cache does (``key_cache_seconds``, 2 s by
+default): the gateway clears its own cache when a key is revoked or rotated through it, and a
+worker, which is not told, sees the change within that time, as another replica does. (Read on
+every request instead, the keys and signing key cost the flood below a third of its answers.)
 """
 
 from __future__ import annotations
@@ -68,8 +69,7 @@ def _start(settings, store_settings, tokenizer_path: str, vocab_size, eos_ids) -
 
     store = open_store(store_settings, require_kek=True)
     engine = _Tokenizer(tokenizer_path, vocab_size, eos_ids)
-    _services = Services(settings=settings.model_copy(update={"key_cache_seconds": 0.0}), store=store,
-                         engine=engine)
+    _services = Services(settings=settings, store=store, engine=engine)
     warmup.warm_detection(engine)
 
 
