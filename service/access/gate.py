@@ -397,7 +397,7 @@ async def _core(access: Access, who: Principal, inline: bool, fn: Callable[..., 
         with access.slots.hold(who.name):
             return fn(*args)
     pool = offload.offload_of(args[0]) if offload.offloadable(fn) else None
-    if pool is not None:  # its own process: its CPU does not hold this one's interpreter (guard31)
+    if pool is not None:  # its own process: its CPU does not hold this one's interpreter (service.access.offload)
         return await pool.detect(fn, *args)
     return await asyncio.to_thread(fn, *args)
 

@@ -66,8 +66,8 @@ def test_a_small_check_is_answered_while_another_principal_floods_large_bodies(w
     flood = {"Authorization": f"Bearer {workers.tokens['globex']}"}
     with httpx.Client(base_url=workers.url, timeout=120) as other, \
             concurrent.futures.ThreadPoolExecutor(4) as pool:
-        sent = [pool.submit(other.post, "/v1/detect", json={"token_ids": [rng.randrange(300, 8000) for _ in range(8000)]},
-                            headers=flood) for _ in range(8)]
+        bodies = [{"token_ids": [rng.randrange(300, 8000) for _ in range(8000)]} for _ in range(8)]
+        sent = [pool.submit(other.post, "/v1/detect", json=body, headers=flood) for body in bodies]
         small = workers.client.post("/v1/detect", json={"text": "a short check of its own"},
                                     headers={"Authorization": f"Bearer {workers.tokens['acme']}"})
         statuses = sorted(f.result().status_code for f in sent)
