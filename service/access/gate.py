@@ -229,7 +229,7 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
         return charge
     pool = None if inline or not guarded else offload.offload_of(services)
     if pool is not None:  # a large body's hashes in a worker process (service.access.offload)
-        sketch = await pool.sketch(services, access.secret, body, settings.probe_kgram)
+        sketch = await pool.sketch(_sketch_of, services, access.secret, body, settings.probe_kgram)
     else:
         sketch = await _call(inline, _sketch_of, services, access.secret, body, settings.probe_kgram,
                              tokens) if guarded else None

@@ -8,7 +8,7 @@ everyone else: each step of another principal's small check waited for the inter
 (``sys.getswitchinterval``) behind it, and a stream of such bodies on 4 connections took
 another tenant's p99 to 0.9-3.7x its idle p99 (bench.detect_flood, issue 31 third round).
 
-Here those two steps, the probe sketch (:func:`service.access.gate._sketch_of`) and the core
+Here those two steps, the probe sketch (``service.access.gate._sketch_of``) and the core
 (:func:`service.detection.detect`), run in a small pool of processes (``detect_workers``, 1 by
 default; 0 keeps the worker thread). Each worker opens the same store and tokenizer as the
 gateway (no model: detection reads token ids and keys, never weights) and answers exactly what
@@ -91,10 +91,8 @@ def _detect(identity, body, options: dict[str, Any]) -> dict[str, Any]:
     return detection.detect(_services, identity, body, counted=False, **options)
 
 
-def _sketch(secret: bytes, body, k: int):
-    from service.access import gate
-
-    return gate._sketch_of(_services, secret, body, k)
+def _sketch(fn: Callable[..., Any], secret: bytes, body, k: int):
+    return fn(_services, secret, body, k)
 
 
 def _ready() -> bool:
@@ -123,16 +121,14 @@ class Offload:
         old, self._pool = self._pool, self._new_pool(services)
         old.shutdown(wait=False, cancel_futures=True)
 
-    async def sketch(self, services, secret: bytes, body, k: int):
-        """The probe sketch of ``body`` (:func:`service.access.gate._sketch_of`) in a worker."""
+    async def sketch(self, fn: Callable[..., Any], services, secret: bytes, body, k: int):
+        """``fn(services, secret, body, k)`` (the gate's probe sketch, sent by name) in a worker."""
         try:
-            return await asyncio.wrap_future(self._pool.submit(_sketch, secret, body, k))
+            return await asyncio.wrap_future(self._pool.submit(_sketch, fn, secret, body, k))
         except BrokenProcessPool:
             log.warning("a detection worker died; starting another")
             self.restart(services)
-            from service.access import gate
-
-            return await asyncio.to_thread(gate._sketch_of, services, secret, body, k)
+            return await asyncio.to_thread(fn, services, secret, body, k)
 
     async def detect(self, fn: Callable[..., Any], services, identity, body) -> dict[str, Any]:
         """``fn(services, identity, body)`` (:func:`service.detection.detect`, or a partial of
