@@ -8,6 +8,15 @@ requests of ``--chars`` characters in flight (each answered request is sent agai
 ``--seconds``; meanwhile tenant "victim" sends an 11-character check every 0.25 s. Reports the
 victim's latency percentiles, the flood's status codes, and the gateway's resident memory
 (VmRSS of its process, sampled every 0.2 s) before and at its peak.
+
+``--public`` (issue 31: "the public check stays open for others while one actor floods it"):
+the flood is ``--parallel`` public callers, each from its own loopback address, spread over
+``--flood-networks`` /24s (127.0.1-N.x), each sending distinct ``--chars``-character texts to
+``/v1/public/detect``; meanwhile the others, ``--others`` addresses in 5 other /24s
+(127.0.200-204.x), each check 3 distinct texts of >= 200 tokens, one every 0.25 s in turn.
+Reports what the others were answered (every check should be 200) and their latency.
+``--global-tokens`` lowers the global public budget (settings' public_global_tokens_per_day) so
+that a flood empties it within the run.
 """
 
 from __future__ import annotations
@@ -50,6 +59,67 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+async def _run_public(url: str, pid: int, args) -> dict:
+    rng = random.Random(31)
+    # Mixed-case letters and digits: two 8,000-character texts of lowercase words from 5,000
+    # share over 100 of their 5-token windows by chance (the probe guard's bar), and the
+    # flood would be refused as one family instead of answered.
+    words = ["".join(rng.choices(string.ascii_letters + string.digits, k=rng.randint(4, 10))) for _ in range(50000)]
+    statuses: dict[str, int] = {}
+    answered: dict[str, int] = {}
+    latencies: list[float] = []
+    rss: list[float] = []
+    stop = time.monotonic() + args.seconds
+    done = asyncio.Event()
+
+    async def flood(i: int) -> None:
+        network = 1 + i % args.flood_networks
+        address = f"127.0.{network}.{2 + i // args.flood_networks}"
+        transport = httpx.AsyncHTTPTransport(local_address=address)
+        async with httpx.AsyncClient(base_url=url, timeout=300, transport=transport) as client:
+            while time.monotonic() < stop and not done.is_set():
+                # A fresh text each time (its own family: the probe guard does not refuse it).
+                text = (" ".join(rng.choices(words, k=args.chars // 5)))[:args.chars]
+                r = await client.post("/v1/public/detect", json={"text": text})
+                key = f"{r.status_code} {r.json()['error']['code']}" if r.status_code >= 400 else str(r.status_code)
+                statuses[key] = statuses.get(key, 0) + 1
+                if r.status_code == 429:
+                    await asyncio.sleep(0.05)
+
+    def others_sync() -> None:
+        time.sleep(args.warmup)  # the flood first
+        texts = [" ".join(rng.choices(words, k=60)) for _ in range(3 * args.others)]  # ~270 tokens
+        clients = []
+        for a in range(args.others):
+            address = f"127.0.{200 + a % 5}.{2 + a // 5}"
+            clients.append(httpx.Client(base_url=url, timeout=300,
+                                        transport=httpx.HTTPTransport(local_address=address)))
+        try:
+            for j in range(3):
+                for a, client in enumerate(clients):
+                    started = time.perf_counter()
+                    r = client.post("/v1/public/detect", json={"text": texts[3 * a + j]})
+                    latencies.append(time.perf_counter() - started)
+                    key = f"{r.status_code} {r.json()['error']['code']}" if r.status_code >= 400 else str(r.status_code)
+                    answered[key] = answered.get(key, 0) + 1
+                    time.sleep(0.25)
+        finally:
+            for client in clients:
+                client.close()
+            done.set()
+
+    async def sample() -> None:
+        while not done.is_set():
+            rss.append(_rss_mb(pid))
+            await asyncio.sleep(0.2)
+
+    await asyncio.gather(*(flood(i) for i in range(args.parallel)), asyncio.to_thread(others_sync), sample())
+    return {"flood_statuses": statuses, "others_statuses": answered, "others_checks": len(latencies),
+            "others_all_answered": set(answered) == {"200"},
+            "others_p50_s": round(percentile(latencies, 0.5), 4), "others_p99_s": round(percentile(latencies, 0.99), 4),
+            "others_max_s": round(max(latencies), 4) if latencies else None, "rss_peak_mb": round(max(rss), 1)}
 
 
 async def _run(url: str, tokens: dict[str, str], pid: int, args) -> dict:
@@ -121,19 +191,36 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--ids", type=int, default=0, help="flood with this many random token ids a body instead")
     parser.add_argument("--out", type=Path, default=Path("bench/results/detect-flood.json"))
+    parser.add_argument("--public", action="store_true", help="flood the public check from many addresses")
+    parser.add_argument("--flood-networks", type=int, default=1, help="with --public: /24s the flood's addresses span")
+    parser.add_argument("--others", type=int, default=30, help="with --public: other addresses, 3 checks each")
+    parser.add_argument("--warmup", type=float, default=3.0, help="with --public: seconds of flood before the others")
+    parser.add_argument("--global-tokens", type=float, default=None,
+                        help="the global public budget a day (HALLMARK_PUBLIC_GLOBAL_TOKENS_PER_DAY)")
+    parser.add_argument("--workers", type=int, default=None, help="HALLMARK_DETECT_WORKERS (0: worker threads)")
     args = parser.parse_args()
+    if args.global_tokens is not None:
+        os.environ["HALLMARK_PUBLIC_GLOBAL_TOKENS_PER_DAY"] = str(args.global_tokens)
+    if args.workers is not None:
+        os.environ["HALLMARK_DETECT_WORKERS"] = str(args.workers)
     with cpu_gateway(_provision, MODEL) as (server, tokens):
         pid = server.process.pid
         # Warm: one small detection per tenant (tokenizer, keys, caches).
         for name in tokens:
             httpx.post(server.url + "/v1/detect", json={"text": "warm up"},
                        headers={"Authorization": f"Bearer {tokens[name]}"}, timeout=120)
+        # A large body too: a worker process (service.access.offload) is started and warm.
+        httpx.post(server.url + "/v1/detect", json={"token_ids": list(range(300, 3300))},
+                   headers={"Authorization": f"Bearer {tokens['flood']}"} if "flood" in tokens else {}, timeout=300)
+        if args.public:  # the public path warm too (tokenizer forms, the sketch, the worker)
+            httpx.post(server.url + "/v1/public/detect", json={"text": "warm up " * 2000}, timeout=120)
         time.sleep(1)
         before = _rss_mb(pid)
-        result = asyncio.run(_run(server.url, tokens, pid, args))
+        result = asyncio.run(_run_public(server.url, pid, args) if args.public else _run(server.url, tokens, pid, args))
     result = {"rss_before_mb": round(before, 1), **result,
               "rss_growth_mb": round(result["rss_peak_mb"] - before, 1),
               "parallel": args.parallel, "chars": args.chars, "seconds": args.seconds,
+              "ids": args.ids, "workers": os.environ.get("HALLMARK_DETECT_WORKERS", "default"),
               "command": " ".join([".venv/bin/python -m bench.detect_flood", *sys.argv[1:]]),
               "cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()}
     args.out.parent.mkdir(parents=True, exist_ok=True)

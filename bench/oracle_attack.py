@@ -97,7 +97,9 @@ def answer_of(r: httpx.Response, tier: str) -> dict:
     if d.get("evidence"):
         scores = [t["score"] if t["score"] is not None else 0.0 for t in d["evidence"]["tokens"]]
     return {"refused": None, "watermarked": d["watermarked"], "ledger": "ledger" in d["basis"],
-            "signal": -float(d["log10_p_value"]), "scores": scores}
+            # Above its threshold the tenant tier shows only the band "p > threshold" (p fields null):
+            # no gradient, the same signal for every such text.
+            "signal": -float(d["log10_p_value"]) if d.get("log10_p_value") is not None else 0.0, "scores": scores}
 
 
 class Oracle:

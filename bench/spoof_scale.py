@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 from bench.gateway import cpu_gateway
-from bench.oracle_attack import MODEL, Editor, _provision, spoof
+from bench.oracle_attack import MODEL, Editor, Oracle, _provision, blind_fraction, spoof, strip
 from service.access import shape
 
 
@@ -46,13 +46,13 @@ class ViewOracle:
         full = detect(self.client, text)
         if self.view == "tenant":
             shown = shape.tenant_answer(full, evidence=False)
-            return {"refused": None, "watermarked": bool(shown["watermarked"]), "ledger": False,
+            return {"refused": None, "watermarked": bool(shown["watermarked"]), "ledger": "ledger" in shown["basis"],
                     # Above the threshold the tenant tier shows one band, no p (issue 31, run 3).
                     "signal": -float(shown["log10_p_value"] if shown["log10_p_value"] is not None else 0.0),
                     "scores": None}
         shown = shape.public_answer(full, tokens=int(full.get("total_tokens") or 0), min_tokens=200,
                                     provider="bench", attributed=set())
-        return {"refused": None, "watermarked": shown["verdict"] == "watermarked", "ledger": False,
+        return {"refused": None, "watermarked": shown["verdict"] == "watermarked", "ledger": "ledger" in shown["basis"],
                 "signal": {"none": 0, "moderate": 1, "strong": 2}[shown["confidence"]], "scores": None}
 
 
@@ -113,6 +113,9 @@ def main() -> None:
     parser.add_argument("--views", default="tenant,public")
     parser.add_argument("--offset", type=int, default=0, help="licence paragraphs from this word (0 or 85)")
     parser.add_argument("--pydoc", action="store_true", help="pydoc pages of the standard library too")
+    parser.add_argument("--strip", action="store_true",
+                        help="strip instead: the tenant's generations, 3 x --days answers of each view against "
+                             "the blind attacker's share of tokens changed (ground truth, 40 rounds)")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -127,6 +130,8 @@ def main() -> None:
     # measured): off for the bench's gateway, as for the other benches.
     os.environ["HALLMARK_DETECT_RATE_PER_MINUTE"] = "0"
     started = time.time()
+    if args.strip:
+        return _strip_main(args, editor, views, rounds, started)
     results = {view: {"attempts": 0, "successes": 0, "best_signal": [], "queries_of_successes": []}
                for view in views}
     with cpu_gateway(_provision, MODEL) as (server, tokens):
@@ -158,6 +163,70 @@ def main() -> None:
     out = {"views": results, "both": {"attempts": total_n, "successes": total_s,
                                       "upper_95": upper_bound(total_s, total_n)},
            "texts": len(texts), "queries_per_attempt": rounds, "days": args.days, "per_day": args.per_day,
+           "command": " ".join([".venv/bin/python -m bench.spoof_scale", *sys.argv[1:]]),
+           "seconds": round(time.time() - started, 1), "load_average_at_end": os.getloadavg(),
+           "note": "shared 2-core box; nice'd; answers from the expert tier cut to each view by service.access.shape"}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    values = sorted(values)
+    return round(values[min(len(values) - 1, int(q * len(values)))], 4) if values else None
+
+
+def _strip_main(args, editor, views: list[str], rounds: int, started: float) -> None:
+    """Issue 31's strip goal over a month: a 200-token generation of the tenant's, stripped by
+    random 5 % rounds (bench.oracle_attack.strip, no evidence) that stop once the view says
+    neither the watermark nor the ledger is a basis, with 3 x --days answers (the probe guard's
+    month). Beside it, the blind attacker on the same text: the share of tokens changed at which
+    random 5 % rounds first strip it (ground truth). Goal: the share to strip 9 texts in 10 is at
+    least the blind attacker's."""
+    results = {view: {"attempts": 0, "stripped": 0, "changed": [], "queries": []} for view in views}
+    blind: list[float] = []
+    with cpu_gateway(_provision, MODEL) as (server, tokens):
+        client = httpx.Client(base_url=server.url, timeout=120,
+                              headers={"Authorization": f"Bearer {tokens['expert']}"})
+        generator = httpx.Client(base_url=server.url, timeout=300,
+                                 headers={"Authorization": f"Bearer {tokens['tenant']}"})
+        truth = Oracle(server.url, "expert", tokens["expert"])
+        i, seed, begun = 0, 0, time.time()
+        while time.time() - begun < args.seconds:
+            seed += 1
+            out = generator.post("/v1/generate", json={"prompt": "Write about the history of the town",
+                                                       "max_tokens": 210, "seed": seed, "temperature": 1.0}).json()
+            ids = out["token_ids"]
+            if len(ids) < 200 or not detect(client, editor.text(ids))["watermarked"]:
+                continue
+            fraction = blind_fraction(truth, editor, ids, 40)
+            if fraction is not None:
+                blind.append(fraction)
+            view = views[i % len(views)]
+            outcome = strip(ViewOracle(client, view), editor, ids, rounds - 1, with_evidence=False)
+            final = detect(client, editor.text(outcome["final_ids"]))
+            done = not final["watermarked"] and not final.get("basis")
+            row = results[view]
+            row["attempts"] += 1
+            row["stripped"] += done
+            if done:
+                row["changed"].append(round(outcome["changed"] / outcome["tokens"], 3))
+                row["queries"].append(outcome["queries"])
+            print(view, i, outcome["queries"], done, fraction, flush=True)
+            i += 1
+        client.close()
+        generator.close()
+    blind_90 = _quantile(blind, 0.9)
+    for row in results.values():
+        changed = sorted(row["changed"])
+        row["changed_share_to_strip_90pct"] = _quantile(changed, 0.9) if len(changed) >= 0.9 * row["attempts"] else None
+        row["changed_share_median"] = _quantile(changed, 0.5)
+        row["queries_max"] = max(row["queries"]) if row["queries"] else None
+        row["changed"] = changed
+        row["queries"] = sorted(row["queries"])
+    out = {"views": results, "blind": {"texts": len(blind), "changed_share_to_strip_90pct": blind_90,
+                                       "changed_share_median": _quantile(blind, 0.5), "fractions": sorted(blind)},
+           "answers_per_text": rounds, "days": args.days, "per_day": args.per_day,
            "command": " ".join([".venv/bin/python -m bench.spoof_scale", *sys.argv[1:]]),
            "seconds": round(time.time() - started, 1), "load_average_at_end": os.getloadavg(),
            "note": "shared 2-core box; nice'd; answers from the expert tier cut to each view by service.access.shape"}

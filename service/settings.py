@@ -107,8 +107,9 @@ class ServiceSettings(BaseSettings):
     """Tokens the public check scores a day for one wide group (an IPv4 /24, an IPv6 /48)
     together: walking a network's addresses buys at most this (service/access/addresses.py)."""
     public_reserved_tokens_per_day: float = Field(default=4_000.0, ge=0)
-    """Tokens a wide group may still have scored a day once the global public budget is used
-    up: no flood from other networks closes the public check for it."""
+    """Tokens an address group may still have scored a day once the global public budget is
+    used up, within ten times this for its wide group (service/access/budgets.py): no flood
+    from other networks closes the public check for it."""
     trusted_proxies: str = ""
     """Comma-separated addresses or networks of reverse proxies whose ``X-Forwarded-For`` is
     believed (`hallmark serve --trusted-proxies`); none by default: the TCP peer is the client."""
@@ -138,6 +139,10 @@ class ServiceSettings(BaseSettings):
     detect_slots: int = Field(default=2, ge=0)
     """Detections one principal (a tenant, an expert token, a client address) may run at once in
     this replica; 429 beyond, before any tokenisation (0: no limit)."""
+    detect_workers: int = Field(default=1, ge=0)
+    """Processes that detect bodies over the inline size (service/access/offload.py), so their
+    CPU-bound Python does not hold the interpreter other principals' checks run in; 0: a
+    worker thread of the gateway's own process instead."""
     metrics_listen: str | None = Field(default=None, pattern=r"^[^\s:]*:[0-9]{1,5}$")
     """``host:port`` of a listener serving only /metrics (e.g. 127.0.0.1:9464); the gateway's
     own port then answers 404 on /metrics."""

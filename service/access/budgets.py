@@ -117,3 +117,18 @@ class Budgets:
                 {"id": row, "name": budget.row_name, "amount": cost, "now": time.time(), "settles": settled})
             ids[budget.name] = row
         return ids
+
+
+RESERVE_ADDRESSES = 10
+"""A wide group's reserve is this many address groups' (bench.detect_flood --public: with one
+reserve of 4,000 tokens per /24, 30 other addresses in 5 /24s checking 3 texts each while a
+flood from 16 /24s had emptied the global budget got 58 of 90 checks answered)."""
+
+
+def public_reserves(per_address: float, address: str, wide: str) -> list[Budget]:
+    """What a public caller may still have scored once the global public budget is used up: its
+    address group's reserve, within its wide group's (:data:`RESERVE_ADDRESSES` of them). A
+    flood from other networks takes neither; a flood from the caller's own /24 takes at most
+    the /24's, and each other address of it keeps its own until the /24's is spent."""
+    return [Budget(f"public-reserve-address:{address}", per_address),
+            Budget(f"public-reserve:{wide}", per_address * RESERVE_ADDRESSES)]

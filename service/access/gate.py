@@ -45,8 +45,8 @@ from keys.errors import KeyStoreError
 from keys.models import Tenant
 from ledger.read import find_generations_by_output_hash
 from service import detection
-from service.access import probe, shape
-from service.access.budgets import Budget, Budgets
+from service.access import offload, probe, shape
+from service.access.budgets import Budget, Budgets, public_reserves
 from service.access.group_commit import GroupCommit
 from service.access.lanes import Lanes
 from service.access.slots import Slots
@@ -227,19 +227,23 @@ async def _admit(services, access: Access, who: Principal, body: DetectBody, evi
     charge = Charge(reserved=reservation(settings, body, budgets) if budgets else 0.0, budgets=budgets)
     if not budgets and not evidence_budget and not guarded:
         return charge
-    sketch = await _call(inline, _sketch_of, services, access.secret, body, settings.probe_kgram,
-                         tokens) if guarded else None
+    pool = None if inline or not guarded else offload.offload_of(services)
+    if pool is not None:  # a large body's hashes in a worker process (service.access.offload)
+        sketch = await pool.sketch(_sketch_of, services, access.secret, body, settings.probe_kgram)
+    else:
+        sketch = await _call(inline, _sketch_of, services, access.secret, body, settings.probe_kgram,
+                             tokens) if guarded else None
 
     def admit(session) -> None:
         short = access.budgets.admit(session, budgets + evidence_budget)
         if short is not None and short[0].name == GLOBAL_PUBLIC and who.wide:
             # The global public budget is used up (a flood from many networks): this network
             # still has its reserve (issue 31: no actor closes the public check for others).
-            reserve = Budget(f"public-reserve:{who.wide}", settings.public_reserved_tokens_per_day)
+            reserve = public_reserves(settings.public_reserved_tokens_per_day, who.key, who.wide)
             others = [b for b in budgets if b.name != GLOBAL_PUBLIC]
-            short = access.budgets.admit(session, others + evidence_budget + [reserve])
+            short = access.budgets.admit(session, others + evidence_budget + reserve)
             if short is None:
-                budgets[:] = others + [reserve]  # charged (and settled) instead of the global one
+                budgets[:] = others + reserve  # charged (and settled) instead of the global one
         if short is not None:
             budget, wait = short
             what = "per-token evidence uses" if budget in evidence_budget else "detection tokens"
@@ -392,6 +396,9 @@ async def _core(access: Access, who: Principal, inline: bool, fn: Callable[..., 
         # as a thread's would (a principal whose large bodies hold every slot waits here too).
         with access.slots.hold(who.name):
             return fn(*args)
+    pool = offload.offload_of(args[0]) if offload.offloadable(fn) else None
+    if pool is not None:  # its own process: its CPU does not hold this one's interpreter (service.access.offload)
+        return await pool.detect(fn, *args)
     return await asyncio.to_thread(fn, *args)
 
 

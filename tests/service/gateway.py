@@ -136,7 +136,10 @@ def start(tmp: Path, database_url: str | None = None, secrets: dict[str, int] | 
           modes: dict[str, str] | None = None, scopes: tuple[str, ...] = (), **overrides) -> Gateway:
     store_settings, tokens = provision(tmp, database_url, secrets, modes, scopes)
     options = {"model": TEST_MODEL, "draft_model": TEST_DRAFT, "device": "cpu", "max_batch": 8,
-               "detect_rate_per_minute": 100_000, "detect_burst": 100_000, **overrides}
+               "detect_rate_per_minute": 100_000, "detect_burst": 100_000,
+               # No detection worker process per test gateway (a process of ~600 MB each, alive
+               # until the test run ends): tests/service/access/test_offload.py asks for one.
+               "detect_workers": 0, **overrides}
     settings = ServiceSettings(**options)
     app = create_app(settings, store_settings=store_settings)
     url, server, thread = serve(app)

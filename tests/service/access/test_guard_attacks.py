@@ -149,3 +149,4 @@ def test_an_exact_repeat_is_answered_again_without_counting_and_an_edit_is_not_a
     assert [_detect(guarded, "acme", text=text) for _ in range(LIMIT + 3)] == [200] * (LIMIT + 3)  # one member
     assert [_detect(guarded, "acme", text=_edit(text, rng)) for _ in range(LIMIT)] == [200] * (LIMIT - 1) + [429]
     assert _detect(guarded, "acme", text=text) == 200  # the answered text itself: still the same answer
+
