@@ -6,7 +6,6 @@ look-up's false matches (:func:`generations_searched`, :func:`generations_in_sco
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass
 from typing import Iterable, Sequence, TypeVar
@@ -69,11 +68,18 @@ def _read_all(dialect: str, scoped: bool) -> str:
     if dialect == "sqlite":  # the lists as JSON arrays (no bind parameter per value)
         digests, exact = "SELECT value FROM json_each(:digests)", "SELECT value FROM json_each(:exact)"
         param = ":{}".format
+        joined = "group_concat(digest)"
+        text_of = "CAST({} AS TEXT)".format
     else:
         digests = "SELECT unnest(CAST(%(digests)s AS BIGINT[]))"
         exact = "SELECT unnest(CAST(%(exact)s AS VARCHAR[]))"
         param = "%({})s".format
+        joined = "string_agg(CAST(digest AS VARCHAR), ',')"
+        text_of = "CAST({} AS VARCHAR)".format
     tenant = f" AND tenant_id = {param('tenant_id')}" if scoped else ""
+    # Parts 0 and 1 come one row per (generation, key[, scheme, tenant]) with their digests
+    # joined (comma-separated, every row's: duplicates kept): a matched generation's ~one
+    # row per output token would otherwise cost a Python row each to fetch.
     return (
         "WITH RECURSIVE v1(key_id) AS ("
         "SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 UNION ALL "
@@ -83,14 +89,16 @@ def _read_all(dialect: str, scoped: bool) -> str:
         f"WHERE digest IN ({digests}) AND scheme = 2{tenant}), "
         "gens AS (SELECT generation_id FROM hits GROUP BY generation_id "
         f"HAVING count(DISTINCT digest) >= {param('min_matches')} UNION {exact}) "
-        "SELECT 0 AS part, generation_id, key_id, digest, 2 AS scheme, CAST(NULL AS VARCHAR) AS tenant_id "
-        "FROM hits WHERE generation_id NOT IN (SELECT generation_id FROM gens) UNION ALL "
-        "SELECT 1, generation_id, key_id, digest, scheme, tenant_id FROM ledger_kgrams "
-        "WHERE generation_id IN (SELECT generation_id FROM gens) UNION ALL "
-        "SELECT 2, CAST(NULL AS VARCHAR), CAST(NULL AS VARCHAR), count(*), 2, CAST(NULL AS VARCHAR) "
+        f"SELECT 0 AS part, generation_id, key_id, {joined} AS digests, 2 AS scheme, "
+        "CAST(NULL AS VARCHAR) AS tenant_id "
+        "FROM hits WHERE generation_id NOT IN (SELECT generation_id FROM gens) GROUP BY generation_id, key_id "
+        f"UNION ALL SELECT 1, generation_id, key_id, {joined}, scheme, tenant_id FROM ledger_kgrams "
+        "WHERE generation_id IN (SELECT generation_id FROM gens) GROUP BY generation_id, key_id, scheme, tenant_id "
+        f"UNION ALL SELECT 2, CAST(NULL AS VARCHAR), CAST(NULL AS VARCHAR), {text_of('count(*)')}, 2, "
+        "CAST(NULL AS VARCHAR) "
         f"FROM ledger_entries WHERE kind = 'finished' AND output_tokens >= {K}{tenant} "
         "AND EXISTS (SELECT 1 FROM gens) UNION ALL "
-        "SELECT 3, CAST(NULL AS VARCHAR), key_id, CAST(0 AS BIGINT), 1, CAST(NULL AS VARCHAR) "
+        "SELECT 3, CAST(NULL AS VARCHAR), key_id, CAST(NULL AS VARCHAR), 1, CAST(NULL AS VARCHAR) "
         "FROM v1 WHERE key_id IS NOT NULL")
 
 
@@ -191,56 +199,60 @@ class _Read:
 
     @classmethod
     def of(cls, rows: Sequence[Sequence], scope: str | None, query: np.ndarray, exact: Sequence[str]) -> "_Read":
-        count = len(rows)
+        """From :func:`_read_all`'s rows: (part, generation, key, digests joined by commas, scheme, tenant)."""
         generations: dict[str, None] = dict.fromkeys(exact)
         labels: dict[str, set[tuple[str, str]]] = {g: set() for g in exact}
         empty = np.zeros(0, np.int64)
-        recorded: dict[str, tuple[np.ndarray, np.ndarray]] = {g: (empty, empty) for g in exact}
+        recorded: dict[str, tuple[list, list]] = {g: ([], []) for g in exact}
         searched, v1 = None, set()
-        if not count:
-            return cls(scope, query, generations, [], [], empty, empty, empty, empty, empty, empty, recorded,
-                       labels, searched, frozenset())
-        parts, gens, keys, digests, schemes, tenants = zip(*rows)
-        part = np.fromiter(parts, np.int64, count)
-        digest = np.fromiter(digests, np.int64, count)
-        scheme = np.fromiter(schemes, np.int64, count)
-        gen_index: dict = {}
-        key_index: dict = {}
-        gen = np.fromiter((gen_index.setdefault(g, len(gen_index)) for g in gens), np.int64, count)
-        key = np.fromiter((key_index.setdefault(k, len(key_index)) for k in keys), np.int64, count)
-        for i in np.flatnonzero(part >= 2).tolist():
-            if parts[i] == 2:
-                searched = int(digests[i] or 0)
-            else:
-                v1.add(keys[i])
-        own = part == 1
-        if own.any():
-            # Every row of the named generations, grouped by generation in the order read.
-            for g in dict.fromkeys(itertools.compress(gens, own.tolist())):
-                generations.setdefault(g)
-            for g, k, t in set(itertools.compress(zip(gens, keys, tenants), own.tolist())):
-                labels.setdefault(g, set()).add((k, t))
-            at = np.flatnonzero(own)
-            at = at[np.argsort(gen[at], kind="stable")]
-            starts = np.flatnonzero(np.r_[True, gen[at][1:] != gen[at][:-1]])
-            ids = list(gen_index)
-            for first, last in zip(starts.tolist(), [*starts[1:].tolist(), len(at)]):
-                chosen = at[first:last]
-                recorded[ids[int(gen[chosen[0]])]] = (scheme[chosen], digest[chosen])
-            # Part 1's scheme 2 rows in scope among the text's digests are hits too (part 0
-            # leaves them out: they are sent once).
-            in_scope = np.ones(count, bool)
-            if scope is not None:
-                in_scope = np.fromiter((t == scope for t in tenants), bool, count)
-            hit = (part == 0) | (own & (scheme == V2) & in_scope & np.isin(digest, query))
-        else:
-            hit = part == 0
-        hit_digest, hit_generation, hit_key = digest[hit], gen[hit], key[hit]
-        order = np.lexsort((hit_key, hit_generation, hit_digest))
-        d, g, k = hit_digest[order], hit_generation[order], hit_key[order]
-        keep = np.r_[True, (d[1:] != d[:-1]) | (g[1:] != g[:-1]) | (k[1:] != k[:-1])] if len(d) else np.zeros(0, bool)
-        return cls(scope, query, generations, list(gen_index), list(key_index), hit_digest, hit_generation, hit_key,
-                   d[keep], g[keep], k[keep], recorded, labels, searched, frozenset(v1))
+        gen_index: dict[str, int] = {}
+        key_index: dict[str, int] = {}
+        hit_digest, hit_generation, hit_key = [], [], []
+        for part, generation_id, key_id, joined, scheme, row_tenant in rows:
+            if part >= 2:
+                if part == 2:
+                    searched = int(joined or 0)
+                else:
+                    v1.add(key_id)
+                continue
+            digests = _digests_of(joined)
+            if part == 1:
+                generations.setdefault(generation_id)
+                labels.setdefault(generation_id, set()).add((key_id, row_tenant))
+                schemes_of, digests_of = recorded.setdefault(generation_id, ([], []))
+                schemes_of.append(np.full(len(digests), int(scheme), np.int64))
+                digests_of.append(digests)
+                if scheme != V2 or (scope is not None and row_tenant != scope):
+                    continue
+                # Part 1's scheme 2 rows in scope among the text's digests are hits too (part 0
+                # leaves them out: they are sent once).
+                digests = digests[np.isin(digests, query)]
+            g = gen_index.setdefault(generation_id, len(gen_index))
+            k = key_index.setdefault(key_id, len(key_index))
+            hit_digest.append(digests)
+            hit_generation.append(np.full(len(digests), g, np.int64))
+            hit_key.append(np.full(len(digests), k, np.int64))
+        stacked = {g: (np.concatenate(s) if s else empty, np.concatenate(d) if d else empty)
+                   for g, (s, d) in recorded.items()}
+        d = np.concatenate(hit_digest) if hit_digest else empty
+        g = np.concatenate(hit_generation) if hit_generation else empty
+        k = np.concatenate(hit_key) if hit_key else empty
+        order = np.lexsort((k, g, d))
+        ds, gs, ks = d[order], g[order], k[order]
+        keep = np.r_[True, (ds[1:] != ds[:-1]) | (gs[1:] != gs[:-1]) | (ks[1:] != ks[:-1])] if len(ds) else \
+            np.zeros(0, bool)
+        return cls(scope, query, generations, list(gen_index), list(key_index), d, g, k, ds[keep], gs[keep],
+                   ks[keep], stacked, labels, searched, frozenset(v1))
+
+
+def _digests_of(joined) -> np.ndarray:
+    """int64 digests from their comma-joined text (PostgreSQL may hand an array back as a list)."""
+    if isinstance(joined, str):
+        found = np.fromstring(joined, dtype=np.int64, sep=",")
+        if len(found) == joined.count(",") + 1:
+            return found
+        joined = joined.split(",")  # pragma: no cover - not the database's integers
+    return np.asarray([int(v) for v in joined], dtype=np.int64)
 
 
 class KgramCache:
