@@ -173,26 +173,19 @@ def generations_in_scope(session: Session, tenant_id: str | None) -> int:
 
 @dataclass
 class _Read:
-    """What :meth:`KgramCache.read_all` read, as arrays: the scheme 2 rows in scope whose
-    digest the text has (hits: digest, generation, key, as indices into ``generation_ids`` and
-    ``key_ids``; ``distinct_*`` once per (digest, generation, key): a row copied by someone
-    without the log key counts once), and every row of the generations it names."""
+    """What :meth:`KgramCache.read_all` read: per (generation, key) the distinct digests of
+    its scheme 2 rows in scope that the text has (a row copied by someone without the log key
+    counts once), and every row of the generations it names."""
 
     scope: str | None
     query: np.ndarray
     """The text's distinct digests (every form's), int64, ascending."""
     generations: dict[str, None]
     """The generations named (exact copies first): their rows are in ``recorded``."""
-    generation_ids: list
-    key_ids: list
-    hit_digest: np.ndarray
-    hit_generation: np.ndarray
-    hit_key: np.ndarray
-    distinct_digest: np.ndarray
-    distinct_generation: np.ndarray
-    distinct_key: np.ndarray
+    pairs: dict[tuple[str, str], set[int]]
+    """(generation id, key id) -> the text's digests among its rows (the hits)."""
     recorded: dict[str, tuple[np.ndarray, np.ndarray]]
-    """generation -> (schemes, digests) of its rows, int64, in the order read."""
+    """generation -> (schemes, digests) of its rows, int64, one entry per row."""
     labels: dict[str, set[tuple[str, str]]]
     searched: int | None
     v1_keys: frozenset[str]
@@ -205,9 +198,8 @@ class _Read:
         empty = np.zeros(0, np.int64)
         recorded: dict[str, tuple[list, list]] = {g: ([], []) for g in exact}
         searched, v1 = None, set()
-        gen_index: dict[str, int] = {}
-        key_index: dict[str, int] = {}
-        hit_digest, hit_generation, hit_key = [], [], []
+        pairs: dict[tuple[str, str], set[int]] = {}
+        wanted: set[int] | None = None
         for part, generation_id, key_id, joined, scheme, row_tenant in rows:
             if part >= 2:
                 if part == 2:
@@ -216,6 +208,7 @@ class _Read:
                     v1.add(key_id)
                 continue
             digests = _digests_of(joined)
+            found = set(digests.tolist())
             if part == 1:
                 generations.setdefault(generation_id)
                 labels.setdefault(generation_id, set()).add((key_id, row_tenant))
@@ -226,23 +219,14 @@ class _Read:
                     continue
                 # Part 1's scheme 2 rows in scope among the text's digests are hits too (part 0
                 # leaves them out: they are sent once).
-                digests = digests[np.isin(digests, query)]
-            g = gen_index.setdefault(generation_id, len(gen_index))
-            k = key_index.setdefault(key_id, len(key_index))
-            hit_digest.append(digests)
-            hit_generation.append(np.full(len(digests), g, np.int64))
-            hit_key.append(np.full(len(digests), k, np.int64))
+                wanted = set(query.tolist()) if wanted is None else wanted
+                found &= wanted
+                if not found:
+                    continue
+            pairs.setdefault((generation_id, key_id), set()).update(found)
         stacked = {g: (np.concatenate(s) if s else empty, np.concatenate(d) if d else empty)
                    for g, (s, d) in recorded.items()}
-        d = np.concatenate(hit_digest) if hit_digest else empty
-        g = np.concatenate(hit_generation) if hit_generation else empty
-        k = np.concatenate(hit_key) if hit_key else empty
-        order = np.lexsort((k, g, d))
-        ds, gs, ks = d[order], g[order], k[order]
-        keep = np.r_[True, (ds[1:] != ds[:-1]) | (gs[1:] != gs[:-1]) | (ks[1:] != ks[:-1])] if len(ds) else \
-            np.zeros(0, bool)
-        return cls(scope, query, generations, list(gen_index), list(key_index), d, g, k, ds[keep], gs[keep],
-                   ks[keep], stacked, labels, searched, frozenset(v1))
+        return cls(scope, query, generations, pairs, stacked, labels, searched, frozenset(v1))
 
 
 def _digests_of(joined) -> np.ndarray:
@@ -288,7 +272,6 @@ class KgramCache:
         self._arrays: dict[tuple[bytes, tuple[int, ...]], np.ndarray] = {}
         self._read: _Read | None = None
         self._read_forms: set = set()
-        self._read_index: tuple[dict, dict] = ({}, {})
         self._materialised = False
         """What :meth:`read_all` read, as arrays (None: it did not run, or the per-part reads answer)."""
 
@@ -419,8 +402,6 @@ class KgramCache:
         self._labels.update(read.labels)
         self._read = read
         self._read_forms = {(self._store_key, tuple(tokens)) for tokens in forms}
-        self._read_index = ({g: i for i, g in enumerate(read.generation_ids)},
-                            {k: i for i, k in enumerate(read.key_ids)})
         return list(read.generations)
 
     def _read_of(self, tenant_id: str | None, token_ids: Sequence[int]) -> "_Read | None":
@@ -439,10 +420,10 @@ class KgramCache:
         self._materialised = True
         known = self._rows2.setdefault(read.scope, {})
         known.update((d, []) for d in read.query.tolist())
-        generations, keys = read.generation_ids, read.key_ids
-        for d, g, k in zip(read.hit_digest.tolist(), read.hit_generation.tolist(), read.hit_key.tolist()):
-            known[d].append((generations[g], keys[k]))
-            self._scope_of[keys[k], generations[g]] = (V2, read.scope)
+        for (generation_id, key_id), digests in read.pairs.items():
+            for d in digests:
+                known[d].append((generation_id, key_id))
+            self._scope_of[key_id, generation_id] = (V2, read.scope)
 
     def counts2(self, session: Session, token_ids: Sequence[int], tenant_id: str | None,
                 wanted: set[str]) -> tuple[int, int, dict[tuple[str, str], int]] | None:
@@ -453,17 +434,20 @@ class KgramCache:
         read = self._read_of(tenant_id, token_ids)
         if read is None:
             return None
-        query = np.unique(self._arrays[self._store_key, tuple(token_ids)])
-        inside = np.isin(read.distinct_digest, query)
-        seen = int(np.unique(read.distinct_generation[inside]).size)
-        keys = read.key_ids
-        wanted_key = np.fromiter((k in wanted for k in keys), bool, len(keys))
-        chosen = inside & wanted_key[read.distinct_key] if len(keys) else inside
-        pairs = read.distinct_key[chosen] * max(1, len(read.generation_ids)) + read.distinct_generation[chosen]
-        found, counts = np.unique(pairs, return_counts=True)
-        width = max(1, len(read.generation_ids))
-        return int(query.size), seen, {(keys[p // width], read.generation_ids[p % width]): n
-                                       for p, n in zip(found.tolist(), counts.tolist())}
+        text = set(self._at_list(token_ids))
+        counts: dict[tuple[str, str], int] = {}
+        seen: set[str] = set()
+        for (generation_id, key_id), digests in read.pairs.items():
+            if text.isdisjoint(digests):
+                continue
+            seen.add(generation_id)
+            if key_id in wanted:
+                counts[key_id, generation_id] = len(text & digests) if len(text) < len(digests) else len(digests & text)
+        return len(text), len(seen), counts
+
+    def _at_list(self, token_ids: Sequence[int]) -> list[int]:
+        """The read form's scheme 2 digests as a list (kept: the basis reads them again)."""
+        return self._keyed(token_ids, self._store_key)
 
     def shared_mask(self, key_id: str, generation_id: str, token_ids: Sequence[int], skip: int) -> np.ndarray | None:
         """bool [n]: the positions of ``token_ids`` :meth:`shared` and
@@ -475,17 +459,14 @@ class KgramCache:
         read = None if read is None else self._read_of(read.scope, token_ids)
         if read is None or key_id in read.v1_keys:
             return None
-        generation, key = self._read_index[0].get(generation_id), self._read_index[1].get(key_id)
-        if generation is None or key is None:
+        shared = read.pairs.get((generation_id, key_id))
+        if not shared:
             return None
-        chosen = (read.distinct_generation == generation) & (read.distinct_key == key)
-        if not chosen.any():
-            return None
-        starts = np.flatnonzero(np.isin(self._arrays[self._store_key, tuple(token_ids)],
-                                        read.distinct_digest[chosen]))
+        starts = np.flatnonzero(np.fromiter(map(shared.__contains__, self._at_list(token_ids)), bool))
         covered = np.zeros(len(token_ids), bool)
-        for offset in range(min(skip, K), K):
-            covered[starts + offset] = True
+        first = min(skip, K)
+        if len(starts) and first < K:
+            covered[(starts[:, None] + np.arange(first, K)).ravel()] = True
         return covered
 
     def use_facts(self, facts) -> None:
@@ -526,7 +507,7 @@ class KgramCache:
         read = self._read
         if read is not None and all(self._read_of(tenant_id, tokens) is not None for tokens in forms):
             # read_all read every form's rows: the keys among them, no query
-            present = {read.key_ids[k] for k in np.unique(read.hit_key).tolist()}
+            present = {key_id for _, key_id in read.pairs}
             live.update(key_id for key_id in wanted if key_id in present)
         elif self.store_key(session) is not None:
             rows = self.rows2(session, tenant_id, {d for tokens in forms for d in self.at2(session, tokens)})
