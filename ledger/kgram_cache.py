@@ -538,8 +538,8 @@ class KgramCache:
                 logged = tlog.logged_entries(session, rows, facts.leaves)
                 authentic = {r.generation_id for r in rows if r.id in logged and rows_match_leaf(
                     logged[r.id], r, *read.recorded[r.generation_id], self._labels.get(r.generation_id, set()))}
-                self._stored.update((g, int(np.unique(read.recorded[g][1]).size) if g in authentic else None)
-                                    for g in missing)
+                # An authentic generation's rows are distinct (rows_match_leaf): one per digest.
+                self._stored.update((g, len(read.recorded[g][1]) if g in authentic else None) for g in missing)
                 return {g: c for g, c in self._stored.items() if c is not None}
             unread = [g for g in missing if self._recorded_rows(g) is None]  # read already: the id recovery's
             if unread:
