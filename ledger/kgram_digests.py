@@ -49,14 +49,18 @@ def keyed_position_digests(token_ids: Sequence[int], key: bytes, k: int = K,
 
 def position_digest_array(token_ids: Sequence[int] | np.ndarray, key: bytes, k: int = K) -> np.ndarray | None:
     """int64 [n - k + 1]: :func:`keyed_position_digests` in one compiled pass (the watermark's
-    HMAC-SHA-256, watermark.prf.hmac_compiled, from the key's midstates); None without numba
-    or for a key longer than one SHA-256 block (the Python path answers those)."""
-    mids = _midstates(key)
-    if mids is None:
-        return None
+    HMAC-SHA-256, watermark.prf.hmac_compiled, from the key's midstates); None without numba,
+    in a process not worth loading it for, or for a key longer than one SHA-256 block (the
+    Python path answers those)."""
+    from watermark import jit
     from watermark.prf import hmac_compiled
 
-    if hmac_compiled.compiled() is None:  # pragma: no cover - exercised where numba is missing
+    # A one-off process (a CLI command) stays on Python rather than load numba (~0.3 s) for a
+    # few k-grams (watermark.jit.worth_loading: a k-gram in Python costs ~30 PRF evaluations).
+    if not jit.worth_loading(32 * max(0, len(token_ids) - k + 1)):
+        return None
+    mids = _midstates(key)
+    if mids is None or hmac_compiled.compiled() is None:
         return None
     try:
         words = (np.asarray(token_ids, dtype=np.int64).reshape(-1) & 0xFFFFFFFF).astype(np.uint32)

@@ -109,6 +109,9 @@ def test_compiled_digests_are_hmac_sha256(k):
     # One compiled pass over a whole text (watermark.prf.hmac_compiled's SHA-256) gives, bit
     # for bit, hmac.new(key, gram).digest()[:8] >> 1 of each k-gram (ids as 4 bytes big-endian),
     # for keys of any length up to a block, and for lengths around each k's padding boundary.
+    from watermark import jit
+
+    jit.load()  # a server's process (a one-off one stays on Python: kgram_digests.position_digest_array)
     rng = random.Random(k)
     for size in [0, k - 1, k, k + 1, 127 + k, 128 + k, 129 + k, 300]:
         key = bytes(rng.randrange(256) for _ in range(rng.choice([1, 16, 32, 64])))
