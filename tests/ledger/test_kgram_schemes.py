@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from pydantic import SecretStr
 from sqlalchemy import create_engine, event, select, text
@@ -25,7 +26,8 @@ from ledger import kgram_cache, kgram_digests, kgrams
 from ledger.entries import record_generation
 from ledger.log import tlog
 from ledger.log.audit import audit_log
-from ledger.log.leaves import EMPTY_KGRAMS, MIXED_KGRAMS, kgram_commitment, kgram_rows_commitment
+from ledger.log.leaves import (EMPTY_KGRAMS, MIXED_KGRAMS, kgram_array_commitment, kgram_commitment,
+                               kgram_rows_commitment)
 
 
 def _generate(store, tenant, key_id, version, spec, secret, tokens, scheme=None) -> str:
@@ -81,6 +83,12 @@ def test_commitments_are_domain_separated():
     assert kgram_rows_commitment([(1, 5), (2, 77)]) == MIXED_KGRAMS
     with pytest.raises(ValueError):
         kgram_commitment(digests, 3)
+    # The detection's array form of the log check (ledger.kgram_cache.rows_match_leaf): the same strings.
+    for rows in ([], [(2, d) for d in digests], [(1, d) for d in digests], [(2, 5), (2, 5), (2, 77)],
+                 [(1, 5), (2, 77)], [(3, 5)], [(2, 2**63 - 1), (2, 0)]):
+        schemes = np.array([r[0] for r in rows], dtype=np.int64)
+        values = np.array([r[1] for r in rows], dtype=np.int64)
+        assert kgram_array_commitment(schemes, values) == kgram_rows_commitment(rows), rows
 
 
 def test_new_generations_record_scheme_2_and_match(store, setup):
