@@ -462,7 +462,8 @@ class KgramCache:
         shared = read.pairs.get((generation_id, key_id))
         if not shared:
             return None
-        starts = np.flatnonzero(np.fromiter(map(shared.__contains__, self._at_list(token_ids)), bool))
+        at = self._at_list(token_ids)
+        starts = np.flatnonzero(np.fromiter(map(shared.__contains__, at), bool, len(at)))
         covered = np.zeros(len(token_ids), bool)
         first = min(skip, K)
         if len(starts) and first < K:
