@@ -7,13 +7,17 @@ look-up's false matches (:func:`generations_searched`, :func:`generations_in_sco
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Iterable, Sequence, TypeVar
+
+import numpy as np
 
 from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from keys.models import LedgerEntry, LedgerKgram
-from ledger.kgram_digests import K, V1, V2, keyed_position_digests, kgram_key
+from ledger.kgram_digests import K, V1, V2, keyed_position_digests, kgram_key, position_digest_array
+from ledger.log.leaves import kgram_array_commitment
 from ledger.log import tlog
 
 T = TypeVar("T")
@@ -50,20 +54,33 @@ _V1_KEYS = text("WITH RECURSIVE k(key_id) AS ("
                 "SELECT (SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 AND key_id > k.key_id) "
                 "FROM k WHERE k.key_id IS NOT NULL) SELECT key_id FROM k WHERE key_id IS NOT NULL")
 
-def _read_all(dialect: str, scoped: bool) -> "text":
+def _read_all(dialect: str, scoped: bool) -> str:
     """One statement for what a detection reads of the k-gram table (:meth:`KgramCache.read_all`),
     its parts told apart by the first column: 0, the scheme 2 rows of the text's digests
     (:data:`_ROWS2`) but those of part 1's generations (part 1 holds them); 1, every row of
-    each generation matching at least ``:min_matches`` of
-    them, or named in ``:exact`` (:data:`_STORED`: their check against the log and an exact
+    each generation matching at least ``min_matches`` of
+    them, or named in ``exact`` (:data:`_STORED`: their check against the log and an exact
     copy's id recovery); 2, the scope's finished generations (:func:`generations_in_scope`),
-    counted only when some generation matched; 3, the keys with scheme 1 rows (:data:`_V1_KEYS`)."""
+    counted only when some generation matched; 3, the keys with scheme 1 rows (:data:`_V1_KEYS`).
+    Written for the driver (its parameter style, sent with ``exec_driver_sql``: no statement
+    compiled or parameter processed by SQLAlchemy on each request); every column of every part
+    non-null where the reader makes arrays of it (digest, scheme)."""
     if dialect == "sqlite":  # the lists as JSON arrays (no bind parameter per value)
         digests, exact = "SELECT value FROM json_each(:digests)", "SELECT value FROM json_each(:exact)"
+        param = ":{}".format
+        joined = "group_concat(digest)"
+        text_of = "CAST({} AS TEXT)".format
     else:
-        digests, exact = "SELECT unnest(CAST(:digests AS BIGINT[]))", "SELECT unnest(CAST(:exact AS VARCHAR[]))"
-    tenant = " AND tenant_id = :tenant_id" if scoped else ""
-    return text(
+        digests = "SELECT unnest(CAST(%(digests)s AS BIGINT[]))"
+        exact = "SELECT unnest(CAST(%(exact)s AS VARCHAR[]))"
+        param = "%({})s".format
+        joined = "string_agg(CAST(digest AS VARCHAR), ',')"
+        text_of = "CAST({} AS VARCHAR)".format
+    tenant = f" AND tenant_id = {param('tenant_id')}" if scoped else ""
+    # Parts 0 and 1 come one row per (generation, key[, scheme, tenant]) with their digests
+    # joined (comma-separated, every row's: duplicates kept): a matched generation's ~one
+    # row per output token would otherwise cost a Python row each to fetch.
+    return (
         "WITH RECURSIVE v1(key_id) AS ("
         "SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 UNION ALL "
         "SELECT (SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 AND key_id > v1.key_id) "
@@ -71,15 +88,17 @@ def _read_all(dialect: str, scoped: bool) -> "text":
         f"hits AS MATERIALIZED (SELECT generation_id, key_id, digest FROM ledger_kgrams "
         f"WHERE digest IN ({digests}) AND scheme = 2{tenant}), "
         "gens AS (SELECT generation_id FROM hits GROUP BY generation_id "
-        f"HAVING count(DISTINCT digest) >= :min_matches UNION {exact}) "
-        "SELECT 0 AS part, generation_id, key_id, digest, 2 AS scheme, CAST(NULL AS VARCHAR) AS tenant_id "
-        "FROM hits WHERE generation_id NOT IN (SELECT generation_id FROM gens) UNION ALL "
-        "SELECT 1, generation_id, key_id, digest, scheme, tenant_id FROM ledger_kgrams "
-        "WHERE generation_id IN (SELECT generation_id FROM gens) UNION ALL "
-        "SELECT 2, CAST(NULL AS VARCHAR), CAST(NULL AS VARCHAR), count(*), 2, CAST(NULL AS VARCHAR) "
+        f"HAVING count(DISTINCT digest) >= {param('min_matches')} UNION {exact}) "
+        f"SELECT 0 AS part, generation_id, key_id, {joined} AS digests, 2 AS scheme, "
+        "CAST(NULL AS VARCHAR) AS tenant_id "
+        "FROM hits WHERE generation_id NOT IN (SELECT generation_id FROM gens) GROUP BY generation_id, key_id "
+        f"UNION ALL SELECT 1, generation_id, key_id, {joined}, scheme, tenant_id FROM ledger_kgrams "
+        "WHERE generation_id IN (SELECT generation_id FROM gens) GROUP BY generation_id, key_id, scheme, tenant_id "
+        f"UNION ALL SELECT 2, CAST(NULL AS VARCHAR), CAST(NULL AS VARCHAR), {text_of('count(*)')}, 2, "
+        "CAST(NULL AS VARCHAR) "
         f"FROM ledger_entries WHERE kind = 'finished' AND output_tokens >= {K}{tenant} "
         "AND EXISTS (SELECT 1 FROM gens) UNION ALL "
-        "SELECT 3, CAST(NULL AS VARCHAR), key_id, CAST(NULL AS BIGINT), 1, CAST(NULL AS VARCHAR) "
+        "SELECT 3, CAST(NULL AS VARCHAR), key_id, CAST(NULL AS VARCHAR), 1, CAST(NULL AS VARCHAR) "
         "FROM v1 WHERE key_id IS NOT NULL")
 
 
@@ -94,6 +113,20 @@ _IN_TENANT = _IN_STORE.where(LedgerEntry.tenant_id == bindparam("tenant_id"))
 _STORED = select(LedgerKgram.generation_id, LedgerKgram.scheme, LedgerKgram.digest, LedgerKgram.key_id,
                  LedgerKgram.tenant_id).where(
     LedgerKgram.generation_id.in_(bindparam("generation_ids", expanding=True)))
+
+
+def rows_match_leaf(leaf, row, schemes: np.ndarray, digests: np.ndarray, labels: set[tuple[str, str]]) -> bool:
+    """:func:`ledger.log.tlog.kgrams_matching`'s test of one generation, its rows given as
+    arrays (scheme, digest per row): the rows are exactly the set, under one scheme, that its
+    logged ``finished`` entry ``row`` committed to in ``leaf`` (already checked as the log
+    holds it: tlog.logged_entries), each row once, and carry that entry's key and tenant."""
+    if leaf.kgrams_sha256 != kgram_array_commitment(schemes, digests):
+        return False
+    if len(schemes) and int(schemes.min()) != int(schemes.max()):  # pragma: no cover - never committed
+        distinct = len(set(zip(schemes.tolist(), digests.tolist())))
+    else:
+        distinct = int(np.unique(digests).size)
+    return distinct == len(digests) and labels <= {(row.key_id, row.tenant_id)}
 
 
 def store_kgram_key(session: Session) -> bytes | None:
@@ -138,6 +171,74 @@ def generations_in_scope(session: Session, tenant_id: str | None) -> int:
     return int(session.connection().execute(_IN_TENANT, {"tenant_id": tenant_id}).scalar() or 0)
 
 
+@dataclass
+class _Read:
+    """What :meth:`KgramCache.read_all` read: per (generation, key) the distinct digests of
+    its scheme 2 rows in scope that the text has (a row copied by someone without the log key
+    counts once), and every row of the generations it names."""
+
+    scope: str | None
+    query: np.ndarray
+    """The text's distinct digests (every form's), int64, ascending."""
+    generations: dict[str, None]
+    """The generations named (exact copies first): their rows are in ``recorded``."""
+    pairs: dict[tuple[str, str], set[int]]
+    """(generation id, key id) -> the text's digests among its rows (the hits)."""
+    recorded: dict[str, tuple[np.ndarray, np.ndarray]]
+    """generation -> (schemes, digests) of its rows, int64, one entry per row."""
+    labels: dict[str, set[tuple[str, str]]]
+    searched: int | None
+    v1_keys: frozenset[str]
+
+    @classmethod
+    def of(cls, rows: Sequence[Sequence], scope: str | None, query: np.ndarray, exact: Sequence[str]) -> "_Read":
+        """From :func:`_read_all`'s rows: (part, generation, key, digests joined by commas, scheme, tenant)."""
+        generations: dict[str, None] = dict.fromkeys(exact)
+        labels: dict[str, set[tuple[str, str]]] = {g: set() for g in exact}
+        empty = np.zeros(0, np.int64)
+        recorded: dict[str, tuple[list, list]] = {g: ([], []) for g in exact}
+        searched, v1 = None, set()
+        pairs: dict[tuple[str, str], set[int]] = {}
+        wanted: set[int] | None = None
+        for part, generation_id, key_id, joined, scheme, row_tenant in rows:
+            if part >= 2:
+                if part == 2:
+                    searched = int(joined or 0)
+                else:
+                    v1.add(key_id)
+                continue
+            digests = _digests_of(joined)
+            found = set(digests.tolist())
+            if part == 1:
+                generations.setdefault(generation_id)
+                labels.setdefault(generation_id, set()).add((key_id, row_tenant))
+                schemes_of, digests_of = recorded.setdefault(generation_id, ([], []))
+                schemes_of.append(np.full(len(digests), int(scheme), np.int64))
+                digests_of.append(digests)
+                if scheme != V2 or (scope is not None and row_tenant != scope):
+                    continue
+                # Part 1's scheme 2 rows in scope among the text's digests are hits too (part 0
+                # leaves them out: they are sent once).
+                wanted = set(query.tolist()) if wanted is None else wanted
+                found &= wanted
+                if not found:
+                    continue
+            pairs.setdefault((generation_id, key_id), set()).update(found)
+        stacked = {g: (np.concatenate(s) if s else empty, np.concatenate(d) if d else empty)
+                   for g, (s, d) in recorded.items()}
+        return cls(scope, query, generations, pairs, stacked, labels, searched, frozenset(v1))
+
+
+def _digests_of(joined) -> np.ndarray:
+    """int64 digests from their comma-joined text (PostgreSQL may hand an array back as a list)."""
+    if isinstance(joined, str):
+        found = np.fromstring(joined, dtype=np.int64, sep=",")
+        if len(found) == joined.count(",") + 1:
+            return found
+        joined = joined.split(",")  # pragma: no cover - not the database's integers
+    return np.asarray([int(v) for v in joined], dtype=np.int64)
+
+
 class KgramCache:
     """What one detection learns of a text's k-grams and of the ledger (it holds query
     results: never keep it past the request; rows are append-only and a generation's are
@@ -168,13 +269,35 @@ class KgramCache:
         self._recorded: dict[str, list[tuple[int, int]]] = {}
         self._labels: dict[str, set[tuple[str, str]]] = {}
         self._facts = None
+        self._arrays: dict[tuple[bytes, tuple[int, ...]], np.ndarray] = {}
+        self._read: _Read | None = None
+        self._read_forms: set = set()
+        self._materialised = False
+        """What :meth:`read_all` read, as arrays (None: it did not run, or the per-part reads answer)."""
 
     def _keyed(self, token_ids: Sequence[int], key: bytes) -> list[int]:
         index = (key, tuple(token_ids))
         found = self._at.get(index)
         if found is None:
-            found = self._at[index] = keyed_position_digests(token_ids, key, memo=self._memo.setdefault(key, {}))
+            found = self._at[index] = self._keyed_array(token_ids, key).tolist()
         return found
+
+    def _keyed_array(self, token_ids: Sequence[int], key: bytes) -> np.ndarray:
+        """:meth:`_keyed` as int64 [n - K + 1], hashed in one compiled pass where numba is there."""
+        index = (key, tuple(token_ids))
+        found = self._arrays.get(index)
+        if found is None:
+            found = position_digest_array(token_ids, key)
+            if found is None:  # pragma: no cover - without numba: each distinct k-gram hashed once
+                found = np.asarray(keyed_position_digests(token_ids, key, memo=self._memo.setdefault(key, {})),
+                                   dtype=np.int64)
+            self._arrays[index] = found
+        return found
+
+    def array2(self, session: Session, token_ids: Sequence[int]) -> np.ndarray | None:
+        """:meth:`at2` as an int64 array (None: the store has no k-gram key)."""
+        key = self.store_key(session)
+        return None if key is None else self._keyed_array(token_ids, key)
 
     def at(self, token_ids: Sequence[int], secret: int) -> list[int]:
         """:func:`position_digests` of ``token_ids`` [n] under ``secret`` (scheme 1)."""
@@ -225,6 +348,7 @@ class KgramCache:
         """Scheme 2: per digest looked up so far in scope ``tenant_id`` (None: every tenant),
         ``digests`` included: the (generation, key id) of each row that recorded it, every key
         at once."""
+        self._materialise()
         known = self._rows2.setdefault(tenant_id, {})
         missing = sorted(d for d in set(digests) if d not in known)
         connection = session.connection()
@@ -258,41 +382,93 @@ class KgramCache:
 
         if self.store_key(session) is None:
             return None
-        query = sorted({d for tokens in forms for d in self.at2(session, tokens)})
+        arrays = [self.array2(session, tokens) for tokens in forms]
+        query = np.unique(np.concatenate(arrays)) if arrays else np.zeros(0, np.int64)
         connection = session.connection()
         dialect = "sqlite" if connection.dialect.name == "sqlite" else "postgresql"
         exact = list(dict.fromkeys(exact))
         if dialect == "sqlite":
-            values = {"digests": json.dumps(query), "exact": json.dumps(exact)}
+            values = {"digests": "[" + ",".join(map(str, query.tolist())) + "]", "exact": json.dumps(exact)}
         else:
-            values = {"digests": query, "exact": exact}
-        known = self._rows2.setdefault(tenant_id, {})
-        known.update((d, []) for d in query)
-        gens: dict[str, None] = dict.fromkeys(exact)
-        found: dict[str, list[tuple[int, int]]] = {g: [] for g in exact}
-        labels: dict[str, set[tuple[str, str]]] = {g: set() for g in exact}
-        v1: set[str] = set()
-        for part, generation_id, key_id, digest, scheme, row_tenant in connection.execute(
-                _READ_ALL[dialect, tenant_id is not None],
-                {**values, "tenant_id": tenant_id, "min_matches": MIN_MATCHES}).all():
-            if part == 0:
-                known[digest].append((generation_id, key_id))
-                self._scope_of[key_id, generation_id] = (V2, tenant_id)
-            elif part == 1:
-                gens.setdefault(generation_id)
-                found.setdefault(generation_id, []).append((int(scheme), int(digest)))
-                labels.setdefault(generation_id, set()).add((key_id, row_tenant))
-                if digest in known and scheme == V2 and (tenant_id is None or row_tenant == tenant_id):
-                    known[digest].append((generation_id, key_id))  # part 0's row, not sent twice
-                    self._scope_of[key_id, generation_id] = (V2, tenant_id)
-            elif part == 2:
-                self._searched2[tenant_id] = int(digest or 0)
-            else:
-                v1.add(key_id)
-        self._v1_keys = frozenset(v1)
-        self._recorded.update(found)
-        self._labels.update(labels)
-        return list(gens)
+            values = {"digests": query.tolist(), "exact": exact}
+        if tenant_id is not None:
+            values["tenant_id"] = tenant_id
+        values["min_matches"] = MIN_MATCHES
+        rows = connection.exec_driver_sql(_READ_ALL[dialect, tenant_id is not None], values).fetchall()
+        read = _Read.of(rows, tenant_id, query, exact)
+        if read.searched is not None:
+            self._searched2[tenant_id] = read.searched
+        self._v1_keys = read.v1_keys
+        self._labels.update(read.labels)
+        self._read = read
+        self._read_forms = {(self._store_key, tuple(tokens)) for tokens in forms}
+        return list(read.generations)
+
+    def _read_of(self, tenant_id: str | None, token_ids: Sequence[int]) -> "_Read | None":
+        """What :meth:`read_all` read, where it read scope ``tenant_id`` and hashed ``token_ids``."""
+        read = self._read
+        if read is None or read.scope != tenant_id or (self._store_key, tuple(token_ids)) not in self._read_forms:
+            return None
+        return read
+
+    def _materialise(self) -> None:
+        """What :meth:`read_all` read, as the per-part reads keep it (:meth:`rows2`, :meth:`shared`):
+        for the reference paths and scheme 1 keys, which read those."""
+        read = self._read
+        if read is None or self._materialised:
+            return
+        self._materialised = True
+        known = self._rows2.setdefault(read.scope, {})
+        known.update((d, []) for d in read.query.tolist())
+        for (generation_id, key_id), digests in read.pairs.items():
+            for d in digests:
+                known[d].append((generation_id, key_id))
+            self._scope_of[key_id, generation_id] = (V2, read.scope)
+
+    def counts2(self, session: Session, token_ids: Sequence[int], tenant_id: str | None,
+                wanted: set[str]) -> tuple[int, int, dict[tuple[str, str], int]] | None:
+        """Scheme 2's match counts of one form from what :meth:`read_all` read, in arrays: (its
+        distinct digests, the generations sharing any of them under any key, and per (key id,
+        generation) of a ``wanted`` key the distinct digests shared); None where it did not
+        read this form in this scope (:meth:`rows2` answers)."""
+        read = self._read_of(tenant_id, token_ids)
+        if read is None:
+            return None
+        text = set(self._at_list(token_ids))
+        counts: dict[tuple[str, str], int] = {}
+        seen: set[str] = set()
+        for (generation_id, key_id), digests in read.pairs.items():
+            if text.isdisjoint(digests):
+                continue
+            seen.add(generation_id)
+            if key_id in wanted:
+                counts[key_id, generation_id] = len(text & digests) if len(text) < len(digests) else len(digests & text)
+        return len(text), len(seen), counts
+
+    def _at_list(self, token_ids: Sequence[int]) -> list[int]:
+        """The read form's scheme 2 digests as a list (kept: the basis reads them again)."""
+        return self._keyed(token_ids, self._store_key)
+
+    def shared_mask(self, key_id: str, generation_id: str, token_ids: Sequence[int], skip: int) -> np.ndarray | None:
+        """bool [n]: the positions of ``token_ids`` :meth:`shared` and
+        :func:`positions` give (inside a k-gram ``generation_id`` recorded under ``key_id``,
+        the first ``skip`` of each left out), from what :meth:`read_all` read; None where it
+        does not hold them (a scheme 1 key, another form: :meth:`shared` answers). The pair
+        was found in the scope read (its rows are among the hits), so that scope is its."""
+        read = self._read
+        read = None if read is None else self._read_of(read.scope, token_ids)
+        if read is None or key_id in read.v1_keys:
+            return None
+        shared = read.pairs.get((generation_id, key_id))
+        if not shared:
+            return None
+        at = self._at_list(token_ids)
+        starts = np.flatnonzero(np.fromiter(map(shared.__contains__, at), bool, len(at)))
+        covered = np.zeros(len(token_ids), bool)
+        first = min(skip, K)
+        if len(starts) and first < K:
+            covered[(starts[:, None] + np.arange(first, K)).ravel()] = True
+        return covered
 
     def use_facts(self, facts) -> None:
         """The generations' finished entries and leaves (ledger.read.detection_facts), read
@@ -329,7 +505,12 @@ class KgramCache:
         hashed nor queried: :func:`~ledger.kgrams.find_matches` on them finds nothing, with or without this."""
         wanted = {key_id for key_id, _ in keys}
         live: set[str] = set()
-        if self.store_key(session) is not None:
+        read = self._read
+        if read is not None and all(self._read_of(tenant_id, tokens) is not None for tokens in forms):
+            # read_all read every form's rows: the keys among them, no query
+            present = {key_id for _, key_id in read.pairs}
+            live.update(key_id for key_id in wanted if key_id in present)
+        elif self.store_key(session) is not None:
             rows = self.rows2(session, tenant_id, {d for tokens in forms for d in self.at2(session, tokens)})
             live.update(key_id for found in rows.values() for _, key_id in found if key_id in wanted)
         old = self.v1_keys(session)
@@ -349,12 +530,23 @@ class KgramCache:
         never make a match."""
         missing = [g for g in dict.fromkeys(generation_ids) if g not in self._stored]
         if missing:
-            unread = [g for g in missing if g not in self._recorded]  # read already: the id recovery's
+            read, facts = self._read, self._facts
+            if (read is not None and facts is not None
+                    and all(g in read.recorded and g in facts.checked for g in missing)):
+                # Every row of these generations and their finished entries read in the look-up:
+                # checked in arrays (rows_match_leaf), their leaves as tlog.kgrams_matching reads them.
+                rows = [facts.finished[g] for g in missing if g in facts.finished]
+                logged = tlog.logged_entries(session, rows, facts.leaves)
+                authentic = {r.generation_id for r in rows if r.id in logged and rows_match_leaf(
+                    logged[r.id], r, *read.recorded[r.generation_id], self._labels.get(r.generation_id, set()))}
+                # An authentic generation's rows are distinct (rows_match_leaf): one per digest.
+                self._stored.update((g, len(read.recorded[g][1]) if g in authentic else None) for g in missing)
+                return {g: c for g, c in self._stored.items() if c is not None}
+            unread = [g for g in missing if self._recorded_rows(g) is None]  # read already: the id recovery's
             if unread:
                 self._read_recorded(session, unread)
             found = {g: self._recorded[g] for g in missing}
             labels = {g: self._labels[g] for g in missing}
-            facts = self._facts
             if facts is not None and all(g in facts.checked for g in missing):
                 rows = [facts.finished[g] for g in missing if g in facts.finished]
                 authentic = tlog.kgrams_matching(rows, tlog.logged_entries(session, rows, facts.leaves), found,
@@ -363,6 +555,14 @@ class KgramCache:
                 authentic = tlog.logged_kgrams(session, found, labels)
             self._stored.update((g, len({d for _, d in found[g]}) if g in authentic else None) for g in missing)
         return {g: c for g, c in self._stored.items() if c is not None}
+
+    def _recorded_rows(self, generation_id: str) -> list[tuple[int, int]] | None:
+        """(scheme, digest) of each row of a generation, where read (None: not yet)."""
+        found = self._recorded.get(generation_id)
+        if found is None and self._read is not None and generation_id in self._read.recorded:
+            schemes, digests = self._read.recorded[generation_id]
+            found = self._recorded[generation_id] = list(zip(schemes.tolist(), digests.tolist()))
+        return found
 
     def _read_recorded(self, session: Session, generation_ids: list[str]
                        ) -> tuple[dict[str, list[tuple[int, int]]], dict[str, set[tuple[str, str]]]]:
@@ -383,9 +583,10 @@ class KgramCache:
         """(scheme, digests) a generation recorded (None, empty: none), one query shared with
         :meth:`stored`. Not checked against the log: what reads it (the recovery of a
         generation's ids, service.generation_ids) proves its result by the ids' SHA-256."""
-        if generation_id not in self._recorded:
+        rows = self._recorded_rows(generation_id)
+        if rows is None:
             self._read_recorded(session, [generation_id])
-        rows = self._recorded[generation_id]
+            rows = self._recorded[generation_id]
         return (rows[0][0] if rows else None), {d for _, d in rows}
 
     def shared(self, session: Session, key_id: str, generation_id: str, token_ids: Sequence[int],
@@ -395,6 +596,7 @@ class KgramCache:
         (None: they do not). A generation's k-grams are written once, under its tenant and one
         scheme (:func:`ledger.kgrams.store`), so the rows of the scope it was found in are all of its rows
         among the digests looked up there."""
+        self._materialise()
         found = self._scope_of.get((key_id, generation_id))
         if found is None:
             return None

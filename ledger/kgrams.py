@@ -151,27 +151,35 @@ def find_matches(session: Session, *, keys: Sequence[tuple[str, int]], token_ids
 
 def _matches_v2(session: Session, keys: Sequence[tuple[str, int]], token_ids: Sequence[int], tenant_id: str | None,
                 cache: KgramCache) -> dict[str, list[KgramMatch]]:
-    at = cache.at2(session, token_ids)
-    query = sorted(set(at or ()))
-    if not query:
-        return {}
-    rows = cache.rows2(session, tenant_id, query)
     wanted = {key_id for key_id, _ in keys}
-    counts: dict[tuple[str, str], int] = {}
-    seen: set[str] = set()
-    for digest in query:
-        # Distinct rows: a row copied by someone without the log key counts once (and its
-        # generation is no longer authentic: KgramCache.stored).
-        for generation_id, key_id in set(rows[digest]):
-            seen.add(generation_id)
-            if key_id in wanted:
-                counts[key_id, generation_id] = counts.get((key_id, generation_id), 0) + 1
+    # What the look-up read (KgramCache.read_all), counted in arrays; else row by row.
+    fast = cache.counts2(session, token_ids, tenant_id, wanted)
+    if fast is not None:
+        queried, seen_count, counts = fast
+        if not queried:
+            return {}
+    else:
+        at = cache.at2(session, token_ids)
+        query = sorted(set(at or ()))
+        if not query:
+            return {}
+        rows = cache.rows2(session, tenant_id, query)
+        counts = {}
+        seen: set[str] = set()
+        for digest in query:
+            # Distinct rows: a row copied by someone without the log key counts once (and its
+            # generation is no longer authentic: KgramCache.stored).
+            for generation_id, key_id in set(rows[digest]):
+                seen.add(generation_id)
+                if key_id in wanted:
+                    counts[key_id, generation_id] = counts.get((key_id, generation_id), 0) + 1
+        queried, seen_count = len(query), len(seen)
     # Ties keep the generation ids' order within a key, as scheme 1's look-up gives.
     hits = sorted((key_id, g) for (key_id, g), n in counts.items() if n >= MIN_MATCHES)
     if not hits:
         return {}
     # At least the generations seen matching, whatever the ledger holds.
-    searched = max(cache.searched2(session, tenant_id), len(seen), 1)
+    searched = max(cache.searched2(session, tenant_id), seen_count, 1)
     stored = cache.stored(session, [g for _, g in hits])
     out: dict[str, list[KgramMatch]] = {}
     for key_id, generation_id in hits:
@@ -180,8 +188,8 @@ def _matches_v2(session: Session, keys: Sequence[tuple[str, int]], token_ids: Se
         matched = counts[key_id, generation_id]
         m = stored[generation_id] or matched
         out.setdefault(key_id, []).append(KgramMatch(
-            generation_id=generation_id, key_id=key_id, matched=matched, queried=len(query), stored=m,
-            log10_false_match_bound=false_match_log10(matched, len(query), m, searched)))
+            generation_id=generation_id, key_id=key_id, matched=matched, queried=queried, stored=m,
+            log10_false_match_bound=false_match_log10(matched, queried, m, searched)))
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from typing import Any
@@ -23,7 +24,7 @@ from service.detect_input import DegenerateInput, check_detect_input
 from service.errors import Conflict, NotFound, TooLarge, Unavailable, Unprocessable
 from service.http_errors import store_error
 from service.ledger_evidence import with_key_states, with_ledger_basis, with_shared_evidence, with_shared_scores
-from service.ledger_lookup import LedgerLookup, ledger_scope, look_up, stored_keys
+from service.ledger_lookup import LazySession, LedgerLookup, ledger_scope, look_up, stored_keys
 from service.ledger_salts import narrowed_by_ledger
 from service import ledger_log
 from service.provenance import ledger_match, report_scope, report_settings, report_statement
@@ -240,7 +241,8 @@ def _ledger_basis(services: Services, lookup: LedgerLookup, candidates, config, 
     if not lookup.exact and not (kgram and lookup.forms):
         return [], []
     try:
-        with services.store.transaction(write=False) as session:
+        with contextlib.ExitStack() as stack:  # the transaction opened only if something is read
+            session = LazySession(lambda: stack.enter_context(services.store.transaction(write=False)))
             now = lookup.now if all(e.key_id is None or e.key_id in lookup.now for e in lookup.exact) else None
             matches = with_entry_states(session, [ledger_match(e) for e in lookup.exact], now=now)
             if not kgram or not lookup.forms:

@@ -111,15 +111,24 @@ def with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Seque
     cache = kgrams.KgramCache() if cache is None else cache
     tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     positions: dict[tuple[str, str], set[int]] = {}
+    masks: dict[tuple[str, str], np.ndarray] = {}
     scores: dict[tuple[str, int | None], tuple[np.ndarray, dict[str, np.ndarray]]] = {}
     for key_id in dict.fromkeys(matches[i].key_id for i in tested):
         candidate = chosen[next(i for i in tested if matches[i].key_id == key_id)]
+        skip = candidate.key.spec.context_width
         # Tokens whose whole context lies inside a shared k-gram: their scores are the generation's.
-        shared = kgrams.shared_positions(
-            session, key_id=key_id, generation_ids=[matches[i].generation_id for i in tested
-                                                    if matches[i].key_id == key_id],
-            token_ids=token_ids, secret=candidate.key.secret, skip=candidate.key.spec.context_width, cache=cache)
-        positions.update(((generation_id, key_id), found) for generation_id, found in shared.items())
+        # As a mask over the tokens from the look-up's arrays (KgramCache.shared_mask), else as sets.
+        rest = []
+        for generation_id in dict.fromkeys(matches[i].generation_id for i in tested if matches[i].key_id == key_id):
+            mask = cache.shared_mask(key_id, generation_id, token_ids, skip)
+            if mask is None:
+                rest.append(generation_id)
+            else:
+                masks[generation_id, key_id] = mask
+        if rest:
+            shared = kgrams.shared_positions(session, key_id=key_id, generation_ids=rest, token_ids=token_ids,
+                                             secret=candidate.key.secret, skip=skip, cache=cache)
+            positions.update(((generation_id, key_id), found) for generation_id, found in shared.items())
     for i in tested:
         candidate = chosen[i]
         if (candidate.info.key_id, candidate.info.salt) not in scores:
@@ -130,7 +139,11 @@ def with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Seque
         match = out[i]
         candidate = chosen[i]
         scored_at, per_statistic = scores[candidate.info.key_id, candidate.info.salt]
-        inside = np.isin(scored_at, np.fromiter(positions[match.generation_id, match.key_id], dtype=np.int64))
+        mask = masks.get((match.generation_id, match.key_id))
+        if mask is not None:
+            inside = mask[scored_at]
+        else:
+            inside = np.isin(scored_at, np.fromiter(positions[match.generation_id, match.key_id], dtype=np.int64))
         log10_p, n = 0.0, 0
         for statistic, per_token in per_statistic.items():
             # Summed one by one in token order, as before: the same float (np.sum pairs terms).

@@ -60,6 +60,22 @@ def kgram_rows_commitment(rows: Iterable[tuple[int, int]]) -> str:
     return kgram_commitment((d for _, d in rows), schemes.pop() if schemes else 1)
 
 
+def kgram_array_commitment(schemes, digests) -> str:
+    """:func:`kgram_rows_commitment` of rows given as two int64 numpy arrays (scheme, digest
+    per row): the same string, the digests sorted and packed by numpy (a detection checks
+    every matched generation's ~one row per output token against its leaf)."""
+    import numpy as np
+
+    if len(schemes) and (int(schemes.min()) != int(schemes.max()) or int(schemes[0]) not in KGRAM_SCHEMES):
+        return MIXED_KGRAMS
+    if len(digests) and int(digests.min()) < 0:  # not a digest: as the row-wise form answers it
+        return kgram_rows_commitment(zip(schemes.tolist(), digests.tolist()))
+    body = np.unique(np.asarray(digests, dtype=np.int64)).astype(">u8").tobytes()
+    if len(schemes) and int(schemes[0]) == 2 and body:
+        body = _V2_LABEL + body
+    return hashlib.sha256(body).hexdigest()
+
+
 def entry_leaf(entry_hash: str, kgrams_sha256: str) -> bytes:
     return bytes([ENTRY]) + bytes.fromhex(entry_hash) + bytes.fromhex(kgrams_sha256)
 

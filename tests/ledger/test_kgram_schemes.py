@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from pydantic import SecretStr
 from sqlalchemy import create_engine, event, select, text
@@ -21,11 +22,12 @@ from keys.lifecycle import create_key
 from keys.material import detection_keys
 from keys.models import LedgerKgram
 from keys.settings import StoreSettings
-from ledger import kgram_digests, kgrams
+from ledger import kgram_cache, kgram_digests, kgrams
 from ledger.entries import record_generation
 from ledger.log import tlog
 from ledger.log.audit import audit_log
-from ledger.log.leaves import EMPTY_KGRAMS, MIXED_KGRAMS, kgram_commitment, kgram_rows_commitment
+from ledger.log.leaves import (EMPTY_KGRAMS, MIXED_KGRAMS, kgram_array_commitment, kgram_commitment,
+                               kgram_rows_commitment)
 
 
 def _generate(store, tenant, key_id, version, spec, secret, tokens, scheme=None) -> str:
@@ -81,6 +83,12 @@ def test_commitments_are_domain_separated():
     assert kgram_rows_commitment([(1, 5), (2, 77)]) == MIXED_KGRAMS
     with pytest.raises(ValueError):
         kgram_commitment(digests, 3)
+    # The detection's array form of the log check (ledger.kgram_cache.rows_match_leaf): the same strings.
+    for rows in ([], [(2, d) for d in digests], [(1, d) for d in digests], [(2, 5), (2, 5), (2, 77)],
+                 [(1, 5), (2, 77)], [(3, 5)], [(2, 2**63 - 1), (2, 0)]):
+        schemes = np.array([r[0] for r in rows], dtype=np.int64)
+        values = np.array([r[1] for r in rows], dtype=np.int64)
+        assert kgram_array_commitment(schemes, values) == kgram_rows_commitment(rows), rows
 
 
 def test_new_generations_record_scheme_2_and_match(store, setup):
@@ -269,6 +277,10 @@ def test_many_keys_one_hash_and_one_query(store, setup, monkeypatch):
     hashed = []
     real = kgram_digests.hmac_states
     monkeypatch.setattr(kgram_digests, "hmac_states", lambda key: hashed.append(key) or real(key))
+    # The compiled path (one pass per form and key) hashes without hmac_states: counted too.
+    real_array = kgram_cache.position_digest_array
+    monkeypatch.setattr(kgram_cache, "position_digest_array",
+                        lambda tokens, key, k=kgram_digests.K: hashed.append(key) or real_array(tokens, key, k))
     statements: list[str] = []
 
     def count(conn, cursor, statement, parameters, context, executemany):

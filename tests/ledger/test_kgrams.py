@@ -3,13 +3,16 @@ unrelated text does not, other keys and tenants see nothing, and no token id is 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import random
 
+import numpy as np
 import pytest
 from sqlalchemy import func, select
 
 from keys.models import LedgerKgram
-from ledger import kgrams
+from ledger import kgram_digests, kgrams
 from ledger.entries import record_generation
 
 
@@ -86,16 +89,40 @@ def test_position_digests_are_the_hmac_of_each_kgram():
 
 
 def test_position_digests_memo_hashes_each_kgram_once():
+    # The memo serves the pure-Python path (no numba); the compiled one hashes a text in one pass.
+    python = kgram_digests._keyed_position_digests_python
     rng = random.Random(3)
     tokens = [rng.randrange(50_000) for _ in range(60)]
     edited = tokens[:30] + [7] + tokens[30:]
+    key = kgrams.kgram_key(11)
     memo: dict[bytes, int] = {}
-    assert kgrams.position_digests(tokens, 11, memo=memo) == kgrams.position_digests(tokens, 11)
+    assert python(tokens, key, memo=memo) == kgrams.position_digests(tokens, 11)
     assert len(memo) == len(tokens) - kgrams.K + 1
-    assert kgrams.position_digests(edited, 11, memo=memo) == kgrams.position_digests(edited, 11)
+    assert python(edited, key, memo=memo) == kgrams.position_digests(edited, 11)
     assert len(memo) == len(tokens) - kgrams.K + 1 + kgrams.K  # only the k-grams holding the insertion
     cache = kgrams.KgramCache()
     assert cache.at(edited, 11) == kgrams.position_digests(edited, 11) != cache.at(edited, 12)
+
+
+@pytest.mark.parametrize("k", [1, 8, 13, 14, 20])
+def test_compiled_digests_are_hmac_sha256(k):
+    # One compiled pass over a whole text (watermark.prf.hmac_compiled's SHA-256) gives, bit
+    # for bit, hmac.new(key, gram).digest()[:8] >> 1 of each k-gram (ids as 4 bytes big-endian),
+    # for keys of any length up to a block, and for lengths around each k's padding boundary.
+    from watermark import jit
+
+    jit.load()  # a server's process (a one-off one stays on Python: kgram_digests.position_digest_array)
+    rng = random.Random(k)
+    for size in [0, k - 1, k, k + 1, 127 + k, 128 + k, 129 + k, 300]:
+        key = bytes(rng.randrange(256) for _ in range(rng.choice([1, 16, 32, 64])))
+        tokens = [rng.choice([0, 2**32 - 1, rng.randrange(2**32)]) for _ in range(max(0, size))]
+        grams = [b"".join(t.to_bytes(4, "big") for t in tokens[i:i + k]) for i in range(len(tokens) - k + 1)]
+        want = [int.from_bytes(hmac.new(key, g, hashlib.sha256).digest()[:8], "big") >> 1 for g in grams]
+        got = kgram_digests.position_digest_array(tokens, key, k)
+        assert got is not None and got.dtype == np.int64
+        assert got.tolist() == want
+        assert kgram_digests.keyed_position_digests(tokens, key, k) == want
+        assert kgram_digests._keyed_position_digests_python(tokens, key, k) == want
 
 
 def test_cached_lookups_match_plain_ones(store, setup):

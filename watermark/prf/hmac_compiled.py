@@ -353,12 +353,54 @@ def _vs_words_lanes(mids, contexts, tokens, out):  # pragma: no cover - compiled
                                               | (((h >> np.uint64(16)) & m8) << np.uint64(8)) | (h >> np.uint64(24)))
 
 
+def _kgram_digests_lanes(mids, words, k, shift, out):  # pragma: no cover - compiled
+    """out[p] = the first 8 bytes (big-endian) of HMAC-SHA-256(key, words[p:p + k] as big-endian
+    uint32s), shifted right by ``shift``, for every start p (out [n - k + 1] int64; mids [16]:
+    the key's midstates): the ledger's k-gram digests (ledger.kgram_digests), LANES k-grams
+    through each compression together. k + 2 words must fit the inner blocks' padding as
+    :func:`_pad_words` lays it out."""
+    count = out.shape[0]
+    w = np.zeros((64, LANES), np.uint32)
+    st = np.empty((8, LANES), np.uint32)
+    v = np.empty((8, LANES), np.uint32)
+    nblocks = (k + 2) // 16 + 1
+    bits = np.uint32((64 + 4 * k) * 8)
+    for start in range(0, count, LANES):
+        n = min(LANES, count - start)
+        for r in range(8):
+            for j in range(n):
+                st[r, j] = mids[r]
+        for blk in range(nblocks):
+            for i in range(16):
+                at = 16 * blk + i
+                if at < k:
+                    for j in range(n):
+                        w[i, j] = words[start + j + at]
+                else:
+                    fill = np.uint32(0x80000000) if at == k else (bits if at == 16 * nblocks - 1 else np.uint32(0))
+                    for j in range(n):
+                        w[i, j] = fill
+            _compress_lanes(st, w, n, v)
+        for i in range(8):
+            for j in range(n):
+                w[i, j] = st[i, j]
+                st[i, j] = mids[8 + i]
+        for i in range(8, 16):
+            for j in range(n):
+                w[i, j] = np.uint32(0x80000000) if i == 8 else (np.uint32(768) if i == 15 else np.uint32(0))
+        _compress_lanes(st, w, n, v)
+        for j in range(n):
+            out[start + j] = np.int64(((np.uint64(st[0, j]) << np.uint64(32)) | np.uint64(st[1, j]))
+                                      >> np.uint64(shift))
+
+
 FUNCTIONS = {"_rotr": _rotr, "_compress": _compress, "_hmac_padded": _hmac_padded, "_pad_words": _pad_words,
              "_hp_digest": _hp_digest, "_hp_words_rows": _hp_words_rows,
              "_hp_key_states": _hp_key_states, "_vs_word": _vs_word,
              "_vs_words_rows": _vs_words_rows, "_round_lanes": _round_lanes, "_schedule_lanes": _schedule_lanes,
              "_compress_lanes": _compress_lanes, "_vs_words_lanes": _vs_words_lanes,
-             "_hp_uniforms_lanes": _hp_uniforms_lanes}
+             "_hp_uniforms_lanes": _hp_uniforms_lanes,
+             "_kgram_digests_lanes": _kgram_digests_lanes}
 INLINE = ("_rotr", "_round_lanes", "_schedule_lanes")
 
 
@@ -453,3 +495,17 @@ def vllm_words_rows(mids: np.ndarray, contexts: np.ndarray, tokens: np.ndarray) 
         compiled()["_vs_words_rows"](np.ascontiguousarray(mids, np.uint32), contexts,
                                      np.asarray(tokens, np.int64), out)
     return out.astype(np.uint64)
+
+
+def kgram_digests(mids: np.ndarray, words: np.ndarray, k: int, bits: int) -> np.ndarray:
+    """int64 [n - k + 1]: the first ``bits`` (at most 63) bits of HMAC-SHA-256 under the key of
+    midstates ``mids`` [16] over each run of ``k`` consecutive ``words`` [n] (uint32), each word
+    4 bytes big-endian: what ``hmac.new(key, gram).digest()[:8] >> (64 - bits)`` gives."""
+    if not 0 < bits <= 63 or k < 1:
+        raise ValueError("k-gram digests need 1 <= bits <= 63 and k >= 1")
+    count = max(0, len(words) - k + 1)
+    out = np.empty(count, dtype=np.int64)
+    if count:
+        compiled()["_kgram_digests_lanes"](np.ascontiguousarray(mids, np.uint32),
+                                           np.ascontiguousarray(words, np.uint32), k, 64 - bits, out)
+    return out
