@@ -266,10 +266,11 @@ def weighted_gamma_log10_sf(score: float, n: int, alpha: float) -> float:
 
 
 def _log_weighted_sf_compiled(score: float, n: int, alpha: float, fast) -> float:
-    """:func:`_log_weighted_sf` with its series' first chunk compiled (detector.stats_compiled):
-    the window, the starts and every ln k! the series starts from are worked out here as the
-    reference does (math.lgamma: CPython's own, which numba's differs from by ulps that grow
-    with k), the terms there; a series that needs a second chunk runs the reference."""
+    """:func:`_log_weighted_sf` with its series' terms compiled (detector.stats_compiled: the
+    terms' ratios in linear space, a few logarithms a block instead of five a term). The window
+    and every ln k! the series starts from are worked out here as the reference does
+    (math.lgamma is CPython's own; numba's differs by ulps that grow with k). The reference runs
+    where the window holds more than stats_compiled.MAX_TERMS terms or a second chunk is needed."""
     if n == 0 or score <= 0.0:
         return 0.0
     small, large = min(alpha, 1.0 - alpha), max(alpha, 1.0 - alpha)
@@ -278,18 +279,21 @@ def _log_weighted_sf_compiled(score: float, n: int, alpha: float, fast) -> float
     r = small / large
     x = score / small
     k1, chunk = _series_window(n, r, x)
-    log_fact = _log_fact(2 * n)
+    if chunk > stats_compiled.MAX_TERMS:
+        return _log_weighted_sf(score, n, alpha)
     if k1 == 0:
-        log_p, status = fast["_log_weighted_series"](n, r, x, 0, chunk, n * math.log(r), 0, 0.0,
-                                                     math.lgamma(2 * n + 1), log_fact)
+        log_p, status = fast["_log_weighted_series"](n, r, x, 0, chunk, n * math.log(r),
+                                                     fast["_log_gamma_sf"](x, 2 * n, _log_fact(2 * n)),
+                                                     math.lgamma(2 * n + 1))
     else:
         log_w = math.lgamma(n + k1) - math.lgamma(n) - math.lgamma(k1 + 1) + n * math.log(r) + k1 * math.log1p(-r)
         j0 = _cdf_start(2 * n + k1 - 1, x)
-        log_p, status = fast["_log_weighted_series"](n, r, x, k1, chunk, log_w, j0, math.lgamma(j0 + 1),
-                                                     math.lgamma(2 * n + k1 + 1), log_fact)
+        log_q = fast["_log_poisson_cdf"](2 * n + k1 - 1, x, j0, math.lgamma(j0 + 1))
+        log_p, status = fast["_log_weighted_series"](n, r, x, k1, chunk, log_w, log_q, math.lgamma(2 * n + k1 + 1))
         if status == 1:  # the window's guess started too close to the peak: sum the whole head
-            log_p, status = fast["_log_weighted_series"](n, r, x, 0, chunk + k1, n * math.log(r), 0, 0.0,
-                                                         math.lgamma(2 * n + 1), log_fact)
+            log_p, status = fast["_log_weighted_series"](n, r, x, 0, chunk + k1, n * math.log(r),
+                                                         fast["_log_gamma_sf"](x, 2 * n, _log_fact(2 * n)),
+                                                         math.lgamma(2 * n + 1))
     if status == 0:
         return log_p
     return _log_weighted_sf(score, n, alpha)
