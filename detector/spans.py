@@ -23,6 +23,8 @@ from typing import Callable
 
 import numpy as np
 
+from watermark import jit
+
 LN10 = math.log(10.0)
 
 
@@ -229,9 +231,16 @@ def refine(hits: list[SpanHit], positions: np.ndarray, scores: np.ndarray, total
         region = np.asarray(scores[lo:hi], dtype=np.float64)
         best_range = (int(in_lo), int(in_hi))
         seen = {best_range}
+        kadane = _kadane()
         for _ in range(REFINE_ROUNDS):
-            cut = 0.5 * (1.0 + float(scores[best_range[0]:best_range[1]].mean()))
-            found = _max_subarray(region, cut, int(lo)) or best_range
+            # ndarray.mean's own value (its pairwise sum over the count), without its wrapper.
+            stretch = scores[best_range[0]:best_range[1]]
+            cut = 0.5 * (1.0 + float(np.add.reduce(stretch) / len(stretch)))
+            if kadane is not None:
+                first, last = kadane(region, cut)
+                found = (int(lo) + first, int(lo) + last) if last > 0 else best_range
+            else:
+                found = _max_subarray(region, cut, int(lo)) or best_range
             if found in seen:
                 best_range = found
                 break
@@ -263,6 +272,37 @@ def _max_subarray(values: np.ndarray, cut: float, offset: int) -> tuple[int, int
         if running > best:
             best, best_range = running, (offset + run_start, offset + i + 1)
     return best_range
+
+
+def _kadane_loop(values, cut):  # pragma: no cover - compiled
+    """:func:`_max_subarray` (offset 0) compiled: the same sequential sums and comparisons,
+    (0, 0) for None."""
+    best = 0.0
+    first = 0
+    last = 0
+    running = 0.0
+    run_start = 0
+    for i in range(values.shape[0]):
+        if running <= 0.0:
+            running = 0.0
+            run_start = i
+        running += values[i] - cut
+        if running > best:
+            best = running
+            first = run_start
+            last = i + 1
+    return first, last
+
+
+@functools.cache
+def _kadane_compiled():
+    compiled = jit.compile_all({"_kadane_loop": _kadane_loop})
+    return None if compiled is None else compiled["_kadane_loop"]
+
+
+def _kadane():
+    """The compiled scan where this process has loaded numba (watermark.jit), else None."""
+    return _kadane_compiled() if jit.loaded() else None
 
 
 def _disjoint(hits: list[SpanHit]) -> list[SpanHit]:

@@ -146,3 +146,21 @@ def test_context_widening_never_reaches_into_the_previous_span():
     hits = [spans.SpanHit(0, 32, 32, -9.0), spans.SpanHit(56, 88, 32, -8.0)]
     refined = spans.refine(hits, np.arange(160), scores, 160, context_width=4)
     assert [(h.start, h.end) for h in refined] == [(4, 44), (44, 100)]
+
+
+def test_compiled_scan_finds_the_same_stretch_as_the_reference():
+    # refine's maximum-subarray scan, compiled where numba is loaded: the same sequential sums,
+    # so the same stretch on every input, ties included (values on a 0.1 grid).
+    pytest.importorskip("numba")
+    from watermark import jit
+
+    jit.load()
+    kadane = spans._kadane()
+    assert kadane is not None
+    rng = np.random.default_rng(0)
+    for trial in range(5000):
+        n = int(rng.integers(0, 60))
+        values = rng.exponential(1.0, n) if trial % 3 else np.round(rng.exponential(1.0, n), 1)
+        cut = float(rng.uniform(0.5, 2.0)) if trial % 5 else 1.0
+        first, last = kadane(values, cut)
+        assert spans._max_subarray(values, cut, 0) == ((first, last) if last > 0 else None)
