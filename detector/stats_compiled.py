@@ -193,9 +193,29 @@ def _log_weighted_series(n, r, x, k1, chunk, log_w, log_q, log_fact_pmf):  # pra
     return 0.0, 2
 
 
+def _poisson_rows(x, log_x, n, j0, rows, log_fact, log_sf, log_first):  # pragma: no cover - compiled
+    """stats._poisson_sums on ``rows``: log_sf[r] = ln sum_{j = j0[r]}^{n[r] - 1} P(Poisson(x[r]) = j)
+    and log_first[r] = ln P(Poisson(x[r]) = j0[r]), each term j ln x - x - ln j! as there
+    (``log_x`` is numpy's ln x; the sum runs in order where numpy's is pairwise)."""
+    for index in range(rows.shape[0]):
+        r = rows[index]
+        first = j0[r]
+        stop = n[r]
+        top = _NEG_INF
+        for j in range(first, stop):
+            term = j * log_x[r] - x[r] - log_fact[j]
+            if term > top:
+                top = term
+        total = 0.0
+        for j in range(first, stop):
+            total += math.exp(j * log_x[r] - x[r] - log_fact[j] - top)
+        log_sf[r] = top + math.log(total)
+        log_first[r] = first * log_x[r] - x[r] - log_fact[first]
+
+
 _FUNCTIONS = {"_lse": _lse, "_logaddexp": _logaddexp, "_log_gamma_sf": _log_gamma_sf,
               "_poisson_log_pmf_into": _poisson_log_pmf_into, "_log_poisson_cdf": _log_poisson_cdf,
-              "_log_weighted_series": _log_weighted_series}
+              "_log_weighted_series": _log_weighted_series, "_poisson_rows": _poisson_rows}
 
 
 @functools.cache
