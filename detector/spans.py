@@ -122,11 +122,15 @@ def _screen(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length
     if grid is None:
         return None
     starts, ends, log10_m = grid
-    prefix = np.concatenate(([0.0], np.cumsum(scores)))
-    lo = np.searchsorted(positions, starts, side="left")
-    hi = np.searchsorted(positions, ends, side="left")
-    counts = hi - lo
-    sums = prefix[hi] - prefix[lo]
+    sums_of = _window_sums_kernel()
+    if sums_of is not None and scores.dtype == np.float64:
+        sums, counts = sums_of(np.ascontiguousarray(positions), np.ascontiguousarray(scores), starts, ends)
+    else:
+        prefix = np.concatenate(([0.0], np.cumsum(scores)))
+        lo = np.searchsorted(positions, starts, side="left")
+        hi = np.searchsorted(positions, ends, side="left")
+        counts = hi - lo
+        sums = prefix[hi] - prefix[lo]
     live = np.flatnonzero(counts > 0)
     lower = log10_sf_lower(sums[live], counts[live]) + log10_m[live]
     keep = lower <= log10_threshold
@@ -294,15 +298,40 @@ def _kadane_loop(values, cut):  # pragma: no cover - compiled
     return first, last
 
 
+def _window_sums(positions, scores, starts, ends):  # pragma: no cover - compiled
+    """The grid windows' score sums and scored-token counts [k]: :func:`_screen`'s numpy steps
+    (a running prefix sum, the windows' first and last scored positions by binary search, the
+    difference of two prefix sums) in one pass, the same floats."""
+    prefix = np.empty(scores.shape[0] + 1)
+    prefix[0] = 0.0
+    running = 0.0
+    for i in range(scores.shape[0]):
+        running += scores[i]
+        prefix[i + 1] = running
+    lo = np.searchsorted(positions, starts)
+    hi = np.searchsorted(positions, ends)
+    counts = hi - lo
+    sums = np.empty(starts.shape[0])
+    for w in range(starts.shape[0]):
+        sums[w] = prefix[hi[w]] - prefix[lo[w]]
+    return sums, counts
+
+
 @functools.cache
-def _kadane_compiled():
-    compiled = jit.compile_all({"_kadane_loop": _kadane_loop})
-    return None if compiled is None else compiled["_kadane_loop"]
+def _compiled():
+    return jit.compile_all({"_kadane_loop": _kadane_loop, "_window_sums": _window_sums})
 
 
 def _kadane():
     """The compiled scan where this process has loaded numba (watermark.jit), else None."""
-    return _kadane_compiled() if jit.loaded() else None
+    compiled = _compiled() if jit.loaded() else None
+    return None if compiled is None else compiled["_kadane_loop"]
+
+
+def _window_sums_kernel():
+    """The compiled :func:`_window_sums` where this process has loaded numba, else None."""
+    compiled = _compiled() if jit.loaded() else None
+    return None if compiled is None else compiled["_window_sums"]
 
 
 def _disjoint(hits: list[SpanHit]) -> list[SpanHit]:
