@@ -340,3 +340,20 @@ def _disjoint(hits: list[SpanHit]) -> list[SpanHit]:
         if all(hit.end <= k.start or hit.start >= k.end for k in kept):
             kept.append(hit)
     return sorted(kept, key=lambda h: h.start)
+
+
+def warm_up() -> None:
+    """Compile the span search's kernels now, with the types a detection gives them (the
+    gateway's start, service.warmup: no request compiles): a search over made-up scores that
+    finds a span under each null tail a detection uses (Gamma, vectorised; weighted, lazily)."""
+    from detector import stats
+
+    positions = np.arange(64, dtype=np.int64)
+    scores = np.concatenate((np.full(32, 0.5), np.full(32, 4.0)))
+    families = ((stats.gamma_log10_sf, stats.gamma_log10_sf_lower, stats.gamma_log10_sf_many),
+                (lambda s, n: stats.weighted_gamma_log10_sf(s, n, 0.1),
+                 lambda s, n: stats.weighted_gamma_log10_sf_lower(s, n, 0.1), None))
+    for log10_sf, log10_sf_lower, many in families:
+        hits = locate(positions, scores, len(positions), min_length=16, family_size_factor=1, log10_threshold=-2.0,
+                      log10_sf=log10_sf, log10_sf_lower=log10_sf_lower, log10_sf_many=many)
+        refine(hits, positions, scores, len(positions), context_width=4)

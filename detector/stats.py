@@ -299,6 +299,14 @@ def _log_weighted_sf_compiled(score: float, n: int, alpha: float, fast) -> float
     return _log_weighted_sf(score, n, alpha)
 
 
+def warm_up() -> None:
+    """Compile the weighted tail's kernels now (service.warmup): a series from k = 0 (a short
+    text's body) and one from a later start (the far tail), and the vectorised Gamma tail."""
+    for score, n in ((1.0, 2), (250.0, 200), (60.0, 16)):
+        weighted_gamma_log10_sf(score, n, 0.1)
+    gamma_log10_sf_many(np.array([30.0, 5.0]), np.array([10, 10]))
+
+
 def _log_fact(n_max: int) -> np.ndarray:
     """ln k! for k = 0 .. n_max (read-only): a prefix of one cached table, the same values as
     computing it for n_max alone (a cumulative sum is sequential, so its prefixes do not
