@@ -251,6 +251,9 @@ class ScoreMemo:
     def __init__(self) -> None:
         self._positions: dict[tuple[bytes, int, bool], ScoredPositions] = {}
         self._scores: dict[tuple[int, WatermarkKey, str], object] = {}
+        # The same entries by the key object's identity (the key kept beside it, so an id is
+        # never reused): hashing a key hashes its spec's every field, several times a request.
+        self._by_identity: dict[tuple[int, int, str], tuple[WatermarkKey, object]] = {}
 
     def positions(self, token_ids: np.ndarray, width: int, scope: str) -> ScoredPositions:
         """:func:`scored_positions`, once per token list, width and dedup scope."""
@@ -263,14 +266,19 @@ class ScoreMemo:
 
     def dual(self, key: WatermarkKey, scored: ScoredPositions) -> DualScores:
         """:func:`dual_scores`, once per key and scored positions (of this memo)."""
-        return self._get((id(scored), key, "dual"), lambda: dual_scores(key, scored))
+        return self._get(key, scored, "dual", lambda: dual_scores(key, scored))
 
     def token_scores(self, key: WatermarkKey, scored: ScoredPositions, statistic: Statistic) -> np.ndarray:
         """:func:`token_scores`, once per key, scored positions and statistic."""
-        return self._get((id(scored), key, statistic), lambda: token_scores(key, scored, statistic))
+        return self._get(key, scored, statistic, lambda: token_scores(key, scored, statistic))
 
-    def _get(self, index, compute):
+    def _get(self, key: WatermarkKey, scored: ScoredPositions, name: str, compute):
+        same = self._by_identity.get((id(scored), id(key), name))
+        if same is not None and same[0] is key:
+            return same[1]
+        index = (id(scored), key, name)  # an equal key object: the entry computed for it
         found = self._scores.get(index)
         if found is None:
             found = self._scores[index] = compute()
+        self._by_identity[(id(scored), id(key), name)] = (key, found)
         return found
