@@ -30,6 +30,7 @@ except the weighted one; see :mod:`detector.stats`):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -134,13 +135,44 @@ def weighted_max_scores(u_a: np.ndarray, u_b: np.ndarray, w: np.ndarray | float)
     """-ln P(T <= T_obs) for T = min(p_A / w, p_B / (1 - w)), p = 1 - u: Exp(1) under the
     null for any fixed w in (0, 1); w = 1/2 gives :func:`max_scores`. u_a, u_b [n], w [n]
     or scalar (the weight of key A)."""
+    w = np.asarray(w, dtype=np.float64)
+    kernel = _sidak_terms_kernel() if w.ndim == 0 and u_a.ndim == 1 else None
+    if kernel is not None:  # the same arithmetic in one compiled pass; the log stays numpy's
+        return -np.log(kernel(np.ascontiguousarray(u_a), np.ascontiguousarray(u_b), float(w)))
     p_a = 1.0 - u_a.astype(np.float64)  # exact: u is a float32 on the PRF's 24-bit grid
     p_b = 1.0 - u_b.astype(np.float64)
-    w = np.asarray(w, dtype=np.float64)
     t = np.minimum(p_a / w, p_b / (1.0 - w))
     a = np.minimum(1.0, w * t)
     b = np.minimum(1.0, (1.0 - w) * t)
     return -np.log(a + b - a * b)  # a + b - ab = 1 - (1 - a)(1 - b), without cancellation
+
+
+def _sidak_terms(u_a, u_b, w):  # pragma: no cover - compiled
+    """a + b - ab [n] of :func:`weighted_max_scores` at a scalar w: its numpy steps element by
+    element (the same IEEE operations in the same order; no transcendental, so the values are
+    the same bits)."""
+    n = u_a.shape[0]
+    out = np.empty(n)
+    rest = 1.0 - w
+    for i in range(n):
+        p_a = 1.0 - np.float64(u_a[i])
+        p_b = 1.0 - np.float64(u_b[i])
+        t = min(p_a / w, p_b / rest)
+        a = min(1.0, w * t)
+        b = min(1.0, rest * t)
+        out[i] = a + b - a * b
+    return out
+
+
+@functools.cache
+def _sidak_terms_compiled():
+    compiled = jit.compile_all({"_sidak_terms": _sidak_terms})
+    return None if compiled is None else compiled["_sidak_terms"]
+
+
+def _sidak_terms_kernel():
+    """The compiled :func:`_sidak_terms` where this process has loaded numba, else None."""
+    return _sidak_terms_compiled() if jit.loaded() else None
 
 
 def routed_weights(u_a: np.ndarray, u_b: np.ndarray, coin: np.ndarray) -> np.ndarray:
@@ -219,6 +251,9 @@ class ScoreMemo:
     def __init__(self) -> None:
         self._positions: dict[tuple[bytes, int, bool], ScoredPositions] = {}
         self._scores: dict[tuple[int, WatermarkKey, str], object] = {}
+        # The same entries by the key object's identity (the key kept beside it, so an id is
+        # never reused): hashing a key hashes its spec's every field, several times a request.
+        self._by_identity: dict[tuple[int, int, str], tuple[WatermarkKey, object]] = {}
 
     def positions(self, token_ids: np.ndarray, width: int, scope: str) -> ScoredPositions:
         """:func:`scored_positions`, once per token list, width and dedup scope."""
@@ -231,14 +266,19 @@ class ScoreMemo:
 
     def dual(self, key: WatermarkKey, scored: ScoredPositions) -> DualScores:
         """:func:`dual_scores`, once per key and scored positions (of this memo)."""
-        return self._get((id(scored), key, "dual"), lambda: dual_scores(key, scored))
+        return self._get(key, scored, "dual", lambda: dual_scores(key, scored))
 
     def token_scores(self, key: WatermarkKey, scored: ScoredPositions, statistic: Statistic) -> np.ndarray:
         """:func:`token_scores`, once per key, scored positions and statistic."""
-        return self._get((id(scored), key, statistic), lambda: token_scores(key, scored, statistic))
+        return self._get(key, scored, statistic, lambda: token_scores(key, scored, statistic))
 
-    def _get(self, index, compute):
+    def _get(self, key: WatermarkKey, scored: ScoredPositions, name: str, compute):
+        same = self._by_identity.get((id(scored), id(key), name))
+        if same is not None and same[0] is key:
+            return same[1]
+        index = (id(scored), key, name)  # an equal key object: the entry computed for it
         found = self._scores.get(index)
         if found is None:
             found = self._scores[index] = compute()
+        self._by_identity[(id(scored), id(key), name)] = (key, found)
         return found

@@ -19,10 +19,13 @@ SHA-256 preimage of the recorded hash.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
+
+import numpy as np
 
 K = 8
 """The k-gram width the ledger records (ledger.kgram_digests.K)."""
@@ -56,6 +59,34 @@ class SegmentationTable:
         kept = {token_id: piece for piece, token_id in by_bytes.items()}
         return cls(by_bytes, kept, max(map(len, by_bytes), default=0), tuple(int(e) for e in end_ids))
 
+    @functools.cached_property
+    def by_id(self) -> "TokenArrays":
+        """The pieces' lengths and classes as arrays by token id (built on first use, then
+        kept: :func:`merge_space_runs` reads a text's tokens through them without a Python
+        loop over the tokens)."""
+        size = max(self.pieces, default=-1) + 1
+        length = np.zeros(size, dtype=np.int64)
+        space = np.zeros(size, dtype=bool)
+        space_led = np.zeros(size, dtype=bool)
+        for token_id, piece in self.pieces.items():
+            length[token_id] = len(piece)
+            space[token_id] = _is_space(piece)
+            space_led[token_id] = len(piece) > 1 and piece[0] == 0x20 and piece[1] not in _SPACE_BYTES
+        for array in (length, space, space_led):
+            array.setflags(write=False)
+        return TokenArrays(length, space, space_led)
+
+
+@dataclass(frozen=True)
+class TokenArrays:
+    """A :class:`SegmentationTable`'s pieces by token id [V]: their byte lengths (0: no piece,
+    a special token), whether each is all whitespace, and whether each is a space followed by
+    a non-space (a space-led word: ``Ġname``)."""
+
+    length: np.ndarray
+    space: np.ndarray
+    space_led: np.ndarray
+
 
 @dataclass(frozen=True)
 class Recovered:
@@ -69,15 +100,15 @@ class Recovered:
 def _char_offsets(text: str, data: bytes, bounds: Sequence[int], extra: int) -> tuple[tuple[int, int], ...]:
     """Character ranges of the tokens whose byte ranges are ``bounds`` [n + 1] (a token that
     splits a character is counted from that character), plus ``extra`` empty ones at the end."""
-    char_at = [0] * (len(data) + 1)
-    position = 0
-    for index, character in enumerate(text):
-        width = len(character.encode("utf-8"))
-        for b in range(position, position + width):
-            char_at[b] = index
-        position += width
-    char_at[len(data)] = len(text)
-    out = [(char_at[bounds[i]], char_at[bounds[i + 1]]) for i in range(len(bounds) - 1)]
+    # A byte's character is the number of characters started up to it, less one: UTF-8
+    # continuation bytes are 0b10xxxxxx.
+    raw = np.frombuffer(data, dtype=np.uint8)
+    char_at = np.empty(len(data) + 1, dtype=np.int64)
+    np.cumsum((raw & 0xC0) != 0x80, out=char_at[:-1])
+    char_at[:-1] -= 1
+    char_at[-1] = len(text)
+    at = char_at[np.asarray(bounds, dtype=np.int64)].tolist()
+    out = list(zip(at[:-1], at[1:]))
     out.extend([(len(text), len(text))] * extra)
     return tuple(out)
 
@@ -225,6 +256,11 @@ def _byte_class(b: int) -> str:
     return "N" if chr(b).isdigit() else "P"
 
 
+_WORD_OF_CLASS = {"L": re.compile(rb"[A-Za-z\x80-\xff]+"), "N": re.compile(rb"[0-9]+"),
+                  "P": re.compile(rb"[^A-Za-z0-9\x80-\xff \t\n\r\x0b\x0c]+")}
+"""A run of bytes of one :func:`_byte_class` class (L, N, P) that holds no whitespace byte."""
+
+
 def _greedy(data: bytes, table: SegmentationTable) -> list[int] | None:
     """``data`` segmented left to right, longest vocabulary token first (None if some byte
     has no token)."""
@@ -263,60 +299,68 @@ def merge_space_runs(text: str, canonical: Sequence[int], table: SegmentationTab
     it differs."""
     if not _RUN_BEFORE_WORD.search(text):  # prose with single spaces: nothing to re-segment
         return None
-    pieces = [table.pieces.get(int(t)) for t in canonical]
-    if any(piece is None for piece in pieces):
+    arrays = table.by_id
+    ids = np.asarray(canonical, dtype=np.int64).reshape(-1)
+    if len(ids) and (ids.min() < 0 or ids.max() >= len(arrays.length)):
         return None
-    bounds = [0]
-    for piece in pieces:
-        bounds.append(bounds[-1] + len(piece))
-    data = b"".join(pieces)
+    lengths = arrays.length[ids]
+    if not lengths.all():  # a token without a piece (a special token)
+        return None
+    pieces = table.pieces
+    listed = ids.tolist()
+    data = b"".join(map(pieces.__getitem__, listed))
     if data != text.encode("utf-8"):
         return None
-    at_boundary = {b: i for i, b in enumerate(bounds)}
+    bounds_array = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=bounds_array[1:])
+    # Where a run of whitespace tokens [i, j) ends at a space-led word token j: the only places
+    # an edit can start (every other token is passed over, as the token loop did).
+    spaces = arrays.space[ids]
+    ends = np.flatnonzero(arrays.space_led[ids][1:] & spaces[:-1]) + 1
+    if not len(ends):
+        return None
+    bounds = bounds_array.tolist()
+    at_boundary = dict(zip(bounds, range(len(bounds))))
+    run_starts = np.flatnonzero(spaces & np.concatenate(([True], ~spaces[:-1])))
+    firsts = run_starts[np.searchsorted(run_starts, ends, side="right") - 1].tolist()
     edits: list[tuple[int, int, list[int]]] = []  # (first, last) canonical tokens -> the run's and word's
-    spaces = [_is_space(piece) for piece in pieces]
-    i, n = 0, len(pieces)
-    while i < n:
-        if not spaces[i]:
-            i += 1
+    done = 0  # tokens before this are inside an edit already
+    greedy: dict[bytes, list[int] | None] = {}  # a text repeats its indentation runs
+    for i, j in zip(firsts, ends.tolist()):
+        if i < done:
             continue
-        j = i
-        while j < n and spaces[j]:
-            j += 1
-        if j < n and len(pieces[j]) > 1 and pieces[j][0] == 0x20 and pieces[j][1] not in _SPACE_BYTES:
-            start = bounds[j] + 1
-            kind, end = _byte_class(data[start]), start
-            while end < len(data) and data[end] not in _SPACE_BYTES and _byte_class(data[end]) == kind:
-                end += 1
-            last = at_boundary.get(end)
-            run = _greedy(data[bounds[i]:start], table) if last is not None else None
-            line_break = b"\n" in data[bounds[i]:start]
+        start = bounds[j] + 1
+        # The word: the bytes of the class of its first one, up to a whitespace byte.
+        end = _WORD_OF_CLASS[_byte_class(data[start])].match(data, start).end()
+        last = at_boundary.get(end)
+        run = None
+        if last is not None:
+            spaced = data[bounds[i]:start]
+            run = greedy[spaced] if spaced in greedy else greedy.setdefault(spaced, _greedy(spaced, table))
+        line_break = b"\n" in data[bounds[i]:start]
 
-            def shorter(words: int) -> bool:
-                return (len(run) < j - i and words <= last - j) or (line_break and len(run) + words < last - i)
+        def shorter(words: int) -> bool:
+            return (len(run) < j - i and words <= last - j) or (line_break and len(run) + words < last - i)
 
-            if run is not None and shorter(1):  # the word takes a token at least: else no encode
-                try:
-                    word = [int(t) for t in encode(data[start:end].decode("utf-8"))]
-                except UnicodeDecodeError:
-                    word = []
-                same_bytes = word and all(t in table.pieces for t in word) and \
-                    b"".join(table.pieces[t] for t in word) == data[start:end]
-                if same_bytes and shorter(len(word)):
-                    edits.append((i, last, run + word))
-                    i = last
-                    continue
-        i = j
+        if run is not None and shorter(1):  # the word takes a token at least: else no encode
+            try:
+                word = [int(t) for t in encode(data[start:end].decode("utf-8"))]
+            except UnicodeDecodeError:
+                word = []
+            same_bytes = word and all(t in pieces for t in word) and \
+                b"".join(pieces[t] for t in word) == data[start:end]
+            if same_bytes and shorter(len(word)):
+                edits.append((i, last, run + word))
+                done = last
     if not edits:
         return None
     out: list[int] = []
     at = 0
     for first, last, tokens in edits:
-        out.extend(int(t) for t in canonical[at:first])
+        out.extend(listed[at:first])
         out.extend(tokens)
         at = last
-    out.extend(int(t) for t in canonical[at:])
-    out_bounds = [0]
-    for token in out:
-        out_bounds.append(out_bounds[-1] + len(table.pieces[token]))
+    out.extend(listed[at:])
+    out_bounds = np.zeros(len(out) + 1, dtype=np.int64)
+    np.cumsum(arrays.length[np.asarray(out, dtype=np.int64)], out=out_bounds[1:])
     return Recovered(tuple(out), _char_offsets(text, data, out_bounds, 0))

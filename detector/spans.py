@@ -23,6 +23,8 @@ from typing import Callable
 
 import numpy as np
 
+from watermark import jit
+
 LN10 = math.log(10.0)
 
 
@@ -120,11 +122,15 @@ def _screen(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length
     if grid is None:
         return None
     starts, ends, log10_m = grid
-    prefix = np.concatenate(([0.0], np.cumsum(scores)))
-    lo = np.searchsorted(positions, starts, side="left")
-    hi = np.searchsorted(positions, ends, side="left")
-    counts = hi - lo
-    sums = prefix[hi] - prefix[lo]
+    sums_of = _window_sums_kernel()
+    if sums_of is not None and scores.dtype == np.float64:
+        sums, counts = sums_of(np.ascontiguousarray(positions), np.ascontiguousarray(scores), starts, ends)
+    else:
+        prefix = np.concatenate(([0.0], np.cumsum(scores)))
+        lo = np.searchsorted(positions, starts, side="left")
+        hi = np.searchsorted(positions, ends, side="left")
+        counts = hi - lo
+        sums = prefix[hi] - prefix[lo]
     live = np.flatnonzero(counts > 0)
     lower = log10_sf_lower(sums[live], counts[live]) + log10_m[live]
     keep = lower <= log10_threshold
@@ -229,9 +235,16 @@ def refine(hits: list[SpanHit], positions: np.ndarray, scores: np.ndarray, total
         region = np.asarray(scores[lo:hi], dtype=np.float64)
         best_range = (int(in_lo), int(in_hi))
         seen = {best_range}
+        kadane = _kadane()
         for _ in range(REFINE_ROUNDS):
-            cut = 0.5 * (1.0 + float(scores[best_range[0]:best_range[1]].mean()))
-            found = _max_subarray(region, cut, int(lo)) or best_range
+            # ndarray.mean's own value (its pairwise sum over the count), without its wrapper.
+            stretch = scores[best_range[0]:best_range[1]]
+            cut = 0.5 * (1.0 + float(np.add.reduce(stretch) / len(stretch)))
+            if kadane is not None:
+                first, last = kadane(region, cut)
+                found = (int(lo) + first, int(lo) + last) if last > 0 else best_range
+            else:
+                found = _max_subarray(region, cut, int(lo)) or best_range
             if found in seen:
                 best_range = found
                 break
@@ -265,9 +278,82 @@ def _max_subarray(values: np.ndarray, cut: float, offset: int) -> tuple[int, int
     return best_range
 
 
+def _kadane_loop(values, cut):  # pragma: no cover - compiled
+    """:func:`_max_subarray` (offset 0) compiled: the same sequential sums and comparisons,
+    (0, 0) for None."""
+    best = 0.0
+    first = 0
+    last = 0
+    running = 0.0
+    run_start = 0
+    for i in range(values.shape[0]):
+        if running <= 0.0:
+            running = 0.0
+            run_start = i
+        running += values[i] - cut
+        if running > best:
+            best = running
+            first = run_start
+            last = i + 1
+    return first, last
+
+
+def _window_sums(positions, scores, starts, ends):  # pragma: no cover - compiled
+    """The grid windows' score sums and scored-token counts [k]: :func:`_screen`'s numpy steps
+    (a running prefix sum, the windows' first and last scored positions by binary search, the
+    difference of two prefix sums) in one pass, the same floats."""
+    prefix = np.empty(scores.shape[0] + 1)
+    prefix[0] = 0.0
+    running = 0.0
+    for i in range(scores.shape[0]):
+        running += scores[i]
+        prefix[i + 1] = running
+    lo = np.searchsorted(positions, starts)
+    hi = np.searchsorted(positions, ends)
+    counts = hi - lo
+    sums = np.empty(starts.shape[0])
+    for w in range(starts.shape[0]):
+        sums[w] = prefix[hi[w]] - prefix[lo[w]]
+    return sums, counts
+
+
+@functools.cache
+def _compiled():
+    return jit.compile_all({"_kadane_loop": _kadane_loop, "_window_sums": _window_sums})
+
+
+def _kadane():
+    """The compiled scan where this process has loaded numba (watermark.jit), else None."""
+    compiled = _compiled() if jit.loaded() else None
+    return None if compiled is None else compiled["_kadane_loop"]
+
+
+def _window_sums_kernel():
+    """The compiled :func:`_window_sums` where this process has loaded numba, else None."""
+    compiled = _compiled() if jit.loaded() else None
+    return None if compiled is None else compiled["_window_sums"]
+
+
 def _disjoint(hits: list[SpanHit]) -> list[SpanHit]:
     kept: list[SpanHit] = []
     for hit in sorted(hits, key=lambda h: h.log10_p_value):
         if all(hit.end <= k.start or hit.start >= k.end for k in kept):
             kept.append(hit)
     return sorted(kept, key=lambda h: h.start)
+
+
+def warm_up() -> None:
+    """Compile the span search's kernels now, with the types a detection gives them (the
+    gateway's start, service.warmup: no request compiles): a search over made-up scores that
+    finds a span under each null tail a detection uses (Gamma, vectorised; weighted, lazily)."""
+    from detector import stats
+
+    positions = np.arange(64, dtype=np.int64)
+    scores = np.concatenate((np.full(32, 0.5), np.full(32, 4.0)))
+    families = ((stats.gamma_log10_sf, stats.gamma_log10_sf_lower, stats.gamma_log10_sf_many),
+                (lambda s, n: stats.weighted_gamma_log10_sf(s, n, 0.1),
+                 lambda s, n: stats.weighted_gamma_log10_sf_lower(s, n, 0.1), None))
+    for log10_sf, log10_sf_lower, many in families:
+        hits = locate(positions, scores, len(positions), min_length=16, family_size_factor=1, log10_threshold=-2.0,
+                      log10_sf=log10_sf, log10_sf_lower=log10_sf_lower, log10_sf_many=many)
+        refine(hits, positions, scores, len(positions), context_width=4)

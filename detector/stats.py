@@ -35,6 +35,8 @@ import math
 
 import numpy as np
 
+from detector import stats_compiled
+
 LN10 = math.log(10.0)
 _TAIL_MARGIN = 40.0  # what a truncated series leaves out stays below exp(-40) of its sum
 # Each of the weighted series' three truncations gets a third of that margin.
@@ -112,18 +114,23 @@ def _log_poisson_cdf(top: int, x: float) -> float:
     them where the terms below j0 are not provably below exp(-_SIDE_MARGIN) of the sum: the
     rules of :func:`_poisson_starts` and :func:`_dropped_below` for one row, in scalar
     arithmetic (numpy's per-call cost on one-element arrays was ~20 us of ~35)."""
-    spread = 12.0 * math.sqrt(x) + 32.0
-    if 0 < top < x:
-        width = min(math.ceil((_SIDE_MARGIN + 10.0) / math.log(max(x / top, 1.0 + 1e-12))) + 2.0, spread)
-    else:
-        width = top - x + spread
-    j0 = max(0, top - max(0, int(width)))
+    j0 = _cdf_start(top, x)
     logs = _poisson_log_pmf(np.arange(j0, top + 1, dtype=np.float64), x)
     total = _logsumexp(logs)
     q = j0 / x
     if j0 > 0 and not (q < 1.0 and float(logs[0]) + math.log(q) - math.log1p(-q) < total - _SIDE_MARGIN):
         total = _logsumexp(_poisson_log_pmf(np.arange(top + 1, dtype=np.float64), x))
     return min(0.0, total)
+
+
+def _cdf_start(top: int, x: float) -> int:
+    """:func:`_log_poisson_cdf`'s first term j0 (:func:`_poisson_starts`' rule for one row)."""
+    spread = 12.0 * math.sqrt(x) + 32.0
+    if 0 < top < x:
+        width = min(math.ceil((_SIDE_MARGIN + 10.0) / math.log(max(x / top, 1.0 + 1e-12))) + 2.0, spread)
+    else:
+        width = top - x + spread
+    return max(0, top - max(0, int(width)))
 
 
 def _series_window(n: int, r: float, x: float) -> tuple[int, int]:
@@ -252,7 +259,52 @@ def weighted_gamma_log10_sf(score: float, n: int, alpha: float) -> float:
         raise ValueError("n must be >= 0")
     if not math.isfinite(score):
         return -math.inf if score > 0 else 0.0
+    fast = stats_compiled.compiled()
+    if fast is not None:
+        return _log_weighted_sf_compiled(float(score), int(n), float(alpha), fast) / LN10
     return _log_weighted_sf(float(score), int(n), float(alpha)) / LN10
+
+
+def _log_weighted_sf_compiled(score: float, n: int, alpha: float, fast) -> float:
+    """:func:`_log_weighted_sf` with its series' terms compiled (detector.stats_compiled: the
+    terms' ratios in linear space, a few logarithms a block instead of five a term). The window
+    and every ln k! the series starts from are worked out here as the reference does
+    (math.lgamma is CPython's own; numba's differs by ulps that grow with k). The reference runs
+    where the window holds more than stats_compiled.MAX_TERMS terms or a second chunk is needed."""
+    if n == 0 or score <= 0.0:
+        return 0.0
+    small, large = min(alpha, 1.0 - alpha), max(alpha, 1.0 - alpha)
+    if small == 0.0 or small == large:
+        return _log_weighted_sf(score, n, alpha)
+    r = small / large
+    x = score / small
+    k1, chunk = _series_window(n, r, x)
+    if chunk > stats_compiled.MAX_TERMS:
+        return _log_weighted_sf(score, n, alpha)
+    if k1 == 0:
+        log_p, status = fast["_log_weighted_series"](n, r, x, 0, chunk, n * math.log(r),
+                                                     fast["_log_gamma_sf"](x, 2 * n, _log_fact(2 * n)),
+                                                     math.lgamma(2 * n + 1))
+    else:
+        log_w = math.lgamma(n + k1) - math.lgamma(n) - math.lgamma(k1 + 1) + n * math.log(r) + k1 * math.log1p(-r)
+        j0 = _cdf_start(2 * n + k1 - 1, x)
+        log_q = fast["_log_poisson_cdf"](2 * n + k1 - 1, x, j0, math.lgamma(j0 + 1))
+        log_p, status = fast["_log_weighted_series"](n, r, x, k1, chunk, log_w, log_q, math.lgamma(2 * n + k1 + 1))
+        if status == 1:  # the window's guess started too close to the peak: sum the whole head
+            log_p, status = fast["_log_weighted_series"](n, r, x, 0, chunk + k1, n * math.log(r),
+                                                         fast["_log_gamma_sf"](x, 2 * n, _log_fact(2 * n)),
+                                                         math.lgamma(2 * n + 1))
+    if status == 0:
+        return log_p
+    return _log_weighted_sf(score, n, alpha)
+
+
+def warm_up() -> None:
+    """Compile the weighted tail's kernels now (service.warmup): a series from k = 0 (a short
+    text's body) and one from a later start (the far tail), and the vectorised Gamma tail."""
+    for score, n in ((1.0, 2), (250.0, 200), (60.0, 16)):
+        weighted_gamma_log10_sf(score, n, 0.1)
+    gamma_log10_sf_many(np.array([30.0, 5.0]), np.array([10, 10]))
 
 
 def _log_fact(n_max: int) -> np.ndarray:
@@ -299,6 +351,13 @@ def _poisson_sums(x: np.ndarray, n: np.ndarray, j0: np.ndarray, rows: np.ndarray
     arrays [k] (others left 0), in blocks of about 2^20 terms of equal-ish width."""
     log_sf = np.zeros(len(x))
     log_first = np.zeros(len(x))
+    fast = stats_compiled.compiled()
+    if fast is not None:  # row by row in one compiled pass; ln x stays numpy's
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        log_x = np.zeros(len(x))
+        log_x[rows] = np.log(x[rows])
+        fast["_poisson_rows"](x, log_x, n, j0, rows, lf, log_sf, log_first)
+        return log_sf, log_first
     widths = n - j0
     rows = rows[np.argsort(widths[rows], kind="stable")]
     start = 0

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from detector import trgof
+from detector import spans, stats, trgof
 from detector.detect import DetectorConfig, detect
 from detector.forms import detect_forms, text_forms
 from detector.multikey import KeySet, detect_many
@@ -49,6 +49,8 @@ def warm_detection(engine=None) -> float:
     started = time.perf_counter()
     jit.load()  # the compiled paths from the first request on (watermark.jit)
     trgof.warm_up()
+    stats.warm_up()  # the weighted tail's series and the vectorised Gamma tail
+    spans.warm_up()  # the span search's window sums and its boundary scan
     rng = np.random.default_rng(0)
     texts = [rng.integers(0, 4000, n).tolist() for n in (40, 200)]
     for statistic in ("auto", "max"):
@@ -71,7 +73,9 @@ def warm_detection(engine=None) -> float:
             encoder = getattr(tokenizer, "_tokenizer", None)
             (encoder.encode(form.text, add_special_tokens=False) if encoder is not None
              else tokenizer.encode(form.text, add_special_tokens=False))
-        generation_ids.segmentation_table(tokenizer, engine)
+        table = generation_ids.segmentation_table(tokenizer, engine)
+        if table is not None:
+            table.by_id  # noqa: B018 - the tokens' arrays merge_space_runs reads, built once
     seconds = time.perf_counter() - started
     log.info("detection warmed up in %.2f s", seconds)
     return seconds

@@ -129,3 +129,21 @@ def test_dual_scores_match_the_single_statistics():
     assert np.array_equal(parts.weighted, token_scores(key, scored, "weighted"))
     u_a, u_b = uniforms_many([(key.key_a, None), (key.key_b, None)], scored)
     assert np.array_equal(parts.weighted_sidak, weighted_max_scores(u_a, u_b, 0.8))
+
+
+def test_compiled_sidak_terms_give_the_same_scores_bit_for_bit():
+    # weighted_max_scores at a scalar w runs one compiled pass where numba is loaded; the
+    # scores must be the numpy steps' own bits (no transcendental in the pass).
+    pytest.importorskip("numba")
+    from watermark import jit
+
+    rng = np.random.default_rng(11)
+    u_a = (rng.integers(0, 1 << 24, 5000) / float(1 << 24)).astype(np.float32)
+    u_b = (rng.integers(0, 1 << 24, 5000) / float(1 << 24)).astype(np.float32)
+    u_a[:3], u_b[:3] = 0.0, np.float32(1.0 - 2.0 ** -24)  # the grid's ends
+    jit.load()
+    assert scoring._sidak_terms_kernel() is not None
+    for w in (0.05, 0.5, 0.8, 0.9, 0.999):
+        # w per position (the routed statistic's form) takes the numpy steps.
+        numpy_steps = scoring.weighted_max_scores(u_a, u_b, np.full(len(u_a), w))
+        assert np.array_equal(scoring.weighted_max_scores(u_a, u_b, w), numpy_steps)

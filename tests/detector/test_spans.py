@@ -146,3 +146,40 @@ def test_context_widening_never_reaches_into_the_previous_span():
     hits = [spans.SpanHit(0, 32, 32, -9.0), spans.SpanHit(56, 88, 32, -8.0)]
     refined = spans.refine(hits, np.arange(160), scores, 160, context_width=4)
     assert [(h.start, h.end) for h in refined] == [(4, 44), (44, 100)]
+
+
+def test_compiled_scan_finds_the_same_stretch_as_the_reference():
+    # refine's maximum-subarray scan, compiled where numba is loaded: the same sequential sums,
+    # so the same stretch on every input, ties included (values on a 0.1 grid).
+    pytest.importorskip("numba")
+    from watermark import jit
+
+    jit.load()
+    kadane = spans._kadane()
+    assert kadane is not None
+    rng = np.random.default_rng(0)
+    for trial in range(5000):
+        n = int(rng.integers(0, 60))
+        values = rng.exponential(1.0, n) if trial % 3 else np.round(rng.exponential(1.0, n), 1)
+        cut = float(rng.uniform(0.5, 2.0)) if trial % 5 else 1.0
+        first, last = kadane(values, cut)
+        assert spans._max_subarray(values, cut, 0) == ((first, last) if last > 0 else None)
+
+
+def test_compiled_window_sums_are_the_numpy_steps():
+    # _screen's window sums and counts, compiled where numba is loaded: the same prefix sums.
+    pytest.importorskip("numba")
+    from watermark import jit
+
+    jit.load()
+    sums_of = spans._window_sums_kernel()
+    assert sums_of is not None
+    rng = np.random.default_rng(5)
+    for total in (16, 37, 200, 1000):
+        positions = np.flatnonzero(rng.random(total) < 0.8)
+        scores = rng.exponential(1.0, len(positions))
+        starts, ends, _ = spans._grid(total, 8, 1)
+        prefix = np.concatenate(([0.0], np.cumsum(scores)))
+        lo, hi = np.searchsorted(positions, starts), np.searchsorted(positions, ends)
+        sums, counts = sums_of(positions, scores, starts, ends)
+        assert np.array_equal(counts, hi - lo) and np.array_equal(sums, prefix[hi] - prefix[lo])

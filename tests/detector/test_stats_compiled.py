@@ -1,0 +1,96 @@
+"""The compiled weighted-Gamma tail (detector.stats_compiled) against a 34-digit sum of the
+same series and against the numpy reference (detector.stats._log_weighted_sf) over a grid
+from the body to the far tail, and the dispatch: the compiled path only where numba is loaded."""
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+
+from detector import stats, stats_compiled
+from watermark import jit
+
+numba = pytest.importorskip("numba")
+
+N_GRID = (1, 2, 3, 5, 17, 64, 100, 200, 256, 1000, 2000)
+ALPHA_GRID = (0.0, 1e-3, 0.01, 0.05, 0.1, 0.3, 0.45, 0.499, 0.5, 0.5000001, 0.51, 0.7, 0.9, 0.95, 1.0)
+
+
+def _scores(n: int, alpha: float) -> list[float]:
+    sd = math.sqrt(n * ((1.0 - alpha) ** 2 + alpha ** 2))
+    body = [n + z * sd for z in (-3, -1, 0, 0.5, 1, 2, 5, 10, 30, 100, 300)]
+    return [s for s in body + [n * 1.5, n * 3.0, n * 5.0 + 700.0, n * 20.0] if s > 0.0]
+
+
+def _fast():
+    jit.load()
+    fast = stats_compiled.compiled()
+    assert fast is not None
+    return fast
+
+
+@pytest.mark.parametrize("n", N_GRID)
+def test_compiled_weighted_tail_matches_the_reference(n):
+    fast = _fast()
+    for alpha in ALPHA_GRID:
+        for score in _scores(n, alpha):
+            expected = stats._log_weighted_sf(score, n, alpha)
+            got = stats._log_weighted_sf_compiled(score, n, alpha, fast)
+            # The same terms; the reference's own float error grows with its window (to ~1e-11).
+            assert abs(got - expected) <= 1e-10 * max(1.0, abs(expected)), (n, alpha, score, got, expected)
+
+
+def test_compiled_weighted_tail_on_random_arguments():
+    fast = _fast()
+    rng = np.random.default_rng(3)
+    for _ in range(500):
+        n, alpha = int(rng.integers(1, 400)), float(rng.uniform(0.0, 1.0))
+        score = float(rng.uniform(0.0, 4.0 * n))
+        expected = stats._log_weighted_sf(score, n, alpha)
+        got = stats._log_weighted_sf_compiled(score, n, alpha, fast)
+        assert abs(got - expected) <= 1e-10 * max(1.0, abs(expected)), (n, alpha, score)
+
+
+def _series_34_digits(score: float, n: int, alpha: float) -> float:
+    """ln of the series summed in 34-digit arithmetic over the reference's window and 400 terms
+    either side (Q from its Poisson sum, then the same recurrences)."""
+    with mpmath.workdps(34):
+        small, large = min(alpha, 1.0 - alpha), max(alpha, 1.0 - alpha)
+        r, x = mpmath.mpf(small) / mpmath.mpf(large), mpmath.mpf(score) / mpmath.mpf(small)
+        k1, chunk = stats._series_window(n, small / large, score / small)
+        k0 = max(0, k1 - 400)
+        p, q = mpmath.exp(-x), mpmath.mpf(0)
+        for j in range(2 * n + k0):
+            q += p
+            p = p * x / (j + 1)
+        w = mpmath.exp(mpmath.loggamma(n + k0) - mpmath.loggamma(n) - mpmath.loggamma(k0 + 1)
+                       + n * mpmath.log(r) + k0 * mpmath.log(1 - r))
+        total = mpmath.mpf(0)
+        for k in range(k0, k1 + chunk + 400):
+            total += w * q
+            q += p
+            p = p * x / (2 * n + k + 1)
+            w = w * (n + k) / (k + 1) * (1 - r)
+        return float(mpmath.log(total))
+
+
+@pytest.mark.parametrize("score,n,alpha", [(200.0, 200, 0.9), (241.5, 256, 0.9), (186.5, 200, 0.95),
+                                           (194.0, 227, 0.27), (250.0, 200, 0.1), (300.0, 200, 0.1),
+                                           (120.0, 64, 0.1), (60.0, 32, 0.3)])
+def test_compiled_weighted_tail_is_as_close_to_34_digits_as_the_reference(score, n, alpha):
+    fast = _fast()
+    truth = _series_34_digits(score, n, alpha)
+    got = stats._log_weighted_sf_compiled(score, n, alpha, fast)
+    reference = stats._log_weighted_sf(score, n, alpha)
+    assert abs(got - truth) <= 5e-12 * max(1.0, abs(truth)), (got, truth)
+    assert abs(got - truth) <= max(abs(reference - truth), 1e-12 * max(1.0, abs(truth)))
+
+
+def test_public_function_uses_the_compiled_series_once_numba_is_loaded(monkeypatch):
+    _fast()
+    calls = []
+    real = stats._log_weighted_sf_compiled
+    monkeypatch.setattr(stats, "_log_weighted_sf_compiled", lambda *a: calls.append(a) or real(*a))
+    value = stats.weighted_gamma_log10_sf(250.0, 200, 0.1)
+    assert calls and value == pytest.approx(stats._log_weighted_sf(250.0, 200, 0.1) / stats.LN10, rel=1e-11)
