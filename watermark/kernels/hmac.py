@@ -4,10 +4,12 @@ fused sampler with 256-bit keys (references: :mod:`watermark.prf.hmac_philox`,
 
 A step is two launches:
 
-1. :func:`_hmac_rows_kernel` -- for a block of rows at once (rows are the lanes), HMAC-SHA-256
-   of each row's context under key A's and key B's midstates: two SHA-256 compressions per
-   key for a context of width <= 6, three for 7..16. Out: per row and key the context's
-   Philox key and state.
+1. :func:`_hmac_routed_kernel` -- for a block of rows at once (rows are the lanes), HMAC-SHA-256
+   of each row's context under the midstates of the key the row routes to (the sampler's own
+   coin, drawn again here): two SHA-256 compressions for a context of width <= 6, three for
+   7..16. Out: per row the routed key's context Philox key and state. (:func:`hmac_rows`, which
+   derives both keys' of every row, is what verification needs; the sampler needs one: at
+   B = 256 the second key's chain was most of the step's cost over Philox's.)
 2. :func:`_gumbel_sample_hmac_kernel` -- :mod:`watermark.kernels.gumbel`'s fused sampler
    step with one change: a watermarked 256-bit row takes its routed key's (key, state) from
    step 1 instead of computing Philox's context state. 64-bit rows of the same batch run
@@ -121,12 +123,32 @@ def _block(k_ptr, ctx_ptr, ctx_stride, rows, mask, width, nwords, st0, st1, st2,
 @triton.jit
 def context_hmac(k_ptr, mids_ptr, ctx_ptr, ctx_stride, rows, mask, width):
     """Digest words d0..d5 of each row's context HMAC (rows' lanes; widths 1..16)."""
+    return _context_hmac_of(k_ptr, ctx_ptr, ctx_stride, rows, mask, width,
+                            _mid(mids_ptr, rows, mask, 0), _mid(mids_ptr, rows, mask, 1),
+                            _mid(mids_ptr, rows, mask, 2), _mid(mids_ptr, rows, mask, 3),
+                            _mid(mids_ptr, rows, mask, 4), _mid(mids_ptr, rows, mask, 5),
+                            _mid(mids_ptr, rows, mask, 6), _mid(mids_ptr, rows, mask, 7),
+                            _mid(mids_ptr, rows, mask, 8), _mid(mids_ptr, rows, mask, 9),
+                            _mid(mids_ptr, rows, mask, 10), _mid(mids_ptr, rows, mask, 11),
+                            _mid(mids_ptr, rows, mask, 12), _mid(mids_ptr, rows, mask, 13),
+                            _mid(mids_ptr, rows, mask, 14), _mid(mids_ptr, rows, mask, 15))
+
+
+@triton.jit
+def _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, i: tl.constexpr):
+    # Each row's routed key's word: two masked loads, one of which reads nothing.
+    a = tl.load(mids_a_ptr + rows * 16 + i, mask=mask & ~use_b, other=0)
+    b = tl.load(mids_b_ptr + rows * 16 + i, mask=mask & use_b, other=0)
+    return (a + b).to(tl.uint32)
+
+
+@triton.jit
+def _context_hmac_of(k_ptr, ctx_ptr, ctx_stride, rows, mask, width, m0, m1, m2, m3, m4, m5, m6, m7,
+                     m8, m9, m10, m11, m12, m13, m14, m15):
+    # m0..m7: the inner padded key block's midstate, m8..m15: the outer's.
     nwords = 7 + width
-    s0, s1, s2, s3, s4, s5, s6, s7 = _block(
-        k_ptr, ctx_ptr, ctx_stride, rows, mask, width, nwords,
-        _mid(mids_ptr, rows, mask, 0), _mid(mids_ptr, rows, mask, 1), _mid(mids_ptr, rows, mask, 2),
-        _mid(mids_ptr, rows, mask, 3), _mid(mids_ptr, rows, mask, 4), _mid(mids_ptr, rows, mask, 5),
-        _mid(mids_ptr, rows, mask, 6), _mid(mids_ptr, rows, mask, 7), 0)
+    s0, s1, s2, s3, s4, s5, s6, s7 = _block(k_ptr, ctx_ptr, ctx_stride, rows, mask, width, nwords,
+                                            m0, m1, m2, m3, m4, m5, m6, m7, 0)
     if tl.max(tl.where(mask, width, 0), 0) > 6:  # a second inner block for the rows that need one
         t0, t1, t2, t3, t4, t5, t6, t7 = _block(k_ptr, ctx_ptr, ctx_stride, rows, mask, width, nwords,
                                                 s0, s1, s2, s3, s4, s5, s6, s7, 1)
@@ -135,9 +157,7 @@ def context_hmac(k_ptr, mids_ptr, ctx_ptr, ctx_stride, rows, mask, width):
         s4, s5, s6, s7 = tl.where(two, t4, s4), tl.where(two, t5, s5), tl.where(two, t6, s6), tl.where(two, t7, s7)
     zero = tl.full(rows.shape, 0, tl.uint32)
     o0, o1, o2, o3, o4, o5, o6, o7 = compress(
-        k_ptr, _mid(mids_ptr, rows, mask, 8), _mid(mids_ptr, rows, mask, 9), _mid(mids_ptr, rows, mask, 10),
-        _mid(mids_ptr, rows, mask, 11), _mid(mids_ptr, rows, mask, 12), _mid(mids_ptr, rows, mask, 13),
-        _mid(mids_ptr, rows, mask, 14), _mid(mids_ptr, rows, mask, 15),
+        k_ptr, m8, m9, m10, m11, m12, m13, m14, m15,
         s0, s1, s2, s3, s4, s5, s6, s7, zero + PAD, zero, zero, zero, zero, zero, zero, zero + OUTER_BITS)
     return o0, o1, o2, o3, o4, o5
 
@@ -163,6 +183,48 @@ def _hmac_rows_kernel(k_ptr, mids_a_ptr, mids_b_ptr, ctx_ptr, ctx_stride, width_
     _store_key_state(keys_ptr, states_ptr, rows, mask, 0, d0, d1, d2, d3, d4, d5)
     d0, d1, d2, d3, d4, d5 = context_hmac(k_ptr, mids_b_ptr, ctx_ptr, ctx_stride, rows, mask, width)
     _store_key_state(keys_ptr, states_ptr, rows, mask, 1, d0, d1, d2, d3, d4, d5)
+
+
+@triton.jit
+def _hmac_routed_kernel(k_ptr, mids_a_ptr, mids_b_ptr, ctx_ptr, ctx_stride, width_ptr, alpha_ptr, wm_ptr, skey_ptr,
+                        pos_ptr, batch, keys_ptr, states_ptr, ROWS_PER: tl.constexpr):
+    # The sampler's step 1 for the key each row routes to (the same coin as the sampler draws,
+    # _gumbel_sample_hmac_kernel), stored in that key's slot: one HMAC a row where
+    # _hmac_rows_kernel makes two. The other slot is left unwritten; the sampler never reads it.
+    rows = tl.program_id(0) * ROWS_PER + tl.arange(0, ROWS_PER)
+    mask = rows < batch
+    width = tl.load(width_ptr + rows, mask=mask, other=1)
+    alpha = tl.load(alpha_ptr + rows, mask=mask, other=0.0)
+    marked = tl.load(wm_ptr + rows, mask=mask, other=0) != 0
+    sk0, sk1 = philox.split_key(tl.load(skey_ptr + rows, mask=mask, other=0))
+    r0, r1, r2, r3 = philox.stream_state(sk0, sk1, tl.load(pos_ptr + rows, mask=mask, other=0), LANE_ROUTE)
+    coin = philox.uniform(philox.token_word(tl.zeros(rows.shape, tl.int32), r0, r1, r2, r3, sk0, sk1))
+    use_b = marked & (alpha > 0.0) & (coin < alpha)
+    d0, d1, d2, d3, d4, d5 = _context_hmac_of(
+        k_ptr, ctx_ptr, ctx_stride, rows, mask, width,
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 0),
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 1),
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 2),
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 3),
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 4),
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 5),
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 6),
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 7),
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 8),
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 9),
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 10),
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 11),
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 12),
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 13),
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 14),
+        _routed_mid(mids_a_ptr, mids_b_ptr, use_b, rows, mask, 15))
+    slot = use_b.to(tl.int64)
+    tl.store(keys_ptr + rows * 2 + slot, d4.to(tl.int64) | (d5.to(tl.int64) << 32), mask=mask)
+    base = states_ptr + rows * 8 + slot * 4
+    tl.store(base, d0.to(tl.int64), mask=mask)
+    tl.store(base + 1, d1.to(tl.int64), mask=mask)
+    tl.store(base + 2, d2.to(tl.int64), mask=mask)
+    tl.store(base + 3, d3.to(tl.int64), mask=mask)
 
 
 _K_CACHE: dict = {}
@@ -284,7 +346,16 @@ def gumbel_sample_hmac(logits: torch.Tensor, *, temperature: torch.Tensor, key_a
     if contexts.stride(1) != 1:
         contexts = contexts.contiguous()
     widths = _row_tensor(widths, batch, torch.int32, device, "widths")
-    hkeys, hstates = hmac_rows(mids_a, mids_b, contexts, widths)
+    alpha = _row_tensor(alpha, batch, torch.float32, device, "alpha")
+    marks = flags_int8(watermark, (batch,), device, "watermark")
+    stream_keys = _row_tensor(stream_keys, batch, torch.int64, device, "stream_keys")
+    positions = _row_tensor(positions, batch, torch.int64, device, "positions")
+    hkeys = torch.empty((batch, 2), dtype=torch.int64, device=device)
+    hstates = torch.empty((batch, 2, 4), dtype=torch.int64, device=device)
+    launch.launch(_hmac_routed_kernel, "hmac_routed", (triton.cdiv(batch, ROWS),), (
+        round_constants(device), mids_a.to(torch.int64).contiguous(), mids_b.to(torch.int64).contiguous(),
+        contexts, contexts.stride(0), widths, alpha, marks, stream_keys, positions, batch, hkeys, hstates),
+        constexprs=dict(ROWS_PER=ROWS))
     per_block, nblk = geometry.split_rows(batch, vocab, config.block, device, config.programs_per_sm, blocks_per_row)
     ws = reduction.workspace(device, batch, batch * nblk, batch * nblk * 2 * config.block)
     mult = stride_mult(values)
@@ -294,11 +365,7 @@ def gumbel_sample_hmac(logits: torch.Tensor, *, temperature: torch.Tensor, key_a
         _row_tensor(temperature, batch, torch.float32, device, "temperature"),
         _row_tensor(key_a, batch, torch.int64, device, "key_a"),
         _row_tensor(key_b, batch, torch.int64, device, "key_b"),
-        _row_tensor(alpha, batch, torch.float32, device, "alpha"),
-        contexts, contexts.stride(0), widths,
-        flags_int8(watermark, (batch,), device, "watermark"),
-        _row_tensor(stream_keys, batch, torch.int64, device, "stream_keys"),
-        _row_tensor(positions, batch, torch.int64, device, "positions"), lane,
+        alpha, contexts, contexts.stride(0), widths, marks, stream_keys, positions, lane,
         flags_int8(wide, (batch,), device, "wide"), hkeys, hstates,
         tokens, routes, ws.scores, ws.tokens, ws.counters, ws.scratch, per_block, nblk),
         dtype=values.dtype, constexprs=constexprs, options=options, aligned=(values,))

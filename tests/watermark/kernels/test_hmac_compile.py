@@ -51,6 +51,18 @@ def test_the_rows_hmac_kernel_compiles_in_seconds():
     assert seconds < BOUND_S, seconds
 
 
+def test_the_samplers_routed_hmac_kernel_compiles_in_seconds():
+    from watermark.kernels.hmac import ROWS, _hmac_routed_kernel
+
+    seconds = _compile(_hmac_routed_kernel, {"k_ptr": "*i32", "mids_a_ptr": "*i64", "mids_b_ptr": "*i64",
+                                             "ctx_ptr": "*i64", "ctx_stride": "i64", "width_ptr": "*i32",
+                                             "alpha_ptr": "*fp32", "wm_ptr": "*i8", "skey_ptr": "*i64",
+                                             "pos_ptr": "*i64", "batch": "i32", "keys_ptr": "*i64",
+                                             "states_ptr": "*i64"},
+                       {"ROWS_PER": ROWS})
+    assert seconds < BOUND_S, seconds
+
+
 def test_the_256_bit_scan_kernel_compiles_in_seconds():
     from watermark import keyscan
     from watermark.kernels.keyscan_hmac import _keyscan_hmac_kernel
