@@ -30,14 +30,22 @@ async def _answer(services, identity, body: DetectBody, client: str | None) -> J
     who = gate.principal(services, identity, client)
     gate.check_size(services.settings, who.tier, body)  # before a slot, a thread or a token
     size = len(body.text) if body.text is not None else len(body.token_ids or ())
-    async with gate.access_of(services).lanes.turn(who.name):  # one at a time per principal (service.access.lanes)
-        if size <= INLINE_MAX:
-            # The core on the loop (under a slot, gate._core); the gate's writes are awaited
-            # (service.access.group_commit), so the loop serves other requests meanwhile.
-            shown = await gate.answer(services, identity, body, who, inline=True)
-        else:
-            with gate.access_of(services).slots.hold(who.name):  # before any tokenising, hashing or query
-                shown = await gate.answer(services, identity, body, who, inline=False)
+    access = gate.access_of(services)
+    access.audits.enter()  # in flight: audit events held meanwhile wait for this one's (group_commit.Held)
+    try:
+        async with access.lanes.turn(who.name):  # one at a time per principal (service.access.lanes)
+            if size <= INLINE_MAX:
+                # The core on the loop (under a slot, gate._core); the gate's writes are awaited
+                # (service.access.group_commit), so the loop serves other requests meanwhile.
+                answer = await gate.answer(services, identity, body, who, inline=True)
+            else:
+                with access.slots.hold(who.name):  # before any tokenising, hashing or query
+                    answer = await gate.answer(services, identity, body, who, inline=False)
+    finally:
+        access.audits.leave()
+    # Its audit event committed before the answer leaves, awaited out of the lane: the
+    # principal's next detection runs meanwhile and its event shares the commit (gate.answered).
+    shown = await gate.answered(answer)
     return JSONResponse(shown, headers={"X-Hallmark-Access-Tier": who.tier})
 
 
