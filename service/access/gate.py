@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 
 from keys import clock
 from keys.audit import ACTOR_LENGTH, record_audit
@@ -317,10 +317,13 @@ def _audit_many(session, events: list[dict[str, Any]]) -> list[None]:
     details are plain JSON with no secret's name), one statement instead of an ORM flush and
     a savepoint each."""
     now = clock.utcnow()
-    session.execute(insert(AuditEvent), [{"occurred_at": now, "actor": e["actor"][:ACTOR_LENGTH],
-                                          "action": e["action"], "tenant_id": e["tenant_id"], "key_id": None,
-                                          "details": e["details"]} for e in events])
+    session.connection().execute(_AUDIT_INSERT, [
+        {"occurred_at": now, "actor": e["actor"][:ACTOR_LENGTH], "action": e["action"], "tenant_id": e["tenant_id"],
+         "key_id": None, "details": e["details"]} for e in events])
     return [None] * len(events)
+
+
+_AUDIT_INSERT = AuditEvent.__table__.insert()
 
 
 _AUDIT_ACTIONS = {EXPERT: "detection.expert", OPERATOR: "detection.operator"}
