@@ -34,7 +34,9 @@ class Gateway:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        if repo != REPO:  # its own code, not this tree's (nor the venv's editable install)
+        if repo != REPO and not env.get("PYTHONPATH", "").endswith(str(repo)):
+            # its own code, not this tree's (nor the venv's editable install); a path that
+            # already ends with it (bench.detect_http_cpu --core puts a folder before it) stays
             env = {**env, "PYTHONPATH": str(repo)}
         with open(log, "a") as stderr:
             self.process = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(self.port),

@@ -37,6 +37,7 @@ writes runs alone as above, so a refused write still fails alone with its own er
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -110,7 +111,7 @@ class GroupCommit:
                         _resolve(item[1], False, exc)
 
     def _commit(self, group: list[tuple], attempt: int = 0) -> None:
-        if len(group) == 1 and group[0][2] is None:
+        if len(group) == 1:  # a batchable write alone runs as its own write
             self._commit_one(group, attempt)
             return
         outcomes: list[tuple[Callable[[Any], Any], Future, bool, Any]] = []
@@ -207,3 +208,101 @@ def _resolve(future: Future, ok: bool, value: Any) -> None:
             future.set_exception(value)
     except InvalidStateError:  # cancelled: nobody waits for this outcome
         pass
+
+
+in_flight: Callable[[], int] | None = None
+"""How many HTTP requests this process is serving now, those not yet started included: set by
+`hallmark serve` (uvicorn's own count, service.cli.serve); None where the app is served
+otherwise (tests, embedding), where :class:`Held` then knows only the requests it counts."""
+
+
+class Held:
+    """Batchable writes of one kind (an expert's audit event) held on the event loop while
+    other requests are in flight, then submitted to ``writes`` as one write,
+    ``run_many(session, items)``: one transaction, one statement and one commit (an fsync on
+    SQLite) for the lot, instead of one each.
+
+    A request counts itself in (:meth:`enter`) before it queues for its work and out
+    (:meth:`leave`) once its write is added. The held writes go once no other request is in
+    flight (neither one counted in nor, where the server says (:data:`in_flight`), one it has
+    received and not yet started; so a lone request never waits), when ``most`` are held, or
+    ``linger`` seconds after the first was held. Under load (the loop busy with one request's
+    detection after another) that is one commit per ``linger``, and the wait costs no
+    throughput: the loop runs the next request meanwhile. Measured (a SQLite store, this
+    2-core machine): an audit write alone cost ~1 ms of CPU (the writes' thread's Python work
+    and the commit's, each taking the interpreter from the loop), 0.13 ms each in eights.
+    Every request still gets its own outcome only once its row committed. Event-loop only
+    (no locks): :meth:`add`, :meth:`enter` and :meth:`leave` run on the loop."""
+
+    def __init__(self, writes: GroupCommit, run_many: Callable[[Any, list], list], *, linger: float = 0.02,
+                 most: int = MAX_GROUP) -> None:
+        self.writes, self.run_many, self.linger, self.most = writes, run_many, linger, most
+        self.busy = 0
+        self.waiting = 0  # requests whose write is held or submitted and not yet committed
+        self.flushes = 0  # writes submitted, and items in them: how well they were held together
+        self.items = 0
+        self._held: list[tuple[Any, asyncio.Future]] = []
+        self._timer: asyncio.TimerHandle | None = None
+
+    def enter(self) -> None:
+        self.busy += 1
+
+    def leave(self) -> None:
+        self.busy -= 1
+        if self._held and not self._others():
+            self.flush()
+
+    def _others(self) -> bool:
+        """Whether another request is in flight that may add a write soon."""
+        if self.busy > 0:
+            return True
+        # The server's requests, less those waiting for this class's writes (they add none).
+        return in_flight is not None and in_flight() > self.waiting
+
+    def add(self, item: Any) -> asyncio.Future:
+        """Hold ``item``; the future holds its ``run_many`` result once committed (or the
+        write's exception, as :meth:`GroupCommit.submit` hands it)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._held.append((item, future))
+        self.waiting += 1
+        if len(self._held) >= self.most or not self._others():
+            self.flush()
+        elif self._timer is None:
+            self._timer = loop.call_later(self.linger, self.flush)
+        return future
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        held, self._held = self._held, []
+        if not held:
+            return
+        self.flushes += 1
+        self.items += len(held)
+        items = [item for item, _ in held]
+        loop = asyncio.get_running_loop()
+        done = self.writes.submit(lambda session: self.run_many(session, items))
+
+        def settled(outcome: Future) -> None:
+            try:
+                loop.call_soon_threadsafe(self._hand_out, outcome, held)
+            except RuntimeError:  # the loop closed meanwhile (shutdown): nobody waits any more
+                pass
+
+        done.add_done_callback(settled)
+
+    def _hand_out(self, outcome: Future, held: list[tuple[Any, asyncio.Future]]) -> None:
+        """Each held item's own result, or the write's exception (a request that left
+        meanwhile, its future cancelled, gets nothing: its row committed all the same)."""
+        self.waiting -= len(held)
+        error = outcome.exception()
+        results = None if error is not None else outcome.result()
+        for index, (_, future) in enumerate(held):
+            if future.done():
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(results[index])

@@ -93,7 +93,14 @@ def _serve(host: str, port: int, *, sockets: "list[socket.socket] | None" = None
                                    "%d times its budget (set HALLMARK_REDIS_URL, or HALLMARK_RATE_LIMIT_BACKEND="
                                    "database, to share them)", workers)
 
-    Gateway(config).run(sockets=sockets)
+    server = Gateway(config)
+    from service.access import group_commit
+
+    # The requests this process has received and not answered (uvicorn's tasks, each created
+    # once a request's headers arrived): expert requests' audit events wait for those in
+    # flight and commit with theirs (service.access.group_commit.Held).
+    group_commit.in_flight = lambda: len(server.server_state.tasks)
+    server.run(sockets=sockets)
 
 
 @app.command("serve")

@@ -4,6 +4,7 @@ every write of its group and none takes effect."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -183,3 +184,80 @@ def test_two_replicas_groups_that_deadlock_lose_no_write():
     finally:
         store.close()
         pg.close()
+
+
+def _event(actor: str) -> dict:
+    return {"actor": actor, "action": "detection.expert", "tenant_id": None,
+            "details": {"token_id": actor, "tier": "expert", "tokens": 200, "evidence": False, "verdict": "watermarked"}}
+
+
+def test_held_audit_events_wait_for_requests_in_flight_then_commit_as_one(store):
+    """group_commit.Held (an expert's audit event, service.access.gate): a request alone
+    commits at once; one answered while another is in flight waits for it, and both rows
+    commit in one transaction, each request getting its own outcome; the rows are those
+    keys.audit.record_audit writes."""
+    from service.access import gate
+    from service.access.group_commit import Held
+
+    commits = []
+    event.listen(store.engine, "commit", lambda connection: commits.append(1))
+
+    async def scenario():
+        held = Held(GroupCommit(store), gate._audit_many, linger=60.0)
+        held.enter()
+        alone = held.add(_event("api:alone"))
+        held.leave()  # nobody else in flight: no wait
+        assert await asyncio.wait_for(alone, 10) is None
+        assert len(commits) == 1
+        held.enter()
+        held.enter()  # a second request in flight
+        first = held.add(_event("api:first"))
+        held.leave()
+        await asyncio.sleep(0.05)
+        assert not first.done() and len(commits) == 1  # held while the second runs
+        second = held.add(_event("api:second"))
+        held.leave()
+        assert await asyncio.wait_for(asyncio.gather(first, second), 10) == [None, None]
+        assert len(commits) == 2 and (held.flushes, held.items) == (2, 3)
+
+    asyncio.run(scenario())
+    assert _audited(store) == ["api:alone", "api:first", "api:second"]
+    with store.transaction() as session:
+        record_audit(session, **_event("api:orm"))
+    with store.transaction(write=False) as session:
+        rows = list(session.scalars(select(AuditEvent).order_by(AuditEvent.id)))
+    def columns(e):
+        assert e.details["token_id"] == e.actor
+        return e.action, e.tenant_id, e.key_id, {**e.details, "token_id": None}, type(e.occurred_at)
+
+    assert [columns(e) for e in rows[:-1]] == [columns(rows[-1])] * 3
+
+
+def test_held_events_go_after_linger_while_others_stay_in_flight_and_a_failure_reaches_each(store):
+    from service.access import gate, group_commit
+    from service.access.group_commit import Held
+
+    async def scenario(monkeypatch_in_flight):
+        held = Held(GroupCommit(store), gate._audit_many, linger=0.05)
+        group_commit.in_flight = monkeypatch_in_flight  # the server counts a request not yet started
+        try:
+            held.enter()
+            waiting = held.add(_event("api:lingered"))
+            held.leave()
+            assert not waiting.done()
+            assert await asyncio.wait_for(waiting, 10) is None  # after linger, the other still in flight
+
+            def refused(session, items):
+                raise RateLimited("no", code="probe_guard")
+
+            failing = Held(GroupCommit(store), refused, linger=60.0)
+            group_commit.in_flight = None
+            futures = [failing.add(_event("api:x")) for _ in range(2)]  # nobody counted in: each at once
+            for future in futures:
+                with pytest.raises(RateLimited):
+                    await asyncio.wait_for(future, 10)
+        finally:
+            group_commit.in_flight = None
+
+    asyncio.run(scenario(lambda: 2))
+    assert _audited(store) == ["api:lingered"]
