@@ -16,7 +16,7 @@ from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from keys.models import LedgerEntry, LedgerKgram
-from ledger.kgram_digests import K, V1, V2, keyed_position_digests, kgram_key, position_digest_array
+from ledger.kgram_digests import K, V1, V2, DigestArray, keyed_position_digests, kgram_key
 from ledger.log.leaves import kgram_array_commitment
 from ledger.log import tlog
 
@@ -254,7 +254,10 @@ class KgramCache:
     one query, at the cost of returning one row per shared (generation, k-gram) pair, as
     many as a count query reads."""
 
-    def __init__(self) -> None:
+    def __init__(self, digest_array: DigestArray | None = None) -> None:
+        # digest_array: a compiled pass over a whole text (ledger.kgram_digests.DigestArray),
+        # passed in by the service; without one each distinct k-gram is hashed in Python.
+        self._digest_array = digest_array
         self._memo: dict[bytes, dict[bytes, int]] = {}
         self._at: dict[tuple[bytes, tuple[int, ...]], list[int]] = {}
         self._rows: dict[tuple[str, str | None], dict[int, list[str]]] = {}
@@ -287,8 +290,8 @@ class KgramCache:
         index = (key, tuple(token_ids))
         found = self._arrays.get(index)
         if found is None:
-            found = position_digest_array(token_ids, key)
-            if found is None:  # pragma: no cover - without numba: each distinct k-gram hashed once
+            found = self._digest_array(token_ids, key, K) if self._digest_array is not None else None
+            if found is None:  # without a compiled pass: each distinct k-gram hashed once
                 found = np.asarray(keyed_position_digests(token_ids, key, memo=self._memo.setdefault(key, {})),
                                    dtype=np.int64)
             self._arrays[index] = found

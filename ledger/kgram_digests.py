@@ -4,11 +4,10 @@ Pure hashing: no database, no key store; the store's k-gram key comes from the c
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import struct
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -36,49 +35,22 @@ def position_digests(token_ids: Sequence[int], secret: int, k: int = K,
     return keyed_position_digests(token_ids, kgram_key(secret), k, memo)
 
 
+DigestArray = Callable[[Sequence[int], bytes, int], "np.ndarray | None"]
+"""A compiled digest pass over a whole text (token ids, HMAC key, k) -> int64 [n - k + 1], or
+None where it cannot answer. The ledger only builds on the watermark's spec and key types, so
+the service passes one in (service.kgram_hashing: watermark.prf.hmac_compiled's SHA-256)."""
+
+
 def keyed_position_digests(token_ids: Sequence[int], key: bytes, k: int = K,
-                           memo: dict[bytes, int] | None = None) -> list[int]:
+                           memo: dict[bytes, int] | None = None,
+                           digest_array: DigestArray | None = None) -> list[int]:
     """:func:`position_digests` under the HMAC key ``key`` itself (scheme 2: the store's).
-    ``memo``: read and extended by the pure-Python path only (the compiled one hashes a
-    whole text in one pass, cheaper than looking its k-grams up)."""
-    found = position_digest_array(token_ids, key, k)
+    ``memo``: read and extended by the pure-Python path only; ``digest_array``: a compiled pass
+    tried first (one pass over a whole text is cheaper than looking its k-grams up)."""
+    found = digest_array(token_ids, key, k) if digest_array is not None else None
     if found is not None:
         return found.tolist()
     return _keyed_position_digests_python(token_ids, key, k, memo)
-
-
-def position_digest_array(token_ids: Sequence[int] | np.ndarray, key: bytes, k: int = K) -> np.ndarray | None:
-    """int64 [n - k + 1]: :func:`keyed_position_digests` in one compiled pass (the watermark's
-    HMAC-SHA-256, watermark.prf.hmac_compiled, from the key's midstates); None without numba,
-    in a process not worth loading it for, or for a key longer than one SHA-256 block (the
-    Python path answers those)."""
-    from watermark import jit
-    from watermark.prf import hmac_compiled
-
-    # A one-off process (a CLI command) stays on Python rather than load numba (~0.3 s) for a
-    # few k-grams (watermark.jit.worth_loading: a k-gram in Python costs ~30 PRF evaluations).
-    if not jit.worth_loading(32 * max(0, len(token_ids) - k + 1)):
-        return None
-    mids = _midstates(key)
-    if mids is None or hmac_compiled.compiled() is None:
-        return None
-    try:
-        words = (np.asarray(token_ids, dtype=np.int64).reshape(-1) & 0xFFFFFFFF).astype(np.uint32)
-    except OverflowError:  # ids beyond 64 bits: the Python path masks them as Python ints
-        return None
-    return hmac_compiled.kgram_digests(mids, words, k, DIGEST_BITS)
-
-
-@functools.lru_cache(maxsize=256)
-def _midstates(key: bytes) -> np.ndarray | None:
-    """The HMAC midstates [16] of ``key`` (uint32, read-only), None for a key over one block."""
-    from watermark.prf import sha256
-
-    if len(key) > sha256.BLOCK_BYTES:
-        return None
-    out = np.array(sha256.midstates(bytes(key)), dtype=np.uint32)
-    out.flags.writeable = False
-    return out
 
 
 def _keyed_position_digests_python(token_ids: Sequence[int], key: bytes, k: int = K,

@@ -23,6 +23,7 @@ from service.auth import Identity, resolve_tenant
 from service.detect_input import DegenerateInput, check_detect_input
 from service.errors import Conflict, NotFound, TooLarge, Unavailable, Unprocessable
 from service.http_errors import store_error
+from service.kgram_hashing import kgram_cache
 from service.ledger_evidence import with_key_states, with_ledger_basis, with_shared_evidence, with_shared_scores
 from service.ledger_lookup import LazySession, LedgerLookup, ledger_scope, look_up, stored_keys
 from service.ledger_salts import narrowed_by_ledger
@@ -267,7 +268,7 @@ def _kgram_matches_per_form(services: Services, identity: Identity, tenant, cand
             # Every form of the text is searched, not only the one the watermark scored best
             # (detector.forms.merge_form_matches says why and what it costs).
             # One cache for every form and look-up: the forms share most of their k-grams.
-            cache = kgrams.KgramCache()
+            cache = kgram_cache()
             return merge_form_matches([
                 with_shared_evidence(session, kgrams.find_matches(session, keys=keys, token_ids=tokens,
                                                                   tenant_id=scope, cache=cache),

@@ -38,6 +38,7 @@ from keys import key_states
 from ledger import kgrams
 from ledger.kgrams import KgramMatch
 from ledger.read import generation_salts
+from service.kgram_hashing import kgram_cache
 
 SHARED_LEVEL = 1e-3
 """Level of the watermark test over a match's shared tokens (before the Bonferroni split)."""
@@ -108,7 +109,7 @@ def with_shared_scores(session, matches: Sequence[KgramMatch], candidates: Seque
         options = by_key[matches[i].key_id]
         salt = salts.get(matches[i].generation_id)
         chosen[i] = options.get(salt) or options.get(None) or next(iter(options.values()))
-    cache = kgrams.KgramCache() if cache is None else cache
+    cache = kgram_cache() if cache is None else cache
     tokens = np.asarray(token_ids, dtype=np.int64).reshape(-1)
     positions: dict[tuple[str, str], set[int]] = {}
     masks: dict[tuple[str, str], np.ndarray] = {}

@@ -32,6 +32,7 @@ from ledger.entries import GenerationEntry, hash_output
 from ledger.read import GenerationFacts, detection_facts, find_generations_by_output_hash, generation_facts
 from service.auth import Identity
 from service.http_errors import store_error
+from service.kgram_hashing import kgram_cache
 from service.state import Services
 
 
@@ -47,7 +48,7 @@ class LedgerLookup:
     """The distinct forms of the text searched for k-grams (detector.forms.distinct_forms)."""
     kgram: list[list[KgramMatch]] = field(default_factory=list)
     """Per form, the k-gram matches under the stored candidate keys (no shared evidence yet)."""
-    cache: KgramCache = field(default_factory=KgramCache)
+    cache: KgramCache = field(default_factory=kgram_cache)
     """The rows the look-ups fetched: the basis's shared positions read them, no query again."""
     salts: dict[str, int] | None = None
     """The salt each found generation (exact or k-gram) records, for those that record one

@@ -26,7 +26,7 @@ from detector.multikey import KeySet, detect_many
 from detector.result import Candidate, salted_candidates
 from detector.scoring import ScoreMemo
 from ledger import kgram_digests
-from service import generation_ids
+from service import generation_ids, kgram_hashing
 from watermark import jit, prf
 from watermark.key import WatermarkKey
 from watermark.spec import WatermarkSpec
@@ -65,7 +65,7 @@ def warm_detection(engine=None) -> float:
                 memo = ScoreMemo()
                 detect_forms([tokens, tokens[1:]], KeySet.of(many), config, run=detect_many, memo=memo)
                 _shared_scores(tokens, many[0], config, memo)
-    kgram_digests.position_digest_array(texts[1], bytes(32))  # the ledger's k-gram digests (compiled)
+    kgram_hashing.digest_array(texts[1], bytes(32), kgram_digests.K)  # the ledger's k-gram digests (compiled)
     if engine is not None:
         tokenizer = engine.tokenizer()
         forms, _ = text_forms("Warm up:\n    a text\u00a0with “forms”.")

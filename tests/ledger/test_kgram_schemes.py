@@ -22,7 +22,7 @@ from keys.lifecycle import create_key
 from keys.material import detection_keys
 from keys.models import LedgerKgram
 from keys.settings import StoreSettings
-from ledger import kgram_cache, kgram_digests, kgrams
+from ledger import kgram_digests, kgrams
 from ledger.entries import record_generation
 from ledger.log import tlog
 from ledger.log.audit import audit_log
@@ -278,9 +278,11 @@ def test_many_keys_one_hash_and_one_query(store, setup, monkeypatch):
     real = kgram_digests.hmac_states
     monkeypatch.setattr(kgram_digests, "hmac_states", lambda key: hashed.append(key) or real(key))
     # The compiled path (one pass per form and key) hashes without hmac_states: counted too.
-    real_array = kgram_cache.position_digest_array
-    monkeypatch.setattr(kgram_cache, "position_digest_array",
-                        lambda tokens, key, k=kgram_digests.K: hashed.append(key) or real_array(tokens, key, k))
+    from service import kgram_hashing
+
+    def counted(tokens, key, k):
+        hashed.append(key)
+        return kgram_hashing.digest_array(tokens, key, k)
     statements: list[str] = []
 
     def count(conn, cursor, statement, parameters, context, executemany):
@@ -291,7 +293,7 @@ def test_many_keys_one_hash_and_one_query(store, setup, monkeypatch):
         tlog.authority(session)  # the store's keys are opened once per process, not per request
         event.listen(store.engine, "before_cursor_execute", count)
         try:
-            cache = kgrams.KgramCache()
+            cache = kgrams.KgramCache(digest_array=counted)
             live = cache.prefetch(session, keys, acme.id, forms)
             found = kgrams.find_matches(session, keys=live, token_ids=forms[0], tenant_id=acme.id, cache=cache)
         finally:

@@ -111,16 +111,21 @@ def test_compiled_digests_are_hmac_sha256(k):
     # for keys of any length up to a block, and for lengths around each k's padding boundary.
     from watermark import jit
 
-    jit.load()  # a server's process (a one-off one stays on Python: kgram_digests.position_digest_array)
+    from watermark.prf import hmac_compiled
+
+    jit.load()  # a server's process (a one-off one stays on Python: hmac_compiled.kgram_digest_array)
     rng = random.Random(k)
     for size in [0, k - 1, k, k + 1, 127 + k, 128 + k, 129 + k, 300]:
         key = bytes(rng.randrange(256) for _ in range(rng.choice([1, 16, 32, 64])))
         tokens = [rng.choice([0, 2**32 - 1, rng.randrange(2**32)]) for _ in range(max(0, size))]
         grams = [b"".join(t.to_bytes(4, "big") for t in tokens[i:i + k]) for i in range(len(tokens) - k + 1)]
         want = [int.from_bytes(hmac.new(key, g, hashlib.sha256).digest()[:8], "big") >> 1 for g in grams]
-        got = kgram_digests.position_digest_array(tokens, key, k)
+        got = hmac_compiled.kgram_digest_array(tokens, key, k, kgram_digests.DIGEST_BITS)
         assert got is not None and got.dtype == np.int64
         assert got.tolist() == want
+        assert kgram_digests.keyed_position_digests(
+            tokens, key, k, digest_array=lambda t, b, n: hmac_compiled.kgram_digest_array(
+                t, b, n, kgram_digests.DIGEST_BITS)) == want
         assert kgram_digests.keyed_position_digests(tokens, key, k) == want
         assert kgram_digests._keyed_position_digests_python(tokens, key, k) == want
 

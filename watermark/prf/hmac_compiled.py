@@ -509,3 +509,32 @@ def kgram_digests(mids: np.ndarray, words: np.ndarray, k: int, bits: int) -> np.
         compiled()["_kgram_digests_lanes"](np.ascontiguousarray(mids, np.uint32),
                                            np.ascontiguousarray(words, np.uint32), k, 64 - bits, out)
     return out
+
+
+def kgram_digest_array(token_ids, key: bytes, k: int, bits: int) -> np.ndarray | None:
+    """int64 [n - k + 1]: :func:`kgram_digests` of ``token_ids`` (mod 2^32) under the HMAC key
+    ``key`` itself; None without numba, in a process not worth loading it for, for a key longer
+    than one SHA-256 block, or for ids beyond 64 bits (the caller's Python path answers those:
+    ledger.kgram_digests)."""
+    # A one-off process (a CLI command) stays on Python rather than load numba (~0.3 s) for a
+    # few k-grams (watermark.jit.worth_loading: a k-gram in Python costs ~30 PRF evaluations).
+    if not jit.worth_loading(32 * max(0, len(token_ids) - k + 1)):
+        return None
+    mids = _key_midstates(bytes(key))
+    if mids is None or compiled() is None:
+        return None
+    try:
+        words = (np.asarray(token_ids, dtype=np.int64).reshape(-1) & 0xFFFFFFFF).astype(np.uint32)
+    except OverflowError:
+        return None
+    return kgram_digests(mids, words, k, bits)
+
+
+@functools.lru_cache(maxsize=256)
+def _key_midstates(key: bytes) -> np.ndarray | None:
+    # The HMAC midstates [16] of a key (uint32, read-only); None for a key over one block.
+    if len(key) > sha256.BLOCK_BYTES:
+        return None
+    out = np.array(sha256.midstates(key), dtype=np.uint32)
+    out.flags.writeable = False
+    return out
