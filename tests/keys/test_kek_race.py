@@ -102,7 +102,7 @@ def test_rotation_under_concurrent_tenant_and_key_writers(postgres_url):
                 create_tenant(session, name=f"t{i}", actor=ACTOR)
                 create_key(session, store.keyring, tenant=f"t{i}", actor=ACTOR)
             create_signing_key(session, store.keyring, actor=ACTOR)
-        stop = threading.Event()
+        stop, first_write, first_refusal = threading.Event(), threading.Event(), threading.Event()
         written, refused, unexpected = [0], [0], []
 
         def work(index: int, writer_store) -> None:
@@ -117,8 +117,10 @@ def test_rotation_under_concurrent_tenant_and_key_writers(postgres_url):
                     with writer_store.transaction() as session:
                         rotate_key(session, writer_store.keyring, tenant=f"t{(index * 7 + n) % 20}", actor=ACTOR)
                     written[0] += 1
+                    first_write.set()
                 except KekError:
                     refused[0] += 1
+                    first_refusal.set()
                 except KeyStoreError:
                     pass  # a concurrent rotation of the same tenant won: retried next round
                 except BaseException as exc:  # noqa: BLE001
@@ -127,10 +129,12 @@ def test_rotation_under_concurrent_tenant_and_key_writers(postgres_url):
         threads = [threading.Thread(target=work, args=(i, s)) for i, s in enumerate(writers)]
         for thread in threads:
             thread.start()
-        time.sleep(0.3)
+        # Wait for the events, not a fixed delay: a busy CI box may not schedule a writer
+        # within any given interval.
+        assert first_write.wait(60), unexpected
         with store.transaction() as session:
             result = rotate_kek(session, current=store.keyring, new=new, actor=ACTOR, dependants=KEK_DEPENDANTS)
-        time.sleep(0.3)
+        assert first_refusal.wait(60), unexpected
         stop.set()
         for thread in threads:
             thread.join(30)
