@@ -34,6 +34,14 @@ def _open(url: str, kek: Kek):
     return open_store(StoreSettings(database_url=url, kek=SecretStr(kek.to_base64())), require_kek=True)
 
 
+def _a_backend_waits_on_a_lock(store) -> bool:
+    with store.engine.connect() as connection:
+        waiting = connection.exec_driver_sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'").scalar()
+    return bool(waiting)
+
+
 def _assert_all_under(store, new: Kek) -> int:
     with store.transaction(write=False) as session:
         kek_ids = {row.kek_id for row in session.query(KeyRow)} | {r.kek_id for r in session.query(SigningKey)}
@@ -78,7 +86,11 @@ def test_a_key_written_across_the_rotations_start_is_rewrapped(postgres_url):
         assert writer_ready.wait(10)
         r = threading.Thread(target=rotation)
         r.start()
-        time.sleep(0.5)  # the rotation is now waiting for (or, unfixed, racing past) the writer
+        # Release the writer only once the rotation is blocked on its lock (PostgreSQL says
+        # so in pg_stat_activity), or has finished without waiting (the unfixed race).
+        deadline = time.monotonic() + 30
+        while r.is_alive() and not _a_backend_waits_on_a_lock(store) and time.monotonic() < deadline:
+            time.sleep(0.02)
         release.set()
         w.join(20)
         r.join(20)
