@@ -16,7 +16,7 @@ import functools
 import numpy as np
 
 from watermark import jit
-from watermark.prf import philox, philox_compiled, sha256
+from watermark.prf import lane_ops, philox, philox_compiled, sha256
 
 HP_DOMAIN = b"hallmark-hmac-philox-v1\0"
 """``hmac-sha256-philox-v1``'s domain (24 bytes: six big-endian words), :mod:`watermark.prf.hmac_philox`."""
@@ -179,8 +179,8 @@ def _vs_words_rows(mids, contexts, tokens, out):  # pragma: no cover - compiled
 # Detection hashes every scored position of a text under each key: LANES positions go through
 # each compression together, so the loop over them (innermost) vectorises; a single HMAC's
 # rounds are one long dependency chain and leave most of the core idle. Lane data is uint32
-# (eight lanes to an AVX2 register; the arithmetic is widened to uint64 and masked, as numba
-# types it), each working variable a row of its own, and a round names its eight rows
+# and so is the arithmetic (watermark.prf.lane_ops' intrinsics: numba would widen it to 64
+# bits, halving the lanes a register holds), each working variable a row of its own, and a round names its eight rows
 # statically (eight rounds unrolled, the variables' roles rotating through the calls) so
 # that the compiler sees eight distinct rows, not rows picked by runtime indices.
 # bench/results/prf-detect-cpu.json has the figures.
@@ -189,33 +189,19 @@ LANES = 128
 
 def _round_lanes(a, b, c, d, e, f, g, h, k, w, n):  # pragma: no cover - compiled
     """One SHA-256 round over n lanes: d += T1 and h <- T1 + T2 (the new a; the caller rotates)."""
-    kk = np.uint64(k)
     for j in range(n):
-        ej = np.uint64(e[j])
-        aj = np.uint64(a[j])
-        big1 = (((ej >> np.uint64(6)) | (ej << np.uint64(26))) ^ ((ej >> np.uint64(11)) | (ej << np.uint64(21)))
-                ^ ((ej >> np.uint64(25)) | (ej << np.uint64(7)))) & _M32
-        ch = (ej & np.uint64(f[j])) ^ ((ej ^ _M32) & np.uint64(g[j]))
-        t1 = np.uint64(h[j]) + big1 + ch + kk + np.uint64(w[j])
-        big0 = (((aj >> np.uint64(2)) | (aj << np.uint64(30))) ^ ((aj >> np.uint64(13)) | (aj << np.uint64(19)))
-                ^ ((aj >> np.uint64(22)) | (aj << np.uint64(10)))) & _M32
-        bj = np.uint64(b[j])
-        cj = np.uint64(c[j])
-        d[j] = np.uint32((np.uint64(d[j]) + t1) & _M32)
-        h[j] = np.uint32((t1 + big0 + ((aj & bj) ^ (aj & cj) ^ (bj & cj))) & _M32)
+        ej = e[j]
+        aj = a[j]
+        t1 = _add4(h[j], _big1(ej), _ch(ej, f[j], g[j]), _add2(k, w[j]))
+        d[j] = _add2(d[j], t1)
+        h[j] = _add2(t1, _add2(_big0(aj), _maj(aj, b[j], c[j])))
 
 
 def _schedule_lanes(w, i, n):  # pragma: no cover - compiled
     """Message schedule word i (16 <= i < 64) of n lanes, from the rows before it."""
     x, y, early, mid, out = w[i - 15], w[i - 2], w[i - 16], w[i - 7], w[i]
     for j in range(n):
-        xj = np.uint64(x[j])
-        yj = np.uint64(y[j])
-        s0 = (((xj >> np.uint64(7)) | (xj << np.uint64(25))) ^ ((xj >> np.uint64(18)) | (xj << np.uint64(14)))
-              ^ (xj >> np.uint64(3))) & _M32
-        s1 = (((yj >> np.uint64(17)) | (yj << np.uint64(15))) ^ ((yj >> np.uint64(19)) | (yj << np.uint64(13)))
-              ^ (yj >> np.uint64(10))) & _M32
-        out[j] = np.uint32((np.uint64(early[j]) + s0 + np.uint64(mid[j]) + s1) & _M32)
+        out[j] = _add4(early[j], _sig0(x[j]), mid[j], _sig1(y[j]))
 
 
 def _compress_lanes(st, w, n, v):  # pragma: no cover - compiled
@@ -238,7 +224,7 @@ def _compress_lanes(st, w, n, v):  # pragma: no cover - compiled
         _round_lanes(b, c, d, e, f, g, h, a, _K[i + 7], w[i + 7], n)
     for r in range(8):
         for j in range(n):
-            st[r, j] = np.uint32((np.uint64(st[r, j]) + np.uint64(v[r, j])) & _M32)
+            st[r, j] = _add2(st[r, j], v[r, j])
 
 
 def _hp_uniforms_lanes(mids, contexts, tokens, out, words, store_words):  # pragma: no cover - compiled
@@ -410,7 +396,8 @@ def compiled():
     helpers = philox_compiled.compiled()
     if helpers is None:  # pragma: no cover - exercised where numba is missing
         return None
-    return jit.compile_all(FUNCTIONS, inline=INLINE, helpers={"_token_word": helpers["_token_word"]})
+    return jit.compile_all(FUNCTIONS, inline=INLINE,
+                           helpers={"_token_word": helpers["_token_word"], **lane_ops.intrinsics()})
 
 
 def midstates_table(midstates, keys) -> np.ndarray:
