@@ -10,8 +10,8 @@ cost does not depend on whether a text is watermarked): the time of
 alone (``detector.scoring.uniforms_many`` over the text's scored positions). The goal of
 issue 36: detection with the new PRF within 2x of Philox's.
 
-The box is shared (other jobs come and go), so the three PRFs of a configuration are timed
-interleaved, call by call (a burst of load hits all three alike), and each row gives the
+The box is shared (other jobs come and go), so each call is timed by the thread's CPU time
+(not wall time) and the three PRFs of a configuration are timed interleaved, call by call (a burst of load hits all three alike), and each row gives the
 median and the minimum of its calls; ``*_over_philox`` are ratios of medians, ``*_over_philox_min``
 of minima (the least disturbed calls).
 """
@@ -45,16 +45,17 @@ PRFS = ("philox4x32-10-v1", "hmac-sha256-philox-v1", "hmac-sha256-v1")
 
 
 def _interleaved(fns: dict, repeats: int) -> dict:
-    """{name: (median s, min s)} of ``repeats`` calls of each function, the functions called in
-    turn (after one warm-up call each)."""
+    """{name: (median s, min s)} of the CPU time of ``repeats`` calls of each function, the
+    functions called in turn (after one warm-up call each). The calling thread's CPU time, not
+    wall time: on a shared box, time spent descheduled is not the PRF's."""
     for fn in fns.values():
         fn()
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            start = time.perf_counter()
+            start = time.thread_time()
             fn()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(time.thread_time() - start)
     return {name: (float(np.median(t)), float(np.min(t))) for name, t in times.items()}
 
 
@@ -102,8 +103,9 @@ def main() -> int:
                     print(json.dumps(row), flush=True)
     out = {"command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.prf_detect_cpu " + " ".join(sys.argv[1:]),
            "machine": platform.machine(), "threads": 1,
-           "note": "shared 2-core box, other jobs running (load average given): PRFs timed interleaved; ratios "
-                   "within one run are the figure, absolute times vary",
+           "note": "shared 2-core box, other jobs running (load average given): the thread's CPU time "
+                   "(time.thread_time) of each call, PRFs timed interleaved; ratios within one run are the "
+                   "figure, absolute times vary",
            "load_average": os.getloadavg(), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
