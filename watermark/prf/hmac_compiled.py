@@ -227,6 +227,32 @@ def _compress_lanes(st, w, n, v):  # pragma: no cover - compiled
             st[r, j] = _add2(st[r, j], v[r, j])
 
 
+def _inner_lanes(st, w, v, mid, msg, nblocks, n):  # pragma: no cover - compiled
+    """st[:, :n] <- the inner hash's state after msg's nblocks blocks (msg [16 * nblocks, LANES]),
+    from the key's inner midstate mid[:8]."""
+    for r in range(8):
+        for j in range(n):
+            st[r, j] = mid[r]
+    for blk in range(nblocks):
+        for i in range(16):
+            for j in range(n):
+                w[i, j] = msg[16 * blk + i, j]
+        _compress_lanes(st, w, n, v)
+
+
+def _outer_lanes(st, w, v, mid, n):  # pragma: no cover - compiled
+    """st[:, :n] <- HMAC's outer hash of the inner digests in st, from the outer midstate
+    mid[8:] (one block: the 32-byte digest, its padding and the length 768 bits)."""
+    for i in range(8):
+        for j in range(n):
+            w[i, j] = st[i, j]
+            st[i, j] = mid[8 + i]
+    for i in range(8, 16):
+        for j in range(n):
+            w[i, j] = np.uint32(0x80000000) if i == 8 else (np.uint32(768) if i == 15 else np.uint32(0))
+    _compress_lanes(st, w, n, v)
+
+
 def _hp_uniforms_lanes(mids, contexts, tokens, out, words, store_words):  # pragma: no cover - compiled
     """out[k, p] = the uniform of tokens[k, p] under key k (midstates mids[k], uint32 [K, 16]) at
     contexts[p], LANES positions at a time."""
@@ -256,22 +282,8 @@ def _hp_uniforms_lanes(mids, contexts, tokens, out, words, store_words):  # prag
             msg[nwords, j] = np.uint32(0x80000000)
             msg[16 * nblocks - 1, j] = bits
         for k in range(mids.shape[0]):
-            for r in range(8):
-                for j in range(n):
-                    st[r, j] = mids[k, r]
-            for blk in range(nblocks):
-                for i in range(16):
-                    for j in range(n):
-                        w[i, j] = msg[16 * blk + i, j]
-                _compress_lanes(st, w, n, v)
-            for i in range(8):
-                for j in range(n):
-                    w[i, j] = st[i, j]
-                    st[i, j] = mids[k, 8 + i]
-            for i in range(8, 16):
-                for j in range(n):
-                    w[i, j] = np.uint32(0x80000000) if i == 8 else (np.uint32(768) if i == 15 else np.uint32(0))
-            _compress_lanes(st, w, n, v)
+            _inner_lanes(st, w, v, mids[k], msg, nblocks, n)
+            _outer_lanes(st, w, v, mids[k], n)
             for j in range(n):
                 word = _token_word(tokens[k, start + j], st[0, j], st[1, j], st[2, j], st[3, j], st[4, j],
                                    st[5, j] ^ _TOKEN_DOMAIN)
@@ -316,22 +328,8 @@ def _vs_words_lanes(mids, contexts, tokens, out):  # pragma: no cover - compiled
                     msg[i, j] = np.uint32((np.uint64(mb[4 * i]) << np.uint64(24))
                                           | (np.uint64(mb[4 * i + 1]) << np.uint64(16))
                                           | (np.uint64(mb[4 * i + 2]) << np.uint64(8)) | np.uint64(mb[4 * i + 3]))
-            for r in range(8):
-                for j in range(n):
-                    st[r, j] = mids[k, r]
-            for blk in range(nblocks):
-                for i in range(16):
-                    for j in range(n):
-                        w[i, j] = msg[16 * blk + i, j]
-                _compress_lanes(st, w, n, v)
-            for i in range(8):
-                for j in range(n):
-                    w[i, j] = st[i, j]
-                    st[i, j] = mids[k, 8 + i]
-            for i in range(8, 16):
-                for j in range(n):
-                    w[i, j] = np.uint32(0x80000000) if i == 8 else (np.uint32(768) if i == 15 else np.uint32(0))
-            _compress_lanes(st, w, n, v)
+            _inner_lanes(st, w, v, mids[k], msg, nblocks, n)
+            _outer_lanes(st, w, v, mids[k], n)
             for j in range(n):  # the digest's first 4 bytes, read little-endian
                 h = np.uint64(st[0, j])
                 out[k, start + j] = np.uint32(((h & m8) << np.uint64(24))
@@ -367,14 +365,7 @@ def _kgram_digests_lanes(mids, words, k, shift, out):  # pragma: no cover - comp
                     for j in range(n):
                         w[i, j] = fill
             _compress_lanes(st, w, n, v)
-        for i in range(8):
-            for j in range(n):
-                w[i, j] = st[i, j]
-                st[i, j] = mids[8 + i]
-        for i in range(8, 16):
-            for j in range(n):
-                w[i, j] = np.uint32(0x80000000) if i == 8 else (np.uint32(768) if i == 15 else np.uint32(0))
-        _compress_lanes(st, w, n, v)
+        _outer_lanes(st, w, v, mids, n)
         for j in range(n):
             out[start + j] = np.int64(((np.uint64(st[0, j]) << np.uint64(32)) | np.uint64(st[1, j]))
                                       >> np.uint64(shift))
@@ -385,9 +376,9 @@ FUNCTIONS = {"_rotr": _rotr, "_compress": _compress, "_hmac_padded": _hmac_padde
              "_hp_key_states": _hp_key_states, "_vs_word": _vs_word,
              "_vs_words_rows": _vs_words_rows, "_round_lanes": _round_lanes, "_schedule_lanes": _schedule_lanes,
              "_compress_lanes": _compress_lanes, "_vs_words_lanes": _vs_words_lanes,
-             "_hp_uniforms_lanes": _hp_uniforms_lanes,
+             "_hp_uniforms_lanes": _hp_uniforms_lanes, "_inner_lanes": _inner_lanes, "_outer_lanes": _outer_lanes,
              "_kgram_digests_lanes": _kgram_digests_lanes}
-INLINE = ("_rotr", "_round_lanes", "_schedule_lanes")
+INLINE = ("_rotr", "_round_lanes", "_schedule_lanes", "_inner_lanes", "_outer_lanes")
 
 
 @functools.cache
