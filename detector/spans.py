@@ -83,11 +83,23 @@ class SpanHit:
     log10_p_value: float
 
 
+@dataclass(frozen=True)
+class LowerKind:
+    """Which lower bound a ``log10_sf_lower`` callable is, so that :func:`_screen` can
+    compute it in its compiled pass (:func:`_screen_windows`): ``weighted`` False:
+    :func:`detector.stats.gamma_log10_sf_lower`; True:
+    :func:`detector.stats.weighted_gamma_log10_sf_lower` at ``alpha``."""
+
+    weighted: bool
+    alpha: float = 0.0
+
+
 def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length: int,
            family_size_factor: int, log10_threshold: float,
            log10_sf: Callable[[float, int], float],
            log10_sf_lower: Callable[[np.ndarray, np.ndarray], np.ndarray],
-           log10_sf_many: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> list[SpanHit]:
+           log10_sf_many: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+           lower_kind: LowerKind | None = None) -> list[SpanHit]:
     """Significant merged spans.
 
     positions [n] (ascending scored positions) and scores [n] are one key's evidence;
@@ -96,9 +108,11 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
     vectorised lower bound on it (sums [k], counts [k] -> [k]), used only to skip windows
     that cannot pass: a lower bound, never an upper one, so no passing window is skipped.
     ``log10_sf_many``, if given, is ``log10_sf`` vectorised (sums [k], counts [k] -> [k]).
+    ``lower_kind``: which bound ``log10_sf_lower`` is (:class:`LowerKind`), so that the
+    screen computes it compiled where numba is loaded.
     """
     screened = _screen(positions, scores, total, min_length=min_length, family_size_factor=family_size_factor,
-                       log10_threshold=log10_threshold, log10_sf_lower=log10_sf_lower)
+                       log10_threshold=log10_threshold, log10_sf_lower=log10_sf_lower, lower_kind=lower_kind)
     if screened is None:
         return []
     starts, ends, log10_m, sums, counts, live, lower = screened
@@ -114,14 +128,32 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
 
 
 def _screen(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length: int, family_size_factor: int,
-            log10_threshold: float, log10_sf_lower: Callable[[np.ndarray, np.ndarray], np.ndarray]):
+            log10_threshold: float, log10_sf_lower: Callable[[np.ndarray, np.ndarray], np.ndarray],
+            lower_kind: LowerKind | None = None):
     """The window grid's sums and counts and the windows that may pass: (starts, ends, log10
     multiplicities, sums, counts, live [k], lower bounds on live's corrected log10 p [k]), or
-    None when the text has no window."""
+    None when the text has no window.
+
+    With ``lower_kind`` and numba loaded, all of it in one compiled pass
+    (:func:`_screen_windows`): the same sums and counts; the bounds from libm's log, which
+    may differ from numpy's in the last bit. A bound only decides which windows get an exact
+    tail and in what order :func:`_merge_lazily` looks at them (neither changes what is
+    reported: every window that can pass keeps a bound below its exact p by far more than
+    an ulp, the one-term bound being a factor of about sqrt(2 pi n) below the tail), and
+    :func:`lower_bound`'s screens in :func:`detector.forms.detect_forms`, which only decide
+    what is computed."""
     grid = _grid(total, min_length, family_size_factor)
     if grid is None:
         return None
     starts, ends, log10_m = grid
+    screen_of = _screen_kernel() if lower_kind is not None and scores.dtype == np.float64 else None
+    if screen_of is not None:
+        from detector import stats
+
+        sums, counts, live, lower = screen_of(
+            np.ascontiguousarray(positions), np.ascontiguousarray(scores), starts, ends, log10_m,
+            stats._log_fact(len(scores)), lower_kind.weighted, float(lower_kind.alpha), float(log10_threshold))
+        return starts, ends, log10_m, sums, counts, live, lower
     sums_of = _window_sums_kernel()
     if sums_of is not None and scores.dtype == np.float64:
         sums, counts = sums_of(np.ascontiguousarray(positions), np.ascontiguousarray(scores), starts, ends)
@@ -139,12 +171,13 @@ def _screen(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length
 
 def lower_bound(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length: int,
                 family_size_factor: int, log10_threshold: float,
-                log10_sf_lower: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> float:
+                log10_sf_lower: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                lower_kind: LowerKind | None = None) -> float:
     """A lower bound on the corrected log10 p of every span :func:`locate` can report with
     these arguments (inf when none can pass): the screen :func:`locate` runs first, without
     any exact tail (a caller deciding whether the spans can matter at all)."""
     screened = _screen(positions, scores, total, min_length=min_length, family_size_factor=family_size_factor,
-                       log10_threshold=log10_threshold, log10_sf_lower=log10_sf_lower)
+                       log10_threshold=log10_threshold, log10_sf_lower=log10_sf_lower, lower_kind=lower_kind)
     if screened is None or not len(screened[-1]):
         return math.inf
     return min(0.0, float(screened[-1].min()))
@@ -317,9 +350,56 @@ def _window_sums(positions, scores, starts, ends):  # pragma: no cover - compile
     return sums, counts
 
 
+_LN10 = LN10
+_LOG10_2 = math.log10(2.0)
+
+
+def _screen_windows(positions, scores, starts, ends, log10_m, log_fact, weighted, alpha,
+                    log10_threshold):  # pragma: no cover - compiled
+    """:func:`_screen`'s steps in one pass: the window sums and counts as :func:`_window_sums`,
+    and for each window with a scored token the lower bound on its corrected log10 p
+    (:func:`detector.stats.gamma_log10_sf_lower`, or ``weighted_gamma_log10_sf_lower`` at
+    ``alpha``, term for term, with libm's log) plus its log10 multiplicity; returns (sums,
+    counts, live, lower): the windows whose bound is at most the threshold, and their bounds."""
+    sums, counts = _window_sums(positions, scores, starts, ends)
+    k = starts.shape[0]
+    live = np.empty(k, dtype=np.int64)
+    lower = np.empty(k)
+    small = min(alpha, 1.0 - alpha)
+    large = max(alpha, 1.0 - alpha)
+    found = 0
+    for w in range(k):
+        n = counts[w]
+        if n <= 0:
+            continue
+        x = sums[w]
+        if weighted:
+            rest = (x - small * max(n - 1, 0)) / large
+            bound = -_LOG10_2
+            if rest > 0.0:
+                bound = min(0.0, (n - 1) * math.log(rest) - rest - log_fact[n - 1]) / _LN10 - _LOG10_2
+        else:
+            bound = 0.0
+            if x > 0.0:
+                bound = min(0.0, (n - 1) * math.log(x) - x - log_fact[n - 1]) / _LN10
+        bound += log10_m[w]
+        if bound <= log10_threshold:
+            live[found] = w
+            lower[found] = bound
+            found += 1
+    return sums, counts, live[:found], lower[:found]
+
+
 @functools.cache
 def _compiled():
-    return jit.compile_all({"_kadane_loop": _kadane_loop, "_window_sums": _window_sums})
+    return jit.compile_all({"_kadane_loop": _kadane_loop, "_window_sums": _window_sums,
+                            "_screen_windows": _screen_windows})
+
+
+def _screen_kernel():
+    """The compiled :func:`_screen_windows` where this process has loaded numba, else None."""
+    compiled = _compiled() if jit.loaded() else None
+    return None if compiled is None else compiled["_screen_windows"]
 
 
 def _kadane():
@@ -353,7 +433,9 @@ def warm_up() -> None:
     families = ((stats.gamma_log10_sf, stats.gamma_log10_sf_lower, stats.gamma_log10_sf_many),
                 (lambda s, n: stats.weighted_gamma_log10_sf(s, n, 0.1),
                  lambda s, n: stats.weighted_gamma_log10_sf_lower(s, n, 0.1), None))
-    for log10_sf, log10_sf_lower, many in families:
-        hits = locate(positions, scores, len(positions), min_length=16, family_size_factor=1, log10_threshold=-2.0,
-                      log10_sf=log10_sf, log10_sf_lower=log10_sf_lower, log10_sf_many=many)
-        refine(hits, positions, scores, len(positions), context_width=4)
+    for (log10_sf, log10_sf_lower, many), kind in zip(families, (LowerKind(False), LowerKind(True, 0.1))):
+        for lower_kind in (None, kind):
+            hits = locate(positions, scores, len(positions), min_length=16, family_size_factor=1,
+                          log10_threshold=-2.0, log10_sf=log10_sf, log10_sf_lower=log10_sf_lower,
+                          log10_sf_many=many, lower_kind=lower_kind)
+            refine(hits, positions, scores, len(positions), context_width=4)

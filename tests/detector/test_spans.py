@@ -183,3 +183,31 @@ def test_compiled_window_sums_are_the_numpy_steps():
         lo, hi = np.searchsorted(positions, starts), np.searchsorted(positions, ends)
         sums, counts = sums_of(positions, scores, starts, ends)
         assert np.array_equal(counts, hi - lo) and np.array_equal(sums, prefix[hi] - prefix[lo])
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_compiled_screen_is_the_numpy_screen(weighted):
+    # _screen in one compiled pass (lower_kind given): the same sums, counts and live windows,
+    # the bounds within an ulp or so of numpy's (libm's log in place of numpy's).
+    pytest.importorskip("numba")
+    from watermark import jit
+
+    jit.load()
+    alpha = 0.1
+    lower = ((lambda s, n: stats.weighted_gamma_log10_sf_lower(s, n, alpha)) if weighted
+             else stats.gamma_log10_sf_lower)
+    kind = spans.LowerKind(weighted, alpha)
+    rng = np.random.default_rng(11)
+    for total in (16, 64, 200, 1000):
+        for boost in (1.0, 1.5, 3.0):
+            positions = np.flatnonzero(rng.random(total) < 0.8)
+            scores = rng.exponential(1.0, len(positions)) * boost
+            for threshold in (-2.0, -6.0, -20.0):
+                args = dict(min_length=8, family_size_factor=3, log10_threshold=threshold, log10_sf_lower=lower)
+                ref = spans._screen(positions, scores, total, **args)
+                got = spans._screen(positions, scores, total, lower_kind=kind, **args)
+                for a, b in zip(ref[:6], got[:6]):
+                    assert np.array_equal(a, b)
+                assert np.allclose(ref[6], got[6], rtol=1e-13, atol=1e-13)
+                assert spans.lower_bound(positions, scores, total, **args) == pytest.approx(
+                    spans.lower_bound(positions, scores, total, lower_kind=kind, **args), rel=1e-13, abs=1e-13)
