@@ -123,9 +123,8 @@ def partial_evidence(candidate: Candidate, scored: scoring.ScoredPositions, conf
         # w = 1 - alpha; otherwise on the statistic's own per-token scores.
         gof_scores = parts.weighted_sidak if parts is not None and (
             statistic == "weighted" or "weighted" in share) else per_token
-        pvalues = trgof.token_pvalues(gof_scores)
-        s, index, at = trgof.statistic_at(pvalues)
-        gof = (s, len(pvalues), index, at)
+        s, index, at = trgof.statistic_of_scores(gof_scores)
+        gof = (s, len(gof_scores), index, at)
     return PartialEvidence(candidate=candidate, scored=scored, statistic=statistic, share=share,
                            per_token=per_token, total=total, log10_p_sum=log10_p_sum,
                            log10_p_weighted=log10_p_weighted, combined=tuple(combined), log10_sf=log10_sf,

@@ -257,6 +257,15 @@ def refine(hits: list[SpanHit], positions: np.ndarray, scores: np.ndarray, total
     pasted generation's underline started w tokens late, always. The p-value stays the
     window's."""
     out: list[SpanHit] = []
+    refine_all = _refine_kernel() if hits and scores.dtype == np.float64 else None
+    if refine_all is not None:  # every hit in one compiled pass: the same sums, cuts and scans
+        firsts, lasts = refine_all(np.ascontiguousarray(positions), np.ascontiguousarray(scores),
+                                   np.array([h.start for h in hits], dtype=np.int64),
+                                   np.array([h.end for h in hits], dtype=np.int64), int(total), REFINE_ROUNDS)
+        for hit, first, last in zip(hits, firsts.tolist(), lasts.tolist()):
+            out.append(hit if last < 0 else SpanHit(int(positions[first]), int(positions[last - 1]) + 1,
+                                                    int(last - first), hit.log10_p_value))
+        hits = ()
     for hit in hits:
         length = hit.end - hit.start
         lo_pos, hi_pos = max(0, hit.start - length // 2), min(total, hit.end + length // 2)
@@ -390,10 +399,111 @@ def _screen_windows(positions, scores, starts, ends, log10_m, log_fact, weighted
     return sums, counts, live[:found], lower[:found]
 
 
+def _numpy_sum(values, start, count):  # pragma: no cover - compiled
+    """np.add.reduce(values[start:start + count]) for float64 values, bit for bit: numpy's
+    pairwise summation (8 running sums over blocks of at most 128, halves split at multiples
+    of 8 above that) added to the reduction's initial 0.0 (checked against numpy in
+    tests/detector/test_spans.py)."""
+    if count < 8:
+        res = 0.0
+        for i in range(count):
+            res += values[start + i]
+        return res
+    if count <= 128:
+        r0 = values[start]
+        r1 = values[start + 1]
+        r2 = values[start + 2]
+        r3 = values[start + 3]
+        r4 = values[start + 4]
+        r5 = values[start + 5]
+        r6 = values[start + 6]
+        r7 = values[start + 7]
+        i = 8
+        stop = count - count % 8
+        while i < stop:
+            r0 += values[start + i]
+            r1 += values[start + i + 1]
+            r2 += values[start + i + 2]
+            r3 += values[start + i + 3]
+            r4 += values[start + i + 4]
+            r5 += values[start + i + 5]
+            r6 += values[start + i + 6]
+            r7 += values[start + i + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < count:
+            res += values[start + i]
+            i += 1
+        return res
+    half = count // 2
+    half -= half % 8
+    return _numpy_sum(values, start, half) + _numpy_sum(values, start + half, count - half)
+
+
+def _refine_hits(positions, scores, starts, ends, total, rounds):  # pragma: no cover - compiled
+    """:func:`refine`'s loop over hits [h] (grid windows [start, end)): the stretch [first,
+    last) of scored tokens each settles on, by the same steps (the region's bounds by binary
+    search, the stretch's mean as ndarray.mean's pairwise sum over its count, the cut, the
+    compiled scan, the same stop when a stretch repeats); last -1 where refine keeps the hit."""
+    h = starts.shape[0]
+    firsts = np.empty(h, dtype=np.int64)
+    lasts = np.empty(h, dtype=np.int64)
+    seen_first = np.empty(rounds + 1, dtype=np.int64)
+    seen_last = np.empty(rounds + 1, dtype=np.int64)
+    for k in range(h):
+        start = starts[k]
+        end = ends[k]
+        length = end - start
+        lo = np.searchsorted(positions, max(0, start - length // 2))
+        hi = np.searchsorted(positions, min(total, end + length // 2))
+        in_lo = np.searchsorted(positions, start)
+        in_hi = np.searchsorted(positions, end)
+        if in_hi <= in_lo or hi <= lo:
+            firsts[k] = -1
+            lasts[k] = -1
+            continue
+        best_first = in_lo
+        best_last = in_hi
+        seen_first[0] = in_lo
+        seen_last[0] = in_hi
+        seen = 1
+        for _ in range(rounds):
+            count = best_last - best_first
+            cut = 0.5 * (1.0 + (0.0 + _numpy_sum(scores, best_first, count)) / count)
+            first, last = _kadane_loop(scores[lo:hi], cut)
+            if last > 0:
+                found_first = lo + first
+                found_last = lo + last
+            else:
+                found_first = best_first
+                found_last = best_last
+            repeated = False
+            for j in range(seen):
+                if seen_first[j] == found_first and seen_last[j] == found_last:
+                    repeated = True
+            best_first = found_first
+            best_last = found_last
+            if repeated:
+                break
+            seen_first[seen] = found_first
+            seen_last[seen] = found_last
+            seen += 1
+        firsts[k] = best_first
+        lasts[k] = best_last
+    return firsts, lasts
+
+
 @functools.cache
 def _compiled():
     return jit.compile_all({"_kadane_loop": _kadane_loop, "_window_sums": _window_sums,
-                            "_screen_windows": _screen_windows})
+                            "_screen_windows": _screen_windows, "_numpy_sum": _numpy_sum,
+                            "_refine_hits": _refine_hits})
+
+
+def _refine_kernel():
+    """The compiled :func:`_refine_hits` where this process has loaded numba, else None."""
+    compiled = _compiled() if jit.loaded() else None
+    return None if compiled is None else compiled["_refine_hits"]
 
 
 def _screen_kernel():

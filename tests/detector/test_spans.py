@@ -211,3 +211,43 @@ def test_compiled_screen_is_the_numpy_screen(weighted):
                 assert np.allclose(ref[6], got[6], rtol=1e-13, atol=1e-13)
                 assert spans.lower_bound(positions, scores, total, **args) == pytest.approx(
                     spans.lower_bound(positions, scores, total, lower_kind=kind, **args), rel=1e-13, abs=1e-13)
+
+
+def test_compiled_numpy_sum_is_numpys_sum_bit_for_bit():
+    pytest.importorskip("numba")
+    from watermark import jit
+
+    jit.load()
+    spans._refine_kernel()
+    numpy_sum = spans._compiled()["_numpy_sum"]
+    rng = np.random.default_rng(14)
+    for trial in range(3000):
+        n = int(rng.integers(1, 400)) if trial % 10 else int(rng.integers(1, 20000))
+        values = rng.exponential(1.0, n + 10) * 10.0 ** int(rng.integers(-3, 4))
+        start = int(rng.integers(0, 10))
+        assert 0.0 + numpy_sum(values, start, n) == np.add.reduce(values[start:start + n])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_refine_is_the_python_loop(seed, monkeypatch):
+    pytest.importorskip("numba")
+    from watermark import jit
+
+    jit.load()
+    rng = np.random.default_rng(seed)
+    total = 600
+    positions = np.sort(rng.choice(total, 500, replace=False))
+    scores = rng.exponential(1.0, len(positions))
+    scores[100:260] *= 1.0 + seed
+    hits = [spans.SpanHit(s, s + length, 0, -3.0) for length in (32, 64, 128)
+            for s in range(0, total - length + 1, length // 2)]
+    hits.append(spans.SpanHit(598, 600, 0, -3.0))  # no scored token inside: kept as it is
+    assert spans._refine_kernel() is not None
+
+    def every():
+        return ([spans.refine([h], positions, scores, total, context_width=w) for h in hits for w in (0, 4)],
+                spans.refine(hits, positions, scores, total, context_width=4))
+
+    compiled = every()
+    monkeypatch.setattr(spans, "_refine_kernel", lambda: None)
+    assert compiled == every()
