@@ -310,7 +310,22 @@ def _many_finish(x, n, live, j0, log_x, log_fact, log_sf, log_first, log_inside,
     return out
 
 
-_FUNCTIONS = {"_many_prepare": _many_prepare, "_many_sums": _many_sums, "_many_finish": _many_finish,
+def _gamma_terms_shifted(score, n, log_score, log_fact):  # pragma: no cover - compiled
+    """stats.log_gamma_sf's Poisson terms k ln(score) - score - ln k! [n] (k = 0 .. n - 1, with
+    CPython's ln(score)) less their maximum, and that maximum: the logsumexp's steps before
+    its exp (numpy's, taken by the caller)."""
+    terms = np.empty(n)
+    top = _NEG_INF
+    for k in range(n):
+        terms[k] = float(k) * log_score - score - log_fact[k]
+        if terms[k] > top:
+            top = terms[k]
+    for k in range(n):
+        terms[k] = terms[k] - top
+    return terms, top
+
+
+_FUNCTIONS = {"_gamma_terms_shifted": _gamma_terms_shifted, "_many_prepare": _many_prepare, "_many_sums": _many_sums, "_many_finish": _many_finish,
               "_lse": _lse, "_logaddexp": _logaddexp, "_log_gamma_sf": _log_gamma_sf,
               "_poisson_log_pmf_into": _poisson_log_pmf_into, "_log_poisson_cdf": _log_poisson_cdf,
               "_log_weighted_series": _log_weighted_series, "_poisson_rows": _poisson_rows}

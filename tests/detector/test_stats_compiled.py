@@ -131,3 +131,16 @@ def _many_reference(x, n):
         log_sf[redo] = stats._poisson_sums(x, n, j0, redo, lf)[0][redo]
     out[live] = np.minimum(0.0, log_sf[live]) / stats.LN10
     return out
+
+
+def test_compiled_gamma_sf_is_the_numpy_steps(monkeypatch):
+    # log_gamma_sf where numba is loaded: its terms less their maximum compiled, numpy's exp and
+    # sum: bit for bit the numpy steps.
+    jit.load()
+    assert stats_compiled.compiled() is not None
+    rng = np.random.default_rng(16)
+    cases = [(float(x), int(n)) for n in (1, 2, 7, 32, 200, 1000, 5000)
+             for x in (0.5, n * 0.8, n * 1.0, n * 1.7, n * 4.0 + 30.0) + tuple(rng.uniform(0.1, 5.0 * n, 5))]
+    compiled = [stats.log_gamma_sf(x, n) for x, n in cases]
+    monkeypatch.setattr(stats_compiled, "compiled", lambda: None)
+    assert compiled == [stats.log_gamma_sf(x, n) for x, n in cases]
