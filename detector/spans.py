@@ -120,6 +120,12 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
     if log10_sf_many is None:
         return _merge_lazily(live, lower, starts, ends, sums, counts, log10_m, log10_threshold, log10_sf)
     exact = log10_sf_many(sums[live], counts[live]) if len(live) else []
+    merge_of = _merge_kernel() if len(live) else None
+    if merge_of is not None:  # the hits and their merge in one compiled pass (the same floats and order)
+        kept_starts, kept_ends, kept_counts, kept_p = merge_of(live, exact, log10_m, starts, ends, counts,
+                                                              float(log10_threshold))
+        return [SpanHit(s, e, c, p) for s, e, c, p in zip(kept_starts.tolist(), kept_ends.tolist(),
+                                                           kept_counts.tolist(), kept_p.tolist())]
     for i, log10_p in zip(live.tolist(), exact):
         adjusted = min(0.0, float(log10_p) + float(log10_m[i]))
         if adjusted <= log10_threshold:
@@ -440,6 +446,61 @@ def _numpy_sum(values, start, count):  # pragma: no cover - compiled
     return _numpy_sum(values, start, half) + _numpy_sum(values, start + half, count - half)
 
 
+def _merge_windows(live, exact, log10_m, starts, ends, counts, log10_threshold):  # pragma: no cover - compiled
+    """:func:`locate`'s hits from the live windows' exact log10 p [L] and :func:`merge` of them:
+    each window's corrected p min(0, p + log10 m), those at most the threshold taken in
+    order of (p, length), ties in window order (a stable sort, as Python's), each kept unless
+    it overlaps one kept before; returned sorted by start as (starts, ends, counts, p)."""
+    found = live.shape[0]
+    index = np.empty(found, dtype=np.int64)
+    adjusted = np.empty(found)
+    lengths = np.empty(found, dtype=np.int64)
+    hits = 0
+    for j in range(found):
+        i = live[j]
+        value = exact[j] + log10_m[i]
+        value = value if value < 0.0 else 0.0
+        if value <= log10_threshold:
+            index[hits] = i
+            adjusted[hits] = value
+            lengths[hits] = ends[i] - starts[i]
+            hits += 1
+    index = index[:hits]
+    adjusted = adjusted[:hits]
+    # By (p, length), ties in window order: stable sorts by the second key, then the first.
+    order = np.argsort(lengths[:hits], kind="mergesort")
+    order = order[np.argsort(adjusted[order], kind="mergesort")]
+    kept = np.empty(hits, dtype=np.int64)
+    count = 0
+    for o in order:
+        i = index[o]
+        free = True
+        for k in range(count):
+            other = index[kept[k]]
+            if not (ends[i] <= starts[other] or starts[i] >= ends[other]):
+                free = False
+                break
+        if free:
+            kept[count] = o
+            count += 1
+    kept = kept[:count]
+    kept_starts = np.empty(count, dtype=np.int64)
+    for k in range(count):
+        kept_starts[k] = starts[index[kept[k]]]
+    kept = kept[np.argsort(kept_starts, kind="mergesort")]
+    out_starts = np.empty(count, dtype=np.int64)
+    out_ends = np.empty(count, dtype=np.int64)
+    out_counts = np.empty(count, dtype=np.int64)
+    out_p = np.empty(count)
+    for k in range(count):
+        i = index[kept[k]]
+        out_starts[k] = starts[i]
+        out_ends[k] = ends[i]
+        out_counts[k] = counts[i]
+        out_p[k] = adjusted[kept[k]]
+    return out_starts, out_ends, out_counts, out_p
+
+
 def _refine_hits(positions, scores, starts, ends, total, rounds):  # pragma: no cover - compiled
     """:func:`refine`'s loop over hits [h] (grid windows [start, end)): the stretch [first,
     last) of scored tokens each settles on, by the same steps (the region's bounds by binary
@@ -497,7 +558,13 @@ def _refine_hits(positions, scores, starts, ends, total, rounds):  # pragma: no 
 def _compiled():
     return jit.compile_all({"_kadane_loop": _kadane_loop, "_window_sums": _window_sums,
                             "_screen_windows": _screen_windows, "_numpy_sum": _numpy_sum,
-                            "_refine_hits": _refine_hits})
+                            "_refine_hits": _refine_hits, "_merge_windows": _merge_windows})
+
+
+def _merge_kernel():
+    """The compiled :func:`_merge_windows` where this process has loaded numba, else None."""
+    compiled = _compiled() if jit.loaded() else None
+    return None if compiled is None else compiled["_merge_windows"]
 
 
 def _refine_kernel():

@@ -284,22 +284,23 @@ def _log_weighted_sf_compiled(score: float, n: int, alpha: float, fast) -> float
         return _log_weighted_sf(score, n, alpha)
     r = small / large
     x = score / small
-    k1, chunk = _series_window(n, r, x)
+    # The window and the Poisson sum's first term by the compiled copies of _series_window and
+    # _cdf_start (the same numbers); only the ln k! of CPython's math.lgamma stay here.
+    k1, chunk, j0 = fast["_weighted_window"](n, r, x)
     if chunk > stats_compiled.MAX_TERMS:
         return _log_weighted_sf(score, n, alpha)
-    if k1 == 0:
-        log_p, status = fast["_log_weighted_series"](n, r, x, 0, chunk, n * math.log(r),
-                                                     fast["_log_gamma_sf"](x, 2 * n, _log_fact(2 * n)),
-                                                     math.lgamma(2 * n + 1))
-    else:
+    if k1 > 0:
         log_w = math.lgamma(n + k1) - math.lgamma(n) - math.lgamma(k1 + 1) + n * math.log(r) + k1 * math.log1p(-r)
-        j0 = _cdf_start(2 * n + k1 - 1, x)
-        log_q = fast["_log_poisson_cdf"](2 * n + k1 - 1, x, j0, math.lgamma(j0 + 1))
-        log_p, status = fast["_log_weighted_series"](n, r, x, k1, chunk, log_w, log_q, math.lgamma(2 * n + k1 + 1))
+        log_p, status = fast["_weighted_from"](n, r, x, k1, chunk, log_w, j0, math.lgamma(j0 + 1),
+                                               math.lgamma(2 * n + k1 + 1))
         if status == 1:  # the window's guess started too close to the peak: sum the whole head
             log_p, status = fast["_log_weighted_series"](n, r, x, 0, chunk + k1, n * math.log(r),
                                                          fast["_log_gamma_sf"](x, 2 * n, _log_fact(2 * n)),
                                                          math.lgamma(2 * n + 1))
+        return log_p if status == 0 else _log_weighted_sf(score, n, alpha)
+    log_p, status = fast["_log_weighted_series"](n, r, x, 0, chunk, n * math.log(r),
+                                                 fast["_log_gamma_sf"](x, 2 * n, _log_fact(2 * n)),
+                                                 math.lgamma(2 * n + 1))
     if status == 0:
         return log_p
     return _log_weighted_sf(score, n, alpha)

@@ -325,7 +325,54 @@ def _gamma_terms_shifted(score, n, log_score, log_fact):  # pragma: no cover - c
     return terms, top
 
 
-_FUNCTIONS = {"_gamma_terms_shifted": _gamma_terms_shifted, "_many_prepare": _many_prepare, "_many_sums": _many_sums, "_many_finish": _many_finish,
+def _series_window(n, r, x):  # pragma: no cover - compiled
+    """stats._series_window, the same float steps (its logs and square roots are libm's, as
+    CPython's math module calls them: the same numbers, tested)."""
+    b = 2.0 * n + 1.0 - (1.0 - r) * x
+    c = 2.0 * n - (1.0 - r) * x * n
+    disc = b * b - 4.0 * c
+    peak = max(0.0, 0.5 * (-b + math.sqrt(disc))) if disc > 0.0 else 0.0
+    nb_mean = n * (1.0 - r) / r
+    nb_sd = math.sqrt(n * (1.0 - r)) / r
+    if 2.0 * n + peak < x:
+        sd = 1.0 / math.sqrt(n / ((peak + 1.0) * (n + peak)) + 1.0 / (2.0 * n + peak))
+    else:
+        peak = nb_mean
+        sd = nb_sd
+    start = max(0, int(peak - 12.0 * sd - 16.0))
+    mid = peak + 6.0 * sd
+    fall = -math.log((n + mid) / (mid + 1.0) * (1.0 - r))
+    slow = min(mid + (_SIDE_MARGIN + 5.0) / fall, peak + 24.0 * sd) if fall > 0.0 else 0.0
+    end = max(max(peak + 12.0 * sd, slow), nb_mean + 12.0 * nb_sd) + 16.0
+    return start, max(16, int(end) - start)
+
+
+def _cdf_start(top, x):  # pragma: no cover - compiled
+    """stats._cdf_start, the same float steps."""
+    spread = 12.0 * math.sqrt(x) + 32.0
+    if 0 < top and top < x:
+        width = min(math.ceil((_SIDE_MARGIN + 10.0) / math.log(max(x / top, 1.0 + 1e-12))) + 2.0, spread)
+    else:
+        width = top - x + spread
+    return max(0, top - max(0, int(width)))
+
+
+def _weighted_window(n, r, x):  # pragma: no cover - compiled
+    """(k1, chunk, j0): the weighted series' window (:func:`_series_window`) and, where it
+    starts past 0, the first Poisson term of ln Q(2n + k1, x) (:func:`_cdf_start`)."""
+    k1, chunk = _series_window(n, r, x)
+    j0 = _cdf_start(2 * n + k1 - 1, x) if k1 > 0 else 0
+    return k1, chunk, j0
+
+
+def _weighted_from(n, r, x, k1, chunk, log_w, j0, log_fact_j0, log_fact_pmf):  # pragma: no cover - compiled
+    """:func:`_log_poisson_cdf` then :func:`_log_weighted_series` from k1 > 0, in one call."""
+    log_q = _log_poisson_cdf(2 * n + k1 - 1, x, j0, log_fact_j0)
+    return _log_weighted_series(n, r, x, k1, chunk, log_w, log_q, log_fact_pmf)
+
+
+_FUNCTIONS = {"_series_window": _series_window, "_cdf_start": _cdf_start, "_weighted_window": _weighted_window,
+              "_weighted_from": _weighted_from, "_gamma_terms_shifted": _gamma_terms_shifted, "_many_prepare": _many_prepare, "_many_sums": _many_sums, "_many_finish": _many_finish,
               "_lse": _lse, "_logaddexp": _logaddexp, "_log_gamma_sf": _log_gamma_sf,
               "_poisson_log_pmf_into": _poisson_log_pmf_into, "_log_poisson_cdf": _log_poisson_cdf,
               "_log_weighted_series": _log_weighted_series, "_poisson_rows": _poisson_rows}

@@ -251,3 +251,32 @@ def test_compiled_refine_is_the_python_loop(seed, monkeypatch):
     compiled = every()
     monkeypatch.setattr(spans, "_refine_kernel", lambda: None)
     assert compiled == every()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_compiled_merge_is_the_python_merge(seed, monkeypatch):
+    # locate with a vectorised tail: its hits and their merge in one compiled pass where numba
+    # is loaded, the same spans and p-values as the Python loop and merge.
+    pytest.importorskip("numba")
+    from watermark import jit
+
+    jit.load()
+    assert spans._merge_kernel() is not None
+    rng = np.random.default_rng(100 + seed)
+    total = int(rng.integers(64, 1500))
+    positions = np.sort(rng.choice(total, int(total * 0.9), replace=False))
+    scores = rng.exponential(1.0, len(positions))
+    for _ in range(3):
+        start = int(rng.integers(0, len(positions) - 20))
+        scores[start:start + int(rng.integers(10, 200))] *= float(rng.uniform(1.2, 4.0))
+    scores[:8] = np.round(scores[:8])  # equal windows: ties keep the window order
+
+    def found():
+        return [spans.locate(positions, scores, total, min_length=m, family_size_factor=f, log10_threshold=t,
+                             log10_sf=stats.gamma_log10_sf, log10_sf_lower=stats.gamma_log10_sf_lower,
+                             log10_sf_many=stats.gamma_log10_sf_many, lower_kind=spans.LowerKind(False))
+                for m in (8, 32) for f in (1, 7) for t in (-1.0, -4.0, -12.0)]
+
+    compiled = found()
+    monkeypatch.setattr(spans, "_merge_kernel", lambda: None)
+    assert compiled == found()

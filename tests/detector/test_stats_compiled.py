@@ -144,3 +144,21 @@ def test_compiled_gamma_sf_is_the_numpy_steps(monkeypatch):
     compiled = [stats.log_gamma_sf(x, n) for x, n in cases]
     monkeypatch.setattr(stats_compiled, "compiled", lambda: None)
     assert compiled == [stats.log_gamma_sf(x, n) for x, n in cases]
+
+
+def test_compiled_series_window_and_cdf_start_are_the_python_ones():
+    # The weighted tail's window and its Poisson sum's first term, compiled: the same integers
+    # as stats._series_window and stats._cdf_start (libm's log and sqrt in both).
+    jit.load()
+    fast = stats_compiled.compiled()
+    rng = np.random.default_rng(17)
+    for _ in range(20000):
+        n = int(rng.integers(1, 3000))
+        alpha = float(rng.uniform(0.001, 0.499))
+        r = alpha / (1.0 - alpha)
+        x = float(n * rng.uniform(0.1, 30.0)) / alpha
+        k1, chunk = stats._series_window(n, r, x)
+        j0 = stats._cdf_start(2 * n + k1 - 1, x) if k1 > 0 else 0
+        assert tuple(fast["_weighted_window"](n, r, x)) == (k1, chunk, j0)
+        top = int(rng.integers(0, 5000))
+        assert fast["_cdf_start"](top, x / n) == stats._cdf_start(top, x / n)
