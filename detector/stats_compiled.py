@@ -372,7 +372,8 @@ def _weighted_from(n, r, x, k1, chunk, log_w, j0, log_fact_j0, log_fact_pmf):  #
 
 
 _FUNCTIONS = {"_series_window": _series_window, "_cdf_start": _cdf_start, "_weighted_window": _weighted_window,
-              "_weighted_from": _weighted_from, "_gamma_terms_shifted": _gamma_terms_shifted, "_many_prepare": _many_prepare, "_many_sums": _many_sums, "_many_finish": _many_finish,
+              "_weighted_from": _weighted_from, "_gamma_terms_shifted": _gamma_terms_shifted,
+              "_many_prepare": _many_prepare, "_many_sums": _many_sums, "_many_finish": _many_finish,
               "_lse": _lse, "_logaddexp": _logaddexp, "_log_gamma_sf": _log_gamma_sf,
               "_poisson_log_pmf_into": _poisson_log_pmf_into, "_log_poisson_cdf": _log_poisson_cdf,
               "_log_weighted_series": _log_weighted_series, "_poisson_rows": _poisson_rows}
