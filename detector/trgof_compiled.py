@@ -220,7 +220,7 @@ def _below(e, slack):  # pragma: no cover - compiled
     """:func:`detector.trgof.statistic_at`'s selection on p = min(1, e + slack) [n] (e the
     per-token exp(-score), numpy's): of the I = ceil(n/2) smallest p, ascending, those with
     p_(i) < u_i = i/n. Returns (the log arguments [u..., p...] of those orders, the log1p
-    arguments [-u..., -p...], their orders i - 1)."""
+    arguments [-u..., -p...] (0 in place of -u at u = 1, whose term is 0), their orders i - 1)."""
     n = e.shape[0]
     count = (n + 1) // 2
     p = np.empty(n)
@@ -239,7 +239,7 @@ def _below(e, slack):  # pragma: no cover - compiled
         u = (index[j] + 1.0) / n
         args[j] = u
         args[found + j] = p[index[j]]
-        negated[j] = -u
+        negated[j] = -u if u < 1.0 else 0.0  # (unused at u = 1, n = 1: no ln 0 to warn of)
         negated[found + j] = -p[index[j]]
     return args, negated, index[:found]
 
