@@ -36,7 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
-from detector import scoring, stats, trgof
+from detector import scoring, spans, stats, trgof
 from detector.config import (  # noqa: F401  (re-exported: what callers read as detector.detect.*)
     DUAL_AUTO_RAW, DUAL_AUTO_SPAN_FRACTIONS, SINGLE_RAW, SPANS_SHARE, TESTS, TRGOF_EXACT_BELOW, DetectorConfig,
     DualStatistic, Test, weights)
@@ -70,6 +70,14 @@ def _log10_sf_lower(statistic: str, alpha: float):
     return stats.gamma_log10_sf_lower
 
 
+def _lower_kind(statistic: str, alpha: float) -> spans.LowerKind:
+    """Which bound :func:`_log10_sf_lower` is (the span screen computes it compiled)."""
+    return spans.LowerKind(weighted=True, alpha=alpha) if statistic == "weighted" else _GAMMA_LOWER
+
+
+_GAMMA_LOWER = spans.LowerKind(weighted=False)
+
+
 def partial_evidence(candidate: Candidate, scored: scoring.ScoredPositions, config: DetectorConfig,
                      with_spans: bool, memo: scoring.ScoreMemo | None = None) -> PartialEvidence:
     """The key's scores and every test but Tr-GoF's exact tail. ``memo``: where the scores
@@ -97,16 +105,17 @@ def partial_evidence(candidate: Candidate, scored: scoring.ScoredPositions, conf
     if "sum" in share:
         combined.append(log10_p_sum - math.log10(share["sum"]))
     many = None if statistic == "weighted" else stats.gamma_log10_sf_many
-    families = (SpanFamily(per_token, log10_sf, _log10_sf_lower(statistic, spec.alpha), 1.0, many),)
+    kind = _lower_kind(statistic, spec.alpha)
+    families = (SpanFamily(per_token, log10_sf, _log10_sf_lower(statistic, spec.alpha), 1.0, many, kind),)
     if "weighted" in share:
         weighted = parts.weighted
         weighted_sf = _log10_sf("weighted", spec.alpha)
         log10_p_weighted = weighted_sf(float(weighted.sum()), len(weighted))
         combined.append(log10_p_weighted - math.log10(share["weighted"]))
         families = (SpanFamily(per_token, log10_sf, _log10_sf_lower(statistic, spec.alpha),
-                               DUAL_AUTO_SPAN_FRACTIONS["max"], many),
+                               DUAL_AUTO_SPAN_FRACTIONS["max"], many, kind),
                     SpanFamily(weighted, weighted_sf, _log10_sf_lower("weighted", spec.alpha),
-                               DUAL_AUTO_SPAN_FRACTIONS["weighted"]))
+                               DUAL_AUTO_SPAN_FRACTIONS["weighted"], None, _lower_kind("weighted", spec.alpha)))
     gof = None
     if "trgof" in share:
         # Tr-GoF needs Exp(1)-null scores. Where the key-B share alpha is tested (weighted,
@@ -114,9 +123,8 @@ def partial_evidence(candidate: Candidate, scored: scoring.ScoredPositions, conf
         # w = 1 - alpha; otherwise on the statistic's own per-token scores.
         gof_scores = parts.weighted_sidak if parts is not None and (
             statistic == "weighted" or "weighted" in share) else per_token
-        pvalues = trgof.token_pvalues(gof_scores)
-        s, index, at = trgof.statistic_at(pvalues)
-        gof = (s, len(pvalues), index, at)
+        s, index, at = trgof.statistic_of_scores(gof_scores)
+        gof = (s, len(gof_scores), index, at)
     return PartialEvidence(candidate=candidate, scored=scored, statistic=statistic, share=share,
                            per_token=per_token, total=total, log10_p_sum=log10_p_sum,
                            log10_p_weighted=log10_p_weighted, combined=tuple(combined), log10_sf=log10_sf,

@@ -44,6 +44,7 @@ class SpanFamily:
     fraction: float
     """Share of SPANS_SHARE this search spends."""
     log10_sf_many: object = None  # Callable[[ndarray, ndarray], ndarray] | None: log10_sf vectorised
+    lower_kind: object = None  # detector.spans.LowerKind | None: which bound log10_sf_lower is
 
 
 @dataclass(frozen=True)

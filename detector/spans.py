@@ -83,11 +83,23 @@ class SpanHit:
     log10_p_value: float
 
 
+@dataclass(frozen=True)
+class LowerKind:
+    """Which lower bound a ``log10_sf_lower`` callable is, so that :func:`_screen` can
+    compute it in its compiled pass (:func:`_screen_windows`): ``weighted`` False:
+    :func:`detector.stats.gamma_log10_sf_lower`; True:
+    :func:`detector.stats.weighted_gamma_log10_sf_lower` at ``alpha``."""
+
+    weighted: bool
+    alpha: float = 0.0
+
+
 def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length: int,
            family_size_factor: int, log10_threshold: float,
            log10_sf: Callable[[float, int], float],
            log10_sf_lower: Callable[[np.ndarray, np.ndarray], np.ndarray],
-           log10_sf_many: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> list[SpanHit]:
+           log10_sf_many: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
+           lower_kind: LowerKind | None = None) -> list[SpanHit]:
     """Significant merged spans.
 
     positions [n] (ascending scored positions) and scores [n] are one key's evidence;
@@ -96,9 +108,11 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
     vectorised lower bound on it (sums [k], counts [k] -> [k]), used only to skip windows
     that cannot pass: a lower bound, never an upper one, so no passing window is skipped.
     ``log10_sf_many``, if given, is ``log10_sf`` vectorised (sums [k], counts [k] -> [k]).
+    ``lower_kind``: which bound ``log10_sf_lower`` is (:class:`LowerKind`), so that the
+    screen computes it compiled where numba is loaded.
     """
     screened = _screen(positions, scores, total, min_length=min_length, family_size_factor=family_size_factor,
-                       log10_threshold=log10_threshold, log10_sf_lower=log10_sf_lower)
+                       log10_threshold=log10_threshold, log10_sf_lower=log10_sf_lower, lower_kind=lower_kind)
     if screened is None:
         return []
     starts, ends, log10_m, sums, counts, live, lower = screened
@@ -106,6 +120,12 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
     if log10_sf_many is None:
         return _merge_lazily(live, lower, starts, ends, sums, counts, log10_m, log10_threshold, log10_sf)
     exact = log10_sf_many(sums[live], counts[live]) if len(live) else []
+    merge_of = _merge_kernel() if len(live) else None
+    if merge_of is not None:  # the hits and their merge in one compiled pass (the same floats and order)
+        kept_starts, kept_ends, kept_counts, kept_p = merge_of(live, exact, log10_m, starts, ends, counts,
+                                                              float(log10_threshold))
+        return [SpanHit(s, e, c, p) for s, e, c, p in zip(kept_starts.tolist(), kept_ends.tolist(),
+                                                           kept_counts.tolist(), kept_p.tolist())]
     for i, log10_p in zip(live.tolist(), exact):
         adjusted = min(0.0, float(log10_p) + float(log10_m[i]))
         if adjusted <= log10_threshold:
@@ -114,14 +134,32 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
 
 
 def _screen(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length: int, family_size_factor: int,
-            log10_threshold: float, log10_sf_lower: Callable[[np.ndarray, np.ndarray], np.ndarray]):
+            log10_threshold: float, log10_sf_lower: Callable[[np.ndarray, np.ndarray], np.ndarray],
+            lower_kind: LowerKind | None = None):
     """The window grid's sums and counts and the windows that may pass: (starts, ends, log10
     multiplicities, sums, counts, live [k], lower bounds on live's corrected log10 p [k]), or
-    None when the text has no window."""
+    None when the text has no window.
+
+    With ``lower_kind`` and numba loaded, all of it in one compiled pass
+    (:func:`_screen_windows`): the same sums and counts; the bounds from libm's log, which
+    may differ from numpy's in the last bit. A bound only decides which windows get an exact
+    tail and in what order :func:`_merge_lazily` looks at them (neither changes what is
+    reported: every window that can pass keeps a bound below its exact p by far more than
+    an ulp, the one-term bound being a factor of about sqrt(2 pi n) below the tail), and
+    :func:`lower_bound`'s screens in :func:`detector.forms.detect_forms`, which only decide
+    what is computed."""
     grid = _grid(total, min_length, family_size_factor)
     if grid is None:
         return None
     starts, ends, log10_m = grid
+    screen_of = _screen_kernel() if lower_kind is not None and scores.dtype == np.float64 else None
+    if screen_of is not None:
+        from detector import stats
+
+        sums, counts, live, lower = screen_of(
+            np.ascontiguousarray(positions), np.ascontiguousarray(scores), starts, ends, log10_m,
+            stats._log_fact(len(scores)), lower_kind.weighted, float(lower_kind.alpha), float(log10_threshold))
+        return starts, ends, log10_m, sums, counts, live, lower
     sums_of = _window_sums_kernel()
     if sums_of is not None and scores.dtype == np.float64:
         sums, counts = sums_of(np.ascontiguousarray(positions), np.ascontiguousarray(scores), starts, ends)
@@ -139,12 +177,13 @@ def _screen(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length
 
 def lower_bound(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length: int,
                 family_size_factor: int, log10_threshold: float,
-                log10_sf_lower: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> float:
+                log10_sf_lower: Callable[[np.ndarray, np.ndarray], np.ndarray],
+                lower_kind: LowerKind | None = None) -> float:
     """A lower bound on the corrected log10 p of every span :func:`locate` can report with
     these arguments (inf when none can pass): the screen :func:`locate` runs first, without
     any exact tail (a caller deciding whether the spans can matter at all)."""
     screened = _screen(positions, scores, total, min_length=min_length, family_size_factor=family_size_factor,
-                       log10_threshold=log10_threshold, log10_sf_lower=log10_sf_lower)
+                       log10_threshold=log10_threshold, log10_sf_lower=log10_sf_lower, lower_kind=lower_kind)
     if screened is None or not len(screened[-1]):
         return math.inf
     return min(0.0, float(screened[-1].min()))
@@ -224,6 +263,15 @@ def refine(hits: list[SpanHit], positions: np.ndarray, scores: np.ndarray, total
     pasted generation's underline started w tokens late, always. The p-value stays the
     window's."""
     out: list[SpanHit] = []
+    refine_all = _refine_kernel() if hits and scores.dtype == np.float64 else None
+    if refine_all is not None:  # every hit in one compiled pass: the same sums, cuts and scans
+        firsts, lasts = refine_all(np.ascontiguousarray(positions), np.ascontiguousarray(scores),
+                                   np.array([h.start for h in hits], dtype=np.int64),
+                                   np.array([h.end for h in hits], dtype=np.int64), int(total), REFINE_ROUNDS)
+        for hit, first, last in zip(hits, firsts.tolist(), lasts.tolist()):
+            out.append(hit if last < 0 else SpanHit(int(positions[first]), int(positions[last - 1]) + 1,
+                                                    int(last - first), hit.log10_p_value))
+        hits = ()
     for hit in hits:
         length = hit.end - hit.start
         lo_pos, hi_pos = max(0, hit.start - length // 2), min(total, hit.end + length // 2)
@@ -317,9 +365,218 @@ def _window_sums(positions, scores, starts, ends):  # pragma: no cover - compile
     return sums, counts
 
 
+_LN10 = LN10
+_LOG10_2 = math.log10(2.0)
+
+
+def _screen_windows(positions, scores, starts, ends, log10_m, log_fact, weighted, alpha,
+                    log10_threshold):  # pragma: no cover - compiled
+    """:func:`_screen`'s steps in one pass: the window sums and counts as :func:`_window_sums`,
+    and for each window with a scored token the lower bound on its corrected log10 p
+    (:func:`detector.stats.gamma_log10_sf_lower`, or ``weighted_gamma_log10_sf_lower`` at
+    ``alpha``, term for term, with libm's log) plus its log10 multiplicity; returns (sums,
+    counts, live, lower): the windows whose bound is at most the threshold, and their bounds."""
+    sums, counts = _window_sums(positions, scores, starts, ends)
+    k = starts.shape[0]
+    live = np.empty(k, dtype=np.int64)
+    lower = np.empty(k)
+    small = min(alpha, 1.0 - alpha)
+    large = max(alpha, 1.0 - alpha)
+    found = 0
+    for w in range(k):
+        n = counts[w]
+        if n <= 0:
+            continue
+        x = sums[w]
+        if weighted:
+            rest = (x - small * max(n - 1, 0)) / large
+            bound = -_LOG10_2
+            if rest > 0.0:
+                bound = min(0.0, (n - 1) * math.log(rest) - rest - log_fact[n - 1]) / _LN10 - _LOG10_2
+        else:
+            bound = 0.0
+            if x > 0.0:
+                bound = min(0.0, (n - 1) * math.log(x) - x - log_fact[n - 1]) / _LN10
+        bound += log10_m[w]
+        if bound <= log10_threshold:
+            live[found] = w
+            lower[found] = bound
+            found += 1
+    return sums, counts, live[:found], lower[:found]
+
+
+def _numpy_sum(values, start, count):  # pragma: no cover - compiled
+    """np.add.reduce(values[start:start + count]) for float64 values, bit for bit: numpy's
+    pairwise summation (8 running sums over blocks of at most 128, halves split at multiples
+    of 8 above that) added to the reduction's initial 0.0 (checked against numpy in
+    tests/detector/test_spans.py)."""
+    if count < 8:
+        res = 0.0
+        for i in range(count):
+            res += values[start + i]
+        return res
+    if count <= 128:
+        r0 = values[start]
+        r1 = values[start + 1]
+        r2 = values[start + 2]
+        r3 = values[start + 3]
+        r4 = values[start + 4]
+        r5 = values[start + 5]
+        r6 = values[start + 6]
+        r7 = values[start + 7]
+        i = 8
+        stop = count - count % 8
+        while i < stop:
+            r0 += values[start + i]
+            r1 += values[start + i + 1]
+            r2 += values[start + i + 2]
+            r3 += values[start + i + 3]
+            r4 += values[start + i + 4]
+            r5 += values[start + i + 5]
+            r6 += values[start + i + 6]
+            r7 += values[start + i + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < count:
+            res += values[start + i]
+            i += 1
+        return res
+    half = count // 2
+    half -= half % 8
+    return _numpy_sum(values, start, half) + _numpy_sum(values, start + half, count - half)
+
+
+def _merge_windows(live, exact, log10_m, starts, ends, counts, log10_threshold):  # pragma: no cover - compiled
+    """:func:`locate`'s hits from the live windows' exact log10 p [L] and :func:`merge` of them:
+    each window's corrected p min(0, p + log10 m), those at most the threshold taken in
+    order of (p, length), ties in window order (a stable sort, as Python's), each kept unless
+    it overlaps one kept before; returned sorted by start as (starts, ends, counts, p)."""
+    found = live.shape[0]
+    index = np.empty(found, dtype=np.int64)
+    adjusted = np.empty(found)
+    lengths = np.empty(found, dtype=np.int64)
+    hits = 0
+    for j in range(found):
+        i = live[j]
+        value = exact[j] + log10_m[i]
+        value = value if value < 0.0 else 0.0
+        if value <= log10_threshold:
+            index[hits] = i
+            adjusted[hits] = value
+            lengths[hits] = ends[i] - starts[i]
+            hits += 1
+    index = index[:hits]
+    adjusted = adjusted[:hits]
+    # By (p, length), ties in window order: stable sorts by the second key, then the first.
+    order = np.argsort(lengths[:hits], kind="mergesort")
+    order = order[np.argsort(adjusted[order], kind="mergesort")]
+    kept = np.empty(hits, dtype=np.int64)
+    count = 0
+    for o in order:
+        i = index[o]
+        free = True
+        for k in range(count):
+            other = index[kept[k]]
+            if not (ends[i] <= starts[other] or starts[i] >= ends[other]):
+                free = False
+                break
+        if free:
+            kept[count] = o
+            count += 1
+    kept = kept[:count]
+    kept_starts = np.empty(count, dtype=np.int64)
+    for k in range(count):
+        kept_starts[k] = starts[index[kept[k]]]
+    kept = kept[np.argsort(kept_starts, kind="mergesort")]
+    out_starts = np.empty(count, dtype=np.int64)
+    out_ends = np.empty(count, dtype=np.int64)
+    out_counts = np.empty(count, dtype=np.int64)
+    out_p = np.empty(count)
+    for k in range(count):
+        i = index[kept[k]]
+        out_starts[k] = starts[i]
+        out_ends[k] = ends[i]
+        out_counts[k] = counts[i]
+        out_p[k] = adjusted[kept[k]]
+    return out_starts, out_ends, out_counts, out_p
+
+
+def _refine_hits(positions, scores, starts, ends, total, rounds):  # pragma: no cover - compiled
+    """:func:`refine`'s loop over hits [h] (grid windows [start, end)): the stretch [first,
+    last) of scored tokens each settles on, by the same steps (the region's bounds by binary
+    search, the stretch's mean as ndarray.mean's pairwise sum over its count, the cut, the
+    compiled scan, the same stop when a stretch repeats); last -1 where refine keeps the hit."""
+    h = starts.shape[0]
+    firsts = np.empty(h, dtype=np.int64)
+    lasts = np.empty(h, dtype=np.int64)
+    seen_first = np.empty(rounds + 1, dtype=np.int64)
+    seen_last = np.empty(rounds + 1, dtype=np.int64)
+    for k in range(h):
+        start = starts[k]
+        end = ends[k]
+        length = end - start
+        lo = np.searchsorted(positions, max(0, start - length // 2))
+        hi = np.searchsorted(positions, min(total, end + length // 2))
+        in_lo = np.searchsorted(positions, start)
+        in_hi = np.searchsorted(positions, end)
+        if in_hi <= in_lo or hi <= lo:
+            firsts[k] = -1
+            lasts[k] = -1
+            continue
+        best_first = in_lo
+        best_last = in_hi
+        seen_first[0] = in_lo
+        seen_last[0] = in_hi
+        seen = 1
+        for _ in range(rounds):
+            count = best_last - best_first
+            cut = 0.5 * (1.0 + (0.0 + _numpy_sum(scores, best_first, count)) / count)
+            first, last = _kadane_loop(scores[lo:hi], cut)
+            if last > 0:
+                found_first = lo + first
+                found_last = lo + last
+            else:
+                found_first = best_first
+                found_last = best_last
+            repeated = False
+            for j in range(seen):
+                if seen_first[j] == found_first and seen_last[j] == found_last:
+                    repeated = True
+            best_first = found_first
+            best_last = found_last
+            if repeated:
+                break
+            seen_first[seen] = found_first
+            seen_last[seen] = found_last
+            seen += 1
+        firsts[k] = best_first
+        lasts[k] = best_last
+    return firsts, lasts
+
+
 @functools.cache
 def _compiled():
-    return jit.compile_all({"_kadane_loop": _kadane_loop, "_window_sums": _window_sums})
+    return jit.compile_all({"_kadane_loop": _kadane_loop, "_window_sums": _window_sums,
+                            "_screen_windows": _screen_windows, "_numpy_sum": _numpy_sum,
+                            "_refine_hits": _refine_hits, "_merge_windows": _merge_windows})
+
+
+def _merge_kernel():
+    """The compiled :func:`_merge_windows` where this process has loaded numba, else None."""
+    compiled = _compiled() if jit.loaded() else None
+    return None if compiled is None else compiled["_merge_windows"]
+
+
+def _refine_kernel():
+    """The compiled :func:`_refine_hits` where this process has loaded numba, else None."""
+    compiled = _compiled() if jit.loaded() else None
+    return None if compiled is None else compiled["_refine_hits"]
+
+
+def _screen_kernel():
+    """The compiled :func:`_screen_windows` where this process has loaded numba, else None."""
+    compiled = _compiled() if jit.loaded() else None
+    return None if compiled is None else compiled["_screen_windows"]
 
 
 def _kadane():
@@ -353,7 +610,9 @@ def warm_up() -> None:
     families = ((stats.gamma_log10_sf, stats.gamma_log10_sf_lower, stats.gamma_log10_sf_many),
                 (lambda s, n: stats.weighted_gamma_log10_sf(s, n, 0.1),
                  lambda s, n: stats.weighted_gamma_log10_sf_lower(s, n, 0.1), None))
-    for log10_sf, log10_sf_lower, many in families:
-        hits = locate(positions, scores, len(positions), min_length=16, family_size_factor=1, log10_threshold=-2.0,
-                      log10_sf=log10_sf, log10_sf_lower=log10_sf_lower, log10_sf_many=many)
-        refine(hits, positions, scores, len(positions), context_width=4)
+    for (log10_sf, log10_sf_lower, many), kind in zip(families, (LowerKind(False), LowerKind(True, 0.1))):
+        for lower_kind in (None, kind):
+            hits = locate(positions, scores, len(positions), min_length=16, family_size_factor=1,
+                          log10_threshold=-2.0, log10_sf=log10_sf, log10_sf_lower=log10_sf_lower,
+                          log10_sf_many=many, lower_kind=lower_kind)
+            refine(hits, positions, scores, len(positions), context_width=4)

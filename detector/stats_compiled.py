@@ -213,7 +213,168 @@ def _poisson_rows(x, log_x, n, j0, rows, log_fact, log_sf, log_first):  # pragma
         log_first[r] = first * log_x[r] - x[r] - log_fact[first]
 
 
-_FUNCTIONS = {"_lse": _lse, "_logaddexp": _logaddexp, "_log_gamma_sf": _log_gamma_sf,
+_BELOW_ONE = float(np.nextafter(1.0, 0.0))
+_LN10 = math.log(10.0)
+
+
+def _many_prepare(x, n):  # pragma: no cover - compiled
+    """stats.gamma_log10_sf_many, first step: the answer for rows that need no sum (0, or -inf
+    for an infinite score) [k], the live rows (n > 0, finite x > 0) [L], the arguments of
+    numpy's log for them [2L] (:func:`stats._poisson_starts`' max(x / max(top, 1), 1 + 1e-12),
+    then x itself) and the largest live n."""
+    k = x.shape[0]
+    out = np.zeros(k)
+    live = np.empty(k, dtype=np.int64)
+    found = 0
+    n_max = 0
+    for r in range(k):
+        if math.isinf(x[r]) and x[r] > 0 and n[r] > 0:
+            out[r] = _NEG_INF
+        if n[r] > 0 and x[r] > 0.0 and math.isfinite(x[r]):
+            live[found] = r
+            found += 1
+            n_max = max(n_max, n[r])
+    args = np.empty(2 * found)
+    for j in range(found):
+        r = live[j]
+        args[j] = max(x[r] / max(float(n[r] - 1), 1.0), 1.0 + 1e-12)
+        args[found + j] = x[r]
+    return out, live[:found], args, n_max
+
+
+def _many_sums(x, n, live, logs, log_fact):  # pragma: no cover - compiled
+    """Second step: each live row's first term j0 (stats._poisson_starts, from numpy's logs),
+    its Poisson sum and first term (:func:`_poisson_rows`, numpy's ln x), and the clipped
+    ratio q = j0 / x of stats._dropped_below with its negation (numpy's log and log1p take
+    them next). Returns (j0 [k], ln x [k], log_sf [k], log_first [k], inside [L], -inside [L])."""
+    k = x.shape[0]
+    found = live.shape[0]
+    j0 = np.zeros(k, dtype=np.int64)
+    log_x = np.zeros(k)
+    for j in range(found):
+        r = live[j]
+        top = n[r] - 1
+        top_f = float(top)
+        spread = 12.0 * math.sqrt(x[r]) + 32.0
+        steps = math.ceil((_SIDE_MARGIN + 10.0) / logs[j]) + 2.0
+        if top_f > 0 and top_f < x[r]:
+            width = min(steps, spread)
+        else:
+            width = top_f - x[r] + spread
+        j0[r] = max(0, top - np.int64(max(0.0, width)))
+        log_x[r] = logs[found + j]
+    log_sf = np.zeros(k)
+    log_first = np.zeros(k)
+    _poisson_rows(x, log_x, n, j0, live, log_fact, log_sf, log_first)
+    inside = np.empty(found)
+    negated = np.empty(found)
+    for j in range(found):
+        r = live[j]
+        q = j0[r] / x[r]
+        inside[j] = min(max(q, 1e-300), _BELOW_ONE)
+        negated[j] = -inside[j]
+    return j0, log_x, log_sf, log_first, inside, negated
+
+
+def _many_finish(x, n, live, j0, log_x, log_fact, log_sf, log_first, log_inside, log1p_negated,
+                 out):  # pragma: no cover - compiled
+    """Last step: rows whose dropped head is not provably below exp(-_SIDE_MARGIN) of their sum
+    (stats._dropped_below, from numpy's logs) summed again from j = 0; out[live] = min(0,
+    log_sf) / ln 10."""
+    found = live.shape[0]
+    redo = np.empty(found, dtype=np.int64)
+    count = 0
+    for j in range(found):
+        r = live[j]
+        q = j0[r] / x[r]
+        if j0[r] == 0:
+            bound = _NEG_INF
+        elif q < 1.0:
+            bound = log_first[r] + log_inside[j] - log1p_negated[j]
+        else:
+            bound = math.inf
+        if bound >= log_sf[r] - _SIDE_MARGIN:
+            redo[count] = r
+            count += 1
+    if count:
+        for j in range(count):
+            j0[redo[j]] = 0
+        again = np.zeros(x.shape[0])
+        first = np.zeros(x.shape[0])
+        _poisson_rows(x, log_x, n, j0, redo[:count], log_fact, again, first)
+        for j in range(count):
+            log_sf[redo[j]] = again[redo[j]]
+    for j in range(found):
+        r = live[j]
+        out[r] = min(0.0, log_sf[r]) / _LN10
+    return out
+
+
+def _gamma_terms_shifted(score, n, log_score, log_fact):  # pragma: no cover - compiled
+    """stats.log_gamma_sf's Poisson terms k ln(score) - score - ln k! [n] (k = 0 .. n - 1, with
+    CPython's ln(score)) less their maximum, and that maximum: the logsumexp's steps before
+    its exp (numpy's, taken by the caller)."""
+    terms = np.empty(n)
+    top = _NEG_INF
+    for k in range(n):
+        terms[k] = float(k) * log_score - score - log_fact[k]
+        if terms[k] > top:
+            top = terms[k]
+    for k in range(n):
+        terms[k] = terms[k] - top
+    return terms, top
+
+
+def _series_window(n, r, x):  # pragma: no cover - compiled
+    """stats._series_window, the same float steps (its logs and square roots are libm's, as
+    CPython's math module calls them: the same numbers, tested)."""
+    b = 2.0 * n + 1.0 - (1.0 - r) * x
+    c = 2.0 * n - (1.0 - r) * x * n
+    disc = b * b - 4.0 * c
+    peak = max(0.0, 0.5 * (-b + math.sqrt(disc))) if disc > 0.0 else 0.0
+    nb_mean = n * (1.0 - r) / r
+    nb_sd = math.sqrt(n * (1.0 - r)) / r
+    if 2.0 * n + peak < x:
+        sd = 1.0 / math.sqrt(n / ((peak + 1.0) * (n + peak)) + 1.0 / (2.0 * n + peak))
+    else:
+        peak = nb_mean
+        sd = nb_sd
+    start = max(0, int(peak - 12.0 * sd - 16.0))
+    mid = peak + 6.0 * sd
+    fall = -math.log((n + mid) / (mid + 1.0) * (1.0 - r))
+    slow = min(mid + (_SIDE_MARGIN + 5.0) / fall, peak + 24.0 * sd) if fall > 0.0 else 0.0
+    end = max(max(peak + 12.0 * sd, slow), nb_mean + 12.0 * nb_sd) + 16.0
+    return start, max(16, int(end) - start)
+
+
+def _cdf_start(top, x):  # pragma: no cover - compiled
+    """stats._cdf_start, the same float steps."""
+    spread = 12.0 * math.sqrt(x) + 32.0
+    if 0 < top and top < x:
+        width = min(math.ceil((_SIDE_MARGIN + 10.0) / math.log(max(x / top, 1.0 + 1e-12))) + 2.0, spread)
+    else:
+        width = top - x + spread
+    return max(0, top - max(0, int(width)))
+
+
+def _weighted_window(n, r, x):  # pragma: no cover - compiled
+    """(k1, chunk, j0): the weighted series' window (:func:`_series_window`) and, where it
+    starts past 0, the first Poisson term of ln Q(2n + k1, x) (:func:`_cdf_start`)."""
+    k1, chunk = _series_window(n, r, x)
+    j0 = _cdf_start(2 * n + k1 - 1, x) if k1 > 0 else 0
+    return k1, chunk, j0
+
+
+def _weighted_from(n, r, x, k1, chunk, log_w, j0, log_fact_j0, log_fact_pmf):  # pragma: no cover - compiled
+    """:func:`_log_poisson_cdf` then :func:`_log_weighted_series` from k1 > 0, in one call."""
+    log_q = _log_poisson_cdf(2 * n + k1 - 1, x, j0, log_fact_j0)
+    return _log_weighted_series(n, r, x, k1, chunk, log_w, log_q, log_fact_pmf)
+
+
+_FUNCTIONS = {"_series_window": _series_window, "_cdf_start": _cdf_start, "_weighted_window": _weighted_window,
+              "_weighted_from": _weighted_from, "_gamma_terms_shifted": _gamma_terms_shifted,
+              "_many_prepare": _many_prepare, "_many_sums": _many_sums, "_many_finish": _many_finish,
+              "_lse": _lse, "_logaddexp": _logaddexp, "_log_gamma_sf": _log_gamma_sf,
               "_poisson_log_pmf_into": _poisson_log_pmf_into, "_log_poisson_cdf": _log_poisson_cdf,
               "_log_weighted_series": _log_weighted_series, "_poisson_rows": _poisson_rows}
 

@@ -101,6 +101,21 @@ def statistic_at(pvalues: np.ndarray) -> tuple[float, int, float]:
     return float(values[best]), int(below[best]) + 1, float(p[below[best]])
 
 
+def statistic_of_scores(scores: np.ndarray) -> tuple[float, int, float]:
+    """:func:`statistic_at` of :func:`token_pvalues` of Exp(1)-null scores [n], the same
+    numbers: where numba is loaded, the selection and the combination run compiled
+    (:mod:`detector.trgof_compiled`) and the transcendentals stay numpy's (one exp over the
+    scores, one log and one log1p over the orders below i/n), five calls instead of about
+    twenty-five."""
+    kernels = trgof_compiled.statistic_kernels()
+    scores = np.asarray(scores, dtype=np.float64)
+    if kernels is None or scores.ndim != 1 or not len(scores):
+        return statistic_at(token_pvalues(scores))
+    args, negated, index = kernels["_below"](np.exp(-scores), GRID_SLACK)
+    s, i, at = kernels["_best"](args, np.log(args), np.log1p(negated), index, len(scores))
+    return float(s), int(i), float(at)
+
+
 def log_sf_lower(n: int, i: int, v: float) -> float:
     """ln of a lower bound on P(S >= s) for s = n K(i/n, v) attained at order i by p_(i) = v
     (:func:`statistic_at`): the boundary a_i(s) is >= v, so {S >= s} contains

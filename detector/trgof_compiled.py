@@ -214,3 +214,66 @@ def crossing():
 
 def available() -> bool:
     return crossing() is not None
+
+
+def _below(e, slack):  # pragma: no cover - compiled
+    """:func:`detector.trgof.statistic_at`'s selection on p = min(1, e + slack) [n] (e the
+    per-token exp(-score), numpy's): of the I = ceil(n/2) smallest p, ascending, those with
+    p_(i) < u_i = i/n. Returns (the log arguments [u..., p...] of those orders, the log1p
+    arguments [-u..., -p...] (0 in place of -u at u = 1, whose term is 0), their orders i - 1)."""
+    n = e.shape[0]
+    count = (n + 1) // 2
+    p = np.empty(n)
+    for i in range(n):
+        p[i] = min(1.0, e[i] + slack)
+    p = np.sort(p)
+    index = np.empty(count, dtype=np.int64)
+    found = 0
+    for i in range(count):
+        if p[i] < (i + 1.0) / n:
+            index[found] = i
+            found += 1
+    args = np.empty(2 * found)
+    negated = np.empty(2 * found)
+    for j in range(found):
+        u = (index[j] + 1.0) / n
+        args[j] = u
+        args[found + j] = p[index[j]]
+        negated[j] = -u if u < 1.0 else 0.0  # (unused at u = 1, n = 1: no ln 0 to warn of)
+        negated[found + j] = -p[index[j]]
+    return args, negated, index[:found]
+
+
+def _best(args, logs, log1ps, index, n):  # pragma: no cover - compiled
+    """(S, i, p_(i)) from :func:`_below`'s orders and numpy's logs of its arguments: n K(u, p)
+    as :func:`detector.trgof._kl` computes it (u (ln u - ln p) + (1 - u) (ln(1 - u) -
+    ln(1 - p)), the second term 0 at u = 1), its first largest value (np.argmax's)."""
+    found = index.shape[0]
+    best = -1
+    top = 0.0
+    for j in range(found):
+        u = args[j]
+        first = u * (logs[j] - logs[found + j])
+        second = (1.0 - u) * (log1ps[j] - log1ps[found + j]) if u < 1.0 else 0.0
+        value = n * (first + second)
+        if best < 0 or value > top:
+            best = j
+            top = value
+    if best < 0 or not top > 0.0:
+        return 0.0, 0, 1.0
+    return top, index[best] + 1, args[found + best]
+
+
+@functools.cache
+def _statistic_compiled():
+    from watermark import jit
+
+    return jit.compile_all({"_below": _below, "_best": _best})
+
+
+def statistic_kernels():
+    """The compiled :func:`_below` and :func:`_best` where this process has loaded numba
+    (watermark.jit), else None."""
+    from watermark import jit
+
+    return _statistic_compiled() if jit.loaded() else None

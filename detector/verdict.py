@@ -109,7 +109,8 @@ class Pending:
                 hits = spans.locate(best.scored.positions, family.scores, len(tokens),
                                     min_length=config.span_min_length, family_size_factor=m,
                                     log10_threshold=log10_threshold + log10_share, log10_sf=family.log10_sf,
-                                    log10_sf_lower=family.log10_sf_lower, log10_sf_many=family.log10_sf_many)
+                                    log10_sf_lower=family.log10_sf_lower, log10_sf_many=family.log10_sf_many,
+                                    lower_kind=family.lower_kind)
                 hits = spans.refine(hits, best.scored.positions, family.scores, len(tokens),
                                      context_width=best.candidate.key.spec.context_width)
                 ranked.extend((h.log10_p_value - log10_share, h) for h in hits)
@@ -151,7 +152,8 @@ def _span_lower(evidence: "KeyEvidence | PartialEvidence", total: int, config: D
         out = min(out, spans.lower_bound(evidence.scored.positions, family.scores, total,
                                          min_length=config.span_min_length, family_size_factor=m,
                                          log10_threshold=log10_threshold + log10_share,
-                                         log10_sf_lower=family.log10_sf_lower) - log10_share)
+                                         log10_sf_lower=family.log10_sf_lower,
+                                         lower_kind=family.lower_kind) - log10_share)
     return out
 
 

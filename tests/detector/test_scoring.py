@@ -147,3 +147,27 @@ def test_compiled_sidak_terms_give_the_same_scores_bit_for_bit():
         # w per position (the routed statistic's form) takes the numpy steps.
         numpy_steps = scoring.weighted_max_scores(u_a, u_b, np.full(len(u_a), w))
         assert np.array_equal(scoring.weighted_max_scores(u_a, u_b, w), numpy_steps)
+
+
+def test_fused_dual_scores_are_the_numpy_steps_bit_for_bit():
+    # dual_scores where numba is loaded: one compiled layout, numpy's log1p and log, one
+    # compiled combination; the three arrays must be the unfused numpy expressions' bits.
+    pytest.importorskip("numba")
+    from watermark import jit
+
+    jit.load()
+    kernels = scoring._dual_kernels()
+    assert kernels is not None
+    rng = np.random.default_rng(12)
+    for n in (1, 7, 200, 5000):
+        u_a = (rng.integers(0, 1 << 24, n) / float(1 << 24)).astype(np.float32)
+        u_b = (rng.integers(0, 1 << 24, n) / float(1 << 24)).astype(np.float32)
+        u_a[:1], u_b[:1] = 0.0, np.float32(1.0 - 2.0 ** -24)  # the grid's ends
+        for alpha in (0.0, 0.1, 0.5, 0.9, 1.0):
+            w = min(max(1.0 - alpha, 1e-3), 1.0 - 1e-3)
+            fused = scoring._dual_scores_fused(u_a, u_b, alpha, w, kernels)
+            assert np.array_equal(fused.max, scoring.max_scores(u_a, u_b))
+            assert np.array_equal(fused.weighted, (1.0 - alpha) * scoring.exp_scores(u_a)
+                                  + alpha * scoring.exp_scores(u_b))
+            assert np.array_equal(fused.weighted_sidak,
+                                  scoring.weighted_max_scores(u_a, u_b, np.full(n, w)))

@@ -183,3 +183,100 @@ def test_compiled_window_sums_are_the_numpy_steps():
         lo, hi = np.searchsorted(positions, starts), np.searchsorted(positions, ends)
         sums, counts = sums_of(positions, scores, starts, ends)
         assert np.array_equal(counts, hi - lo) and np.array_equal(sums, prefix[hi] - prefix[lo])
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_compiled_screen_is_the_numpy_screen(weighted):
+    # _screen in one compiled pass (lower_kind given): the same sums, counts and live windows,
+    # the bounds within an ulp or so of numpy's (libm's log in place of numpy's).
+    pytest.importorskip("numba")
+    from watermark import jit
+
+    jit.load()
+    alpha = 0.1
+    lower = ((lambda s, n: stats.weighted_gamma_log10_sf_lower(s, n, alpha)) if weighted
+             else stats.gamma_log10_sf_lower)
+    kind = spans.LowerKind(weighted, alpha)
+    rng = np.random.default_rng(11)
+    for total in (16, 64, 200, 1000):
+        for boost in (1.0, 1.5, 3.0):
+            positions = np.flatnonzero(rng.random(total) < 0.8)
+            scores = rng.exponential(1.0, len(positions)) * boost
+            for threshold in (-2.0, -6.0, -20.0):
+                args = dict(min_length=8, family_size_factor=3, log10_threshold=threshold, log10_sf_lower=lower)
+                ref = spans._screen(positions, scores, total, **args)
+                got = spans._screen(positions, scores, total, lower_kind=kind, **args)
+                for a, b in zip(ref[:6], got[:6]):
+                    assert np.array_equal(a, b)
+                assert np.allclose(ref[6], got[6], rtol=1e-13, atol=1e-13)
+                assert spans.lower_bound(positions, scores, total, **args) == pytest.approx(
+                    spans.lower_bound(positions, scores, total, lower_kind=kind, **args), rel=1e-13, abs=1e-13)
+
+
+def test_compiled_numpy_sum_is_numpys_sum_bit_for_bit():
+    pytest.importorskip("numba")
+    from watermark import jit
+
+    jit.load()
+    spans._refine_kernel()
+    numpy_sum = spans._compiled()["_numpy_sum"]
+    rng = np.random.default_rng(14)
+    for trial in range(3000):
+        n = int(rng.integers(1, 400)) if trial % 10 else int(rng.integers(1, 20000))
+        values = rng.exponential(1.0, n + 10) * 10.0 ** int(rng.integers(-3, 4))
+        start = int(rng.integers(0, 10))
+        assert 0.0 + numpy_sum(values, start, n) == np.add.reduce(values[start:start + n])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_compiled_refine_is_the_python_loop(seed, monkeypatch):
+    pytest.importorskip("numba")
+    from watermark import jit
+
+    jit.load()
+    rng = np.random.default_rng(seed)
+    total = 600
+    positions = np.sort(rng.choice(total, 500, replace=False))
+    scores = rng.exponential(1.0, len(positions))
+    scores[100:260] *= 1.0 + seed
+    hits = [spans.SpanHit(s, s + length, 0, -3.0) for length in (32, 64, 128)
+            for s in range(0, total - length + 1, length // 2)]
+    hits.append(spans.SpanHit(598, 600, 0, -3.0))  # no scored token inside: kept as it is
+    assert spans._refine_kernel() is not None
+
+    def every():
+        return ([spans.refine([h], positions, scores, total, context_width=w) for h in hits for w in (0, 4)],
+                spans.refine(hits, positions, scores, total, context_width=4))
+
+    compiled = every()
+    monkeypatch.setattr(spans, "_refine_kernel", lambda: None)
+    assert compiled == every()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_compiled_merge_is_the_python_merge(seed, monkeypatch):
+    # locate with a vectorised tail: its hits and their merge in one compiled pass where numba
+    # is loaded, the same spans and p-values as the Python loop and merge.
+    pytest.importorskip("numba")
+    from watermark import jit
+
+    jit.load()
+    assert spans._merge_kernel() is not None
+    rng = np.random.default_rng(100 + seed)
+    total = int(rng.integers(64, 1500))
+    positions = np.sort(rng.choice(total, int(total * 0.9), replace=False))
+    scores = rng.exponential(1.0, len(positions))
+    for _ in range(3):
+        start = int(rng.integers(0, len(positions) - 20))
+        scores[start:start + int(rng.integers(10, 200))] *= float(rng.uniform(1.2, 4.0))
+    scores[:8] = np.round(scores[:8])  # equal windows: ties keep the window order
+
+    def found():
+        return [spans.locate(positions, scores, total, min_length=m, family_size_factor=f, log10_threshold=t,
+                             log10_sf=stats.gamma_log10_sf, log10_sf_lower=stats.gamma_log10_sf_lower,
+                             log10_sf_many=stats.gamma_log10_sf_many, lower_kind=spans.LowerKind(False))
+                for m in (8, 32) for f in (1, 7) for t in (-1.0, -4.0, -12.0)]
+
+    compiled = found()
+    monkeypatch.setattr(spans, "_merge_kernel", lambda: None)
+    assert compiled == found()

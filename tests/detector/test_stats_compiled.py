@@ -94,3 +94,71 @@ def test_public_function_uses_the_compiled_series_once_numba_is_loaded(monkeypat
     monkeypatch.setattr(stats, "_log_weighted_sf_compiled", lambda *a: calls.append(a) or real(*a))
     value = stats.weighted_gamma_log10_sf(250.0, 200, 0.1)
     assert calls and value == pytest.approx(stats._log_weighted_sf(250.0, 200, 0.1) / stats.LN10, rel=1e-11)
+
+
+def test_compiled_gamma_sf_many_is_the_numpy_steps():
+    # gamma_log10_sf_many where numba is loaded: the start rule, the row sums and the dropped-
+    # head check in compiled steps, numpy's logs between them: the same values as the numpy
+    # steps with the compiled row sums (the path it replaces).
+    pytest.importorskip("numba")
+    from watermark import jit
+
+    jit.load()
+    fast = stats_compiled.compiled()
+    rng = np.random.default_rng(15)
+    for size in (1, 5, 40, 300):
+        n = rng.integers(0, 400, size)
+        x = n * rng.uniform(0.2, 4.0, size)
+        x[: size // 5] = rng.choice([0.0, -1.0, np.inf, 1e-300], size // 5)
+        reference = _many_reference(x, n)
+        assert np.array_equal(stats._gamma_log10_sf_many_compiled(x, n.astype(np.int64), fast), reference)
+        assert np.array_equal(stats.gamma_log10_sf_many(x, n), reference)
+
+
+def _many_reference(x, n):
+    """gamma_log10_sf_many's numpy steps (the compiled row sums, as before the fused path)."""
+    out = np.where(np.isinf(x) & (x > 0) & (n > 0), -math.inf, 0.0)
+    live = np.flatnonzero((n > 0) & (x > 0.0) & np.isfinite(x))
+    if not len(live):
+        return out
+    lf = stats._log_fact(int(n[live].max()))
+    j0 = np.zeros(len(x), dtype=np.int64)
+    j0[live] = stats._poisson_starts(n[live] - 1, x[live])
+    log_sf, log_first = stats._poisson_sums(x, n, j0, live, lf)
+    redo = live[stats._dropped_below(j0[live], x[live], log_first[live]) >= log_sf[live] - stats._SIDE_MARGIN]
+    if len(redo):
+        j0[redo] = 0
+        log_sf[redo] = stats._poisson_sums(x, n, j0, redo, lf)[0][redo]
+    out[live] = np.minimum(0.0, log_sf[live]) / stats.LN10
+    return out
+
+
+def test_compiled_gamma_sf_is_the_numpy_steps(monkeypatch):
+    # log_gamma_sf where numba is loaded: its terms less their maximum compiled, numpy's exp and
+    # sum: bit for bit the numpy steps.
+    jit.load()
+    assert stats_compiled.compiled() is not None
+    rng = np.random.default_rng(16)
+    cases = [(float(x), int(n)) for n in (1, 2, 7, 32, 200, 1000, 5000)
+             for x in (0.5, n * 0.8, n * 1.0, n * 1.7, n * 4.0 + 30.0) + tuple(rng.uniform(0.1, 5.0 * n, 5))]
+    compiled = [stats.log_gamma_sf(x, n) for x, n in cases]
+    monkeypatch.setattr(stats_compiled, "compiled", lambda: None)
+    assert compiled == [stats.log_gamma_sf(x, n) for x, n in cases]
+
+
+def test_compiled_series_window_and_cdf_start_are_the_python_ones():
+    # The weighted tail's window and its Poisson sum's first term, compiled: the same integers
+    # as stats._series_window and stats._cdf_start (libm's log and sqrt in both).
+    jit.load()
+    fast = stats_compiled.compiled()
+    rng = np.random.default_rng(17)
+    for _ in range(20000):
+        n = int(rng.integers(1, 3000))
+        alpha = float(rng.uniform(0.001, 0.499))
+        r = alpha / (1.0 - alpha)
+        x = float(n * rng.uniform(0.1, 30.0)) / alpha
+        k1, chunk = stats._series_window(n, r, x)
+        j0 = stats._cdf_start(2 * n + k1 - 1, x) if k1 > 0 else 0
+        assert tuple(fast["_weighted_window"](n, r, x)) == (k1, chunk, j0)
+        top = int(rng.integers(0, 5000))
+        assert fast["_cdf_start"](top, x / n) == stats._cdf_start(top, x / n)

@@ -352,3 +352,20 @@ def test_compiled_kernel_rows_are_poisson_terms(lam):
     assert width == columns - int(np.argmax(kept[::-1]))
     assert np.allclose(row[:width], exact[:width], rtol=1e-13, atol=0.0)
     assert not row[width:].any()
+
+
+def test_statistic_of_scores_is_the_numpy_statistic():
+    # Compiled selection and combination, numpy's exp, log and log1p: the same (S, i, p_(i)).
+    pytest.importorskip("numba")
+    from watermark import jit
+
+    jit.load()
+    assert trgof_compiled.statistic_kernels() is not None
+    rng = np.random.default_rng(13)
+    for n in (1, 2, 3, 10, 199, 200, 1001):
+        for boost in (0.0, 0.5, 2.0, 6.0):
+            scores = rng.exponential(1.0, n)
+            scores[: n // 3] += boost * rng.exponential(1.0, n // 3)
+            expected = trgof.statistic_at(trgof.token_pvalues(scores))
+            assert trgof.statistic_of_scores(scores) == expected
+    assert trgof.statistic_of_scores(np.zeros(5)) == trgof.statistic_at(trgof.token_pvalues(np.zeros(5)))
