@@ -130,6 +130,7 @@ def _request(path: str, host: str, token: str, body: dict | None) -> bytes:
 async def _load(port: int, token: str, bodies: list[dict | None], clients: int, seconds: float, warmup: float,
                 path: str = "/v1/detect"):
     latencies: list[float] = []
+    timeline: list[tuple[float, float]] = []  # (start, latency) of every measured answer
     errors = 0
     requests = [_request(path, f"127.0.0.1:{port}", token, b) for b in bodies]
     stop_at = time.perf_counter() + warmup + seconds
@@ -150,9 +151,11 @@ async def _load(port: int, token: str, bodies: list[dict | None], clients: int, 
                 errors += 1
             elif start >= measure_from:
                 latencies.append(end - start)
+                timeline.append((start, end - start))
         connection.writer.close()
 
     await asyncio.gather(*(worker(i) for i in range(clients)))
+    _load.timeline = timeline
     return latencies, errors
 
 
@@ -182,7 +185,13 @@ class _Tree:
         self.texts: list[str] | None = None
 
     def run(self, texts: list[str] | None, args) -> tuple[list[str], dict]:
-        server = Gateway(self.env, self.tmp / "gateway.log", repo=self.repo, args=self.args)
+        env = self.env
+        stalls_file = self.tmp / f"stalls-{time.monotonic_ns()}.jsonl"
+        if args.probe and self.name == "this":  # bench/stall_probe/sitecustomize.py in the gateway
+            env = {**env, "HALLMARK_BENCH_STALLS": str(stalls_file),
+                   "PYTHONPATH": os.pathsep.join([str(REPO / "bench" / "stall_probe"), str(self.repo)])}
+        server = Gateway(env, self.tmp / "gateway.log", repo=self.repo, args=self.args)
+        stalls = None
         try:
             server.wait_ready()
             if self.texts is None:  # first round: this ledger records the generations
@@ -196,6 +205,8 @@ class _Tree:
             load_before = os.getloadavg()[0]
             latencies, errors = asyncio.run(_load(server.port, self.detect_token, bodies, args.clients, args.seconds,
                                                   args.warmup))
+            if args.probe and self.name == "this":
+                stalls = stall_summary(_read_stalls(server, stalls_file), _load.timeline)
             floor = None
             if args.floor and self.name == "this":
                 # The same client and server against GET /healthz: what HTTP, the middleware and
@@ -216,7 +227,58 @@ class _Tree:
             "sample_basis": check.get("basis"), "sample_ledger_matches": len(check.get("ledger_matches") or []),
             "sample_kgram_matches": len(check.get("kgram_matches") or []),
             "load_average_1min_before": round(load_before, 2), "floor_healthz_requests_per_second": floor,
+            **({"stalls": stalls} if stalls is not None else {}),
         }
+
+
+def _read_stalls(server: Gateway, path: Path) -> dict:
+    """The gateway's stall probe records so far (bench/stall_probe/sitecustomize.py, on SIGUSR1)."""
+    import signal
+
+    server.process.send_signal(signal.SIGUSR1)
+    for _ in range(200):
+        if path.exists() and path.read_text().endswith("\n"):
+            return json.loads(path.read_text().splitlines()[-1])
+        time.sleep(0.05)
+    raise SystemExit("the gateway wrote no stall records (bench/stall_probe on its PYTHONPATH?)")
+
+
+def stall_summary(events: dict, timeline: list[tuple[float, float]], lag_ms: float = 20.0) -> dict:
+    """What the loop's lags over ``lag_ms`` overlapped (collections, key cache loads), over the
+    measured window of ``timeline``: counts, total milliseconds, and the slowest answers'
+    overlaps."""
+    if not timeline:
+        return {}
+    begin, end = timeline[0][0], max(s + d for s, d in timeline)
+    within = lambda t: begin <= t <= end  # noqa: E731
+    gcs = [g for g in events["gc"] if within(g[1])]
+    loads = [x for x in events["loads"] if within(x[1])]
+    lags = [x for x in events["lags"] if within(x[0]) and x[1] * 1e3 >= lag_ms]
+
+    def overlapping(start: float, length: float) -> dict:
+        stop = start + length
+        return {"gc_ms": round(sum(g[2] for g in gcs if g[1] < stop and g[1] + g[2] > start) * 1e3, 1),
+                "loads": [(k, round(d * 1e3, 1), t) for k, s, d, t in loads if s < stop and s + d > start
+                          and d > 0.001]}
+
+    gen = {n: [g[2] * 1e3 for g in gcs if g[0] == n] for n in (0, 1, 2)}
+    slow = sorted(timeline, key=lambda x: -x[1])[: max(1, len(timeline) // 100)]
+    return {
+        "seconds": round(end - begin, 1),
+        "gc": {f"gen{n}": {"count": len(v), "total_ms": round(sum(v), 1), "max_ms": round(max(v, default=0), 1)}
+               for n, v in gen.items()},
+        "key_cache_loads": {"count": len(loads), "total_ms": round(sum(x[2] for x in loads) * 1e3, 1),
+                            "on_loop": sum(1 for x in loads if x[3] == "MainThread"),
+                            "max_ms": round(max((x[2] for x in loads), default=0) * 1e3, 1),
+                            "slowest": sorted(((k, round(d * 1e3, 1), t) for k, s, d, t in loads),
+                                              key=lambda x: -x[1])[:5]},
+        f"loop_lags_over_{lag_ms:g}ms": {
+            "count": len(lags), "total_ms": round(sum(x[1] for x in lags) * 1e3, 1),
+            "largest": [{"at_s": round(s - begin, 2), "ms": round(d * 1e3, 1), **overlapping(s, d + 0.002)}
+                        for s, d in sorted(lags, key=lambda x: -x[1])[:8]]},
+        "slowest_1pct_answers": {"count": len(slow), "min_ms": round(slow[-1][1] * 1e3, 1),
+                                 "at_s": sorted(round(s - begin, 2) for s, _ in slow)[:40]},
+    }
 
 
 def main() -> None:
@@ -232,6 +294,9 @@ def main() -> None:
     parser.add_argument("--floor", action="store_true", help="also drive GET /healthz of this tree (the HTTP floor)")
     parser.add_argument("--distinct", type=int, default=0,
                         help="this many distinct texts (generations with 3 words changed), none sent twice")
+    parser.add_argument("--probe", action="store_true",
+                        help="this tree's gateway runs bench/stall_probe (collections, key cache loads, loop lag): "
+                             "what the loop's stalls overlapped, in the JSON and printed")
     parser.add_argument("--out", default="bench/results/detect_http.json")
     args = parser.parse_args()
     args_this = ("--workers", str(args.workers)) if args.workers > 1 else ()
@@ -250,6 +315,8 @@ def main() -> None:
                       f"ms, p99 {run['p99_ms']:.1f} ms, errors {run['errors']}, load {run['load_average_1min_before']}"
                       + (f", floor /healthz {run['floor_healthz_requests_per_second']:.0f} req/s"
                          if run["floor_healthz_requests_per_second"] else ""), flush=True)
+                if "stalls" in run:
+                    print(json.dumps(run["stalls"], indent=1), flush=True)
         same_texts = all(t.texts == trees[0].texts for t in trees)
     def summary(name: str) -> dict:
         mine = [r for r in runs if r["tree"] == name]

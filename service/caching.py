@@ -12,6 +12,8 @@ without a database query when repeated and can never evict a valid token.
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 import time
 from collections import OrderedDict
@@ -19,17 +21,32 @@ from typing import Callable, Generic, Hashable, TypeVar
 
 V = TypeVar("V")
 _MISSING = object()
+log = logging.getLogger("hallmark.caching")
 
 
 class TTLCache(Generic[V]):
-    """An LRU of at most ``max_entries`` entries, each valid ``ttl`` seconds."""
+    """An LRU of at most ``max_entries`` entries, each valid ``ttl`` seconds.
 
-    def __init__(self, ttl: float, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
+    ``refresh_ahead`` (a share of ``ttl``, 0: off): :meth:`get_or_load` of an entry in the last
+    ``refresh_ahead * ttl`` seconds of its life returns it and reloads it on the cache's own
+    thread, so a busy key is reloaded before it expires instead of by the caller that finds it
+    expired: on the gateway that caller is the event loop, and the signer's and a detection
+    scope's reloads held it 10-27 ms every 2 s (bench.detect_http --probe, issue 30 item 5),
+    every request in flight waiting. No entry is served past its expiry either way (one whose
+    reload has not finished is loaded by its caller, as without), so a change still takes
+    effect within ``ttl``; a reload that began before :meth:`clear` is dropped."""
+
+    def __init__(self, ttl: float, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic,
+                 refresh_ahead: float = 0.0) -> None:
         self.ttl = ttl
         self.max_entries = max_entries
+        self.refresh_ahead = refresh_ahead
         self._clock = clock
         self._entries: OrderedDict[Hashable, tuple[float, V]] = OrderedDict()
         self._lock = threading.Lock()
+        self._cleared = 0  # clear()s so far: a reload begun before one is not stored
+        self._reloading: set[Hashable] = set()
+        self._reloads: queue.SimpleQueue | None = None
 
     def get(self, key: Hashable, default=_MISSING):
         """The live value for ``key``, else ``default`` (a sentinel: test with :meth:`hit`)."""
@@ -54,18 +71,60 @@ class TTLCache(Generic[V]):
         if self.ttl <= 0:
             return
         with self._lock:
-            self._entries[key] = (self._clock() + self.ttl, value)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            self._put(key, value)
+
+    def _put(self, key: Hashable, value: V) -> None:
+        self._entries[key] = (self._clock() + self.ttl, value)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
 
     def get_or_load(self, key: Hashable, load: Callable[[], V]) -> V:
-        value = self.get(key)
-        if self.hit(value):
-            return value
+        if self.refresh_ahead > 0 and self.ttl > 0:
+            now = self._clock()
+            with self._lock:
+                hit = self._entries.get(key)
+                if hit is not None and hit[0] > now:
+                    self._entries.move_to_end(key)
+                    if hit[0] - now < self.ttl * self.refresh_ahead and key not in self._reloading:
+                        self._reloading.add(key)
+                        self._reload_queue().put((key, load, self._cleared))
+                    return hit[1]
+        else:
+            value = self.get(key)
+            if self.hit(value):
+                return value
         value = load()
         self.put(key, value)
         return value
+
+    def _reload_queue(self) -> queue.SimpleQueue:
+        """The reloads' queue, and the daemon thread that runs them (started on first use)."""
+        if self._reloads is None:
+            self._reloads = queue.SimpleQueue()
+            threading.Thread(target=self._reload_forever, args=(self._reloads,), daemon=True,
+                             name="cache-refresh").start()
+        return self._reloads
+
+    def _reload_forever(self, reloads: queue.SimpleQueue) -> None:
+        while True:
+            try:
+                key, load, cleared = reloads.get(timeout=30.0)
+            except queue.Empty:  # idle: the thread ends (queued under the lock, so none is lost)
+                with self._lock:
+                    if reloads.empty():
+                        self._reloads = None
+                        return
+                continue
+            try:
+                value = load()
+            except Exception:  # noqa: BLE001 - the entry expires and its next caller loads (and fails) as before
+                log.debug("reloading %r ahead of its expiry failed", key, exc_info=True)
+                value = _MISSING
+            with self._lock:
+                self._reloading.discard(key)
+                if value is not _MISSING and cleared == self._cleared:
+                    self._put(key, value)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -76,6 +135,7 @@ class TTLCache(Generic[V]):
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._cleared += 1
 
 
 class TokenCache(Generic[V]):

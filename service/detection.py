@@ -31,6 +31,7 @@ from service import ledger_log
 from service.provenance import ledger_match, report_scope, report_settings, report_statement
 from service.schemas import DetectBody
 from service.state import Services
+from service.tokenization import encode_with_offsets
 from watermark.validation import describe
 
 log = logging.getLogger("hallmark.detection")
@@ -307,6 +308,5 @@ def tokenize_with_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[i
     one (several times cheaper per call than the transformers wrapper)."""
     backend = getattr(tokenizer, "_tokenizer", None)
     if backend is not None:
-        encoding = backend.encode(text, add_special_tokens=False)
-        return encoding.ids, encoding.offsets
+        return encode_with_offsets(backend, text)
     return tokenizer.encode(text, add_special_tokens=False), None

@@ -67,12 +67,12 @@ def warm_detection(engine=None) -> float:
                 _shared_scores(tokens, many[0], config, memo)
     kgram_hashing.digest_array(texts[1], bytes(32), kgram_digests.K)  # the ledger's k-gram digests (compiled)
     if engine is not None:
+        from service.detection import tokenize_with_offsets
+
         tokenizer = engine.tokenizer()
         forms, _ = text_forms("Warm up:\n    a text\u00a0with “forms”.")
-        for form in forms:
-            encoder = getattr(tokenizer, "_tokenizer", None)
-            (encoder.encode(form.text, add_special_tokens=False) if encoder is not None
-             else tokenizer.encode(form.text, add_special_tokens=False))
+        for form in forms:  # through the request's path: its piece tables made here (service.tokenization)
+            tokenize_with_offsets(tokenizer, form.text)
         table = generation_ids.segmentation_table(tokenizer, engine)
         if table is not None:
             table.by_id  # noqa: B018 - the tokens' arrays merge_space_runs reads, built once
