@@ -134,13 +134,16 @@ def test_a_tenants_own_recorded_generation_is_not_counted_but_its_edited_copies_
                                headers={"Authorization": f"Bearer {guarded.tokens['acme']}"}).json()
     assert [_detect(guarded, "acme", text=made["text"]) for _ in range(LIMIT + 3)] == [200] * (LIMIT + 3)
     rng = random.Random(8)
-    edited = [_detect(guarded, "acme", text=_edit(made["text"], rng)) for _ in range(LIMIT + 1)]
+    # 2 % of the words: a generation of 120 tokens has about 116 windows, and the bar is half of
+    # them (58); two copies each with 5 % of its words replaced by junk of several tokens can
+    # differ in more (issue 31, fifth round: the bar at half the smaller query's windows).
+    edited = [_detect(guarded, "acme", text=_edit(made["text"], rng, 0.02)) for _ in range(LIMIT + 1)]
     assert edited == [200] * LIMIT + [429]
     # Another tenant's copy of it is not its own generation: counted (its exact repeats are not,
     # as any text's: the same answer again), so its edited copies end at the limit.
     assert [_detect(guarded, "globex", text=made["text"]) for _ in range(2)] == [200, 200]
     rng = random.Random(10)
-    assert [_detect(guarded, "globex", text=_edit(made["text"], rng)) for _ in range(LIMIT)] == \
+    assert [_detect(guarded, "globex", text=_edit(made["text"], rng, 0.02)) for _ in range(LIMIT)] == \
         [200] * (LIMIT - 1) + [429]
 
 
