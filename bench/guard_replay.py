@@ -11,7 +11,12 @@ the largest; an exact repeat answered without counting). Designs:
 
 * ``quarter``: a quarter of the smaller query's windows, at most 100 (round four's bar);
 * ``half``: half of them, at most 100 (this round's);
-* ``flat32`` / ``flat100``: 32 or 100 windows whatever the sizes (the min-share rule kept).
+* ``flat32`` / ``flat100``: 32 or 100 windows whatever the sizes (the min-share rule kept);
+* ``core``: tried, not adopted: a family of two or more queries is matched by containing half
+  of its *core* (the windows at least two of its queries hold: fresh junk never repeats, so
+  padding is not in it), a one-query family by the half bar;
+* ``exposure9``: tried, not adopted: the half bar, and a query refused when 32 of its windows
+  were each in 9 answered queries of the window (whatever their families).
 
 Legitimate use: bench.legit_use's 150 public texts (50 addresses x 3, one family space).
 Attacks, each on ``--texts`` licence chunks of >= 205 tokens in a fresh space, counted as the
@@ -74,13 +79,71 @@ class Space:
         return True
 
 
+class CoreSpace(Space):
+    def _core(self, family: str) -> set[int]:
+        seen: dict[int, int] = defaultdict(int)
+        for f, sketch in self.rows:
+            if f == family:
+                for h in sketch.hashes:
+                    seen[h] += 1
+        return {h for h, n in seen.items() if n >= 2}
+
+    def ask(self, query: probe.Sketch) -> bool:
+        members: dict[str, list[probe.Sketch]] = defaultdict(list)
+        for family, other in self.rows:
+            if probe.same_query(query, other):
+                return True
+            members[family].append(other)
+        matched = set()
+        for family, sketches in members.items():
+            if len(sketches) == 1:
+                if probe.related(query, sketches[0], self.min_share, **self.design):
+                    matched.add(family)
+            else:
+                core = self._core(family)
+                if len(query.hashes & core) >= max(32, 0.5 * len(core)):
+                    matched.add(family)
+        if any(self.counts[f] >= self.per_day for f in matched):
+            return False
+        family = max(matched, key=lambda f: (self.counts[f], f)) if matched else f"f{len(self.rows)}"
+        self.rows.append((family, query))
+        self.counts[family] += 1
+        return True
+
+
+class ExposureSpace(Space):
+    def __init__(self, design: dict, exposures: int = 9, bar: int = 32) -> None:
+        super().__init__(design)
+        self.seen: dict[int, int] = defaultdict(int)
+        self.exposures, self.bar = exposures, bar
+
+    def ask(self, query: probe.Sketch) -> bool:
+        if any(probe.same_query(query, other) for _, other in self.rows):
+            return True
+        if sum(1 for h in query.hashes if self.seen[h] >= self.exposures) >= self.bar:
+            return False
+        if not super().ask(query):
+            return False
+        for h in query.hashes:
+            self.seen[h] += 1
+        return True
+
+
+SPACES = {"core": (CoreSpace, DESIGNS["half"]), "exposure9": (ExposureSpace, DESIGNS["half"])}
+
+
+def _space(name: str) -> Space:
+    kind, design = SPACES.get(name, (Space, DESIGNS.get(name)))
+    return kind(design)
+
+
 def _sketch(ids: list[int]) -> probe.Sketch:
     return probe.sketch_of_forms(SECRET, [ids])
 
 
-def legit(design: dict, texts: list[list[int]]) -> list[int]:
+def legit(name: str, texts: list[list[int]]) -> list[int]:
     """The indices of bench.legit_use's public texts the guard refuses, in its order."""
-    space = Space(design)
+    space = _space(name)
     return [i for i, ids in enumerate(texts) if not space.ask(_sketch(ids))]
 
 
@@ -138,6 +201,7 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--designs", default=",".join([*DESIGNS, *SPACES]))
     parser.add_argument("--out", type=Path, default=Path("bench/results/guard-replay.json"))
     args = parser.parse_args()
     from transformers import AutoTokenizer
@@ -155,15 +219,15 @@ def main() -> None:
     vocab = tokenizer.get_vocab()
     words = [i for t, i in vocab.items() if t.startswith("Ġ") and t[1:].isalpha() and len(t) > 3]
     results: dict = {"legit_refused": {}, "attacks": {}}
-    for name, design in DESIGNS.items():
-        refused = legit(design, public)
+    for name in args.designs.split(","):
+        refused = legit(name, public)
         results["legit_refused"][name] = {"answered": f"{len(public) - len(refused)}/{len(public)}", "refused": refused}
         print(name, "legit", results["legit_refused"][name], flush=True)
         attacker = Attacker(tokenizer, words, random.Random(args.seed))
         table = {}
         for kind in SHAPES:
             for edit in EDITS:
-                table[f"{kind} {edit}"] = [attacker.run(Space(design), base, kind, edit, args.rounds) for base in bases]
+                table[f"{kind} {edit}"] = [attacker.run(_space(name), base, kind, edit, args.rounds) for base in bases]
         results["attacks"][name] = table
         print(name, json.dumps(table), flush=True)
     results.update({"rounds": args.rounds, "texts": args.texts, "seed": args.seed,
