@@ -81,8 +81,8 @@ changed) except halves padded with only 110 junk tokens (the
 bench's splitting: 6 at a quarter, 6-30 at half), which more padding takes past a quarter
 too. What the quarter added was refusals of distinct texts that do not pad: bench.legit_use's
 public texts, 143 of 150 answered at a quarter, 147 at half; the 3 refused (67, 83, 86:
-pydoc's argparse listings) share 102-211 windows, 44-82 % of their own, with texts already
-checked 3 times: near-copies, as close to one another as a text is to its own 5-12 % edit
+pydoc's argparse listings) share 102-211 windows, 45-82 % of their own, with texts already
+checked 3 times: near-copies, as close to one another as a text is to its own 4-15 % edit
 round, which no count of windows tells apart. The round-four run that reverted half
 (bench.oracle_attack: public interleaving stripped 1 of 2 texts at 9.5 % changed) stripped
 it at its third query (two rounds of 5 %), which every bar answers.
