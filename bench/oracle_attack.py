@@ -254,6 +254,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/oracle-attack.json"))
     parser.add_argument("--round2", type=int, default=0, metavar="N",
                         help="issue 31's attacks instead (bench/oracle_variants.py), N attempts per tier and attack")
+    parser.add_argument("--attacks", default=None,
+                        help="with --round2: only these attacks (comma-separated names of bench/oracle_variants.py)")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -351,7 +353,8 @@ def _round2(url, tokens, editor, tokenizer, generations, args) -> dict:
     from bench.oracle_variants import APPLIES
     humans = human_texts(tokenizer, (sum(len(attacks) for attacks in APPLIES.values()) + 1) * args.round2)
     tables = run_round2(url, tokens, editor, humans, generations[args.strip_texts:], truth, attempts=args.round2,
-                        max_rounds=args.max_rounds, blind=blind, spoof=spoof, strip=strip)
+                        max_rounds=args.max_rounds, blind=blind, spoof=spoof, strip=strip,
+                        only=set(args.attacks.split(",")) if args.attacks else None)
     return {"no_access": blind, "round2": tables}
 
 

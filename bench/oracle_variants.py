@@ -138,7 +138,8 @@ def verified(truth, editor, ids_or_text, *, watermarked: bool) -> bool:
 
 
 def run_round2(url: str, tokens: dict[str, str], editor, humans: list[str], generations: list[list[int]],
-               truth, *, attempts: int, max_rounds: int, blind: dict, spoof, strip) -> dict:
+               truth, *, attempts: int, max_rounds: int, blind: dict, spoof, strip,
+               only: set[str] | None = None) -> dict:
     """One table per tier: each attack's spoof and blind-strip outcomes, judged by the expert
     tier (ground truth), with the no-access baseline beside each strip figure."""
     rng = editor.rng
@@ -149,6 +150,8 @@ def run_round2(url: str, tokens: dict[str, str], editor, humans: list[str], gene
     for tier, attacks in APPLIES.items():
         table = {}
         for attack in attacks:
+            if only is not None and attack not in only:
+                continue
             if tier == "tenant":
                 chosen = {"many_tokens": [tokens["tenant"], tokens["tenant2"], tokens["tenant3"]],
                           "admin_token": [tokens["tenant_admin"]]}.get(attack, [tokens["tenant"]])
