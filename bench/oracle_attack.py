@@ -254,6 +254,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results/oracle-attack.json"))
     parser.add_argument("--round2", type=int, default=0, metavar="N",
                         help="issue 31's attacks instead (bench/oracle_variants.py), N attempts per tier and attack")
+    parser.add_argument("--attacks", default=None,
+                        help="with --round2: only these attacks (comma-separated names of bench/oracle_variants.py)")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -268,7 +270,10 @@ def main() -> None:
                                  headers={"Authorization": f"Bearer {tokens['tenant']}"})
         generations = []
         seed = 0
-        wanted = max(3 * args.strip_texts, args.strip_texts + 16 * args.round2)  # disjoint sets: a tier's probe guard must not see another's texts
+        from bench.oracle_variants import APPLIES
+        cells = sum(len(attacks) for attacks in APPLIES.values())
+        # Disjoint sets: a tier's probe guard must not see another's texts.
+        wanted = max(3 * args.strip_texts, args.strip_texts + (cells + 1) * args.round2)
         while len(generations) < wanted and seed < 5 * wanted:
             seed += 1
             out = generator.post("/v1/generate", json={"prompt": "Write about the history of the town",
@@ -345,9 +350,11 @@ def _round2(url, tokens, editor, tokenizer, generations, args) -> dict:
              "changed_share_to_strip_90pct": round(fractions[min(len(fractions) - 1, int(0.9 * len(fractions)))], 4)
              if fractions else None}
     print("no_access", blind, flush=True)
-    humans = human_texts(tokenizer, 40 * args.round2)
+    from bench.oracle_variants import APPLIES
+    humans = human_texts(tokenizer, (sum(len(attacks) for attacks in APPLIES.values()) + 1) * args.round2)
     tables = run_round2(url, tokens, editor, humans, generations[args.strip_texts:], truth, attempts=args.round2,
-                        max_rounds=args.max_rounds, blind=blind, spoof=spoof, strip=strip)
+                        max_rounds=args.max_rounds, blind=blind, spoof=spoof, strip=strip,
+                        only=set(args.attacks.split(",")) if args.attacks else None)
     return {"no_access": blind, "round2": tables}
 
 

@@ -8,6 +8,12 @@ current text) that tried to get more answers than the probe guard allows:
 * ``padding``: the text plus 1.5 x its length of fresh random vocabulary words each query;
 * ``interleaving``: 12 tokens of the text, 4 of fresh junk, and so on;
 * ``splitting``: each query one half of the text (alternating), padded to the public minimum;
+* ``splitting_padded``: the same with 400 junk tokens (padding past the probe bar's cap: issue
+  31, fifth round, bench.guard_replay);
+* ``interleaving_fine``: 6 tokens of the text, 4 of fresh junk, and so on (a third of the
+  text's windows reach the detector: fewer than the bar's cap of 100);
+* ``fresh_edits``: strip only: each query the generation with a fresh random 30 % of its
+  tokens changed (distinct variants, none an edit of another), until one is not a basis;
 * ``flushing``: on a probe-guard refusal, 520 junk checks, then the query again;
 * ``many_tokens``: each query through the next of three tokens of one tenant (tenant tiers);
 * ``admin_token``: the tenant's own admin token (`tokens issue --tenant T --admin`);
@@ -26,11 +32,14 @@ import httpx
 
 from bench.oracle_attack import answer_of
 
+ADAPTIVE = ("splitting_padded", "interleaving_fine", "fresh_edits")
 ATTACKS = ("plain", "padding", "interleaving", "splitting", "flushing", "many_tokens", "admin_token",
-           "many_addresses", "xff")
-APPLIES = {"public": ("plain", "padding", "interleaving", "splitting", "flushing", "many_addresses", "xff"),
-           "tenant": ("plain", "padding", "interleaving", "splitting", "flushing", "many_tokens", "admin_token"),
+           "many_addresses", "xff") + ADAPTIVE
+APPLIES = {"public": ("plain", "padding", "interleaving", "splitting", "flushing", "many_addresses", "xff") + ADAPTIVE,
+           "tenant": ("plain", "padding", "interleaving", "splitting", "flushing", "many_tokens", "admin_token")
+           + ADAPTIVE,
            "expert": ("plain",)}
+FRESH_SHARE = 0.30
 
 
 class VariantOracle:
@@ -56,15 +65,16 @@ class VariantOracle:
         ids = self.editor.tok(text, add_special_tokens=False)["input_ids"]
         if self.attack == "padding":
             return text + self._junk(int(1.5 * len(ids)))
-        if self.attack == "interleaving":
+        if self.attack in ("interleaving", "interleaving_fine"):
+            keep = 12 if self.attack == "interleaving" else 6
             out: list[int] = []
-            for i in range(0, len(ids), 12):
-                out += ids[i:i + 12] + [self.editor.other(0) for _ in range(4)]
+            for i in range(0, len(ids), keep):
+                out += ids[i:i + keep] + [self.editor.other(0) for _ in range(4)]
             return self.editor.text(out)
-        if self.attack == "splitting":
+        if self.attack in ("splitting", "splitting_padded"):
             self._half ^= 1
             half = ids[: len(ids) // 2] if self._half else ids[len(ids) // 2:]
-            return self.editor.text(half) + self._junk(110)
+            return self.editor.text(half) + self._junk(110 if self.attack == "splitting" else 400)
         return text
 
     def _post(self, text: str) -> httpx.Response:
@@ -100,6 +110,24 @@ class VariantOracle:
         self._client.close()
 
 
+def strip_fresh(oracle, editor, ids: list[int], max_rounds: int, share: float = FRESH_SHARE) -> dict:
+    """Each query the original with a fresh random ``share`` of its tokens changed, until one
+    answer says neither the watermark nor the ledger is a basis (or a refusal)."""
+    original = list(ids)
+    trial = list(ids)
+    answer = {"refused": None, "watermarked": True, "ledger": True}
+    for _ in range(max_rounds):
+        trial = list(original)
+        for p in editor.rng.sample(range(len(trial)), round(share * len(trial))):
+            trial[p] = editor.other(trial[p])
+        answer = oracle.ask(editor.text(trial))
+        if answer.get("refused") or (not answer["watermarked"] and not answer["ledger"]):
+            break
+    done = not answer.get("refused") and not answer["watermarked"] and not answer["ledger"]
+    return {"success": done, "queries": oracle.queries, "refused": answer.get("refused"),
+            "changed": sum(a != b for a, b in zip(trial, original)), "tokens": len(original), "final_ids": trial}
+
+
 def verified(truth, editor, ids_or_text, *, watermarked: bool) -> bool:
     """What the expert tier (ground truth, not the attacker's view) says of the final text."""
     text = ids_or_text if isinstance(ids_or_text, str) else editor.text(ids_or_text)
@@ -110,7 +138,8 @@ def verified(truth, editor, ids_or_text, *, watermarked: bool) -> bool:
 
 
 def run_round2(url: str, tokens: dict[str, str], editor, humans: list[str], generations: list[list[int]],
-               truth, *, attempts: int, max_rounds: int, blind: dict, spoof, strip) -> dict:
+               truth, *, attempts: int, max_rounds: int, blind: dict, spoof, strip,
+               only: set[str] | None = None) -> dict:
     """One table per tier: each attack's spoof and blind-strip outcomes, judged by the expert
     tier (ground truth), with the no-access baseline beside each strip figure."""
     rng = editor.rng
@@ -121,6 +150,8 @@ def run_round2(url: str, tokens: dict[str, str], editor, humans: list[str], gene
     for tier, attacks in APPLIES.items():
         table = {}
         for attack in attacks:
+            if only is not None and attack not in only:
+                continue
             if tier == "tenant":
                 chosen = {"many_tokens": [tokens["tenant"], tokens["tenant2"], tokens["tenant3"]],
                           "admin_token": [tokens["tenant_admin"]]}.get(attack, [tokens["tenant"]])
@@ -128,28 +159,34 @@ def run_round2(url: str, tokens: dict[str, str], editor, humans: list[str], gene
                 chosen = [tokens["expert"]]
             else:
                 chosen = []
-            spoofed, stripped, changed, queries, refused = 0, 0, [], [], {}
+            spoofed, stripped, changed, queries, strip_queries, refused = 0, 0, [], [], [], {}
             for _ in range(attempts):
+                if attack != "fresh_edits":  # a strip strategy only (its spoof would be plain's)
+                    oracle = VariantOracle(url, tier, chosen, attack, editor, rng, addresses)
+                    result = spoof(oracle, editor, next(texts), max_rounds)
+                    oracle.close()
+                    queries.append(result["queries"])
+                    if result["refused"]:
+                        refused[result["refused"]] = refused.get(result["refused"], 0) + 1
+                    if verified(truth, editor, result["final_ids"], watermarked=True):
+                        spoofed += 1
                 oracle = VariantOracle(url, tier, chosen, attack, editor, rng, addresses)
-                result = spoof(oracle, editor, next(texts), max_rounds)
+                if attack == "fresh_edits":
+                    result = strip_fresh(oracle, editor, next(strips), max_rounds)
+                else:
+                    result = strip(oracle, editor, next(strips), max_rounds, with_evidence=False)
                 oracle.close()
-                queries.append(result["queries"])
-                if result["refused"]:
-                    refused[result["refused"]] = refused.get(result["refused"], 0) + 1
-                if verified(truth, editor, result["final_ids"], watermarked=True):
-                    spoofed += 1
-                oracle = VariantOracle(url, tier, chosen, attack, editor, rng, addresses)
-                result = strip(oracle, editor, next(strips), max_rounds, with_evidence=False)
-                oracle.close()
+                strip_queries.append(result["queries"])
                 if result["refused"]:
                     refused[result["refused"]] = refused.get(result["refused"], 0) + 1
                 if verified(truth, editor, result["final_ids"], watermarked=False):
                     stripped += 1
                     changed.append(round(result["changed"] / result["tokens"], 3))
-            table[attack] = {"spoof": f"{spoofed}/{attempts}", "strip": f"{stripped}/{attempts}",
+            table[attack] = {"spoof": f"{spoofed}/{attempts}" if queries else "-", "strip": f"{stripped}/{attempts}",
                              "strip_changed_shares": sorted(changed),
                              "blind_baseline_share_90pct": blind.get("changed_share_to_strip_90pct"),
-                             "median_queries": sorted(queries)[len(queries) // 2], "refused": refused}
+                             "median_queries": sorted(queries)[len(queries) // 2] if queries else None,
+                             "strip_queries": strip_queries, "refused": refused}
             print(tier, attack, table[attack], flush=True)
         tables[tier] = table
     return tables

@@ -12,11 +12,12 @@ position's window of 5 tokens. The guard therefore sketches a query by its **tok
 (of the text as sent and as the detector normalises it: invisible characters, bidi controls,
 look-alike letters; token ids as sent, so a text and its token ids are one family), and a
 query joins an earlier query's family when the two share at least :data:`ABSOLUTE` (32)
-5-grams (a quarter of the smaller one's, at most 100), or at least ``share`` (default 50 %) of the smaller one's (a short text; a piece of a
-text split over queries). A count of shared windows is what padding cannot lower (added junk
-adds 5-grams to a query, never removes the text's), and interleaving lowers it only by hiding
-the text's positions from the detector, which is what the guard protects. A
-query that matches several families is refused if any of them is spent.
+5-grams, half of the smaller one's, at most 100 (:data:`DENSITY`, :data:`CAP`), or at least
+``share`` (default 50 %) of the smaller one's (a short text; a piece of a text split over
+queries). A count of shared windows is what padding cannot lower (added junk adds 5-grams to a
+query, never removes the text's), and interleaving lowers it only by hiding the text's
+positions from the detector, which is what the guard protects. A query that matches several
+families is refused if any of them is spent.
 
 Families are kept for the whole window (24 hours; no last-N cut: 500 junk checks reopened a
 family before) and per family space: a tenant (every token of it, its admin tokens included),
@@ -66,18 +67,33 @@ ABSOLUTE = 32
 """k-grams two queries may share before they are one text's family, however much else either
 holds: about 36 tokens of one text repeated. Distinct texts rarely repeat 32 windows of 5
 tokens (quotes and boilerplate do: then they are counted together, which errs towards refusing)."""
-DENSITY, CAP = 0.25, 400
-"""The bar rises to a quarter of the smaller query's windows, at most 100 (a quarter of 400):
-texts that share boilerplate (pydoc's tables, licence clauses) share 30-180 windows by chance
-(bench.legit_use: at 32 flat, 2 of 150 distinct public checks were refused), while padding
-either query beyond 400 windows cannot raise the bar above 100, which a padded text of 200
-tokens edited a few percent a round still clears.
+DENSITY, CAP = 0.5, 200
+"""The bar rises to half the smaller query's windows, at most 100 (half of 200).
 
-Half of at most 200 windows was tried (guard31, round four): bench.legit_use answered 147 of
-150 public checks instead of 143, but interleaving (12 tokens of the text, 4 of junk: about
-100 windows of the text left in a query) then stripped 1 of 2 texts at 9.5 % of tokens
-changed (bench.oracle_attack --round2 2, seed 31; 0 of 2 at a quarter), so the quarter stays:
-what a window count cannot tell apart is a quoted clause from an interleaved text."""
+Why half and not a quarter (issue 31, fifth round; ``bench.guard_replay`` replays both offline,
+bench/results/guard-replay-guard31c.json): the bar an *adaptive* attacker meets is the cap,
+not the density. Padding both queries past the cap's window count raises the bar to it, and
+any attacker can pad. Replayed, the two bars answer every attack the same (4 texts, 30
+rounds: plain, padded and 12/4-interleaved rounds of 5 % edits 3 queries; halves padded with
+400 junk tokens, edited 5 % a round, 6-30; without limit under both: a third of a text at a
+time, 6 tokens of it to 4 of junk, or each query the text with a fresh 30 % of its tokens
+changed) except halves padded with only 110 junk tokens (the
+bench's splitting: 6 at a quarter, 6-30 at half), which more padding takes past a quarter
+too. What the quarter added was refusals of distinct texts that do not pad: bench.legit_use's
+public texts, 143 of 150 answered at a quarter, 147 at half; the 3 refused (67, 83, 86:
+pydoc's argparse listings) share 102-211 windows, 45-82 % of their own, with texts already
+checked 3 times: near-copies, as close to one another as a text is to its own 4-15 % edit
+round, which no count of windows tells apart. The round-four run that reverted half
+(bench.oracle_attack: public interleaving stripped 1 of 2 texts at 9.5 % changed) stripped
+it at its third query (two rounds of 5 %), which every bar answers.
+
+What a query may carry of an earlier text without joining its family is therefore at most
+99 of its windows (about 103 tokens of it), whatever either query holds besides; an edit
+round of a 200-token text that keeps more than half its windows (changes under about 13 % of
+its tokens, scattered) joins. Texts sharing fewer windows than that (quotes of a clause,
+boilerplate) are distinct families. Only a flat bar of 32 windows held the adaptive attacks
+above to 3-9 queries (not fresh 30 % variants interleaved 6/4), and it refused 17 of the 150
+public texts: what the guard cannot stop is stated in README's "Detection access"."""
 _WORD = re.compile(r"\w+")
 
 
@@ -142,12 +158,14 @@ def sketch(secret: bytes, text: str, k: int = K) -> Sketch:
     return sketch_of_forms(secret, [ids], k)
 
 
-def related(query: Sketch, other: Sketch, min_share: float, absolute: int = ABSOLUTE) -> bool:
+def related(query: Sketch, other: Sketch, min_share: float, absolute: int = ABSOLUTE, density: float = DENSITY,
+            cap: int = CAP) -> bool:
     """Whether two queries show the detector one text: they share at least ``absolute``
     k-grams (padding either with fresh text cannot lower that count: issue 31), or at least
     ``min_share`` of the smaller one's (a short text, or a piece of a text split over
     queries). Never on fewer than :data:`MIN_MATCH` (a tiny query shares a k-gram with anything).
-    Counts at a sampling level above 0 are scaled back up."""
+    Counts at a sampling level above 0 are scaled back up. ``density`` and ``cap``: the bar's
+    rise with the smaller query's size (:data:`DENSITY`; bench.guard_replay compares others)."""
     level = max(query.level, other.level)
     mine, theirs = query.at(level), other.at(level)
     if not mine or not theirs:
@@ -162,8 +180,8 @@ def related(query: Sketch, other: Sketch, min_share: float, absolute: int = ABSO
     if common < MIN_MATCH:
         return False
     # Texts share some windows by chance (boilerplate): the bar rises with the smaller one's
-    # size, up to DENSITY of CAP windows, which a padded text of 200 tokens still clears.
-    bar = max(absolute, DENSITY * min(smaller, CAP))
+    # size, up to DENSITY of CAP windows (what any padded query meets: see DENSITY).
+    bar = max(absolute, density * min(smaller, cap))
     return common >= min(bar, min_share * smaller)
 
 
