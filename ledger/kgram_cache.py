@@ -503,6 +503,7 @@ class KgramCache:
         aside). Returns those generations (for :meth:`use_facts`); None, and nothing read,
         when the store has no k-gram key (no scheme 2 row: the per-part reads answer)."""
         from ledger.kgram_match import MIN_MATCHES
+        from ledger.read import driver_rows
 
         if self.store_key(session) is None:
             return None
@@ -522,7 +523,7 @@ class KgramCache:
         if tenant_id is not None:
             values["tenant_id"] = tenant_id
         values["min_matches"] = MIN_MATCHES
-        rows = connection.exec_driver_sql(_READ_ALL[dialect, tenant_id is not None], values).fetchall()
+        rows = driver_rows(connection, _READ_ALL[dialect, tenant_id is not None], values)
         read = _Read.of(rows, tenant_id, query, exact, cached)
         if read.searched is not None:
             self._searched2[tenant_id] = read.searched
