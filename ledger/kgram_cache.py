@@ -62,7 +62,9 @@ def _read_all(dialect: str, scoped: bool) -> str:
     each generation matching at least ``min_matches`` of
     them, or named in ``exact`` (:data:`_STORED`: their check against the log and an exact
     copy's id recovery); 2, the scope's finished generations (:func:`generations_in_scope`),
-    counted only when some generation matched; 3, the keys with scheme 1 rows (:data:`_V1_KEYS`).
+    counted only when some generation matched; 3, the keys with scheme 1 rows (:data:`_V1_KEYS`);
+    4, the exact copies of the text (its output hash: statement 1 folded in), with their
+    latest matching entry's id (their order), whose rows part 1 reads too.
     Generations named in ``known`` (their rows held already, verified against the log:
     :class:`VerifiedRows`) are left out of parts 0 and 1: their rows come from that cache.
     Written for the driver (its parameter style, sent with ``exec_driver_sql``: no statement
@@ -82,6 +84,11 @@ def _read_all(dialect: str, scoped: bool) -> str:
         joined = "string_agg(CAST(digest AS VARCHAR), ',')"
         text_of = "CAST({} AS VARCHAR)".format
     tenant = f" AND tenant_id = {param('tenant_id')}" if scoped else ""
+    # The exact copies (ledger.read.find_generations_by_output_hash's generations: the latest
+    # 100 with an entry of this output hash in scope, by their latest such entry).
+    copies = (f"copies AS (SELECT generation_id, max(id) AS latest FROM ledger_entries "
+              f"WHERE output_sha256 = {param('output_sha256')}{tenant} GROUP BY generation_id "
+              f"ORDER BY max(id) DESC LIMIT {EXACT_LIMIT}), ")
     # Parts 0 and 1 come one row per (generation, key[, scheme, tenant]) with their digests
     # joined (comma-separated, every row's: duplicates kept): a matched generation's ~one
     # row per output token would otherwise cost a Python row each to fetch.
@@ -92,8 +99,10 @@ def _read_all(dialect: str, scoped: bool) -> str:
         "FROM v1 WHERE v1.key_id IS NOT NULL), "
         f"hits AS MATERIALIZED (SELECT generation_id, key_id, digest FROM ledger_kgrams "
         f"WHERE digest IN ({digests}) AND scheme = 2{tenant}), "
+        f"{copies}"
         "gens AS (SELECT generation_id FROM hits GROUP BY generation_id "
-        f"HAVING count(DISTINCT digest) >= {param('min_matches')} UNION {exact}) "
+        f"HAVING count(DISTINCT digest) >= {param('min_matches')} UNION {exact} "
+        "UNION SELECT generation_id FROM copies) "
         f"SELECT 0 AS part, generation_id, key_id, {joined} AS digests, 2 AS scheme, "
         "CAST(NULL AS VARCHAR) AS tenant_id "
         f"FROM hits WHERE generation_id NOT IN (SELECT generation_id FROM gens) AND generation_id NOT IN ({known}) "
@@ -106,8 +115,12 @@ def _read_all(dialect: str, scoped: bool) -> str:
         f"FROM ledger_entries WHERE kind = 'finished' AND output_tokens >= {K}{tenant} "
         "AND EXISTS (SELECT 1 FROM gens) UNION ALL "
         "SELECT 3, CAST(NULL AS VARCHAR), key_id, CAST(NULL AS VARCHAR), 1, CAST(NULL AS VARCHAR) "
-        "FROM v1 WHERE key_id IS NOT NULL")
+        "FROM v1 WHERE key_id IS NOT NULL UNION ALL "
+        f"SELECT 4, generation_id, CAST(NULL AS VARCHAR), {text_of('latest')}, 2, CAST(NULL AS VARCHAR) FROM copies")
 
+
+EXACT_LIMIT = 100
+"""Exact copies read (ledger.read.find_generations_by_output_hash's default limit)."""
 
 _READ_ALL = {(dialect, scoped): _read_all(dialect, scoped) for dialect in ("sqlite", "postgresql")
              for scoped in (False, True)}
@@ -289,6 +302,8 @@ class _Read:
     v1_keys: frozenset[str]
     cached: dict[str, _Verified]
     """The generations whose rows came from :class:`VerifiedRows`, not the statement."""
+    copies: dict[str, int]
+    """The exact copies found by output hash (part 4): generation -> its latest matching entry id."""
 
     @classmethod
     def of(cls, rows: Sequence[Sequence], scope: str | None, query: np.ndarray, exact: Sequence[str],
@@ -307,12 +322,15 @@ class _Read:
         searched, v1 = None, set()
         pairs: dict[tuple[str, str], set[int]] = {}
         wanted: set[int] | None = None
+        copies: dict[str, int] = {}
         for part, generation_id, key_id, joined, scheme, row_tenant in rows:
             if part >= 2:
                 if part == 2:
                     searched = int(joined or 0)
-                else:
+                elif part == 3:
                     v1.add(key_id)
+                else:
+                    copies[generation_id] = int(joined)
                 continue
             digests = _digests_of(joined)
             found = set(digests.tolist())
@@ -331,6 +349,10 @@ class _Read:
                 if not found:
                     continue
             pairs.setdefault((generation_id, key_id), set()).update(found)
+        for generation_id in copies:  # named, as ``exact`` is (rows or none)
+            generations.setdefault(generation_id)
+            labels.setdefault(generation_id, set())
+            recorded.setdefault(generation_id, ([], []))
         stacked = {g: (np.concatenate(s) if s else empty, np.concatenate(d) if d else empty)
                    for g, (s, d) in recorded.items() if g not in cached}
         for generation_id, kept in cached.items():
@@ -347,7 +369,7 @@ class _Read:
                 stacked[generation_id] = (kept.schemes, kept.digests)
             if len(hits):
                 pairs[generation_id, label[0]] = set(hits.tolist())
-        return cls(scope, query, generations, pairs, stacked, labels, searched, frozenset(v1), cached)
+        return cls(scope, query, generations, pairs, stacked, labels, searched, frozenset(v1), cached, copies)
 
 
 def _digests_of(joined) -> np.ndarray:
@@ -397,6 +419,8 @@ class KgramCache:
         self._read: _Read | None = None
         self._read_forms: set = set()
         self._materialised = False
+        self.copies: dict[str, int] = {}
+        """What :meth:`read_all` found by output hash: generation -> its latest matching entry's id."""
         """What :meth:`read_all` read, as arrays (None: it did not run, or the per-part reads answer)."""
 
     def _keyed(self, token_ids: Sequence[int], key: bytes) -> list[int]:
@@ -492,7 +516,7 @@ class KgramCache:
         return known
 
     def read_all(self, session: Session, tenant_id: str | None, forms: Sequence[Sequence[int]],
-                 exact: Sequence[str] = ()) -> list[str] | None:
+                 exact: Sequence[str] = (), output_sha256: str | None = None) -> list[str] | None:
         """Everything a detection reads of the k-gram table, in one statement
         (:func:`_read_all`): the scheme 2 rows of every form's digests in scope ``tenant_id``
         (what :meth:`rows2` reads), the keys with scheme 1 rows (:meth:`v1_keys`), every row
@@ -500,8 +524,10 @@ class KgramCache:
         digests (any key) or are named in ``exact`` (:meth:`recorded`, :meth:`stored`), and
         when there are such, the scope's count (:meth:`searched2`): kept, so that those
         methods and :func:`ledger.kgrams.find_matches` read nothing more (scheme 1 keys
-        aside). Returns those generations (for :meth:`use_facts`); None, and nothing read,
-        when the store has no k-gram key (no scheme 2 row: the per-part reads answer)."""
+        aside). ``output_sha256``: the exact copies of a text of this output hash are named
+        too (:attr:`copies`: ledger.read.exact_copies builds them from the facts). Returns
+        those generations (for :meth:`use_facts`); None, and nothing read, when the store has
+        no k-gram key (no scheme 2 row: the per-part reads answer)."""
         from ledger.kgram_match import MIN_MATCHES
         from ledger.read import driver_rows
 
@@ -523,6 +549,7 @@ class KgramCache:
         if tenant_id is not None:
             values["tenant_id"] = tenant_id
         values["min_matches"] = MIN_MATCHES
+        values["output_sha256"] = output_sha256
         rows = driver_rows(connection, _READ_ALL[dialect, tenant_id is not None], values)
         read = _Read.of(rows, tenant_id, query, exact, cached)
         if read.searched is not None:
@@ -531,6 +558,7 @@ class KgramCache:
         self._labels.update(read.labels)
         self._read = read
         self._read_forms = {(self._store_key, tuple(tokens)) for tokens in forms}
+        self.copies = read.copies
         return list(read.generations)
 
     def _read_of(self, tenant_id: str | None, token_ids: Sequence[int]) -> "_Read | None":

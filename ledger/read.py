@@ -423,13 +423,33 @@ def find_generations_by_output_hash(session: Session, *, output_sha256: str, ten
     if not rows:  # most texts: one query, no row
         return []
     last = {}
+    for row in rows:
+        if row.output_sha256 == output_sha256:
+            last[row.generation_id] = max(last.get(row.generation_id, row.id), row.id)
+    return _exact_from_rows(session, rows, last, output_sha256)
+
+
+def exact_copies(session: Session, facts: "GenerationFacts | None", latest: dict[str, int], *, output_sha256: str,
+                 tenant_id: str | None) -> list[GenerationEntry]:
+    """:func:`find_generations_by_output_hash` from what the detection's look-up read already:
+    ``latest`` (generation -> its latest entry with this output hash in scope: the k-gram
+    read's part 4, ledger.kgram_cache) and those generations' entries, leaves and tenants'
+    names in ``facts`` (:func:`detection_facts`). No statement of its own (issue 30)."""
+    if not latest or facts is None:
+        return []
+    rows = sorted((row for row in facts.rows if row.generation_id in latest and row.tenant_name is not None
+                   and (tenant_id is None or row.tenant_id == tenant_id)), key=lambda row: (row.tenant_id, row.seq))
+    return _exact_from_rows(session, rows, latest, output_sha256)
+
+
+def _exact_from_rows(session: Session, rows: Sequence, last: dict[str, int], output_sha256: str) -> list[GenerationEntry]:
+    """The exact copies of :func:`find_generations_by_output_hash` from their entries ``rows``
+    (by tenant and seq, with ``tenant_name`` and the leaf columns), newest first by ``last``."""
     grouped: dict[str, list[Row]] = {}
     names: dict[str, str] = {}
     for row in rows:
         grouped.setdefault(row.generation_id, []).append(row)
         names[row.tenant_id] = row.tenant_name
-        if row.output_sha256 == output_sha256:
-            last[row.generation_id] = max(last.get(row.generation_id, row.id), row.id)
     ids = sorted(last, key=lambda g: last[g], reverse=True)
     # Only what the transparency log holds as written is cited: an entry inserted or edited
     # by anyone without the log key (the gateway's database role, the tables' owner) is not.
@@ -540,20 +560,24 @@ class GenerationFacts:
     """(size, note) of the latest published checkpoint; None: none published."""
     checked: frozenset[str] = frozenset()
     """The generation ids read (their finished entries are in ``finished``, if they have one)."""
+    rows: list = field(default_factory=list)
+    """Every entry row read (with its leaf's columns and its tenant's name: :func:`exact_copies`)."""
 
 
 def _facts_statement():
     from keys.models import KeyRow as WatermarkKey, LogCheckpoint
 
-    table, leaves, keys, checkpoints = (Row.__table__, LogLeaf.__table__, WatermarkKey.__table__,
-                                        LogCheckpoint.__table__)
+    table, leaves, keys, checkpoints, tenants = (Row.__table__, LogLeaf.__table__, WatermarkKey.__table__,
+                                                 LogCheckpoint.__table__, Tenant.__table__)
     latest = select(checkpoints.c.size).order_by(checkpoints.c.size.desc()).limit(1)
     return (select(table, *tlog.leaf_columns(), keys.c.state.label("key_state_now"),
+                   tenants.c.name.label("tenant_name"),
                    latest.scalar_subquery().label("published_size"),
                    select(checkpoints.c.note).order_by(checkpoints.c.size.desc()).limit(1)
                    .scalar_subquery().label("published_note"))
             .select_from(table.outerjoin(leaves, leaves.c.entry_id == table.c.id)
-                         .outerjoin(keys, keys.c.id == table.c.key_id))
+                         .outerjoin(keys, keys.c.id == table.c.key_id)
+                         .outerjoin(tenants, tenants.c.id == table.c.tenant_id))
             .where(table.c.generation_id.in_(bindparam("ids", expanding=True))))
 
 
@@ -585,4 +609,5 @@ def detection_facts(session: Session, generation_ids: Sequence[str]) -> Generati
     out.at_generation = {g: state for g, (_, state) in latest.items()}
     out.leaves = tlog.joined_leaves(rows)
     out.checked = frozenset(generation_ids)
+    out.rows = rows
     return out
