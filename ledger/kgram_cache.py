@@ -272,7 +272,7 @@ class VerifiedRows:
 
 
 VERIFIED_MAX = 512
-"""Generations :data:`VERIFIED` keeps (~200 rows each, ~2,000 digests' index entries per 10)."""
+"""Generations :data:`VERIFIED` keeps in all (each ~200 rows and as many digest-index entries: ~10 MB when full)."""
 VERIFIED = VerifiedRows()
 """This process's :class:`VerifiedRows`."""
 
