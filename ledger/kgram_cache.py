@@ -7,6 +7,7 @@ look-up's false matches (:func:`generations_searched`, :func:`generations_in_sco
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from typing import Iterable, Sequence, TypeVar
 
@@ -61,22 +62,33 @@ def _read_all(dialect: str, scoped: bool) -> str:
     each generation matching at least ``min_matches`` of
     them, or named in ``exact`` (:data:`_STORED`: their check against the log and an exact
     copy's id recovery); 2, the scope's finished generations (:func:`generations_in_scope`),
-    counted only when some generation matched; 3, the keys with scheme 1 rows (:data:`_V1_KEYS`).
+    counted only when some generation matched; 3, the keys with scheme 1 rows (:data:`_V1_KEYS`);
+    4, the exact copies of the text (its output hash: statement 1 folded in), with their
+    latest matching entry's id (their order), whose rows part 1 reads too.
+    Generations named in ``known`` (their rows held already, verified against the log:
+    :class:`VerifiedRows`) are left out of parts 0 and 1: their rows come from that cache.
     Written for the driver (its parameter style, sent with ``exec_driver_sql``: no statement
     compiled or parameter processed by SQLAlchemy on each request); every column of every part
     non-null where the reader makes arrays of it (digest, scheme)."""
     if dialect == "sqlite":  # the lists as JSON arrays (no bind parameter per value)
         digests, exact = "SELECT value FROM json_each(:digests)", "SELECT value FROM json_each(:exact)"
+        known = "SELECT value FROM json_each(:known)"
         param = ":{}".format
         joined = "group_concat(digest)"
         text_of = "CAST({} AS TEXT)".format
     else:
         digests = "SELECT unnest(CAST(%(digests)s AS BIGINT[]))"
         exact = "SELECT unnest(CAST(%(exact)s AS VARCHAR[]))"
+        known = "SELECT unnest(CAST(%(known)s AS VARCHAR[]))"
         param = "%({})s".format
         joined = "string_agg(CAST(digest AS VARCHAR), ',')"
         text_of = "CAST({} AS VARCHAR)".format
     tenant = f" AND tenant_id = {param('tenant_id')}" if scoped else ""
+    # The exact copies (ledger.read.find_generations_by_output_hash's generations: the latest
+    # 100 with an entry of this output hash in scope, by their latest such entry).
+    copies = (f"copies AS (SELECT generation_id, max(id) AS latest FROM ledger_entries "
+              f"WHERE output_sha256 = {param('output_sha256')}{tenant} GROUP BY generation_id "
+              f"ORDER BY max(id) DESC LIMIT {EXACT_LIMIT}), ")
     # Parts 0 and 1 come one row per (generation, key[, scheme, tenant]) with their digests
     # joined (comma-separated, every row's: duplicates kept): a matched generation's ~one
     # row per output token would otherwise cost a Python row each to fetch.
@@ -87,20 +99,28 @@ def _read_all(dialect: str, scoped: bool) -> str:
         "FROM v1 WHERE v1.key_id IS NOT NULL), "
         f"hits AS MATERIALIZED (SELECT generation_id, key_id, digest FROM ledger_kgrams "
         f"WHERE digest IN ({digests}) AND scheme = 2{tenant}), "
+        f"{copies}"
         "gens AS (SELECT generation_id FROM hits GROUP BY generation_id "
-        f"HAVING count(DISTINCT digest) >= {param('min_matches')} UNION {exact}) "
+        f"HAVING count(DISTINCT digest) >= {param('min_matches')} UNION {exact} "
+        "UNION SELECT generation_id FROM copies) "
         f"SELECT 0 AS part, generation_id, key_id, {joined} AS digests, 2 AS scheme, "
         "CAST(NULL AS VARCHAR) AS tenant_id "
-        "FROM hits WHERE generation_id NOT IN (SELECT generation_id FROM gens) GROUP BY generation_id, key_id "
+        f"FROM hits WHERE generation_id NOT IN (SELECT generation_id FROM gens) AND generation_id NOT IN ({known}) "
+        "GROUP BY generation_id, key_id "
         f"UNION ALL SELECT 1, generation_id, key_id, {joined}, scheme, tenant_id FROM ledger_kgrams "
-        "WHERE generation_id IN (SELECT generation_id FROM gens) GROUP BY generation_id, key_id, scheme, tenant_id "
+        f"WHERE generation_id IN (SELECT generation_id FROM gens) AND generation_id NOT IN ({known}) "
+        "GROUP BY generation_id, key_id, scheme, tenant_id "
         f"UNION ALL SELECT 2, CAST(NULL AS VARCHAR), CAST(NULL AS VARCHAR), {text_of('count(*)')}, 2, "
         "CAST(NULL AS VARCHAR) "
         f"FROM ledger_entries WHERE kind = 'finished' AND output_tokens >= {K}{tenant} "
         "AND EXISTS (SELECT 1 FROM gens) UNION ALL "
         "SELECT 3, CAST(NULL AS VARCHAR), key_id, CAST(NULL AS VARCHAR), 1, CAST(NULL AS VARCHAR) "
-        "FROM v1 WHERE key_id IS NOT NULL")
+        "FROM v1 WHERE key_id IS NOT NULL UNION ALL "
+        f"SELECT 4, generation_id, CAST(NULL AS VARCHAR), {text_of('latest')}, 2, CAST(NULL AS VARCHAR) FROM copies")
 
+
+EXACT_LIMIT = 100
+"""Exact copies read (ledger.read.find_generations_by_output_hash's default limit)."""
 
 _READ_ALL = {(dialect, scoped): _read_all(dialect, scoped) for dialect in ("sqlite", "postgresql")
              for scoped in (False, True)}
@@ -171,6 +191,97 @@ def generations_in_scope(session: Session, tenant_id: str | None) -> int:
     return int(session.connection().execute(_IN_TENANT, {"tenant_id": tenant_id}).scalar() or 0)
 
 
+@dataclass(frozen=True)
+class _Verified:
+    """Every k-gram row of one generation, as read once and found to be exactly what its
+    logged ``finished`` entry committed to (:func:`rows_match_leaf`)."""
+
+    commitment: str
+    """The leaf's ``kgrams_sha256`` the rows matched."""
+    schemes: np.ndarray
+    digests: np.ndarray
+    """int64, one per row, as read (an authentic generation's digests are distinct)."""
+    ordered: np.ndarray
+    """``digests`` ascending (the text's digests are intersected with it)."""
+    label: tuple[str, str] | None
+    """The (key id, tenant id) every row carries (None: no row)."""
+
+
+class VerifiedRows:
+    """The k-gram rows of generations already checked against the transparency log, kept
+    across requests (issue 30): a detection that matches a generation read all of its ~200
+    rows (~one per output token) for that check, on every request.
+
+    Why this is safe: the rows kept are only those that matched their generation's logged
+    commitment (every row once, the entry's key and tenant), which is what the log says the
+    generation recorded; a generation's rows are written once, with its finished entry, and
+    never changed by the gateway (append-only). Each request still reads the generation's
+    entries, leaves and key states fresh (ledger.read.detection_facts) and cites a kept
+    generation only if its finished entry is still logged as written and its leaf still
+    commits to the kept rows (:meth:`KgramCache.stored`); key states and revocations are
+    never kept. So an operator who edits, deletes, relabels or inserts the rows of a kept
+    generation afterwards changes nothing a detection says: it answers from the authentic
+    rows, exactly as on the untampered store (tests/ledger/test_kgram_schemes.py); a
+    generation never verified is still read and checked in full, and tampering there still
+    keeps it from being cited. Kept per store by its k-gram key (a copy of a store shares its
+    log, and so its authentic rows); at most :data:`VERIFIED_MAX` generations in all, the
+    whole cache dropped when full (a detection then reads and checks them again)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[bytes, dict[str, _Verified]] = {}
+        self._by_digest: dict[bytes, dict[int, tuple[str, ...]]] = {}
+        self._size = 0
+
+    def get(self, store_key: bytes, generation_id: str) -> _Verified | None:
+        kept = self._kept.get(store_key)
+        return None if kept is None else kept.get(generation_id)
+
+    def sharing(self, store_key: bytes, query: list[int], exact: Sequence[str]) -> dict[str, _Verified]:
+        """The kept generations with a scheme 2 row among ``query``'s digests, or named in ``exact``."""
+        kept = self._kept.get(store_key)
+        if not kept:
+            return {}
+        index = self._by_digest[store_key]
+        found = {g for gens in map(index.get, query) if gens is not None for g in gens}
+        found.update(g for g in exact if g in kept)
+        # (sorted: the statement's parameters, and so the answer, do not depend on set order)
+        return {g: kept[g] for g in sorted(found) if g in kept}
+
+    def keep(self, store_key: bytes, generation_id: str, verified: _Verified) -> None:
+        with self._lock:
+            if self._size >= VERIFIED_MAX:
+                self._kept.clear()
+                self._by_digest.clear()
+                self._size = 0
+            kept = self._kept.setdefault(store_key, {})
+            if generation_id in kept:
+                return
+            index = self._by_digest.setdefault(store_key, {})
+            for scheme, d in zip(verified.schemes.tolist(), verified.digests.tolist()):
+                if scheme == V2:
+                    index[d] = (*index.get(d, ()), generation_id)
+            kept[generation_id] = verified
+            self._size += 1
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+            self._by_digest.clear()
+            self._size = 0
+
+
+VERIFIED_MAX = 512
+"""Generations :data:`VERIFIED` keeps in all (each ~200 rows and as many digest-index entries: ~10 MB when full)."""
+VERIFIED = VerifiedRows()
+"""This process's :class:`VerifiedRows`."""
+
+
+def forget_verified() -> None:
+    """Drop every kept generation (tests: the full read and check again)."""
+    VERIFIED.clear()
+
+
 @dataclass
 class _Read:
     """What :meth:`KgramCache.read_all` read: per (generation, key) the distinct digests of
@@ -189,10 +300,21 @@ class _Read:
     labels: dict[str, set[tuple[str, str]]]
     searched: int | None
     v1_keys: frozenset[str]
+    cached: dict[str, _Verified]
+    """The generations whose rows came from :class:`VerifiedRows`, not the statement."""
+    copies: dict[str, int]
+    """The exact copies found by output hash (part 4): generation -> its latest matching entry id."""
 
     @classmethod
-    def of(cls, rows: Sequence[Sequence], scope: str | None, query: np.ndarray, exact: Sequence[str]) -> "_Read":
-        """From :func:`_read_all`'s rows: (part, generation, key, digests joined by commas, scheme, tenant)."""
+    def of(cls, rows: Sequence[Sequence], scope: str | None, query: np.ndarray, exact: Sequence[str],
+           cached: dict[str, _Verified] | None = None) -> "_Read":
+        """From :func:`_read_all`'s rows: (part, generation, key, digests joined by commas, scheme,
+        tenant), and the ``cached`` generations' kept rows (the statement left them out): their
+        hits and rows as the statement gives those of an untouched store."""
+        from ledger.kgram_match import MIN_MATCHES
+
+        cached = cached or {}
+
         generations: dict[str, None] = dict.fromkeys(exact)
         labels: dict[str, set[tuple[str, str]]] = {g: set() for g in exact}
         empty = np.zeros(0, np.int64)
@@ -200,12 +322,15 @@ class _Read:
         searched, v1 = None, set()
         pairs: dict[tuple[str, str], set[int]] = {}
         wanted: set[int] | None = None
+        copies: dict[str, int] = {}
         for part, generation_id, key_id, joined, scheme, row_tenant in rows:
             if part >= 2:
                 if part == 2:
                     searched = int(joined or 0)
-                else:
+                elif part == 3:
                     v1.add(key_id)
+                else:
+                    copies[generation_id] = int(joined)
                 continue
             digests = _digests_of(joined)
             found = set(digests.tolist())
@@ -224,9 +349,27 @@ class _Read:
                 if not found:
                     continue
             pairs.setdefault((generation_id, key_id), set()).update(found)
+        for generation_id in copies:  # named, as ``exact`` is (rows or none)
+            generations.setdefault(generation_id)
+            labels.setdefault(generation_id, set())
+            recorded.setdefault(generation_id, ([], []))
         stacked = {g: (np.concatenate(s) if s else empty, np.concatenate(d) if d else empty)
-                   for g, (s, d) in recorded.items()}
-        return cls(scope, query, generations, pairs, stacked, labels, searched, frozenset(v1))
+                   for g, (s, d) in recorded.items() if g not in cached}
+        for generation_id, kept in cached.items():
+            # As parts 0 and 1 read them: the scheme 2 rows in scope among the text's digests
+            # are its hits; every row when it has MIN_MATCHES of them (distinct) or is an exact copy.
+            label = kept.label
+            hits = empty
+            if label is not None and (scope is None or label[1] == scope) and len(kept.ordered) and \
+                    int(kept.schemes[0]) == V2:
+                hits = np.intersect1d(query, kept.ordered, assume_unique=True)
+            if generation_id in generations or len(hits) >= MIN_MATCHES:
+                generations.setdefault(generation_id)
+                labels[generation_id] = set() if label is None else {label}
+                stacked[generation_id] = (kept.schemes, kept.digests)
+            if len(hits):
+                pairs[generation_id, label[0]] = set(hits.tolist())
+        return cls(scope, query, generations, pairs, stacked, labels, searched, frozenset(v1), cached, copies)
 
 
 def _digests_of(joined) -> np.ndarray:
@@ -276,6 +419,8 @@ class KgramCache:
         self._read: _Read | None = None
         self._read_forms: set = set()
         self._materialised = False
+        self.copies: dict[str, int] = {}
+        """What :meth:`read_all` found by output hash: generation -> its latest matching entry's id."""
         """What :meth:`read_all` read, as arrays (None: it did not run, or the per-part reads answer)."""
 
     def _keyed(self, token_ids: Sequence[int], key: bytes) -> list[int]:
@@ -371,7 +516,7 @@ class KgramCache:
         return known
 
     def read_all(self, session: Session, tenant_id: str | None, forms: Sequence[Sequence[int]],
-                 exact: Sequence[str] = ()) -> list[str] | None:
+                 exact: Sequence[str] = (), output_sha256: str | None = None) -> list[str] | None:
         """Everything a detection reads of the k-gram table, in one statement
         (:func:`_read_all`): the scheme 2 rows of every form's digests in scope ``tenant_id``
         (what :meth:`rows2` reads), the keys with scheme 1 rows (:meth:`v1_keys`), every row
@@ -379,9 +524,12 @@ class KgramCache:
         digests (any key) or are named in ``exact`` (:meth:`recorded`, :meth:`stored`), and
         when there are such, the scope's count (:meth:`searched2`): kept, so that those
         methods and :func:`ledger.kgrams.find_matches` read nothing more (scheme 1 keys
-        aside). Returns those generations (for :meth:`use_facts`); None, and nothing read,
-        when the store has no k-gram key (no scheme 2 row: the per-part reads answer)."""
+        aside). ``output_sha256``: the exact copies of a text of this output hash are named
+        too (:attr:`copies`: ledger.read.exact_copies builds them from the facts). Returns
+        those generations (for :meth:`use_facts`); None, and nothing read, when the store has
+        no k-gram key (no scheme 2 row: the per-part reads answer)."""
         from ledger.kgram_match import MIN_MATCHES
+        from ledger.read import driver_rows
 
         if self.store_key(session) is None:
             return None
@@ -390,21 +538,27 @@ class KgramCache:
         connection = session.connection()
         dialect = "sqlite" if connection.dialect.name == "sqlite" else "postgresql"
         exact = list(dict.fromkeys(exact))
+        digests = query.tolist()
+        # Generations whose rows were checked against the log already (VerifiedRows): not read.
+        cached = VERIFIED.sharing(self._store_key, digests, exact)
         if dialect == "sqlite":
-            values = {"digests": "[" + ",".join(map(str, query.tolist())) + "]", "exact": json.dumps(exact)}
+            values = {"digests": "[" + ",".join(map(str, digests)) + "]", "exact": json.dumps(exact),
+                      "known": json.dumps(list(cached))}
         else:
-            values = {"digests": query.tolist(), "exact": exact}
+            values = {"digests": digests, "exact": exact, "known": list(cached)}
         if tenant_id is not None:
             values["tenant_id"] = tenant_id
         values["min_matches"] = MIN_MATCHES
-        rows = connection.exec_driver_sql(_READ_ALL[dialect, tenant_id is not None], values).fetchall()
-        read = _Read.of(rows, tenant_id, query, exact)
+        values["output_sha256"] = output_sha256
+        rows = driver_rows(connection, _READ_ALL[dialect, tenant_id is not None], values)
+        read = _Read.of(rows, tenant_id, query, exact, cached)
         if read.searched is not None:
             self._searched2[tenant_id] = read.searched
         self._v1_keys = read.v1_keys
         self._labels.update(read.labels)
         self._read = read
         self._read_forms = {(self._store_key, tuple(tokens)) for tokens in forms}
+        self.copies = read.copies
         return list(read.generations)
 
     def _read_of(self, tenant_id: str | None, token_ids: Sequence[int]) -> "_Read | None":
@@ -540,8 +694,7 @@ class KgramCache:
                 # checked in arrays (rows_match_leaf), their leaves as tlog.kgrams_matching reads them.
                 rows = [facts.finished[g] for g in missing if g in facts.finished]
                 logged = tlog.logged_entries(session, rows, facts.leaves)
-                authentic = {r.generation_id for r in rows if r.id in logged and rows_match_leaf(
-                    logged[r.id], r, *read.recorded[r.generation_id], self._labels.get(r.generation_id, set()))}
+                authentic = {r.generation_id for r in rows if r.id in logged and self._rows_authentic(logged[r.id], r)}
                 # An authentic generation's rows are distinct (rows_match_leaf): one per digest.
                 self._stored.update((g, len(read.recorded[g][1]) if g in authentic else None) for g in missing)
                 return {g: c for g, c in self._stored.items() if c is not None}
@@ -558,6 +711,28 @@ class KgramCache:
                 authentic = tlog.logged_kgrams(session, found, labels)
             self._stored.update((g, len({d for _, d in found[g]}) if g in authentic else None) for g in missing)
         return {g: c for g, c in self._stored.items() if c is not None}
+
+    def _rows_authentic(self, leaf, row) -> bool:
+        """Are the rows :meth:`read_all` holds of ``row``'s generation what its logged
+        finished entry ``row`` (its ``leaf`` checked already) committed to? Kept generations
+        (:class:`VerifiedRows`) were checked when read: the leaf must still commit to them and
+        the entry carry their key and tenant. Others are checked here (:func:`rows_match_leaf`)
+        and kept when they pass."""
+        read, generation_id = self._read, row.generation_id
+        kept = read.cached.get(generation_id)
+        if kept is not None:
+            return leaf.kgrams_sha256 == kept.commitment and (
+                kept.label is None or kept.label == (row.key_id, row.tenant_id))
+        schemes, digests = read.recorded[generation_id]
+        labels = self._labels.get(generation_id, set())
+        if not rows_match_leaf(leaf, row, schemes, digests, labels):
+            return False
+        if self._store_key is not None and leaf.kgrams_sha256 is not None:
+            schemes.setflags(write=False)  # shared with later requests: read only
+            digests.setflags(write=False)
+            VERIFIED.keep(self._store_key, generation_id, _Verified(
+                leaf.kgrams_sha256, schemes, digests, np.sort(digests), next(iter(labels), None)))
+        return True
 
     def _recorded_rows(self, generation_id: str) -> list[tuple[int, int]] | None:
         """(scheme, digest) of each row of a generation, where read (None: not yet)."""

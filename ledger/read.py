@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import bindparam, exists, func, select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from keys import clock
@@ -298,6 +299,33 @@ def generation_entries(session: Session, *, generation_id: str, tenant_id: str |
     return [_chain_entry(row) for row in authentic(session, _entries_of(session, generation_id, tenant_id))]
 
 
+def driver_rows(connection, sql: str, params) -> list:
+    """Every row of ``sql`` (the driver's parameter style) as the driver returns them (tuples).
+    On SQLite straight through the driver's cursor: a result through ``exec_driver_sql`` builds
+    its column metadata on every execution (~5 us a column; the detection's entry statements
+    have ~30), ~0.1 ms a statement on the detection's every-request reads. The
+    ``before_cursor_execute`` / ``after_cursor_execute`` listeners are still called (tests
+    count statements with them) and driver errors still come as SQLAlchemy's (DBAPIError).
+    Other databases: ``exec_driver_sql`` (its disconnect handling kept)."""
+    if connection.dialect.name != "sqlite":
+        return connection.exec_driver_sql(sql, params).fetchall()
+    events = connection._has_events or connection.engine._has_events
+    dbapi = connection.dialect.loaded_dbapi
+    cursor = connection.connection.driver_connection.cursor()
+    try:
+        if events:
+            connection.dispatch.before_cursor_execute(connection, cursor, sql, params, None, False)
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+        if events:
+            connection.dispatch.after_cursor_execute(connection, cursor, sql, params, None, False)
+        return rows
+    except dbapi.Error as exc:
+        raise DBAPIError.instance(sql, None, exc, dbapi.Error, hide_parameters=True) from None
+    finally:
+        cursor.close()
+
+
 class DriverStatement:
     """A Core statement compiled once per dialect and sent with ``exec_driver_sql``: the
     detection's every-request reads skip SQLAlchemy's per-execution statement handling (cache
@@ -344,7 +372,7 @@ class DriverStatement:
         elif self.expanding is not None:
             values[self.expanding] = list(values[self.expanding])
         sent = tuple(values[name] for name in order) if order is not None else values
-        raw = connection.exec_driver_sql(sql, sent).fetchall()
+        raw = driver_rows(connection, sql, sent)
         if not processors:
             return [row_type(*row) for row in raw]
         out = []
@@ -395,13 +423,33 @@ def find_generations_by_output_hash(session: Session, *, output_sha256: str, ten
     if not rows:  # most texts: one query, no row
         return []
     last = {}
+    for row in rows:
+        if row.output_sha256 == output_sha256:
+            last[row.generation_id] = max(last.get(row.generation_id, row.id), row.id)
+    return _exact_from_rows(session, rows, last, output_sha256)
+
+
+def exact_copies(session: Session, facts: "GenerationFacts | None", latest: dict[str, int], *, output_sha256: str,
+                 tenant_id: str | None) -> list[GenerationEntry]:
+    """:func:`find_generations_by_output_hash` from what the detection's look-up read already:
+    ``latest`` (generation -> its latest entry with this output hash in scope: the k-gram
+    read's part 4, ledger.kgram_cache) and those generations' entries, leaves and tenants'
+    names in ``facts`` (:func:`detection_facts`). No statement of its own (issue 30)."""
+    if not latest or facts is None:
+        return []
+    rows = sorted((row for row in facts.rows if row.generation_id in latest and row.tenant_name is not None
+                   and (tenant_id is None or row.tenant_id == tenant_id)), key=lambda row: (row.tenant_id, row.seq))
+    return _exact_from_rows(session, rows, latest, output_sha256)
+
+
+def _exact_from_rows(session: Session, rows: Sequence, last: dict[str, int], output_sha256: str) -> list[GenerationEntry]:
+    """The exact copies of :func:`find_generations_by_output_hash` from their entries ``rows``
+    (by tenant and seq, with ``tenant_name`` and the leaf columns), newest first by ``last``."""
     grouped: dict[str, list[Row]] = {}
     names: dict[str, str] = {}
     for row in rows:
         grouped.setdefault(row.generation_id, []).append(row)
         names[row.tenant_id] = row.tenant_name
-        if row.output_sha256 == output_sha256:
-            last[row.generation_id] = max(last.get(row.generation_id, row.id), row.id)
     ids = sorted(last, key=lambda g: last[g], reverse=True)
     # Only what the transparency log holds as written is cited: an entry inserted or edited
     # by anyone without the log key (the gateway's database role, the tables' owner) is not.
@@ -512,20 +560,24 @@ class GenerationFacts:
     """(size, note) of the latest published checkpoint; None: none published."""
     checked: frozenset[str] = frozenset()
     """The generation ids read (their finished entries are in ``finished``, if they have one)."""
+    rows: list = field(default_factory=list)
+    """Every entry row read (with its leaf's columns and its tenant's name: :func:`exact_copies`)."""
 
 
 def _facts_statement():
     from keys.models import KeyRow as WatermarkKey, LogCheckpoint
 
-    table, leaves, keys, checkpoints = (Row.__table__, LogLeaf.__table__, WatermarkKey.__table__,
-                                        LogCheckpoint.__table__)
+    table, leaves, keys, checkpoints, tenants = (Row.__table__, LogLeaf.__table__, WatermarkKey.__table__,
+                                                 LogCheckpoint.__table__, Tenant.__table__)
     latest = select(checkpoints.c.size).order_by(checkpoints.c.size.desc()).limit(1)
     return (select(table, *tlog.leaf_columns(), keys.c.state.label("key_state_now"),
+                   tenants.c.name.label("tenant_name"),
                    latest.scalar_subquery().label("published_size"),
                    select(checkpoints.c.note).order_by(checkpoints.c.size.desc()).limit(1)
                    .scalar_subquery().label("published_note"))
             .select_from(table.outerjoin(leaves, leaves.c.entry_id == table.c.id)
-                         .outerjoin(keys, keys.c.id == table.c.key_id))
+                         .outerjoin(keys, keys.c.id == table.c.key_id)
+                         .outerjoin(tenants, tenants.c.id == table.c.tenant_id))
             .where(table.c.generation_id.in_(bindparam("ids", expanding=True))))
 
 
@@ -557,4 +609,5 @@ def detection_facts(session: Session, generation_ids: Sequence[str]) -> Generati
     out.at_generation = {g: state for g, (_, state) in latest.items()}
     out.leaves = tlog.joined_leaves(rows)
     out.checked = frozenset(generation_ids)
+    out.rows = rows
     return out

@@ -6,10 +6,11 @@ their recorded salt) and which generations it cites as a second basis (service.d
 after). Both rest on the same two look-ups: generations whose output is exactly the text
 (output hash) and generations sharing k-grams with any form of it (ledger.kgrams, one hash and
 one query for every key under scheme 2). :func:`look_up` makes them once, in one read
-transaction of at most 3 statements (issue 30): the exact copies with their log leaves; every
-k-gram row the text and its matched generations need (ledger.kgram_cache.KgramCache.read_all);
-those generations' entries, leaves, key states and the latest checkpoint
-(ledger.read.detection_facts). The basis then reuses its k-gram rows for the shared tokens'
+transaction of 2 statements (issue 30): the exact copies' ids and every k-gram row the text
+and its matched generations need (ledger.kgram_cache.KgramCache.read_all: the rows of
+generations already checked against the log are kept, not read again); those generations'
+entries, leaves, tenants, key states and the latest checkpoint (ledger.read.detection_facts),
+from which the exact copies are built (ledger.read.exact_copies). The basis then reuses its k-gram rows for the shared tokens'
 evidence, and the salts and key states of what it found, so that it needs no query at all;
 the report's tlog-proofs read only when a published checkpoint covers a cited entry. Stores
 with scheme 1 k-gram rows, or without a log key, read more (per-part reads). Rows are append-only and a
@@ -29,7 +30,8 @@ from ledger import kgrams
 from keys.errors import KeyStoreError
 from ledger.kgrams import KgramCache, KgramMatch
 from ledger.entries import GenerationEntry, hash_output
-from ledger.read import GenerationFacts, detection_facts, find_generations_by_output_hash, generation_facts
+from ledger.read import (GenerationFacts, detection_facts, exact_copies, find_generations_by_output_hash,
+                         generation_facts)
 from service.auth import Identity
 from service.http_errors import store_error
 from service.kgram_hashing import kgram_cache
@@ -126,19 +128,22 @@ def look_up(services: Services, identity: Identity, tenant: str | None, candidat
         return found
     try:
         with services.store.transaction(write=False) as session:
-            if text:  # statement 1: the exact copies, their log leaves joined
-                found.exact = find_generations_by_output_hash(session, output_sha256=hash_output(text),
-                                                              tenant_id=found.scope)
-            if keys or found.exact:
-                # Statement 2: the k-gram rows of every form, and every row of the generations
-                # they (or the exact copies) name; statement 3: those generations' entries,
-                # leaves, key states and the latest checkpoint. What follows reads these.
-                searched = distinct_forms(forms, kgrams.K)
-                generations = found.cache.read_all(session, found.scope, searched if keys else [],
-                                                   [e.id for e in found.exact])
-                if generations is not None:
-                    found.facts = detection_facts(session, generations)
-                    found.cache.use_facts(found.facts)
+            output = hash_output(text) if text else None
+            # Statement 1: the exact copies of the text (its output hash), the k-gram rows of
+            # every form, and every row of the generations these name; statement 2: those
+            # generations' entries, leaves, tenants, key states and the latest checkpoint. The
+            # exact copies are built from these (ledger.read.exact_copies); what follows reads them.
+            searched = distinct_forms(forms, kgrams.K)
+            generations = found.cache.read_all(session, found.scope, searched if keys else [], (),
+                                               output_sha256=output)
+            if generations is not None:
+                found.facts = detection_facts(session, generations)
+                found.cache.use_facts(found.facts)
+                if text:
+                    found.exact = exact_copies(session, found.facts, found.cache.copies, output_sha256=output,
+                                               tenant_id=found.scope)
+            elif text:  # no k-gram key (so no scheme 2 row): the exact copies on their own
+                found.exact = find_generations_by_output_hash(session, output_sha256=output, tenant_id=found.scope)
             if found.exact and recover is not None:
                 recover(session, found)
             if keys:

@@ -17,6 +17,7 @@ from keys import migrate
 from keys.db import open_store
 from keys.kek import Kek
 from keys.kek_rotation import rotate_kek
+from ledger.kgram_cache import VERIFIED, forget_verified
 from ledger.sealed import KEK_DEPENDANTS
 from keys.lifecycle import create_key
 from keys.material import detection_keys
@@ -181,7 +182,8 @@ def test_tampered_rows_of_either_scheme_are_never_cited(store, setup, database_u
     other = _gen(store, beta, beta_key, [rng.randrange(50_000) for _ in range(120)], scheme=scheme)
     keys = [(acme_key.key_id, acme_key.material.secret)]
     with store.transaction(write=False) as session:
-        assert [m.generation_id for m in _both_paths(session, keys, tokens, acme.id)] == [target]
+        before = _both_paths(session, keys, tokens, acme.id)
+        assert [m.generation_id for m in before] == [target]
     g = {"g": target, "o": other}
     if tamper == "relabel":  # the same digests, claimed under the other scheme
         _owner_sql(database_url, "UPDATE ledger_kgrams SET scheme = :s WHERE generation_id = :g",
@@ -197,6 +199,12 @@ def test_tampered_rows_of_either_scheme_are_never_cited(store, setup, database_u
         _owner_sql(database_url, "UPDATE ledger_kgrams SET generation_id = :g WHERE id IN "
                                  "(SELECT min(id) FROM ledger_kgrams WHERE generation_id = :o)", g)
     with store.transaction(write=False) as session:
+        if scheme == kgrams.V2:
+            # The look-up above kept the target's rows, checked against the log
+            # (ledger.kgram_cache.VerifiedRows): the tampered rows are not read again, and the
+            # answer is the untampered one, bounds included (harmless: the rows the log holds).
+            assert _one_read(session, keys, tokens, acme.id) == before
+        forget_verified()  # read afresh: the tampered rows fail the log check
         assert _both_paths(session, keys, tokens, acme.id) == []
         problems = audit_log(session, tlog.authority(session)).problems
     assert any(target in p and "k-gram rows" in p for p in problems), problems
@@ -230,6 +238,54 @@ def test_rows_relabelled_to_another_key_or_copied_are_never_cited(store, setup, 
             assert _both_paths(session, keys, tokens, scope) == [], (keys, scope)
         problems = audit_log(session, tlog.authority(session)).problems
     assert any(target in p and "k-gram rows" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("tamper", ["to the other tenant and key", "to the other key only", "one row copied",
+                                    "delete", "insert"])
+def test_kept_rows_answer_as_the_log_holds_them(store, setup, database_url, tamper):
+    """A generation whose rows a look-up checked against the log is kept
+    (ledger.kgram_cache.VerifiedRows) and not read again: rows edited afterwards change no
+    answer in any scope (each is the untampered store's), and the entry and leaf are still
+    read and checked on every look-up (a leaf that no longer commits to them: not cited)."""
+    acme, acme_key, beta, beta_key = setup
+    rng = random.Random(19)
+    tokens = [rng.randrange(50_000) for _ in range(120)]
+    target = _gen(store, acme, acme_key, tokens)
+    scopes = [([(beta_key.key_id, beta_key.material.secret)], beta.id),
+              ([(beta_key.key_id, beta_key.material.secret)], None),
+              ([(acme_key.key_id, acme_key.material.secret)], acme.id),
+              ([(acme_key.key_id, acme_key.material.secret)], None)]
+    with store.transaction(write=False) as session:
+        before = [_both_paths(session, keys, tokens, scope) for keys, scope in scopes]
+    assert [m.generation_id for m in before[2]] == [target]
+    assert any(VERIFIED.get(key, target) is not None for key in list(VERIFIED._kept))
+    g = {"g": target, "k": beta_key.key_id, "t": beta.id}
+    if tamper == "to the other tenant and key":
+        _owner_sql(database_url, "UPDATE ledger_kgrams SET key_id = :k, tenant_id = :t WHERE generation_id = :g", g)
+    elif tamper == "to the other key only":
+        _owner_sql(database_url, "UPDATE ledger_kgrams SET key_id = :k WHERE generation_id = :g", g)
+    elif tamper == "one row copied":
+        _owner_sql(database_url, "INSERT INTO ledger_kgrams (tenant_id, generation_id, key_id, digest, scheme) "
+                                 "SELECT tenant_id, generation_id, key_id, digest, scheme FROM ledger_kgrams "
+                                 "WHERE id IN (SELECT min(id) FROM ledger_kgrams WHERE generation_id = :g)", g)
+    elif tamper == "delete":
+        _owner_sql(database_url, "DELETE FROM ledger_kgrams WHERE generation_id = :g", g)
+    else:
+        _owner_sql(database_url, "INSERT INTO ledger_kgrams (tenant_id, generation_id, key_id, digest, scheme) "
+                                 "SELECT tenant_id, generation_id, key_id, 12345, scheme FROM ledger_kgrams "
+                                 "WHERE generation_id = :g LIMIT 1", g)
+    with store.transaction(write=False) as session:
+        assert [_one_read(session, keys, tokens, scope) for keys, scope in scopes] == before
+    # The finished entry is still read and checked against the log on every look-up: edited,
+    # it leaves the kept rows uncited.
+    from tests.service.tamper import owner
+
+    with owner(database_url) as connection:
+        connection.execute(text("UPDATE ledger_entries SET output_tokens = output_tokens + 1 "
+                                "WHERE generation_id = :g AND kind = 'finished'"), g)
+    with store.transaction(write=False) as session:
+        assert _one_read(session, scopes[2][0], tokens, scopes[2][1]) == []
+    forget_verified()
 
 
 def test_kek_rotation_keeps_scheme_2_matching(store, setup, database_url):
@@ -281,8 +337,10 @@ def test_many_keys_one_hash_and_one_query(store, setup, monkeypatch):
     from service import kgram_hashing
 
     def counted(tokens, key, k):
-        hashed.append(key)
-        return kgram_hashing.digest_array(tokens, key, k)
+        found = kgram_hashing.digest_array(tokens, key, k)
+        if found is not None:  # None (numba not worth loading here): the Python path, counted above
+            hashed.append(key)
+        return found
     statements: list[str] = []
 
     def count(conn, cursor, statement, parameters, context, executemany):
