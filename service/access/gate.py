@@ -462,6 +462,8 @@ async def _core(access: Access, who: Principal, inline: bool, fn: Callable[..., 
         # as a thread's would (a principal whose large bodies hold every slot waits here too).
         with access.slots.hold(who.name):
             return fn(*args)
+    # A principal over its share lets others' detections in flight finish first (service.access.lanes).
+    await access.lanes.defer(who.name)
     pool = offload.offload_of(args[0]) if offload.offloadable(fn) else None
     if pool is not None:  # its own process: its CPU does not hold this one's interpreter (service.access.offload)
         return await pool.detect(fn, *args)
