@@ -122,14 +122,17 @@ async def _run_public(url: str, pid: int, args) -> dict:
             "others_max_s": round(max(latencies), 4) if latencies else None, "rss_peak_mb": round(max(rss), 1)}
 
 
-def _victim(url: str, token: str, seconds: float, delay: float, out) -> None:
+def _victim(url: str, token: str, seconds: float, delay: float, ready, done, out) -> None:
     """The victim tenant's checks, in a process of its own: in the flood's process its
     thread waited for the interpreter behind the flood's body encoding (measured the client,
-    not the gateway). An 11-character check every 0.25 s for ``seconds``."""
+    not the gateway). Sets ``ready`` once started (the flood then starts), waits ``delay``,
+    sends an 11-character check every 0.25 s for ``seconds``, then sets ``done`` (the flood
+    stops)."""
     latencies, statuses = [], {}
-    time.sleep(delay)
-    stop = time.monotonic() + seconds
     with httpx.Client(base_url=url, timeout=300) as own:
+        ready.set()
+        time.sleep(delay)
+        stop = time.monotonic() + seconds
         while time.monotonic() < stop:
             started = time.perf_counter()
             r = own.post("/v1/detect", json={"text": f"hello wo {len(latencies):02d}"[-11:]},
@@ -137,6 +140,7 @@ def _victim(url: str, token: str, seconds: float, delay: float, out) -> None:
             latencies.append(time.perf_counter() - started)
             statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
             time.sleep(0.25)
+    done.set()
     out.put((latencies, statuses))
 
 
@@ -174,16 +178,16 @@ async def _phase(url: str, tokens: dict[str, str], pid: int, args, parallel: int
 
     statuses: dict[str, int] = {}
     context = multiprocessing.get_context("spawn")
-    out = context.Queue()
-    victim = context.Process(target=_victim, args=(url, tokens["victim"], args.seconds, 1.0, out))
+    out, ready, finished = context.Queue(), context.Event(), context.Event()
+    victim = context.Process(target=_victim, args=(url, tokens["victim"], args.seconds, 1.0, ready, finished, out))
+    victim.start()
+    await asyncio.to_thread(ready.wait)  # its imports done: the flood starts a second before its checks
     cpu_before = _cpu_seconds(pid)
     started = time.monotonic()
-    victim.start()
-    stop = started + 1.0 + args.seconds
     limits = httpx.Limits(max_connections=parallel + 8)
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
         async def flood() -> None:
-            while time.monotonic() < stop:
+            while not finished.is_set():
                 r = await client.post("/v1/detect", content=flood_body(),
                                       headers={"Authorization": f"Bearer {tokens['flood']}",
                                                "Content-Type": "application/json"})
