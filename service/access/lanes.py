@@ -55,7 +55,7 @@ class Lanes:
         self._since: dict[str, float] = {}
         """Principal -> when its turn in progress began."""
         self._prune_at = 4096
-        self._within = 0  # turns in flight of principals within their share
+        self._within: set[str] = set()  # principals within their share with a turn in flight
         self._clear: asyncio.Event | None = None  # set while no such turn is in flight
 
     def use(self, principal: str) -> float:
@@ -74,8 +74,8 @@ class Lanes:
     async def defer(self, principal: str) -> None:
         """If ``principal`` is over its share: wait (at most ``defer_max``) until no principal
         within its share has a detection in flight."""
-        if not self._within or not self.over_share(principal):
-            return
+        if not self._within or principal in self._within or not self.over_share(principal):
+            return  # (a turn that began within its share goes on as it began)
         self.deferred += 1
         try:
             await asyncio.wait_for(self._event().wait(), self.defer_max)
@@ -106,14 +106,14 @@ class Lanes:
             await self.defer(principal)  # others first, once over its share
             within = not self.over_share(principal)
             if within:
-                self._within += 1
+                self._within.add(principal)
                 self._event().clear()
             self._since[principal] = self.clock()
             yield
         finally:
             self._ended(principal)
             if within:
-                self._within -= 1
+                self._within.discard(principal)
                 if not self._within:
                     self._event().set()
             lock.release()

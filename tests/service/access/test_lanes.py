@@ -127,3 +127,21 @@ def test_an_over_share_principal_is_never_starved():
         await b
 
     asyncio.run(scenario())
+
+
+def test_a_turn_that_began_within_its_share_never_waits_for_others_midway():
+    async def scenario():
+        clock = _Clock()
+        lanes = Lanes(clock=clock, defer_max=60)
+        b_in, b_out = asyncio.Event(), asyncio.Event()
+        async with lanes.turn("long"):
+            b = asyncio.create_task(_hold(lanes, "victim", b_in, b_out))
+            await asyncio.wait_for(b_in.wait(), 5)
+            clock.now += 5.0  # its own detection ran long: over its share now
+            assert lanes.over_share("long")
+            await asyncio.wait_for(lanes.defer("long"), 5)  # goes on (the core's check, gate._core)
+        assert lanes.deferred == 0
+        b_out.set()
+        await b
+
+    asyncio.run(scenario())
