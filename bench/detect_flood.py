@@ -1,6 +1,7 @@
 """One tenant floods /v1/detect with huge bodies; another tenant's small check must stay fast.
 
     .venv/bin/python -m bench.detect_flood [--parallel 24] [--chars 190000] [--seconds 30] [--ids 8000]
+        [--rounds 3] [--baseline-repo /tmp/base]
 
 Starts `hallmark serve` (bundled model, fresh SQLite store, default limits: per-principal
 detection slots, character limit before tokenising). Tenant "flood" keeps ``--parallel``
@@ -8,6 +9,15 @@ requests of ``--chars`` characters in flight (each answered request is sent agai
 ``--seconds``; meanwhile tenant "victim" sends an 11-character check every 0.25 s. Reports the
 victim's latency percentiles, the flood's status codes, and the gateway's resident memory
 (VmRSS of its process, sampled every 0.2 s) before and at its peak.
+
+``--rounds N`` (issue 31 item 5: another principal's p99 at most twice its idle p99): N rounds
+of an idle phase (the victim alone) then a flooded one, ``--seconds`` each, on one gateway;
+the victim's checks run in a process of their own (started before each phase, the flood
+waits for it), and each phase reports the victim's percentiles and every latency, the flood's
+answers, and the gateway's and its workers' CPU seconds. ``--baseline-repo PATH``: a second
+gateway from another tree (e.g. ``git archive`` of an older commit), its own store, the
+rounds alternated between the two (which one goes first alternates too), so a busy
+machine's load falls on both alike.
 
 ``--public`` (issue 31: "the public check stays open for others while one actor floods it"):
 the flood is ``--parallel`` public callers, each from its own loopback address, spread over
