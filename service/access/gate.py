@@ -14,7 +14,9 @@
    (:func:`reservation`: the text's UTF-8 bytes or its token ids, at most the token limit)
    and the evidence budget one use; concurrent requests are so admitted against a falling
    level, one after another (service.access.budgets);
-5. the core (:func:`service.detection.detect`) at full precision;
+5. the core (:func:`service.detection.detect`) at full precision (a large body's, of a
+   principal over its share of lane time, after other principals' detections in flight:
+   :meth:`service.access.lanes.Lanes.defer`);
 6. the tier's answer (:mod:`service.access.shape`), its report re-signed;
 7. in one write: the difference between the tokens scored and the reservation is charged
    (or refunded), and an expert's or operator's request or an evidence use is audited (no text, no text
