@@ -269,7 +269,8 @@ def _compare(args) -> dict:
                 folder = Path(tmp) / arm
                 folder.mkdir()
                 env, tokens = _provision(folder)
-                env = {**os.environ, **env, "HALLMARK_MODEL": MODEL, "HALLMARK_DEVICE": "cpu", "HALLMARK_DRAFT_MODEL": ""}
+                env = {**os.environ, **env, "HALLMARK_MODEL": MODEL, "HALLMARK_DEVICE": "cpu",
+                       "HALLMARK_DRAFT_MODEL": ""}
                 server = Gateway(env, folder / "gateway.log", **({"repo": repo} if repo else {}))
                 servers[arm] = (server, tokens)
             for server, tokens in servers.values():
