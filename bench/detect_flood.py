@@ -1,6 +1,7 @@
 """One tenant floods /v1/detect with huge bodies; another tenant's small check must stay fast.
 
     .venv/bin/python -m bench.detect_flood [--parallel 24] [--chars 190000] [--seconds 30] [--ids 8000]
+        [--rounds 3] [--baseline-repo /tmp/base]
 
 Starts `hallmark serve` (bundled model, fresh SQLite store, default limits: per-principal
 detection slots, character limit before tokenising). Tenant "flood" keeps ``--parallel``
@@ -8,6 +9,15 @@ requests of ``--chars`` characters in flight (each answered request is sent agai
 ``--seconds``; meanwhile tenant "victim" sends an 11-character check every 0.25 s. Reports the
 victim's latency percentiles, the flood's status codes, and the gateway's resident memory
 (VmRSS of its process, sampled every 0.2 s) before and at its peak.
+
+``--rounds N`` (issue 31 item 5: another principal's p99 at most twice its idle p99): N rounds
+of an idle phase (the victim alone) then a flooded one, ``--seconds`` each, on one gateway;
+the victim's checks run in a process of their own (started before each phase, the flood
+waits for it), and each phase reports the victim's percentiles and every latency, the flood's
+answers, and the gateway's and its workers' CPU seconds. ``--baseline-repo PATH``: a second
+gateway from another tree (e.g. ``git archive`` of an older commit), its own store, the
+rounds alternated between the two (which one goes first alternates too), so a busy
+machine's load falls on both alike.
 
 ``--public`` (issue 31: "the public check stays open for others while one actor floods it"):
 the flood is ``--parallel`` public callers, each from its own loopback address, spread over
@@ -122,66 +132,166 @@ async def _run_public(url: str, pid: int, args) -> dict:
             "others_max_s": round(max(latencies), 4) if latencies else None, "rss_peak_mb": round(max(rss), 1)}
 
 
-async def _run(url: str, tokens: dict[str, str], pid: int, args) -> dict:
-    rng = random.Random(25)
-    words = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9))) for _ in range(5000)]
+def _victim(url: str, token: str, seconds: float, delay: float, ready, done, out) -> None:
+    """The victim tenant's checks, in a process of its own: in the flood's process its
+    thread waited for the interpreter behind the flood's body encoding (measured the client,
+    not the gateway). Sets ``ready`` once started (the flood then starts), waits ``delay``,
+    sends an 11-character check every 0.25 s for ``seconds``, then sets ``done`` (the flood
+    stops)."""
+    latencies, statuses = [], {}
+    with httpx.Client(base_url=url, timeout=300) as own:
+        ready.set()
+        time.sleep(delay)
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            started = time.perf_counter()
+            r = own.post("/v1/detect", json={"text": f"hello wo {len(latencies):02d}"[-11:]},
+                         headers={"Authorization": f"Bearer {token}"})
+            latencies.append(time.perf_counter() - started)
+            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+            time.sleep(0.25)
+    done.set()
+    out.put((latencies, statuses))
 
-    # Distinct texts (random words): one text sent again is the probe guard's, and a flooding
-    # tenant would not make it that easy. Made once, so the client spends its CPU on sending.
-    pool = [(" ".join(rng.choices(words, k=args.chars // 5)))[:args.chars].ljust(args.chars, "x")
-            for _ in range(48)]
-    sent = iter(range(10**9))
 
-    def flood_body() -> dict:
-        if args.ids:  # issue 31: a stream of token-id bodies, each detected inline (<= 8,000)
-            return {"token_ids": [rng.randrange(300, 8000) for _ in range(args.ids)]}
-        return {"text": pool[next(sent) % len(pool)]}
+def _cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) so far of the gateway's process and of its children (the
+    offload workers)."""
+    import psutil
 
-    statuses: dict[int, int] = {}
-    victim: list[float] = []
-    victim_status: dict[int, int] = {}
-    rss: list[float] = []
-    stop = time.monotonic() + args.seconds
-    limits = httpx.Limits(max_connections=args.parallel + 8)
+    process = psutil.Process(pid)
+    own = sum(process.cpu_times()[:2])
+    children = 0.0
+    for child in process.children(recursive=True):
+        try:
+            children += sum(child.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return own, children
+
+
+async def _phase(url: str, tokens: dict[str, str], pid: int, args, parallel: int, rng) -> dict:
+    """One phase: the victim's checks for ``args.seconds``, beside ``parallel`` flooding
+    connections (0: idle). The flood starts a second before the victim and stops with it."""
+    import multiprocessing
+
+    import numpy
+
+    ids = numpy.random.default_rng(rng.randrange(2**32))
+
+    def flood_body() -> bytes:
+        # Distinct bodies (one body sent again is the probe guard's, and a flooding tenant would
+        # not make it that easy), made cheaply: the client spends its CPU on sending.
+        if args.ids:  # issue 31: a stream of token-id bodies (<= 8,000)
+            return json.dumps({"token_ids": ids.integers(300, 8000, args.ids).tolist()}).encode()
+        return json.dumps({"text": " ".join(rng.choices(WORDS, k=args.chars // 5))[:args.chars]}).encode()
+
+    statuses: dict[str, int] = {}
+    context = multiprocessing.get_context("spawn")
+    out, ready, finished = context.Queue(), context.Event(), context.Event()
+    victim = context.Process(target=_victim, args=(url, tokens["victim"], args.seconds, 1.0, ready, finished, out))
+    victim.start()
+    await asyncio.to_thread(ready.wait)  # its imports done: the flood starts a second before its checks
+    cpu_before = _cpu_seconds(pid)
+    started = time.monotonic()
+    limits = httpx.Limits(max_connections=parallel + 8)
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
         async def flood() -> None:
-            while time.monotonic() < stop:
-                r = await client.post("/v1/detect", json=flood_body(),
-                                      headers={"Authorization": f"Bearer {tokens['flood']}"})
+            while not finished.is_set():
+                r = await client.post("/v1/detect", content=flood_body(),
+                                      headers={"Authorization": f"Bearer {tokens['flood']}",
+                                               "Content-Type": "application/json"})
                 key = f"{r.status_code} {r.json()['error']['code']}" if r.status_code >= 400 else str(r.status_code)
                 statuses[key] = statuses.get(key, 0) + 1
                 if r.status_code == 429:
                     await asyncio.sleep(0.05)
 
-        def check_sync() -> None:
-            # Its own thread and connection: the flood's coroutines must not delay the victim's
-            # client (it measures the gateway, not this process's event loop).
-            time.sleep(1.0)
-            with httpx.Client(base_url=url, timeout=300) as own:
-                while time.monotonic() < stop:
-                    started = time.perf_counter()
-                    n = len(victim)
-                    r = own.post("/v1/detect", json={"text": f"hello wo {n:02d}"[-11:]},
-                                 headers={"Authorization": f"Bearer {tokens['victim']}"})
-                    victim.append(time.perf_counter() - started)
-                    victim_status[r.status_code] = victim_status.get(r.status_code, 0) + 1
-                    time.sleep(0.25)
+        await asyncio.gather(*(flood() for _ in range(parallel)))
+    latencies, victim_status = await asyncio.to_thread(out.get)
+    victim.join()
+    elapsed = time.monotonic() - started
+    cpu_after = _cpu_seconds(pid)
+    return {"parallel": parallel, "victim_checks": len(latencies), "victim_statuses": victim_status,
+            "victim_p50_s": round(percentile(latencies, 0.5), 4), "victim_p99_s": round(percentile(latencies, 0.99), 4),
+            "victim_max_s": round(max(latencies), 4) if latencies else None,
+            "victim_latencies_s": [round(x, 4) for x in latencies], "flood_statuses": statuses,
+            "gateway_cpu_s": round(cpu_after[0] - cpu_before[0], 2),
+            "workers_cpu_s": round(cpu_after[1] - cpu_before[1], 2), "seconds": round(elapsed, 1),
+            "load_average": os.getloadavg()[0]}
 
-        async def check() -> None:
-            await asyncio.to_thread(check_sync)
 
-        async def sample() -> None:
-            while time.monotonic() < stop + 2:
-                rss.append(_rss_mb(pid))
-                await asyncio.sleep(0.2)
+async def _run(url: str, tokens: dict[str, str], pid: int, args) -> dict:
+    """``args.rounds`` rounds of an idle phase then a flooded one, on one gateway."""
+    rng = random.Random(25)
+    rounds = []
+    for r in range(args.rounds):
+        idle = await _phase(url, tokens, pid, args, 0, rng) if args.idle else None
+        flooded = await _phase(url, tokens, pid, args, args.parallel, rng) if args.parallel else None
+        row = {"idle": idle, "flooded": flooded}
+        if idle and flooded:
+            row["p99_ratio"] = round(flooded["victim_p99_s"] / idle["victim_p99_s"], 2)
+        rounds.append(row)
+        print(json.dumps({"round": r, **{k: (v if not isinstance(v, dict) else {
+            f: v[f] for f in ("victim_checks", "victim_p50_s", "victim_p99_s", "flood_statuses",
+                              "gateway_cpu_s", "workers_cpu_s", "load_average")}) for k, v in row.items()}}),
+              file=sys.stderr, flush=True)
+    return {"rounds": rounds, "p99_ratios": [row.get("p99_ratio") for row in rounds]}
 
-        if args.parallel:
-            await asyncio.gather(*(flood() for _ in range(args.parallel)), check(), sample())
-        else:
-            await asyncio.gather(check(), sample())
-    return {"flood_statuses": statuses, "victim_checks": len(victim), "victim_statuses": victim_status,
-            "victim_p50_s": round(percentile(victim, 0.5), 4), "victim_p99_s": round(percentile(victim, 0.99), 4),
-            "victim_max_s": round(max(victim), 4) if victim else None, "rss_peak_mb": round(max(rss), 1)}
+
+WORDS = ["".join(random.Random(25 + i).choices(string.ascii_lowercase, k=2 + i % 8)) for i in range(5000)]
+
+
+def _warm(server, tokens: dict[str, str], args) -> None:
+    # Warm: one small detection per tenant (tokenizer, keys, caches).
+    for name in tokens:
+        httpx.post(server.url + "/v1/detect", json={"text": "warm up"},
+                   headers={"Authorization": f"Bearer {tokens[name]}"}, timeout=120)
+    # A large body too: a worker process (service.access.offload) is started and warm.
+    httpx.post(server.url + "/v1/detect", json={"token_ids": list(range(300, 3300))},
+               headers={"Authorization": f"Bearer {tokens['flood']}"} if "flood" in tokens else {}, timeout=300)
+    if args.public:  # the public path warm too (tokenizer forms, the sketch, the worker)
+        httpx.post(server.url + "/v1/public/detect", json={"text": "warm up " * 2000}, timeout=120)
+    time.sleep(1)
+
+
+def _compare(args) -> dict:
+    """This tree's gateway and ``--baseline-repo``'s, both started (each its own store), the
+    rounds alternated between them (which goes first alternates too): a busy machine's
+    load falls on both alike."""
+    import tempfile
+
+    from bench.gateway import Gateway
+
+    with tempfile.TemporaryDirectory() as tmp:
+        servers = {}
+        try:
+            for arm, repo in (("this", None), ("baseline", args.baseline_repo)):
+                folder = Path(tmp) / arm
+                folder.mkdir()
+                env, tokens = _provision(folder)
+                env = {**os.environ, **env, "HALLMARK_MODEL": MODEL, "HALLMARK_DEVICE": "cpu",
+                       "HALLMARK_DRAFT_MODEL": ""}
+                server = Gateway(env, folder / "gateway.log", **({"repo": repo} if repo else {}))
+                servers[arm] = (server, tokens)
+            for server, tokens in servers.values():
+                server.wait_ready()
+                _warm(server, tokens, args)
+            out: dict[str, list] = {arm: [] for arm in servers}
+            order = list(servers)
+            for r in range(args.rounds):
+                for arm in (order if r % 2 == 0 else order[::-1]):
+                    server, tokens = servers[arm]
+                    one = argparse.Namespace(**{**vars(args), "rounds": 1})
+                    row = asyncio.run(_run(server.url, tokens, server.process.pid, one))["rounds"][0]
+                    row["round"] = r
+                    out[arm].append(row)
+                    print(json.dumps({"arm": arm, "round": r, "p99_ratio": row.get("p99_ratio")}), file=sys.stderr,
+                          flush=True)
+        finally:
+            for server, _ in servers.values():
+                server.stop()
+    return {"arms": out, "p99_ratios": {arm: [row.get("p99_ratio") for row in rows] for arm, rows in out.items()},
+            "baseline_repo": str(args.baseline_repo)}
 
 
 def main() -> None:
@@ -198,27 +308,32 @@ def main() -> None:
     parser.add_argument("--global-tokens", type=float, default=None,
                         help="the global public budget a day (HALLMARK_PUBLIC_GLOBAL_TOKENS_PER_DAY)")
     parser.add_argument("--workers", type=int, default=None, help="HALLMARK_DETECT_WORKERS (0: worker threads)")
+    parser.add_argument("--rounds", type=int, default=1, help="tenant flood: rounds of an idle then a flooded phase")
+    parser.add_argument("--baseline-repo", type=Path, default=None,
+                        help="tenant flood: also a gateway of this tree's code, rounds alternated with this one's")
+    parser.add_argument("--no-idle", dest="idle", action="store_false", help="tenant flood: no idle phases")
     args = parser.parse_args()
     if args.global_tokens is not None:
         os.environ["HALLMARK_PUBLIC_GLOBAL_TOKENS_PER_DAY"] = str(args.global_tokens)
     if args.workers is not None:
         os.environ["HALLMARK_DETECT_WORKERS"] = str(args.workers)
-    with cpu_gateway(_provision, MODEL) as (server, tokens):
-        pid = server.process.pid
-        # Warm: one small detection per tenant (tokenizer, keys, caches).
-        for name in tokens:
-            httpx.post(server.url + "/v1/detect", json={"text": "warm up"},
-                       headers={"Authorization": f"Bearer {tokens[name]}"}, timeout=120)
-        # A large body too: a worker process (service.access.offload) is started and warm.
-        httpx.post(server.url + "/v1/detect", json={"token_ids": list(range(300, 3300))},
-                   headers={"Authorization": f"Bearer {tokens['flood']}"} if "flood" in tokens else {}, timeout=300)
-        if args.public:  # the public path warm too (tokenizer forms, the sketch, the worker)
-            httpx.post(server.url + "/v1/public/detect", json={"text": "warm up " * 2000}, timeout=120)
-        time.sleep(1)
-        before = _rss_mb(pid)
-        result = asyncio.run(_run_public(server.url, pid, args) if args.public else _run(server.url, tokens, pid, args))
+    if args.rounds > 1 and not args.public:
+        # Rounds of 8,000-id bodies pass the flood tenant's daily budget (2 M tokens, 250 of
+        # them): the flood would be refused, not detected, in the later rounds.
+        os.environ.setdefault("HALLMARK_TENANT_DETECT_TOKENS_PER_DAY", "1e9")
+    if args.baseline_repo is not None and not args.public:
+        result = _compare(args)
+        before = float("nan")
+    else:
+        with cpu_gateway(_provision, MODEL) as (server, tokens):
+            pid = server.process.pid
+            _warm(server, tokens, args)
+            before = _rss_mb(pid)
+            result = asyncio.run(_run_public(server.url, pid, args) if args.public
+                                 else _run(server.url, tokens, pid, args))
+    if "rss_peak_mb" in result:
+        result["rss_growth_mb"] = round(result["rss_peak_mb"] - before, 1)
     result = {"rss_before_mb": round(before, 1), **result,
-              "rss_growth_mb": round(result["rss_peak_mb"] - before, 1),
               "parallel": args.parallel, "chars": args.chars, "seconds": args.seconds,
               "ids": args.ids, "workers": os.environ.get("HALLMARK_DETECT_WORKERS", "default"),
               "command": " ".join([".venv/bin/python -m bench.detect_flood", *sys.argv[1:]]),

@@ -14,7 +14,9 @@
    (:func:`reservation`: the text's UTF-8 bytes or its token ids, at most the token limit)
    and the evidence budget one use; concurrent requests are so admitted against a falling
    level, one after another (service.access.budgets);
-5. the core (:func:`service.detection.detect`) at full precision;
+5. the core (:func:`service.detection.detect`) at full precision (a large body's, of a
+   principal over its share of lane time, after other principals' detections in flight:
+   :meth:`service.access.lanes.Lanes.defer`);
 6. the tier's answer (:mod:`service.access.shape`), its report re-signed;
 7. in one write: the difference between the tokens scored and the reservation is charged
    (or refunded), and an expert's or operator's request or an evidence use is audited (no text, no text
@@ -462,6 +464,8 @@ async def _core(access: Access, who: Principal, inline: bool, fn: Callable[..., 
         # as a thread's would (a principal whose large bodies hold every slot waits here too).
         with access.slots.hold(who.name):
             return fn(*args)
+    # A principal over its share lets others' detections in flight finish first (service.access.lanes).
+    await access.lanes.defer(who.name)
     pool = offload.offload_of(args[0]) if offload.offloadable(fn) else None
     if pool is not None:  # its own process: its CPU does not hold this one's interpreter (service.access.offload)
         return await pool.detect(fn, *args)

@@ -63,6 +63,7 @@ def _start(settings, store_settings, tokenizer_path: str, vocab_size, eos_ids) -
     """A worker's start: the store, the tokenizer and the detector's compiled paths."""
     global _services
     _exit_with(os.getppid())
+    _lower_priority()
     from keys.db import open_store
     from service import warmup
     from service.state import Services
@@ -71,6 +72,24 @@ def _start(settings, store_settings, tokenizer_path: str, vocab_size, eos_ids) -
     engine = _Tokenizer(tokenizer_path, vocab_size, eos_ids)
     _services = Services(settings=settings, store=store, engine=engine)
     warmup.warm_detection(engine)
+
+
+WORKER_NICE = 10
+"""How much lower than the gateway's the workers' CPU priority is (added to their nice value).
+The gateway's own process runs every principal's small checks on its event loop; a worker
+runs the large bodies, and under a flood those are one principal's stream back to back. At
+the same priority the kernel shared the cores evenly between the two, and on a busy 2-core
+box another tenant's check waited for a core behind the flood's detection (issue 31 item 5:
+its p99 1.2-5.7x its idle p99, bench.detect_flood). Lower, a worker takes what the gateway
+leaves: the flood keeps the leftover capacity, not a core of its own. An unprivileged
+process may lower its priority, never raise it back, so a worker stays lower for its life."""
+
+
+def _lower_priority() -> None:
+    try:
+        os.nice(WORKER_NICE)
+    except OSError:  # not permitted here: the worker runs at the gateway's priority
+        log.warning("could not lower the detection worker's priority")
 
 
 def _exit_with(parent: int) -> None:

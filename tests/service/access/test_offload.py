@@ -50,6 +50,20 @@ def test_a_large_body_is_answered_by_the_worker_as_by_the_gateways_thread(worker
     assert answered.json()["ledger_matches"] or answered.json()["kgram_matches"]  # the worker read the ledger
 
 
+def test_the_worker_runs_at_a_lower_cpu_priority_than_the_gateway(workers):
+    """The worker takes what the gateway's event loop leaves (issue 31 item 5)."""
+    import psutil
+
+    services = workers.app.state.services
+    text = (workers.generated + " ") * 12
+    answered = workers.client.post("/v1/detect", json={"text": text},
+                                   headers={"Authorization": f"Bearer {workers.tokens['acme']}"})
+    assert answered.status_code == 200, answered.text
+    own = psutil.Process().nice()
+    pids = list(services._offload._pool._processes)
+    assert pids and all(psutil.Process(pid).nice() == min(19, own + offload.WORKER_NICE) for pid in pids)
+
+
 def test_the_tenant_and_public_tiers_answer_large_bodies_through_the_worker(workers):
     text = (workers.generated + " ") * 12  # > the inline size in characters
     tenant = workers.client.post("/v1/detect", json={"text": text},
