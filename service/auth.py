@@ -93,7 +93,7 @@ async def authenticate_async(services: Services, header: str | None) -> Identity
     if not well_formed(raw):  # refused without a lookup (and without filling the cache)
         return _known(None)
     cache_key = hashlib.sha256(raw.encode()).hexdigest()
-    found, identity = services.token_cache.lookup(cache_key)
+    found, identity = services.token_cache.lookup_refreshing(cache_key, lambda: _load(services, raw))
     if found:
         return _known(identity, services)
     slots = _lookup_slots.setdefault(id(asyncio.get_running_loop()), asyncio.Semaphore(_LOOKUPS))

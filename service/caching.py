@@ -79,21 +79,26 @@ class TTLCache(Generic[V]):
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
 
+    def get_refreshing(self, key: Hashable, load: Callable[[], V], default=_MISSING):
+        """:meth:`get`, and where the live entry is in its last ``refresh_ahead`` share, its
+        reload by ``load`` queued on the cache's thread (never run by the caller)."""
+        if self.refresh_ahead <= 0 or self.ttl <= 0:
+            return self.get(key, default)
+        now = self._clock()
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is None or hit[0] <= now:
+                return default
+            self._entries.move_to_end(key)
+            if hit[0] - now < self.ttl * self.refresh_ahead and key not in self._reloading:
+                self._reloading.add(key)
+                self._reload_queue().put((key, load, self._cleared))
+            return hit[1]
+
     def get_or_load(self, key: Hashable, load: Callable[[], V]) -> V:
-        if self.refresh_ahead > 0 and self.ttl > 0:
-            now = self._clock()
-            with self._lock:
-                hit = self._entries.get(key)
-                if hit is not None and hit[0] > now:
-                    self._entries.move_to_end(key)
-                    if hit[0] - now < self.ttl * self.refresh_ahead and key not in self._reloading:
-                        self._reloading.add(key)
-                        self._reload_queue().put((key, load, self._cleared))
-                    return hit[1]
-        else:
-            value = self.get(key)
-            if self.hit(value):
-                return value
+        value = self.get_refreshing(key, load)
+        if self.hit(value):
+            return value
         value = load()
         self.put(key, value)
         return value
@@ -137,13 +142,49 @@ class TTLCache(Generic[V]):
             self._entries.clear()
             self._cleared += 1
 
+    def discard(self, key: Hashable) -> None:
+        with self._lock:
+            self._entries.pop(key, None)
+
+
+class _Gone(Exception):
+    """A known token's reload found it unknown (revoked, expired, deleted)."""
+
 
 class TokenCache(Generic[V]):
-    """Known tokens (value not None) and unknown ones (None) in separate LRUs."""
+    """Known tokens (value not None) and unknown ones (None) in separate LRUs.
 
-    def __init__(self, ttl: float, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
-        self.known: TTLCache[V] = TTLCache(ttl, max_entries, clock)
+    ``refresh_ahead`` as :class:`TTLCache`'s, for known tokens looked up by
+    :meth:`lookup_refreshing`: a busy token is reloaded on the cache's thread before it
+    expires, so no request waits for its reload every ``ttl`` seconds (a request awaiting it
+    held every request of that token behind one database read). A reload that finds the token
+    gone drops it at once and remembers it unknown: a revocation still takes effect within
+    ``ttl``."""
+
+    def __init__(self, ttl: float, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic,
+                 refresh_ahead: float = 0.0) -> None:
+        self.known: TTLCache[V] = TTLCache(ttl, max_entries, clock, refresh_ahead=refresh_ahead)
         self.unknown: TTLCache[bool] = TTLCache(ttl, max_entries, clock)
+
+    def lookup_refreshing(self, key: Hashable, load: Callable[[], V | None]) -> tuple[bool, V | None]:
+        """:meth:`lookup`, and for a known token near its expiry a reload queued (never run here)."""
+        if self.known.refresh_ahead <= 0:
+            return self.lookup(key)
+
+        def reload() -> V:
+            value = load()
+            if value is None:
+                self.known.discard(key)
+                self.unknown.put(key, True)
+                raise _Gone
+            return value
+
+        value = self.known.get_refreshing(key, reload)
+        if TTLCache.hit(value):
+            return True, value
+        if TTLCache.hit(self.unknown.get(key)):
+            return True, None
+        return False, None
 
     def lookup(self, key: Hashable) -> tuple[bool, V | None]:
         """(found, value): found with None means a remembered unknown token."""

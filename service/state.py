@@ -67,7 +67,7 @@ class Services:
         settings = self.settings
         self.metrics.watch_engine(self.engine)
         ttl = settings.key_cache_seconds
-        self.token_cache: TokenCache = TokenCache(ttl, settings.token_cache_entries)
+        self.token_cache: TokenCache = TokenCache(ttl, settings.token_cache_entries, refresh_ahead=0.25)
         # Busy entries are reloaded off the event loop before they expire (TTLCache.refresh_ahead).
         self.key_cache: TTLCache = TTLCache(ttl, refresh_ahead=0.25)
         # What the key cache's detection scopes opened, kept across its expiries and clears:

@@ -98,3 +98,52 @@ def test_a_failed_reload_leaves_the_entry_to_expire():
     assert failed.wait(WAIT)
     clock.now += 0.5
     assert cache.get_or_load("k", lambda: "new") == "new"
+
+
+def _until(predicate) -> bool:
+    """Poll ``predicate`` (the reload thread stores under the cache's lock just after it loads)."""
+    for _ in range(1000):
+        if predicate():
+            return True
+        threading.Event().wait(0.01)
+    return predicate()
+
+
+def test_a_busy_token_is_reloaded_ahead_and_a_revoked_one_dropped_at_once():
+    from service.caching import TokenCache
+
+    clock = Clock()
+    cache = TokenCache(2.0, clock=clock, refresh_ahead=0.25)
+    callers = threading.current_thread().name
+    loads = []
+
+    def load(value):
+        def run():
+            loads.append(threading.current_thread().name)
+            return value
+        return run
+
+    assert cache.lookup_refreshing("t", load("never")) == (False, None)  # a miss: the caller loads
+    assert loads == []
+    cache.store("t", "identity")
+    clock.now += 1.0
+    assert cache.lookup_refreshing("t", load("fresh")) == (True, "identity")
+    assert loads == []  # half its life left: nothing queued
+    clock.now += 0.6
+    assert cache.lookup_refreshing("t", load("fresh")) == (True, "identity")
+    assert _until(lambda: cache.lookup("t") == (True, "fresh"))
+    assert loads == ["cache-refresh"] and callers != "cache-refresh"
+    clock.now += 1.6  # near the reloaded entry's expiry; the token was revoked meanwhile
+    assert cache.lookup_refreshing("t", load(None)) == (True, "fresh")
+    assert _until(lambda: cache.lookup("t") == (True, None))  # gone at once, remembered unknown
+    assert TTLCache.hit(cache.unknown.get("t"))
+
+
+def test_a_token_is_never_served_past_its_expiry_waiting_for_a_reload():
+    from service.caching import TokenCache
+
+    clock = Clock()
+    cache = TokenCache(2.0, clock=clock, refresh_ahead=0.25)
+    cache.store("t", "identity")
+    clock.now += 2.5
+    assert cache.lookup_refreshing("t", lambda: "fresh") == (False, None)
