@@ -34,7 +34,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from bench import edited, rows  # noqa: E402
+from bench import detect_setup, edited, rows  # noqa: E402
 
 
 def _scope(path: str, token: str, length: int) -> dict:
@@ -108,36 +108,18 @@ def main() -> None:
     from fastapi.testclient import TestClient
 
     from bench.gateway import provision_store
-    from keys.lifecycle import import_key
     from keys.settings import StoreSettings
-    from keys.tenants import create_tenant
-    from keys.tokens import issue_token
     from service import detection
     from service.app import create_app
     from service.settings import ServiceSettings
-    from watermark.spec import WatermarkSpec
-
-    def populate(session, keyring):
-        create_tenant(session, name="bench", actor="bench")
-        import_key(session, keyring, tenant="bench", secret=0x5EED_1234_ABCD_0042, actor="bench",
-                   spec=WatermarkSpec(algorithm="dual_key_gumbel"))
-        return {"tenant": issue_token(session, tenant="bench", actor="bench").raw_token,
-                "expert": issue_token(session, tenant=None, actor="bench", expert=True).raw_token}
 
     with tempfile.TemporaryDirectory() as tmp:
-        env, tokens = provision_store(Path(tmp), populate)
+        env, tokens = provision_store(Path(tmp), detect_setup.populate())
         store_settings = StoreSettings(database_url=env["HALLMARK_DATABASE_URL"], kek_file=env["HALLMARK_KEK_FILE"])
         settings = ServiceSettings(detect_rate_per_minute=1e9, detect_burst=1_000_000_000)
         app = create_app(settings, store_settings=store_settings)
         with TestClient(app) as client:  # the lifespan: the store, the engine, the warm-up
-            texts = []
-            for seed in range(64):
-                out = client.post("/v1/generate", headers={"Authorization": f"Bearer {tokens['tenant']}"},
-                                  json={"prompt": "This module provides", "max_tokens": 200, "seed": seed}).json()
-                if len(out["token_ids"]) >= 190:
-                    texts.append(out["text"])
-                if len(texts) == 8:
-                    break
+            texts = detect_setup.generated_texts(client, tokens["tenant"], 8)
         # The app again on this thread's own loop (TestClient's portal runs it on another thread).
         app = create_app(settings, store_settings=store_settings)
         bodies = iter([json.dumps({"text": t}).encode()

@@ -44,7 +44,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-from bench import edited  # noqa: E402
+from bench import detect_setup, edited  # noqa: E402
 from bench.gateway import REPO, free_port  # noqa: E402
 
 TARGET_MS = 0.65
@@ -140,10 +140,7 @@ def in_process(texts_needed: int, repeats: int) -> tuple[list[str], dict]:
     from sqlalchemy import event
 
     from bench.gateway import provision_store
-    from keys.lifecycle import import_key
     from keys.settings import StoreSettings
-    from keys.tenants import create_tenant
-    from keys.tokens import issue_token
     from service import detection
     from service.app import create_app
     from service.auth import authenticate
@@ -151,31 +148,16 @@ def in_process(texts_needed: int, repeats: int) -> tuple[list[str], dict]:
     from service.schemas import DetectBody
     from service.settings import ServiceSettings
     from service.tokenization import encode_with_offsets
-    from watermark.spec import WatermarkSpec
-
-    def populate(session, keyring):
-        create_tenant(session, name="bench", actor="bench")
-        import_key(session, keyring, tenant="bench", secret=0x5EED_1234_ABCD_0042, actor="bench",
-                   spec=WatermarkSpec(algorithm="dual_key_gumbel"))
-        return {"tenant": issue_token(session, tenant="bench", actor="bench").raw_token,
-                "expert": issue_token(session, tenant=None, actor="bench", expert=True).raw_token}
 
     out: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        env, tokens = provision_store(Path(tmp), populate)
+        env, tokens = provision_store(Path(tmp), detect_setup.populate())
         store_settings = StoreSettings(database_url=env["HALLMARK_DATABASE_URL"], kek_file=env["HALLMARK_KEK_FILE"])
         settings = ServiceSettings(detect_rate_per_minute=1e9, detect_burst=1_000_000_000)
         app_ = create_app(settings, store_settings=store_settings)
         with TestClient(app_) as client:
             services = app_.state.services
-            texts = []
-            for seed in range(64):
-                answer = client.post("/v1/generate", headers={"Authorization": f"Bearer {tokens['tenant']}"},
-                                     json={"prompt": "This module provides", "max_tokens": 200, "seed": seed}).json()
-                if len(answer["token_ids"]) >= 190:
-                    texts.append(answer["text"])
-                if len(texts) == texts_needed:
-                    break
+            texts = detect_setup.generated_texts(client, tokens["tenant"], texts_needed)
             variants = edited.variants(texts, 4_000)
             identity = authenticate(services, f"Bearer {tokens['expert']}")
             for text in variants[:8]:  # warm: statements compiled, keys opened

@@ -25,7 +25,7 @@ import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from bench import edited, rows  # noqa: E402
+from bench import detect_setup, edited, rows  # noqa: E402
 
 
 STAGES = [  # (stage, module path suffix, function): cumulative cProfile time of each
@@ -91,10 +91,8 @@ def main() -> None:
     from fastapi.testclient import TestClient
 
     from bench.gateway import provision_store
-    from keys.lifecycle import build_spec, import_key
+    from keys.lifecycle import build_spec
     from keys.settings import StoreSettings
-    from keys.tenants import create_tenant
-    from keys.tokens import issue_token
     from service import detection
     from service.app import create_app
     from service.auth import authenticate
@@ -104,14 +102,8 @@ def main() -> None:
 
     spec = WatermarkSpec(algorithm="dual_key_gumbel") if args.spec == "dual" else build_spec()
 
-    def populate(session, keyring):
-        create_tenant(session, name="bench", actor="bench")
-        import_key(session, keyring, tenant="bench", secret=0x5EED_1234_ABCD_0042, actor="bench", spec=spec)
-        return {"tenant": issue_token(session, tenant="bench", actor="bench").raw_token,
-                "expert": issue_token(session, tenant=None, actor="bench", expert=True).raw_token}
-
     with tempfile.TemporaryDirectory() as tmp:
-        env, tokens = provision_store(Path(tmp), populate)
+        env, tokens = provision_store(Path(tmp), detect_setup.populate(spec))
         store_settings = StoreSettings(database_url=env["HALLMARK_DATABASE_URL"], kek_file=env["HALLMARK_KEK_FILE"])
         # Budgets and the probe guard out of the way: this measures a request's CPU, not its refusal.
         settings = ServiceSettings(detect_rate_per_minute=1e9, detect_burst=1_000_000_000,
@@ -121,14 +113,7 @@ def main() -> None:
         app = create_app(settings, store_settings=store_settings)
         with TestClient(app) as client:
             services = app.state.services
-            texts = []
-            for seed in range(64):
-                out = client.post("/v1/generate", headers={"Authorization": f"Bearer {tokens['tenant']}"},
-                                  json={"prompt": "This module provides", "max_tokens": 200, "seed": seed}).json()
-                if len(out["token_ids"]) >= 190:
-                    texts.append(out["text"])
-                if len(texts) == args.texts:
-                    break
+            texts = detect_setup.generated_texts(client, tokens["tenant"], args.texts)
             identity = authenticate(services, f"Bearer {tokens['expert']}")
             bodies = [DetectBody(text=t) for t in texts]
             sample = [detection.detect(services, identity, b) for b in bodies]  # warm: compiles, caches
