@@ -64,6 +64,16 @@ class Space:
         self.rows: list[tuple[str, probe.Sketch]] = []
         self.counts: dict[str, int] = defaultdict(int)
 
+    def _place(self, query: probe.Sketch, matched: set[str]) -> bool:
+        """Refused if a matched family is spent; else the query joins the fullest matched family
+        (or starts one), as probe.guard places it."""
+        if any(self.counts[f] >= self.per_day for f in matched):
+            return False
+        family = max(matched, key=lambda f: (self.counts[f], f)) if matched else f"f{len(self.rows)}"
+        self.rows.append((family, query))
+        self.counts[family] += 1
+        return True
+
     def ask(self, query: probe.Sketch) -> bool:
         matched: set[str] = set()
         for family, other in self.rows:
@@ -71,12 +81,7 @@ class Space:
                 return True
             if family not in matched and probe.related(query, other, self.min_share, **self.design):
                 matched.add(family)
-        if any(self.counts[f] >= self.per_day for f in matched):
-            return False
-        family = max(matched, key=lambda f: (self.counts[f], f)) if matched else f"f{len(self.rows)}"
-        self.rows.append((family, query))
-        self.counts[family] += 1
-        return True
+        return self._place(query, matched)
 
 
 class CoreSpace(Space):
@@ -103,12 +108,7 @@ class CoreSpace(Space):
                 core = self._core(family)
                 if len(query.hashes & core) >= max(32, 0.5 * len(core)):
                     matched.add(family)
-        if any(self.counts[f] >= self.per_day for f in matched):
-            return False
-        family = max(matched, key=lambda f: (self.counts[f], f)) if matched else f"f{len(self.rows)}"
-        self.rows.append((family, query))
-        self.counts[family] += 1
-        return True
+        return self._place(query, matched)
 
 
 class ExposureSpace(Space):

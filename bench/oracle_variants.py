@@ -110,6 +110,12 @@ class VariantOracle:
         self._client.close()
 
 
+
+def _count_refusal(refused: dict, result: dict) -> None:
+    """Tally an attempt's refusal (its error code) in ``refused``."""
+    if result["refused"]:
+        refused[result["refused"]] = refused.get(result["refused"], 0) + 1
+
 def strip_fresh(oracle, editor, ids: list[int], max_rounds: int, share: float = FRESH_SHARE) -> dict:
     """Each query the original with a fresh random ``share`` of its tokens changed, until one
     answer says neither the watermark nor the ledger is a basis (or a refusal)."""
@@ -166,8 +172,7 @@ def run_round2(url: str, tokens: dict[str, str], editor, humans: list[str], gene
                     result = spoof(oracle, editor, next(texts), max_rounds)
                     oracle.close()
                     queries.append(result["queries"])
-                    if result["refused"]:
-                        refused[result["refused"]] = refused.get(result["refused"], 0) + 1
+                    _count_refusal(refused, result)
                     if verified(truth, editor, result["final_ids"], watermarked=True):
                         spoofed += 1
                 oracle = VariantOracle(url, tier, chosen, attack, editor, rng, addresses)
@@ -177,8 +182,7 @@ def run_round2(url: str, tokens: dict[str, str], editor, humans: list[str], gene
                     result = strip(oracle, editor, next(strips), max_rounds, with_evidence=False)
                 oracle.close()
                 strip_queries.append(result["queries"])
-                if result["refused"]:
-                    refused[result["refused"]] = refused.get(result["refused"], 0) + 1
+                _count_refusal(refused, result)
                 if verified(truth, editor, result["final_ids"], watermarked=False):
                     stripped += 1
                     changed.append(round(result["changed"] / result["tokens"], 3))

@@ -120,7 +120,7 @@ def locate(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length:
     if log10_sf_many is None:
         return _merge_lazily(live, lower, starts, ends, sums, counts, log10_m, log10_threshold, log10_sf)
     exact = log10_sf_many(sums[live], counts[live]) if len(live) else []
-    merge_of = _merge_kernel() if len(live) else None
+    merge_of = _kernel("_merge_windows") if len(live) else None
     if merge_of is not None:  # the hits and their merge in one compiled pass (the same floats and order)
         kept_starts, kept_ends, kept_counts, kept_p = merge_of(live, exact, log10_m, starts, ends, counts,
                                                               float(log10_threshold))
@@ -152,7 +152,7 @@ def _screen(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length
     if grid is None:
         return None
     starts, ends, log10_m = grid
-    screen_of = _screen_kernel() if lower_kind is not None and scores.dtype == np.float64 else None
+    screen_of = _kernel("_screen_windows") if lower_kind is not None and scores.dtype == np.float64 else None
     if screen_of is not None:
         from detector import stats
 
@@ -160,7 +160,7 @@ def _screen(positions: np.ndarray, scores: np.ndarray, total: int, *, min_length
             np.ascontiguousarray(positions), np.ascontiguousarray(scores), starts, ends, log10_m,
             stats._log_fact(len(scores)), lower_kind.weighted, float(lower_kind.alpha), float(log10_threshold))
         return starts, ends, log10_m, sums, counts, live, lower
-    sums_of = _window_sums_kernel()
+    sums_of = _kernel("_window_sums")
     if sums_of is not None and scores.dtype == np.float64:
         sums, counts = sums_of(np.ascontiguousarray(positions), np.ascontiguousarray(scores), starts, ends)
     else:
@@ -263,7 +263,7 @@ def refine(hits: list[SpanHit], positions: np.ndarray, scores: np.ndarray, total
     pasted generation's underline started w tokens late, always. The p-value stays the
     window's."""
     out: list[SpanHit] = []
-    refine_all = _refine_kernel() if hits and scores.dtype == np.float64 else None
+    refine_all = _kernel("_refine_hits") if hits and scores.dtype == np.float64 else None
     if refine_all is not None:  # every hit in one compiled pass: the same sums, cuts and scans
         firsts, lasts = refine_all(np.ascontiguousarray(positions), np.ascontiguousarray(scores),
                                    np.array([h.start for h in hits], dtype=np.int64),
@@ -283,7 +283,7 @@ def refine(hits: list[SpanHit], positions: np.ndarray, scores: np.ndarray, total
         region = np.asarray(scores[lo:hi], dtype=np.float64)
         best_range = (int(in_lo), int(in_hi))
         seen = {best_range}
-        kadane = _kadane()
+        kadane = _kernel("_kadane_loop")
         for _ in range(REFINE_ROUNDS):
             # ndarray.mean's own value (its pairwise sum over the count), without its wrapper.
             stretch = scores[best_range[0]:best_range[1]]
@@ -561,34 +561,11 @@ def _compiled():
                             "_refine_hits": _refine_hits, "_merge_windows": _merge_windows})
 
 
-def _merge_kernel():
-    """The compiled :func:`_merge_windows` where this process has loaded numba, else None."""
+def _kernel(name: str):
+    """The compiled function ``name`` (of :func:`_compiled`'s) where this process has loaded
+    numba (watermark.jit), else None: a one-off detection stays on numpy."""
     compiled = _compiled() if jit.loaded() else None
-    return None if compiled is None else compiled["_merge_windows"]
-
-
-def _refine_kernel():
-    """The compiled :func:`_refine_hits` where this process has loaded numba, else None."""
-    compiled = _compiled() if jit.loaded() else None
-    return None if compiled is None else compiled["_refine_hits"]
-
-
-def _screen_kernel():
-    """The compiled :func:`_screen_windows` where this process has loaded numba, else None."""
-    compiled = _compiled() if jit.loaded() else None
-    return None if compiled is None else compiled["_screen_windows"]
-
-
-def _kadane():
-    """The compiled scan where this process has loaded numba (watermark.jit), else None."""
-    compiled = _compiled() if jit.loaded() else None
-    return None if compiled is None else compiled["_kadane_loop"]
-
-
-def _window_sums_kernel():
-    """The compiled :func:`_window_sums` where this process has loaded numba, else None."""
-    compiled = _compiled() if jit.loaded() else None
-    return None if compiled is None else compiled["_window_sums"]
+    return None if compiled is None else compiled[name]
 
 
 def _disjoint(hits: list[SpanHit]) -> list[SpanHit]:

@@ -8,6 +8,12 @@ import pytest
 from detector import spans, stats
 
 
+
+def _without(monkeypatch, name: str) -> None:
+    """spans with its compiled ``name`` unavailable (the Python path), the others as they are."""
+    kernel = spans._kernel
+    monkeypatch.setattr(spans, "_kernel", lambda wanted: None if wanted == name else kernel(wanted))
+
 def _brute_force(positions, scores, total, log10_threshold, log10_sf, min_length=32):
     family = spans.windows(total, min_length)
     lengths = [w.end - w.start for w in family]
@@ -155,7 +161,7 @@ def test_compiled_scan_finds_the_same_stretch_as_the_reference():
     from watermark import jit
 
     jit.load()
-    kadane = spans._kadane()
+    kadane = spans._kernel("_kadane_loop")
     assert kadane is not None
     rng = np.random.default_rng(0)
     for trial in range(5000):
@@ -172,7 +178,7 @@ def test_compiled_window_sums_are_the_numpy_steps():
     from watermark import jit
 
     jit.load()
-    sums_of = spans._window_sums_kernel()
+    sums_of = spans._kernel("_window_sums")
     assert sums_of is not None
     rng = np.random.default_rng(5)
     for total in (16, 37, 200, 1000):
@@ -218,7 +224,7 @@ def test_compiled_numpy_sum_is_numpys_sum_bit_for_bit():
     from watermark import jit
 
     jit.load()
-    spans._refine_kernel()
+    spans._kernel("_refine_hits")
     numpy_sum = spans._compiled()["_numpy_sum"]
     rng = np.random.default_rng(14)
     for trial in range(3000):
@@ -242,14 +248,14 @@ def test_compiled_refine_is_the_python_loop(seed, monkeypatch):
     hits = [spans.SpanHit(s, s + length, 0, -3.0) for length in (32, 64, 128)
             for s in range(0, total - length + 1, length // 2)]
     hits.append(spans.SpanHit(598, 600, 0, -3.0))  # no scored token inside: kept as it is
-    assert spans._refine_kernel() is not None
+    assert spans._kernel("_refine_hits") is not None
 
     def every():
         return ([spans.refine([h], positions, scores, total, context_width=w) for h in hits for w in (0, 4)],
                 spans.refine(hits, positions, scores, total, context_width=4))
 
     compiled = every()
-    monkeypatch.setattr(spans, "_refine_kernel", lambda: None)
+    _without(monkeypatch, "_refine_hits")
     assert compiled == every()
 
 
@@ -261,7 +267,7 @@ def test_compiled_merge_is_the_python_merge(seed, monkeypatch):
     from watermark import jit
 
     jit.load()
-    assert spans._merge_kernel() is not None
+    assert spans._kernel("_merge_windows") is not None
     rng = np.random.default_rng(100 + seed)
     total = int(rng.integers(64, 1500))
     positions = np.sort(rng.choice(total, int(total * 0.9), replace=False))
@@ -278,5 +284,5 @@ def test_compiled_merge_is_the_python_merge(seed, monkeypatch):
                 for m in (8, 32) for f in (1, 7) for t in (-1.0, -4.0, -12.0)]
 
     compiled = found()
-    monkeypatch.setattr(spans, "_merge_kernel", lambda: None)
+    _without(monkeypatch, "_merge_windows")
     assert compiled == found()

@@ -172,6 +172,24 @@ def _owner_sql(database_url, statement, params=None):
         engine.dispose()
 
 
+_MOVES = {
+    "to the other tenant and key": "UPDATE ledger_kgrams SET key_id = :k, tenant_id = :t WHERE generation_id = :g",
+    "to the other key only": "UPDATE ledger_kgrams SET key_id = :k WHERE generation_id = :g",
+    "one row copied": "INSERT INTO ledger_kgrams (tenant_id, generation_id, key_id, digest, scheme) "
+                      "SELECT tenant_id, generation_id, key_id, digest, scheme FROM ledger_kgrams "
+                      "WHERE id IN (SELECT min(id) FROM ledger_kgrams WHERE generation_id = :g)",
+    "delete": "DELETE FROM ledger_kgrams WHERE generation_id = :g",
+    "insert": "INSERT INTO ledger_kgrams (tenant_id, generation_id, key_id, digest, scheme) "
+              "SELECT tenant_id, generation_id, key_id, 12345, scheme FROM ledger_kgrams "
+              "WHERE generation_id = :g LIMIT 1",
+}
+"""An operator's edits of a generation's k-gram rows (g: the generation, k / t: the other key and tenant)."""
+
+
+def _move_kgrams(database_url, tamper: str, g: dict) -> None:
+    _owner_sql(database_url, _MOVES[tamper], g)
+
+
 @pytest.mark.parametrize("tamper", ["relabel", "delete", "insert", "move"])
 @pytest.mark.parametrize("scheme", [kgrams.V1, kgrams.V2])
 def test_tampered_rows_of_either_scheme_are_never_cited(store, setup, database_url, tamper, scheme):
@@ -193,7 +211,7 @@ def test_tampered_rows_of_either_scheme_are_never_cited(store, setup, database_u
                                  "WHERE generation_id = :g)", g)
     elif tamper == "insert":
         _owner_sql(database_url, "INSERT INTO ledger_kgrams (tenant_id, generation_id, key_id, digest, scheme) "
-                                 "SELECT tenant_id, generation_id, key_id, 12345, scheme FROM ledger_kgrams "
+                           "SELECT tenant_id, generation_id, key_id, 12345, scheme FROM ledger_kgrams "
                                  "WHERE generation_id = :g LIMIT 1", g)
     else:  # one row of the other generation moved onto the target
         _owner_sql(database_url, "UPDATE ledger_kgrams SET generation_id = :g WHERE id IN "
@@ -225,14 +243,7 @@ def test_rows_relabelled_to_another_key_or_copied_are_never_cited(store, setup, 
     acme_keys = [(acme_key.key_id, acme_key.material.secret)]
     beta_keys = [(beta_key.key_id, beta_key.material.secret)]
     g = {"g": target, "k": beta_key.key_id, "t": beta.id}
-    if tamper == "to the other tenant and key":
-        _owner_sql(database_url, "UPDATE ledger_kgrams SET key_id = :k, tenant_id = :t WHERE generation_id = :g", g)
-    elif tamper == "to the other key only":
-        _owner_sql(database_url, "UPDATE ledger_kgrams SET key_id = :k WHERE generation_id = :g", g)
-    else:
-        _owner_sql(database_url, "INSERT INTO ledger_kgrams (tenant_id, generation_id, key_id, digest, scheme) "
-                                 "SELECT tenant_id, generation_id, key_id, digest, scheme FROM ledger_kgrams "
-                                 "WHERE id IN (SELECT min(id) FROM ledger_kgrams WHERE generation_id = :g)", g)
+    _move_kgrams(database_url, tamper, g)
     with store.transaction(write=False) as session:
         for keys, scope in [(beta_keys, beta.id), (beta_keys, None), (acme_keys, acme.id)]:
             assert _both_paths(session, keys, tokens, scope) == [], (keys, scope)
@@ -260,20 +271,7 @@ def test_kept_rows_answer_as_the_log_holds_them(store, setup, database_url, tamp
     assert [m.generation_id for m in before[2]] == [target]
     assert any(VERIFIED.get(key, target) is not None for key in list(VERIFIED._kept))
     g = {"g": target, "k": beta_key.key_id, "t": beta.id}
-    if tamper == "to the other tenant and key":
-        _owner_sql(database_url, "UPDATE ledger_kgrams SET key_id = :k, tenant_id = :t WHERE generation_id = :g", g)
-    elif tamper == "to the other key only":
-        _owner_sql(database_url, "UPDATE ledger_kgrams SET key_id = :k WHERE generation_id = :g", g)
-    elif tamper == "one row copied":
-        _owner_sql(database_url, "INSERT INTO ledger_kgrams (tenant_id, generation_id, key_id, digest, scheme) "
-                                 "SELECT tenant_id, generation_id, key_id, digest, scheme FROM ledger_kgrams "
-                                 "WHERE id IN (SELECT min(id) FROM ledger_kgrams WHERE generation_id = :g)", g)
-    elif tamper == "delete":
-        _owner_sql(database_url, "DELETE FROM ledger_kgrams WHERE generation_id = :g", g)
-    else:
-        _owner_sql(database_url, "INSERT INTO ledger_kgrams (tenant_id, generation_id, key_id, digest, scheme) "
-                                 "SELECT tenant_id, generation_id, key_id, 12345, scheme FROM ledger_kgrams "
-                                 "WHERE generation_id = :g LIMIT 1", g)
+    _move_kgrams(database_url, tamper, g)
     with store.transaction(write=False) as session:
         assert [_one_read(session, keys, tokens, scope) for keys, scope in scopes] == before
     # The finished entry is still read and checked against the log on every look-up: edited,
