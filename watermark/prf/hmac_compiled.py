@@ -16,7 +16,7 @@ import functools
 import numpy as np
 
 from watermark import jit
-from watermark.prf import lane_ops, philox, philox_compiled, sha256
+from watermark.prf import lane_ops, philox, philox_compiled, sha256, sha_ni
 
 HP_DOMAIN = b"hallmark-hmac-philox-v1\0"
 """``hmac-sha256-philox-v1``'s domain (24 bytes: six big-endian words), :mod:`watermark.prf.hmac_philox`."""
@@ -183,8 +183,11 @@ def _vs_words_rows(mids, contexts, tokens, out):  # pragma: no cover - compiled
 # bits, halving the lanes a register holds), each working variable a row of its own, and a round names its eight rows
 # statically (eight rounds unrolled, the variables' roles rotating through the calls) so
 # that the compiler sees eight distinct rows, not rows picked by runtime indices.
-# bench/results/prf-detect-cpu.json has the figures.
+# bench/results/prf-detect-cpu.json has the figures. Where the CPU has the SHA extensions the
+# same passes compress with them instead (watermark.prf.sha_ni: ~1.8x the compressions a second,
+# bench/results/prf-detect-cpu-shani.md), sha_ni.GROUP lanes a call; lanes past n are scratch.
 LANES = 128
+_GROUP = sha_ni.GROUP
 
 
 def _round_lanes(a, b, c, d, e, f, g, h, k, w, n):  # pragma: no cover - compiled
@@ -204,9 +207,13 @@ def _schedule_lanes(w, i, n):  # pragma: no cover - compiled
         out[j] = _add4(early[j], _sig0(x[j]), mid[j], _sig1(y[j]))
 
 
-def _compress_lanes(st, w, n, v):  # pragma: no cover - compiled
+def _compress_lanes(st, w, n, v, sha):  # pragma: no cover - compiled
     """st [8, LANES] <- the compression of w[:16, :n] into it, lane by lane (w [64, LANES],
-    v [8, LANES]: scratch; all uint32)."""
+    v [8, LANES]: scratch; all uint32); with the SHA extensions where ``sha``."""
+    if sha:
+        for j in range(0, n, _GROUP):
+            _sha_ni_lanes(st, w, j)
+        return
     for i in range(16, 64):
         _schedule_lanes(w, i, n)
     for r in range(8):
@@ -227,7 +234,7 @@ def _compress_lanes(st, w, n, v):  # pragma: no cover - compiled
             st[r, j] = _add2(st[r, j], v[r, j])
 
 
-def _inner_lanes(st, w, v, mid, msg, nblocks, n):  # pragma: no cover - compiled
+def _inner_lanes(st, w, v, mid, msg, nblocks, n, sha):  # pragma: no cover - compiled
     """st[:, :n] <- the inner hash's state after msg's nblocks blocks (msg [16 * nblocks, LANES]),
     from the key's inner midstate mid[:8]."""
     for r in range(8):
@@ -237,10 +244,10 @@ def _inner_lanes(st, w, v, mid, msg, nblocks, n):  # pragma: no cover - compiled
         for i in range(16):
             for j in range(n):
                 w[i, j] = msg[16 * blk + i, j]
-        _compress_lanes(st, w, n, v)
+        _compress_lanes(st, w, n, v, sha)
 
 
-def _outer_lanes(st, w, v, mid, n):  # pragma: no cover - compiled
+def _outer_lanes(st, w, v, mid, n, sha):  # pragma: no cover - compiled
     """st[:, :n] <- HMAC's outer hash of the inner digests in st, from the outer midstate
     mid[8:] (one block: the 32-byte digest, its padding and the length 768 bits)."""
     for i in range(8):
@@ -250,10 +257,10 @@ def _outer_lanes(st, w, v, mid, n):  # pragma: no cover - compiled
     for i in range(8, 16):
         for j in range(n):
             w[i, j] = np.uint32(0x80000000) if i == 8 else (np.uint32(768) if i == 15 else np.uint32(0))
-    _compress_lanes(st, w, n, v)
+    _compress_lanes(st, w, n, v, sha)
 
 
-def _hp_uniforms_lanes(mids, contexts, tokens, out, words, store_words):  # pragma: no cover - compiled
+def _hp_uniforms_lanes(mids, contexts, tokens, out, words, store_words, sha):  # pragma: no cover - compiled
     """out[k, p] = the uniform of tokens[k, p] under key k (midstates mids[k], uint32 [K, 16]) at
     contexts[p], LANES positions at a time."""
     count, width = contexts.shape
@@ -282,8 +289,8 @@ def _hp_uniforms_lanes(mids, contexts, tokens, out, words, store_words):  # prag
             msg[nwords, j] = np.uint32(0x80000000)
             msg[16 * nblocks - 1, j] = bits
         for k in range(mids.shape[0]):
-            _inner_lanes(st, w, v, mids[k], msg, nblocks, n)
-            _outer_lanes(st, w, v, mids[k], n)
+            _inner_lanes(st, w, v, mids[k], msg, nblocks, n, sha)
+            _outer_lanes(st, w, v, mids[k], n, sha)
             for j in range(n):
                 word = _token_word(tokens[k, start + j], st[0, j], st[1, j], st[2, j], st[3, j], st[4, j],
                                    st[5, j] ^ _TOKEN_DOMAIN)
@@ -292,7 +299,7 @@ def _hp_uniforms_lanes(mids, contexts, tokens, out, words, store_words):  # prag
                     words[k, start + j] = word
 
 
-def _vs_words_lanes(mids, contexts, tokens, out):  # pragma: no cover - compiled
+def _vs_words_lanes(mids, contexts, tokens, out, sha):  # pragma: no cover - compiled
     """hmac-sha256-v1 words: out[k, p] of tokens[k, p] under key k (midstates mids[k], uint32
     [K, 16]) at contexts[p], LANES positions through each compression together. Each lane's
     message bytes are laid out as :func:`_vs_word` lays them out (little-endian fields), then
@@ -328,8 +335,8 @@ def _vs_words_lanes(mids, contexts, tokens, out):  # pragma: no cover - compiled
                     msg[i, j] = np.uint32((np.uint64(mb[4 * i]) << np.uint64(24))
                                           | (np.uint64(mb[4 * i + 1]) << np.uint64(16))
                                           | (np.uint64(mb[4 * i + 2]) << np.uint64(8)) | np.uint64(mb[4 * i + 3]))
-            _inner_lanes(st, w, v, mids[k], msg, nblocks, n)
-            _outer_lanes(st, w, v, mids[k], n)
+            _inner_lanes(st, w, v, mids[k], msg, nblocks, n, sha)
+            _outer_lanes(st, w, v, mids[k], n, sha)
             for j in range(n):  # the digest's first 4 bytes, read little-endian
                 h = np.uint64(st[0, j])
                 out[k, start + j] = np.uint32(((h & m8) << np.uint64(24))
@@ -337,7 +344,7 @@ def _vs_words_lanes(mids, contexts, tokens, out):  # pragma: no cover - compiled
                                               | (((h >> np.uint64(16)) & m8) << np.uint64(8)) | (h >> np.uint64(24)))
 
 
-def _kgram_digests_lanes(mids, words, k, shift, out):  # pragma: no cover - compiled
+def _kgram_digests_lanes(mids, words, k, shift, out, sha):  # pragma: no cover - compiled
     """out[p] = the first 8 bytes (big-endian) of HMAC-SHA-256(key, words[p:p + k] as big-endian
     uint32s), shifted right by ``shift``, for every start p (out [n - k + 1] int64; mids [16]:
     the key's midstates): the ledger's k-gram digests (ledger.kgram_digests), LANES k-grams
@@ -364,8 +371,8 @@ def _kgram_digests_lanes(mids, words, k, shift, out):  # pragma: no cover - comp
                     fill = np.uint32(0x80000000) if at == k else (bits if at == 16 * nblocks - 1 else np.uint32(0))
                     for j in range(n):
                         w[i, j] = fill
-            _compress_lanes(st, w, n, v)
-        _outer_lanes(st, w, v, mids, n)
+            _compress_lanes(st, w, n, v, sha)
+        _outer_lanes(st, w, v, mids, n, sha)
         for j in range(n):
             out[start + j] = np.int64(((np.uint64(st[0, j]) << np.uint64(32)) | np.uint64(st[1, j]))
                                       >> np.uint64(shift))
@@ -388,7 +395,14 @@ def compiled():
     if helpers is None:  # pragma: no cover - exercised where numba is missing
         return None
     return jit.compile_all(FUNCTIONS, inline=INLINE,
-                           helpers={"_token_word": helpers["_token_word"], **lane_ops.intrinsics()})
+                           helpers={"_token_word": helpers["_token_word"], **lane_ops.intrinsics(),
+                                    **sha_ni.intrinsics()})
+
+
+def sha_extensions() -> bool:
+    """Whether the lane passes compress with the x86 SHA extensions (:func:`watermark.prf.sha_ni.available`,
+    decided once); the lane arithmetic otherwise (tests force it)."""
+    return sha_ni.available()
 
 
 def midstates_table(midstates, keys) -> np.ndarray:
@@ -412,7 +426,7 @@ def philox_uniforms_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) 
     if contexts.shape[0] and len(mids):
         compiled()["_hp_uniforms_lanes"](np.ascontiguousarray(mids, np.uint32), contexts,
                                          _tokens_table(tokens_by_key, len(mids), contexts.shape[0]), out,
-                                         np.zeros((1, 1), np.uint32), False)
+                                         np.zeros((1, 1), np.uint32), False, sha_extensions())
     return out
 
 
@@ -424,7 +438,7 @@ def philox_words_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) -> 
     if count and len(mids):
         compiled()["_hp_uniforms_lanes"](np.ascontiguousarray(mids, np.uint32), contexts,
                                          _tokens_table(tokens_by_key, len(mids), count),
-                                         np.empty((len(mids), count), np.float32), words, True)
+                                         np.empty((len(mids), count), np.float32), words, True, sha_extensions())
     return words
 
 
@@ -456,7 +470,7 @@ def vllm_words_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) -> np
     if contexts.shape[0] and len(mids):
         tokens = np.asarray(tokens_by_key if isinstance(tokens_by_key, np.ndarray) else np.stack(tokens_by_key))
         tokens = np.ascontiguousarray(np.broadcast_to(tokens.astype(np.int64), (len(mids), contexts.shape[0])))
-        compiled()["_vs_words_lanes"](np.ascontiguousarray(mids, np.uint32), contexts, tokens, out)
+        compiled()["_vs_words_lanes"](np.ascontiguousarray(mids, np.uint32), contexts, tokens, out, sha_extensions())
     return out
 
 
@@ -485,7 +499,8 @@ def kgram_digests(mids: np.ndarray, words: np.ndarray, k: int, bits: int) -> np.
     out = np.empty(count, dtype=np.int64)
     if count:
         compiled()["_kgram_digests_lanes"](np.ascontiguousarray(mids, np.uint32),
-                                           np.ascontiguousarray(words, np.uint32), k, 64 - bits, out)
+                                           np.ascontiguousarray(words, np.uint32), k, 64 - bits, out,
+                                           sha_extensions())
     return out
 
 
