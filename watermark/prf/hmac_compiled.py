@@ -303,7 +303,8 @@ def _vs_words_lanes(mids, contexts, tokens, out, sha):  # pragma: no cover - com
     """hmac-sha256-v1 words: out[k, p] of tokens[k, p] under key k (midstates mids[k], uint32
     [K, 16]) at contexts[p], LANES positions through each compression together. Each lane's
     message bytes are laid out as :func:`_vs_word` lays them out (little-endian fields), then
-    read as big-endian words."""
+    read as big-endian words: the context's once a chunk of lanes, the token's 8 bytes (the
+    only ones that differ between keys) merged into its words per key."""
     count, width = contexts.shape
     nbytes = _VS_DOMAIN.shape[0] + 4 + 8 * (width + 1)
     nblocks = (nbytes + 8) // 64 + 1
@@ -317,24 +318,36 @@ def _vs_words_lanes(mids, contexts, tokens, out, sha):  # pragma: no cover - com
     for i in range(8):
         template[64 * nblocks - 1 - i] = np.uint8((bits >> np.uint64(8 * i)) & np.uint64(0xFF))
     first = _VS_DOMAIN.shape[0] + 4  # the first byte of the context entries
+    at = first + 8 * width  # the token's first byte (its bytes stay zero in mb)
+    low, high = at // 4, (at + 7) // 4  # the words holding the token's bytes
     mb = template.copy()
     msg = np.zeros((16 * nblocks, LANES), np.uint32)
+    base = np.zeros((high - low + 1, LANES), np.uint32)  # those words without the token
     w = np.zeros((64, LANES), np.uint32)
     st = np.empty((8, LANES), np.uint32)
     v = np.empty((8, LANES), np.uint32)
     m8 = np.uint64(0xFF)
     for start in range(0, count, LANES):
         n = min(LANES, count - start)
+        for j in range(n):
+            for e in range(width):
+                value = np.uint64(contexts[start + j, e])
+                for i in range(8):
+                    mb[first + 8 * e + i] = np.uint8((value >> np.uint64(8 * i)) & m8)
+            for i in range(16 * nblocks):
+                msg[i, j] = np.uint32((np.uint64(mb[4 * i]) << np.uint64(24))
+                                      | (np.uint64(mb[4 * i + 1]) << np.uint64(16))
+                                      | (np.uint64(mb[4 * i + 2]) << np.uint64(8)) | np.uint64(mb[4 * i + 3]))
+            for i in range(low, high + 1):
+                base[i - low, j] = msg[i, j]
         for k in range(mids.shape[0]):
             for j in range(n):
-                for e in range(width + 1):
-                    value = np.uint64(contexts[start + j, e]) if e < width else np.uint64(tokens[k, start + j])
-                    for i in range(8):
-                        mb[first + 8 * e + i] = np.uint8((value >> np.uint64(8 * i)) & m8)
-                for i in range(16 * nblocks):
-                    msg[i, j] = np.uint32((np.uint64(mb[4 * i]) << np.uint64(24))
-                                          | (np.uint64(mb[4 * i + 1]) << np.uint64(16))
-                                          | (np.uint64(mb[4 * i + 2]) << np.uint64(8)) | np.uint64(mb[4 * i + 3]))
+                for i in range(low, high + 1):
+                    msg[i, j] = base[i - low, j]
+                value = np.uint64(tokens[k, start + j])
+                for i in range(8):  # byte at + i is byte 3 - (at + i) % 4 of its big-endian word
+                    msg[(at + i) // 4, j] |= np.uint32(((value >> np.uint64(8 * i)) & m8)
+                                                       << np.uint64(24 - 8 * ((at + i) % 4)))
             _inner_lanes(st, w, v, mids[k], msg, nblocks, n, sha)
             _outer_lanes(st, w, v, mids[k], n, sha)
             for j in range(n):  # the digest's first 4 bytes, read little-endian

@@ -1,0 +1,90 @@
+"""The compiled HMAC lane passes (watermark.prf.hmac_compiled) on both of their compression
+paths, the SHA extensions and the lane arithmetic (forced), against the hashlib references:
+both PRFs at every context width, lane counts around the passes' chunks, vLLM's golden
+vectors and the ledger's k-gram digests."""
+
+import hashlib
+import hmac
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from watermark.prf import hmac_compiled, hmac_philox, hmac_sha256, philox, sha_ni
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+
+
+@pytest.fixture(params=["sha-ni", "lanes"])
+def path(request, monkeypatch):
+    """Which compression the lane passes take (the lane arithmetic forced, or the extensions
+    where numba's target has them)."""
+    if request.param == "sha-ni" and not sha_ni.available():
+        pytest.skip("numba's target CPU lacks the SHA extensions")
+    monkeypatch.setattr(hmac_compiled, "sha_extensions", lambda: request.param == "sha-ni")
+    return request.param
+
+
+def _keys(rng, n):
+    return [2**256 - 1, 1] + [int.from_bytes(rng.bytes(32), "big") for _ in range(n - 2)]
+
+
+def _inputs(rng, count, width):
+    contexts = rng.integers(-(2**40), 2**40, (count, width))
+    contexts[: count // 3] = rng.integers(-1, 50_000, (count // 3, width))
+    tokens = rng.integers(0, 2**40, count)  # vLLM's PRF hashes all 8 bytes of a token
+    tokens[::2] = rng.integers(0, 50_000, len(tokens[::2]))
+    return contexts, tokens
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 4, 6, 7, 9, 12])
+@pytest.mark.parametrize("count", [1, 3, 130])
+def test_philox_words_many_equal_hashlib(path, width, count):
+    rng = np.random.default_rng(width * 1000 + count)
+    keys = _keys(rng, 3)
+    contexts, tokens = _inputs(rng, count, width)
+    tokens_by_key = [tokens, tokens[::-1].copy(), (tokens + 7) % 2**40]
+    mids = hmac_compiled.midstates_table(hmac_philox.midstates, keys)
+    words = hmac_compiled.philox_words_many(mids, contexts, tokens_by_key)
+    uniforms = hmac_compiled.philox_uniforms_many(mids, contexts, tokens_by_key)
+    for row, key in enumerate(keys):
+        want = hmac_philox.words_reference(key, contexts, tokens_by_key[row])
+        assert np.array_equal(words[row], want.astype(np.uint32)), (path, width, count, row)
+        assert np.array_equal(uniforms[row], philox.uniforms_from_words_numpy(want))
+
+
+@pytest.mark.parametrize("width", [0, 1, 2, 3, 4, 5, 6, 8, 11, 12])
+@pytest.mark.parametrize("count", [1, 3, 130])
+def test_vllm_words_many_equal_hashlib(path, width, count):
+    rng = np.random.default_rng(width * 1000 + count + 1)
+    keys = _keys(rng, 3)
+    contexts, tokens = _inputs(rng, count, width)
+    tokens_by_key = np.stack([tokens, tokens[::-1], rng.integers(-(2**62), 2**62, count)])
+    words = hmac_compiled.vllm_words_many(hmac_compiled.midstates_table(hmac_sha256.midstates, keys),
+                                          contexts, tokens_by_key)
+    for row, key in enumerate(keys):
+        want = hmac_sha256.words_reference(key, contexts, tokens_by_key[row])
+        assert np.array_equal(words[row], want.astype(np.uint32)), (path, width, count, row)
+
+
+def test_vllm_golden_vectors(path):
+    golden = json.loads((DATA / "hmac-sha256-v1.json").read_text())
+    for case in golden["cases"]:
+        key, tokens = int(case["key"]), np.array(case["tokens"])
+        contexts = np.array([case["context"]] * len(tokens))
+        mids = hmac_compiled.midstates_table(hmac_sha256.midstates, [key, key])
+        got = hmac_compiled.vllm_uniforms_many(mids, contexts, tokens)
+        assert np.array_equal(got[1], np.array(case["uniforms"], dtype=np.float32)), case["key"]
+
+
+@pytest.mark.parametrize("k", [1, 5, 13, 14, 20])
+def test_kgram_digests_equal_hmac(path, k):
+    rng = np.random.default_rng(k)
+    for size in [k, k + 3, 129 + k]:
+        key = rng.bytes(int(rng.choice([1, 17, 32, 64])))
+        words = rng.integers(0, 2**32, size, dtype=np.uint64).astype(np.uint32)
+        grams = [words[i:i + k].astype(">u4").tobytes() for i in range(size - k + 1)]
+        want = [int.from_bytes(hmac.new(key, g, hashlib.sha256).digest()[:8], "big") >> 1 for g in grams]
+        mids = np.array(hmac_compiled.sha256.midstates(key), dtype=np.uint32)
+        assert hmac_compiled.kgram_digests(mids, words, k, 63).tolist() == want
