@@ -41,8 +41,12 @@ def _rotr(x, n):  # pragma: no cover - compiled
     return np.uint32(((v >> np.uint64(n)) | (v << np.uint64(32 - n))) & _M32)
 
 
-def _compress(state, w):  # pragma: no cover - compiled
-    """state uint32[8] <- compression of the block in w[:16] (w is uint32[64] scratch)."""
+def _compress(state, w, sha):  # pragma: no cover - compiled
+    """state uint32[8] <- compression of the block in w[:16] (w is uint32[64] scratch); with
+    the SHA extensions where ``sha`` (one message: a column of one)."""
+    if sha:
+        _sha_ni_one(state.reshape((8, 1)), w.reshape((64, 1)), 0)
+        return
     for i in range(16, 64):
         x, y = w[i - 15], w[i - 2]
         s0 = np.uint32(_rotr(x, 7) ^ _rotr(x, 18) ^ np.uint32(x >> np.uint32(3)))
@@ -70,7 +74,7 @@ def _compress(state, w):  # pragma: no cover - compiled
     state[7] = np.uint32((np.uint64(state[7]) + np.uint64(h)) & _M32)
 
 
-def _hmac_padded(mids, msg, nblocks, w, st):  # pragma: no cover - compiled
+def _hmac_padded(mids, msg, nblocks, w, st, sha):  # pragma: no cover - compiled
     """st <- HMAC digest words of the padded inner message msg[:16 * nblocks] (uint32, its
     length field counting the ipad block), under a key's midstates [16]."""
     for i in range(8):
@@ -78,7 +82,7 @@ def _hmac_padded(mids, msg, nblocks, w, st):  # pragma: no cover - compiled
     for blk in range(nblocks):
         for i in range(16):
             w[i] = msg[16 * blk + i]
-        _compress(st, w)
+        _compress(st, w, sha)
     for i in range(8):
         w[i] = st[i]
         st[i] = mids[8 + i]
@@ -86,7 +90,7 @@ def _hmac_padded(mids, msg, nblocks, w, st):  # pragma: no cover - compiled
     for i in range(9, 15):
         w[i] = np.uint32(0)
     w[15] = np.uint32(768)  # (64 + 32) bytes, in bits
-    _compress(st, w)
+    _compress(st, w, sha)
 
 
 def _pad_words(msg, nwords):  # pragma: no cover - compiled
@@ -99,40 +103,40 @@ def _pad_words(msg, nwords):  # pragma: no cover - compiled
     return nblocks
 
 
-def _hp_digest(mids, ctx, width, msg, w, st):  # pragma: no cover - compiled
+def _hp_digest(mids, ctx, width, msg, w, st, sha):  # pragma: no cover - compiled
     """st <- the hmac-sha256-philox-v1 digest of one context (ctx int64 [>= width])."""
     for i in range(6):
         msg[i] = _HP_DOMAIN[i]
     msg[6] = np.uint32(width)
     for i in range(width):
         msg[7 + i] = np.uint32(ctx[i] & 0xFFFFFFFF)
-    _hmac_padded(mids, msg, _pad_words(msg, 7 + width), w, st)
+    _hmac_padded(mids, msg, _pad_words(msg, 7 + width), w, st, sha)
 
 
-def _hp_words_rows(mids, contexts, tokens, out):  # pragma: no cover - compiled
+def _hp_words_rows(mids, contexts, tokens, out, sha):  # pragma: no cover - compiled
     """out[p] = word of tokens[p] under the key of row p (mids [P, 16]) at contexts[p]."""
     msg = np.empty(64, dtype=np.uint32)
     w = np.empty(64, dtype=np.uint32)
     st = np.empty(8, dtype=np.uint32)
     width = contexts.shape[1]
     for p in range(contexts.shape[0]):
-        _hp_digest(mids[p], contexts[p], width, msg, w, st)
+        _hp_digest(mids[p], contexts[p], width, msg, w, st, sha)
         out[p] = _token_word(tokens[p], st[0], st[1], st[2], st[3], st[4], st[5] ^ _TOKEN_DOMAIN)
 
 
-def _hp_key_states(mids, contexts, widths, keys, states):  # pragma: no cover - compiled
+def _hp_key_states(mids, contexts, widths, keys, states, sha):  # pragma: no cover - compiled
     """Sampler rows: keys[b] (uint64) and states[b, :4] of row b's context (its first widths[b] entries)."""
     msg = np.empty(64, dtype=np.uint32)
     w = np.empty(64, dtype=np.uint32)
     st = np.empty(8, dtype=np.uint32)
     for b in range(contexts.shape[0]):
-        _hp_digest(mids[b], contexts[b], widths[b], msg, w, st)
+        _hp_digest(mids[b], contexts[b], widths[b], msg, w, st, sha)
         keys[b] = np.uint64(st[4]) | (np.uint64(st[5]) << np.uint64(32))
         for i in range(4):
             states[b, i] = np.uint64(st[i])
 
 
-def _vs_word(mids, ctx, token, mb, msg, w, st):  # pragma: no cover - compiled
+def _vs_word(mids, ctx, token, mb, msg, w, st, sha):  # pragma: no cover - compiled
     """hmac-sha256-v1's word of one (context, token): the message bytes in mb, then words."""
     width = ctx.shape[0]
     n = 0
@@ -157,7 +161,7 @@ def _vs_word(mids, ctx, token, mb, msg, w, st):  # pragma: no cover - compiled
     for i in range(16 * nblocks):
         msg[i] = np.uint32((np.uint64(mb[4 * i]) << np.uint64(24)) | (np.uint64(mb[4 * i + 1]) << np.uint64(16))
                            | (np.uint64(mb[4 * i + 2]) << np.uint64(8)) | np.uint64(mb[4 * i + 3]))
-    _hmac_padded(mids, msg, nblocks, w, st)
+    _hmac_padded(mids, msg, nblocks, w, st, sha)
     h = st[0]  # the digest's first 4 bytes, read little-endian
     v = np.uint64(h)
     m8 = np.uint64(0xFF)
@@ -165,13 +169,13 @@ def _vs_word(mids, ctx, token, mb, msg, w, st):  # pragma: no cover - compiled
                      | (((v >> np.uint64(16)) & m8) << np.uint64(8)) | (v >> np.uint64(24)))
 
 
-def _vs_words_rows(mids, contexts, tokens, out):  # pragma: no cover - compiled
+def _vs_words_rows(mids, contexts, tokens, out, sha):  # pragma: no cover - compiled
     mb = np.empty(256, dtype=np.uint8)
     msg = np.empty(64, dtype=np.uint32)
     w = np.empty(64, dtype=np.uint32)
     st = np.empty(8, dtype=np.uint32)
     for p in range(contexts.shape[0]):
-        out[p] = _vs_word(mids[p], contexts[p], tokens[p], mb, msg, w, st)
+        out[p] = _vs_word(mids[p], contexts[p], tokens[p], mb, msg, w, st, sha)
 
 
 
@@ -461,7 +465,8 @@ def philox_words_rows(mids: np.ndarray, contexts: np.ndarray, tokens: np.ndarray
     out = np.empty(len(tokens), dtype=np.uint32)
     if len(tokens):
         compiled()["_hp_words_rows"](np.ascontiguousarray(mids, np.uint32), contexts,
-                                     (np.asarray(tokens, np.int64) & 0xFFFFFFFF).astype(np.uint32), out)
+                                     (np.asarray(tokens, np.int64) & 0xFFFFFFFF).astype(np.uint32), out,
+                                     sha_extensions())
     return out.astype(np.uint64)
 
 
@@ -472,7 +477,7 @@ def philox_key_states(mids: np.ndarray, contexts: np.ndarray, widths: np.ndarray
     keys, states = np.empty(batch, np.uint64), np.empty((batch, 4), np.uint64)
     if batch:
         compiled()["_hp_key_states"](np.ascontiguousarray(mids, np.uint32), np.ascontiguousarray(contexts, np.int64),
-                                     np.asarray(widths, np.int64), keys, states)
+                                     np.asarray(widths, np.int64), keys, states, sha_extensions())
     return keys, states
 
 
@@ -498,7 +503,7 @@ def vllm_words_rows(mids: np.ndarray, contexts: np.ndarray, tokens: np.ndarray) 
     out = np.empty(len(tokens), dtype=np.uint32)
     if len(tokens):
         compiled()["_vs_words_rows"](np.ascontiguousarray(mids, np.uint32), contexts,
-                                     np.asarray(tokens, np.int64), out)
+                                     np.asarray(tokens, np.int64), out, sha_extensions())
     return out.astype(np.uint64)
 
 

@@ -39,8 +39,9 @@ def available() -> bool:
 
 
 def intrinsics() -> dict:
-    """name -> numba intrinsic: ``_sha_ni_lanes`` (:func:`lanes_intrinsic` of GROUP)."""
-    return {"_sha_ni_lanes": lanes_intrinsic(GROUP)}
+    """name -> numba intrinsic: ``_sha_ni_lanes`` (:func:`lanes_intrinsic` of GROUP), and
+    ``_sha_ni_one`` (of one column: a single message, the per-row passes)."""
+    return {"_sha_ni_lanes": lanes_intrinsic(GROUP), "_sha_ni_one": lanes_intrinsic(1)}
 
 
 @functools.cache

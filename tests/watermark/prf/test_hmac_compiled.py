@@ -88,3 +88,22 @@ def test_kgram_digests_equal_hmac(path, k):
         want = [int.from_bytes(hmac.new(key, g, hashlib.sha256).digest()[:8], "big") >> 1 for g in grams]
         mids = np.array(hmac_compiled.sha256.midstates(key), dtype=np.uint32)
         assert hmac_compiled.kgram_digests(mids, words, k, 63).tolist() == want
+
+
+@pytest.mark.parametrize("width", [1, 2, 4, 7, 9, 12])
+def test_per_row_passes_equal_hashlib(path, width):
+    # one key a row (the sampler's and PRF.words' passes): one message a compression
+    rng = np.random.default_rng(width + 77)
+    keys = _keys(rng, 5)
+    contexts, tokens = _inputs(rng, 9, width)
+    rows = [keys[i % 5] for i in range(9)]
+    tables = {prf: hmac_compiled.midstates_table(prf.midstates, rows) for prf in (hmac_philox, hmac_sha256)}
+    assert np.array_equal(hmac_compiled.philox_words_rows(tables[hmac_philox], contexts, tokens),
+                          hmac_philox.words_reference(rows, contexts, tokens))
+    assert np.array_equal(hmac_compiled.vllm_words_rows(tables[hmac_sha256], contexts, tokens),
+                          hmac_sha256.words_reference(rows, contexts, tokens))
+    widths = rng.integers(1, width + 1, 9)
+    philox_keys, states = hmac_compiled.philox_key_states(tables[hmac_philox], contexts, widths)
+    for row in range(9):
+        philox_key, state = hmac_philox.context_key_state(rows[row], contexts[row, :widths[row]].tolist())
+        assert int(philox_keys[row]) == philox_key and [int(s) for s in states[row]] == list(state)
