@@ -64,7 +64,8 @@ def compressions(repeats: int) -> dict:
     """ns per SHA-256 compression of the HMAC lane passes' compression step
     (``hmac_compiled._compress_lanes`` over all LANES columns, many times a call): the lane
     arithmetic, and the SHA extensions (watermark.prf.sha_ni) at 1, 2, 4 and 8 messages
-    interleaved a call where the CPU has them. Median and minimum of ``repeats`` interleaved
+    interleaved a call where the CPU has them; and the per-row passes' step
+    (``hmac_compiled._compress``, one message a call) on both paths. Median and minimum of ``repeats`` interleaved
     calls (thread CPU time)."""
     from numba import njit
 
@@ -89,9 +90,26 @@ def compressions(repeats: int) -> dict:
 
         return run
 
-    runs = {"lanes": (through_passes, False)}
+    one = hmac_compiled.compiled()["_compress"]
+
+    @njit
+    def one_by_one(st, w, v, sha):  # pragma: no cover - compiled
+        # the per-row passes' step: one message a call, as its own 1-D state and block
+        state, block = np.empty(8, np.uint32), np.empty(64, np.uint32)
+        for _ in range(rounds):
+            for j in range(lanes):
+                for i in range(8):
+                    state[i] = st[i, j]
+                for i in range(16):
+                    block[i] = w[i, j]
+                one(state, block, sha)
+                for i in range(8):
+                    st[i, j] = state[i]
+
+    runs = {"lanes": (through_passes, False), "per row": (one_by_one, False)}
     if sha_ni.available():
         runs["sha-ni"] = (through_passes, True)
+        runs["per row, sha-ni"] = (one_by_one, True)
         runs.update({f"sha-ni, {g} a call": (interleaved(g), True) for g in (1, 2, 4, 8)})
     rng = np.random.default_rng(0)
     state = rng.integers(0, 2**32, (8, lanes), dtype=np.uint64).astype(np.uint32)
