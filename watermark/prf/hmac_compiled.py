@@ -5,7 +5,9 @@ and cached by the PRF modules, which call this one), so one
 HMAC over a short message costs its inner blocks plus one outer compression: two for a
 ``hmac-sha256-philox-v1`` context of width <= 6 (three above), three for a ``hmac-sha256-v1``
 token at widths 2 to 4. Detection's passes (many positions) run LANES positions through each
-compression together. Bit for bit :mod:`watermark.prf.hmac_philox` and :mod:`watermark.prf.hmac_sha256`
+compression together; every pass compresses with the x86 SHA extensions where numba's target CPU
+has them (:mod:`watermark.prf.sha_ni`, :func:`sha_extensions`), with the lane arithmetic or
+scalar code otherwise. Bit for bit :mod:`watermark.prf.hmac_philox` and :mod:`watermark.prf.hmac_sha256`
 (tested against hashlib and vLLM's reference vectors).
 """
 

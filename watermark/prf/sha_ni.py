@@ -31,11 +31,16 @@ GROUP = 4
 def available() -> bool:
     """Whether numba's code generator targets a CPU with the SHA extensions (its host CPU's
     features, or ``NUMBA_CPU_FEATURES`` where set): decided once per process. numba keys its
-    on-disk cache by the same features, so code built here never runs on a CPU without them."""
-    from numba.core.registry import cpu_target
-
-    features = cpu_target.target_context.codegen()._tm_features.split(",")
-    return "+sha" in features and "+sse4.1" in features
+    on-disk cache by the same features, so code built here never runs on a CPU without them.
+    False without numba, or where its code generator does not say (the lane arithmetic then)."""
+    try:
+        from numba.core.registry import cpu_target
+    except ImportError:  # pragma: no cover - exercised where numba is missing
+        return False
+    # numba's own feature string, not llvmlite's host query: NUMBA_CPU_FEATURES can narrow it,
+    # and an instruction the target machine lacks fails to select at compile time.
+    features = getattr(cpu_target.target_context.codegen(), "_tm_features", "")
+    return "+sha" in features.split(",")
 
 
 def intrinsics() -> dict:
@@ -49,8 +54,8 @@ def lanes_intrinsic(group: int):
     """The numba intrinsic ``(st, w, j)`` that compresses the message in
     ``w[:16, c]`` into ``st[:, c]`` for the ``group`` columns ``c = j .. j + group - 1`` (st
     [8, L], w [>= 16, L], both uint32, C-contiguous, ``j + group <= L``). Where the code
-    generator lacks the extensions (:func:`available` is False) it compiles to a trap: the
-    passes never call it there, and the instructions could not be selected."""
+    generator lacks the extensions (:func:`available` is False) it compiles to raising
+    RuntimeError: the passes never call it there, and the instructions could not be selected."""
     from llvmlite import ir
     from numba import types
     from numba.core import cgutils
@@ -73,14 +78,16 @@ def lanes_intrinsic(group: int):
 
     def compress(builder, fns, abef, cdgh, blocks):
         """The compressions of ``group`` messages, interleaved instruction by instruction: abef,
-        cdgh [GROUP] their states, blocks [group][4] their words W0..W15 four a vector."""
+        cdgh [group] their states, blocks [group][4] their words W0..W15 four a vector (the
+        schedule's vector q holds words 4q .. 4q + 3)."""
         rnds2, msg1, msg2 = fns
         start = [(a, c) for a, c in zip(abef, cdgh)]
         sched = [list(b) for b in blocks]
         for q in range(16):
             if q >= 4:
-                for s in sched:  # W[4q..4q+3] = msg2(msg1(W[q-4], W[q-3]) + W[4q-7..4q-4], W[q-1])
-                    mid = builder.add(builder.call(msg1, [s[q - 4], s[q - 3]]), shuffle(builder, s[q - 2], s[q - 1], [1, 2, 3, 4]))
+                for s in sched:  # msg1 adds σ0 of words 4q-15.., the shuffle words 4q-7.., msg2 σ1
+                    early = builder.call(msg1, [s[q - 4], s[q - 3]])
+                    mid = builder.add(early, shuffle(builder, s[q - 2], s[q - 1], [1, 2, 3, 4]))
                     s.append(builder.call(msg2, [mid, s[q - 1]]))
             wk = [builder.add(s[q], constants[q]) for s in sched]
             for half in range(2):  # rounds 4q, 4q + 1 from wk's low words, then 4q + 2, 4q + 3
@@ -101,10 +108,9 @@ def lanes_intrinsic(group: int):
                 with builder.if_then(cgutils.true_bit):
                     context.call_conv.return_user_exc(builder, RuntimeError, ("no SHA extensions",))
                 return context.get_dummy_value()
-            module = builder.module
-            fns = (cgutils.get_or_insert_function(module, ir.FunctionType(vec, [vec, vec, vec]), "llvm.x86.sha256rnds2"),
-                   cgutils.get_or_insert_function(module, ir.FunctionType(vec, [vec, vec]), "llvm.x86.sha256msg1"),
-                   cgutils.get_or_insert_function(module, ir.FunctionType(vec, [vec, vec]), "llvm.x86.sha256msg2"))
+            fns = tuple(cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec] * arity),
+                                                       f"llvm.x86.sha256{name}")
+                        for name, arity in (("rnds2", 3), ("msg1", 2), ("msg2", 2)))
             st_ty, w_ty = signature.args[0], signature.args[1]
             st_ary = context.make_array(st_ty)(context, builder, args[0])
             w_ary = context.make_array(w_ty)(context, builder, args[1])
@@ -122,6 +128,7 @@ def lanes_intrinsic(group: int):
             cdgh = [gather(builder, [st_rows[7], st_rows[6], st_rows[3], st_rows[2]], m) for m in range(group)]
             blocks = [[gather(builder, w_rows[4 * q:4 * q + 4], m) for q in range(4)] for m in range(group)]
             abef, cdgh = compress(builder, fns, abef, cdgh, blocks)
+            # and back: A, B are ABEF's elements 3, 2; C, D CDGH's 3, 2; E, F ABEF's 1, 0; G, H CDGH's.
             for r, (half, element) in enumerate([(0, 3), (0, 2), (1, 3), (1, 2), (0, 1), (0, 0), (1, 1), (1, 0)]):
                 out = ir.Constant(row, ir.Undefined)
                 for m in range(group):
