@@ -107,3 +107,40 @@ def test_per_row_passes_equal_hashlib(path, width):
     for row in range(9):
         philox_key, state = hmac_philox.context_key_state(rows[row], contexts[row, :widths[row]].tolist())
         assert int(philox_keys[row]) == philox_key and [int(s) for s in states[row]] == list(state)
+
+
+_WITHOUT_SHA = """
+from watermark.prf import hmac_compiled, hmac_philox, hmac_sha256, sha_ni
+import numpy as np
+assert not sha_ni.available() and not hmac_compiled.sha_extensions()
+rng = np.random.default_rng(3)
+contexts, tokens = rng.integers(-1, 2**40, (131, 4)), rng.integers(0, 2**40, 131)
+keys = [2**256 - 1, 12345]
+for prf, many in ((hmac_philox, hmac_compiled.philox_words_many), (hmac_sha256, hmac_compiled.vllm_words_many)):
+    words = many(hmac_compiled.midstates_table(prf.midstates, keys), contexts, tokens)
+    for row, key in enumerate(keys):
+        assert np.array_equal(words[row], prf.words_reference(key, contexts, tokens).astype(np.uint32))
+    rows = hmac_compiled.midstates_table(prf.midstates, [keys[i % 2] for i in range(5)])
+    per_row = (hmac_compiled.philox_words_rows if prf is hmac_philox else hmac_compiled.vllm_words_rows)(
+        rows, contexts[:5], tokens[:5])
+    assert np.array_equal(per_row, prf.words_reference([keys[i % 2] for i in range(5)], contexts[:5], tokens[:5]))
+print("lanes ok")
+"""
+
+
+@pytest.mark.slow
+def test_a_cpu_without_the_extensions_compiles_and_takes_the_lanes(tmp_path):
+    # numba told the CPU lacks them (its feature string with -sha): the passes still compile
+    # (the SHA-NI intrinsic becomes a raise they never reach) and give hashlib's bits.
+    import os
+    import subprocess
+    import sys
+
+    from numba.core.registry import cpu_target
+
+    features = ",".join("-sha" if f == "+sha" else f for f in cpu_target.target_context.codegen()._tm_features.split(","))
+    env = dict(os.environ, NUMBA_CPU_FEATURES=features, NUMBA_CACHE_DIR=str(tmp_path))
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_SHA], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and "lanes ok" in done.stdout, done.stderr[-2000:]
