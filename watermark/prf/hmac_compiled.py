@@ -45,9 +45,9 @@ def _rotr(x, n):  # pragma: no cover - compiled
 
 def _compress(state, w, sha):  # pragma: no cover - compiled
     """state uint32[8] <- compression of the block in w[:16] (w is uint32[64] scratch); with
-    the SHA extensions where ``sha`` (one message: a column of one)."""
+    the SHA extensions where ``sha``."""
     if sha:
-        _sha_ni_one(state.reshape((8, 1)), w.reshape((64, 1)), 0)
+        _sha_ni_one(state, w, 0)
         return
     for i in range(16, 64):
         x, y = w[i - 15], w[i - 2]

@@ -14,6 +14,11 @@ transposes them into the per-message form the instructions take, and back. Same 
 lane arithmetic by construction (the same compression function); tests compare both with
 hashlib on each path.
 
+Keep 256-bit (ymm) values away from these instructions: they are SSE-encoded, and one 1-D
+variant whose state LLVM packed into a ymm register ran a compression in ~5 us instead of
+~45 ns on this box's EPYC. numba's on-disk cache keys the passes by hmac_compiled.py alone:
+after editing this module, clear that cache (its ``__pycache__/*.nb[ic]``) before measuring.
+
 Built on first use: nothing here imports numba at module import (:mod:`watermark.jit`).
 """
 
@@ -53,7 +58,8 @@ def intrinsics() -> dict:
 def lanes_intrinsic(group: int):
     """The numba intrinsic ``(st, w, j)`` that compresses the message in
     ``w[:16, c]`` into ``st[:, c]`` for the ``group`` columns ``c = j .. j + group - 1`` (st
-    [8, L], w [>= 16, L], both uint32, C-contiguous, ``j + group <= L``). Where the code
+    [8, L], w [>= 16, L], both uint32, C-contiguous, ``j + group <= L``); with a group of
+    one, st [8] and w [>= 16] may be one message's own arrays (j is then ignored). Where the code
     generator lacks the extensions (:func:`available` is False) it compiles to raising
     RuntimeError: the passes never call it there, and the instructions could not be selected."""
     from llvmlite import ir
@@ -99,8 +105,9 @@ def lanes_intrinsic(group: int):
                 [builder.add(c, s[1]) for c, s in zip(cdgh, start)])
 
     def _sha_ni_lanes(typingctx, st, w, j):
-        if not (isinstance(st, types.Array) and isinstance(w, types.Array)
-                and st.dtype == types.uint32 and w.dtype == types.uint32 and st.ndim == 2 and w.ndim == 2):
+        ndim = getattr(st, "ndim", None)
+        if not (isinstance(st, types.Array) and isinstance(w, types.Array) and st.dtype == types.uint32
+                and w.dtype == types.uint32 and w.ndim == ndim and (ndim == 2 or (ndim == 1 and group == 1))):
             return None
 
         def codegen(context, builder, signature, args):
@@ -117,7 +124,14 @@ def lanes_intrinsic(group: int):
             col = context.cast(builder, args[2], signature.args[2], types.int64)
 
             def row_ptr(ty, ary, r):
-                p = cgutils.get_item_pointer(context, builder, ty, ary, [i64(r), col], wraparound=False)
+                if ndim == 2:
+                    p = cgutils.get_item_pointer(context, builder, ty, ary, [i64(r), col], wraparound=False)
+                else:
+                    # Addressed through the array's stride, not as contiguous words: LLVM then
+                    # cannot merge the eight state words into one 256-bit value, which stays live
+                    # across the SSE-encoded SHA instructions and slows them ~100x (measured).
+                    (stride,) = cgutils.unpack_tuple(builder, ary.strides, 1)
+                    p = builder.gep(builder.bitcast(ary.data, ir.IntType(8).as_pointer()), [builder.mul(i64(r), stride)])
                 return builder.bitcast(p, row.as_pointer())
 
             st_rows = [builder.load(row_ptr(st_ty, st_ary, r), align=4) for r in range(8)]
