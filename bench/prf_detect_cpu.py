@@ -1,6 +1,7 @@
 """CPU detection with 256-bit keys beside Philox keys, one thread, same texts, same run.
 
     .venv/bin/python -m bench.prf_detect_cpu [--out bench/results/prf-detect-cpu.json]
+    .venv/bin/python -m bench.prf_detect_cpu --compressions   # ns a SHA-256 compression, each path
 
 For each PRF (``philox4x32-10-v1``, ``hmac-sha256-philox-v1``, vLLM's ``hmac-sha256-v1``),
 spec (``gumbel``, ``dual_key_gumbel``; ``deterministic``; ``diverse`` with salts: 16 salted keys
@@ -59,12 +60,86 @@ def _interleaved(fns: dict, repeats: int) -> dict:
     return {name: (float(np.median(t)), float(np.min(t))) for name, t in times.items()}
 
 
+def compressions(repeats: int) -> dict:
+    """ns per SHA-256 compression of the HMAC lane passes' compression step
+    (``hmac_compiled._compress_lanes`` over all LANES columns, many times a call): the lane
+    arithmetic, and the SHA extensions (watermark.prf.sha_ni) at 1, 2, 4 and 8 messages
+    interleaved a call where the CPU has them; and the per-row passes' step
+    (``hmac_compiled._compress``, one message a call) on both paths. Median and minimum of ``repeats`` interleaved
+    calls (thread CPU time)."""
+    from numba import njit
+
+    from watermark.prf import hmac_compiled, sha_ni
+
+    lanes, rounds = hmac_compiled.LANES, 2000
+    step = hmac_compiled.compiled()["_compress_lanes"]
+
+    @njit
+    def through_passes(st, w, v, sha):  # pragma: no cover - compiled
+        for _ in range(rounds):
+            step(st, w, lanes, v, sha)
+
+    def interleaved(group):
+        compress = sha_ni.lanes_intrinsic(group)
+
+        @njit
+        def run(st, w, v, sha):  # pragma: no cover - compiled
+            for _ in range(rounds):
+                for j in range(0, lanes, group):
+                    compress(st, w, j)
+
+        return run
+
+    one = hmac_compiled.compiled()["_compress"]
+
+    @njit
+    def one_by_one(st, w, v, sha):  # pragma: no cover - compiled
+        # the per-row passes' step: one message a call, as its own 1-D state and block
+        state, block = np.empty(8, np.uint32), np.empty(64, np.uint32)
+        for _ in range(rounds):
+            for j in range(lanes):
+                for i in range(8):
+                    state[i] = st[i, j]
+                for i in range(16):
+                    block[i] = w[i, j]
+                one(state, block, sha)
+                for i in range(8):
+                    st[i, j] = state[i]
+
+    runs = {"lanes": (through_passes, False), "per row": (one_by_one, False)}
+    if sha_ni.available():
+        runs["sha-ni"] = (through_passes, True)
+        runs["per row, sha-ni"] = (one_by_one, True)
+        runs.update({f"sha-ni, {g} a call": (interleaved(g), True) for g in (1, 2, 4, 8)})
+    rng = np.random.default_rng(0)
+    state = rng.integers(0, 2**32, (8, lanes), dtype=np.uint64).astype(np.uint32)
+    block = rng.integers(0, 2**32, (64, lanes), dtype=np.uint64).astype(np.uint32)
+    results = {}
+    for name, (fn, sha) in runs.items():  # same bits on every path (and compiled before timing)
+        st = state.copy()
+        fn(st, block.copy(), np.empty((8, lanes), np.uint32), sha)
+        results.setdefault("state", st)
+        if not np.array_equal(st, results["state"]):
+            raise SystemExit(f"{name}: a different state")
+    times = _interleaved({name: (lambda f=fn, s=sha: f(state.copy(), block.copy(), np.empty((8, lanes), np.uint32), s))
+                          for name, (fn, sha) in runs.items()}, repeats)
+    per = 1e9 / (rounds * lanes)
+    return {name: {"ns": med * per, "ns_min": low * per} for name, (med, low) in times.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results/prf-detect-cpu.json"))
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--compressions", action="store_true",
+                        help="time one SHA-256 compression on each path instead (prints JSON)")
     args = parser.parse_args()
     jit.load()
+    if args.compressions:
+        print(json.dumps({"command": "OMP_NUM_THREADS=1 .venv/bin/python -m bench.prf_detect_cpu "
+                          + " ".join(sys.argv[1:]), "load_average": os.getloadavg(),
+                          "ns_per_compression": compressions(args.repeats)}, indent=1))
+        return 0
     rng = np.random.default_rng(36)
     texts = {n: rng.integers(0, 8192, n).tolist() for n in (200, 20_000)}
     rows = []

@@ -5,7 +5,9 @@ and cached by the PRF modules, which call this one), so one
 HMAC over a short message costs its inner blocks plus one outer compression: two for a
 ``hmac-sha256-philox-v1`` context of width <= 6 (three above), three for a ``hmac-sha256-v1``
 token at widths 2 to 4. Detection's passes (many positions) run LANES positions through each
-compression together. Bit for bit :mod:`watermark.prf.hmac_philox` and :mod:`watermark.prf.hmac_sha256`
+compression together; every pass compresses with the x86 SHA extensions where numba's target CPU
+has them (:mod:`watermark.prf.sha_ni`, :func:`sha_extensions`), with the lane arithmetic or
+scalar code otherwise. Bit for bit :mod:`watermark.prf.hmac_philox` and :mod:`watermark.prf.hmac_sha256`
 (tested against hashlib and vLLM's reference vectors).
 """
 
@@ -16,7 +18,7 @@ import functools
 import numpy as np
 
 from watermark import jit
-from watermark.prf import lane_ops, philox, philox_compiled, sha256
+from watermark.prf import lane_ops, philox, philox_compiled, sha256, sha_ni
 
 HP_DOMAIN = b"hallmark-hmac-philox-v1\0"
 """``hmac-sha256-philox-v1``'s domain (24 bytes: six big-endian words), :mod:`watermark.prf.hmac_philox`."""
@@ -41,8 +43,12 @@ def _rotr(x, n):  # pragma: no cover - compiled
     return np.uint32(((v >> np.uint64(n)) | (v << np.uint64(32 - n))) & _M32)
 
 
-def _compress(state, w):  # pragma: no cover - compiled
-    """state uint32[8] <- compression of the block in w[:16] (w is uint32[64] scratch)."""
+def _compress(state, w, sha):  # pragma: no cover - compiled
+    """state uint32[8] <- compression of the block in w[:16] (w is uint32[64] scratch); with
+    the SHA extensions where ``sha``."""
+    if sha:
+        _sha_ni_one(state, w, 0)
+        return
     for i in range(16, 64):
         x, y = w[i - 15], w[i - 2]
         s0 = np.uint32(_rotr(x, 7) ^ _rotr(x, 18) ^ np.uint32(x >> np.uint32(3)))
@@ -70,7 +76,7 @@ def _compress(state, w):  # pragma: no cover - compiled
     state[7] = np.uint32((np.uint64(state[7]) + np.uint64(h)) & _M32)
 
 
-def _hmac_padded(mids, msg, nblocks, w, st):  # pragma: no cover - compiled
+def _hmac_padded(mids, msg, nblocks, w, st, sha):  # pragma: no cover - compiled
     """st <- HMAC digest words of the padded inner message msg[:16 * nblocks] (uint32, its
     length field counting the ipad block), under a key's midstates [16]."""
     for i in range(8):
@@ -78,7 +84,7 @@ def _hmac_padded(mids, msg, nblocks, w, st):  # pragma: no cover - compiled
     for blk in range(nblocks):
         for i in range(16):
             w[i] = msg[16 * blk + i]
-        _compress(st, w)
+        _compress(st, w, sha)
     for i in range(8):
         w[i] = st[i]
         st[i] = mids[8 + i]
@@ -86,7 +92,7 @@ def _hmac_padded(mids, msg, nblocks, w, st):  # pragma: no cover - compiled
     for i in range(9, 15):
         w[i] = np.uint32(0)
     w[15] = np.uint32(768)  # (64 + 32) bytes, in bits
-    _compress(st, w)
+    _compress(st, w, sha)
 
 
 def _pad_words(msg, nwords):  # pragma: no cover - compiled
@@ -99,40 +105,40 @@ def _pad_words(msg, nwords):  # pragma: no cover - compiled
     return nblocks
 
 
-def _hp_digest(mids, ctx, width, msg, w, st):  # pragma: no cover - compiled
+def _hp_digest(mids, ctx, width, msg, w, st, sha):  # pragma: no cover - compiled
     """st <- the hmac-sha256-philox-v1 digest of one context (ctx int64 [>= width])."""
     for i in range(6):
         msg[i] = _HP_DOMAIN[i]
     msg[6] = np.uint32(width)
     for i in range(width):
         msg[7 + i] = np.uint32(ctx[i] & 0xFFFFFFFF)
-    _hmac_padded(mids, msg, _pad_words(msg, 7 + width), w, st)
+    _hmac_padded(mids, msg, _pad_words(msg, 7 + width), w, st, sha)
 
 
-def _hp_words_rows(mids, contexts, tokens, out):  # pragma: no cover - compiled
+def _hp_words_rows(mids, contexts, tokens, out, sha):  # pragma: no cover - compiled
     """out[p] = word of tokens[p] under the key of row p (mids [P, 16]) at contexts[p]."""
     msg = np.empty(64, dtype=np.uint32)
     w = np.empty(64, dtype=np.uint32)
     st = np.empty(8, dtype=np.uint32)
     width = contexts.shape[1]
     for p in range(contexts.shape[0]):
-        _hp_digest(mids[p], contexts[p], width, msg, w, st)
+        _hp_digest(mids[p], contexts[p], width, msg, w, st, sha)
         out[p] = _token_word(tokens[p], st[0], st[1], st[2], st[3], st[4], st[5] ^ _TOKEN_DOMAIN)
 
 
-def _hp_key_states(mids, contexts, widths, keys, states):  # pragma: no cover - compiled
+def _hp_key_states(mids, contexts, widths, keys, states, sha):  # pragma: no cover - compiled
     """Sampler rows: keys[b] (uint64) and states[b, :4] of row b's context (its first widths[b] entries)."""
     msg = np.empty(64, dtype=np.uint32)
     w = np.empty(64, dtype=np.uint32)
     st = np.empty(8, dtype=np.uint32)
     for b in range(contexts.shape[0]):
-        _hp_digest(mids[b], contexts[b], widths[b], msg, w, st)
+        _hp_digest(mids[b], contexts[b], widths[b], msg, w, st, sha)
         keys[b] = np.uint64(st[4]) | (np.uint64(st[5]) << np.uint64(32))
         for i in range(4):
             states[b, i] = np.uint64(st[i])
 
 
-def _vs_word(mids, ctx, token, mb, msg, w, st):  # pragma: no cover - compiled
+def _vs_word(mids, ctx, token, mb, msg, w, st, sha):  # pragma: no cover - compiled
     """hmac-sha256-v1's word of one (context, token): the message bytes in mb, then words."""
     width = ctx.shape[0]
     n = 0
@@ -157,7 +163,7 @@ def _vs_word(mids, ctx, token, mb, msg, w, st):  # pragma: no cover - compiled
     for i in range(16 * nblocks):
         msg[i] = np.uint32((np.uint64(mb[4 * i]) << np.uint64(24)) | (np.uint64(mb[4 * i + 1]) << np.uint64(16))
                            | (np.uint64(mb[4 * i + 2]) << np.uint64(8)) | np.uint64(mb[4 * i + 3]))
-    _hmac_padded(mids, msg, nblocks, w, st)
+    _hmac_padded(mids, msg, nblocks, w, st, sha)
     h = st[0]  # the digest's first 4 bytes, read little-endian
     v = np.uint64(h)
     m8 = np.uint64(0xFF)
@@ -165,13 +171,13 @@ def _vs_word(mids, ctx, token, mb, msg, w, st):  # pragma: no cover - compiled
                      | (((v >> np.uint64(16)) & m8) << np.uint64(8)) | (v >> np.uint64(24)))
 
 
-def _vs_words_rows(mids, contexts, tokens, out):  # pragma: no cover - compiled
+def _vs_words_rows(mids, contexts, tokens, out, sha):  # pragma: no cover - compiled
     mb = np.empty(256, dtype=np.uint8)
     msg = np.empty(64, dtype=np.uint32)
     w = np.empty(64, dtype=np.uint32)
     st = np.empty(8, dtype=np.uint32)
     for p in range(contexts.shape[0]):
-        out[p] = _vs_word(mids[p], contexts[p], tokens[p], mb, msg, w, st)
+        out[p] = _vs_word(mids[p], contexts[p], tokens[p], mb, msg, w, st, sha)
 
 
 
@@ -183,8 +189,11 @@ def _vs_words_rows(mids, contexts, tokens, out):  # pragma: no cover - compiled
 # bits, halving the lanes a register holds), each working variable a row of its own, and a round names its eight rows
 # statically (eight rounds unrolled, the variables' roles rotating through the calls) so
 # that the compiler sees eight distinct rows, not rows picked by runtime indices.
-# bench/results/prf-detect-cpu.json has the figures.
+# bench/results/prf-detect-cpu.json has the figures. Where the CPU has the SHA extensions the
+# same passes compress with them instead (watermark.prf.sha_ni: ~1.8x the compressions a second,
+# bench/results/prf-detect-cpu-shani.md), sha_ni.GROUP lanes a call; lanes past n are scratch.
 LANES = 128
+_GROUP = sha_ni.GROUP
 
 
 def _round_lanes(a, b, c, d, e, f, g, h, k, w, n):  # pragma: no cover - compiled
@@ -204,9 +213,13 @@ def _schedule_lanes(w, i, n):  # pragma: no cover - compiled
         out[j] = _add4(early[j], _sig0(x[j]), mid[j], _sig1(y[j]))
 
 
-def _compress_lanes(st, w, n, v):  # pragma: no cover - compiled
+def _compress_lanes(st, w, n, v, sha):  # pragma: no cover - compiled
     """st [8, LANES] <- the compression of w[:16, :n] into it, lane by lane (w [64, LANES],
-    v [8, LANES]: scratch; all uint32)."""
+    v [8, LANES]: scratch; all uint32); with the SHA extensions where ``sha``."""
+    if sha:
+        for j in range(0, n, _GROUP):
+            _sha_ni_lanes(st, w, j)
+        return
     for i in range(16, 64):
         _schedule_lanes(w, i, n)
     for r in range(8):
@@ -227,7 +240,7 @@ def _compress_lanes(st, w, n, v):  # pragma: no cover - compiled
             st[r, j] = _add2(st[r, j], v[r, j])
 
 
-def _inner_lanes(st, w, v, mid, msg, nblocks, n):  # pragma: no cover - compiled
+def _inner_lanes(st, w, v, mid, msg, nblocks, n, sha):  # pragma: no cover - compiled
     """st[:, :n] <- the inner hash's state after msg's nblocks blocks (msg [16 * nblocks, LANES]),
     from the key's inner midstate mid[:8]."""
     for r in range(8):
@@ -237,10 +250,10 @@ def _inner_lanes(st, w, v, mid, msg, nblocks, n):  # pragma: no cover - compiled
         for i in range(16):
             for j in range(n):
                 w[i, j] = msg[16 * blk + i, j]
-        _compress_lanes(st, w, n, v)
+        _compress_lanes(st, w, n, v, sha)
 
 
-def _outer_lanes(st, w, v, mid, n):  # pragma: no cover - compiled
+def _outer_lanes(st, w, v, mid, n, sha):  # pragma: no cover - compiled
     """st[:, :n] <- HMAC's outer hash of the inner digests in st, from the outer midstate
     mid[8:] (one block: the 32-byte digest, its padding and the length 768 bits)."""
     for i in range(8):
@@ -250,10 +263,10 @@ def _outer_lanes(st, w, v, mid, n):  # pragma: no cover - compiled
     for i in range(8, 16):
         for j in range(n):
             w[i, j] = np.uint32(0x80000000) if i == 8 else (np.uint32(768) if i == 15 else np.uint32(0))
-    _compress_lanes(st, w, n, v)
+    _compress_lanes(st, w, n, v, sha)
 
 
-def _hp_uniforms_lanes(mids, contexts, tokens, out, words, store_words):  # pragma: no cover - compiled
+def _hp_uniforms_lanes(mids, contexts, tokens, out, words, store_words, sha):  # pragma: no cover - compiled
     """out[k, p] = the uniform of tokens[k, p] under key k (midstates mids[k], uint32 [K, 16]) at
     contexts[p], LANES positions at a time."""
     count, width = contexts.shape
@@ -282,8 +295,8 @@ def _hp_uniforms_lanes(mids, contexts, tokens, out, words, store_words):  # prag
             msg[nwords, j] = np.uint32(0x80000000)
             msg[16 * nblocks - 1, j] = bits
         for k in range(mids.shape[0]):
-            _inner_lanes(st, w, v, mids[k], msg, nblocks, n)
-            _outer_lanes(st, w, v, mids[k], n)
+            _inner_lanes(st, w, v, mids[k], msg, nblocks, n, sha)
+            _outer_lanes(st, w, v, mids[k], n, sha)
             for j in range(n):
                 word = _token_word(tokens[k, start + j], st[0, j], st[1, j], st[2, j], st[3, j], st[4, j],
                                    st[5, j] ^ _TOKEN_DOMAIN)
@@ -292,11 +305,12 @@ def _hp_uniforms_lanes(mids, contexts, tokens, out, words, store_words):  # prag
                     words[k, start + j] = word
 
 
-def _vs_words_lanes(mids, contexts, tokens, out):  # pragma: no cover - compiled
+def _vs_words_lanes(mids, contexts, tokens, out, sha):  # pragma: no cover - compiled
     """hmac-sha256-v1 words: out[k, p] of tokens[k, p] under key k (midstates mids[k], uint32
     [K, 16]) at contexts[p], LANES positions through each compression together. Each lane's
     message bytes are laid out as :func:`_vs_word` lays them out (little-endian fields), then
-    read as big-endian words."""
+    read as big-endian words: the context's once a chunk of lanes, the token's 8 bytes (the
+    only ones that differ between keys) merged into its words per key."""
     count, width = contexts.shape
     nbytes = _VS_DOMAIN.shape[0] + 4 + 8 * (width + 1)
     nblocks = (nbytes + 8) // 64 + 1
@@ -310,26 +324,38 @@ def _vs_words_lanes(mids, contexts, tokens, out):  # pragma: no cover - compiled
     for i in range(8):
         template[64 * nblocks - 1 - i] = np.uint8((bits >> np.uint64(8 * i)) & np.uint64(0xFF))
     first = _VS_DOMAIN.shape[0] + 4  # the first byte of the context entries
+    at = first + 8 * width  # the token's first byte (its bytes stay zero in mb)
+    low, high = at // 4, (at + 7) // 4  # the words holding the token's bytes
     mb = template.copy()
     msg = np.zeros((16 * nblocks, LANES), np.uint32)
+    base = np.zeros((high - low + 1, LANES), np.uint32)  # those words without the token
     w = np.zeros((64, LANES), np.uint32)
     st = np.empty((8, LANES), np.uint32)
     v = np.empty((8, LANES), np.uint32)
     m8 = np.uint64(0xFF)
     for start in range(0, count, LANES):
         n = min(LANES, count - start)
+        for j in range(n):
+            for e in range(width):
+                value = np.uint64(contexts[start + j, e])
+                for i in range(8):
+                    mb[first + 8 * e + i] = np.uint8((value >> np.uint64(8 * i)) & m8)
+            for i in range(16 * nblocks):
+                msg[i, j] = np.uint32((np.uint64(mb[4 * i]) << np.uint64(24))
+                                      | (np.uint64(mb[4 * i + 1]) << np.uint64(16))
+                                      | (np.uint64(mb[4 * i + 2]) << np.uint64(8)) | np.uint64(mb[4 * i + 3]))
+            for i in range(low, high + 1):
+                base[i - low, j] = msg[i, j]
         for k in range(mids.shape[0]):
             for j in range(n):
-                for e in range(width + 1):
-                    value = np.uint64(contexts[start + j, e]) if e < width else np.uint64(tokens[k, start + j])
-                    for i in range(8):
-                        mb[first + 8 * e + i] = np.uint8((value >> np.uint64(8 * i)) & m8)
-                for i in range(16 * nblocks):
-                    msg[i, j] = np.uint32((np.uint64(mb[4 * i]) << np.uint64(24))
-                                          | (np.uint64(mb[4 * i + 1]) << np.uint64(16))
-                                          | (np.uint64(mb[4 * i + 2]) << np.uint64(8)) | np.uint64(mb[4 * i + 3]))
-            _inner_lanes(st, w, v, mids[k], msg, nblocks, n)
-            _outer_lanes(st, w, v, mids[k], n)
+                for i in range(low, high + 1):
+                    msg[i, j] = base[i - low, j]
+                value = np.uint64(tokens[k, start + j])
+                for i in range(8):  # byte at + i is byte 3 - (at + i) % 4 of its big-endian word
+                    msg[(at + i) // 4, j] |= np.uint32(((value >> np.uint64(8 * i)) & m8)
+                                                       << np.uint64(24 - 8 * ((at + i) % 4)))
+            _inner_lanes(st, w, v, mids[k], msg, nblocks, n, sha)
+            _outer_lanes(st, w, v, mids[k], n, sha)
             for j in range(n):  # the digest's first 4 bytes, read little-endian
                 h = np.uint64(st[0, j])
                 out[k, start + j] = np.uint32(((h & m8) << np.uint64(24))
@@ -337,7 +363,7 @@ def _vs_words_lanes(mids, contexts, tokens, out):  # pragma: no cover - compiled
                                               | (((h >> np.uint64(16)) & m8) << np.uint64(8)) | (h >> np.uint64(24)))
 
 
-def _kgram_digests_lanes(mids, words, k, shift, out):  # pragma: no cover - compiled
+def _kgram_digests_lanes(mids, words, k, shift, out, sha):  # pragma: no cover - compiled
     """out[p] = the first 8 bytes (big-endian) of HMAC-SHA-256(key, words[p:p + k] as big-endian
     uint32s), shifted right by ``shift``, for every start p (out [n - k + 1] int64; mids [16]:
     the key's midstates): the ledger's k-gram digests (ledger.kgram_digests), LANES k-grams
@@ -364,8 +390,8 @@ def _kgram_digests_lanes(mids, words, k, shift, out):  # pragma: no cover - comp
                     fill = np.uint32(0x80000000) if at == k else (bits if at == 16 * nblocks - 1 else np.uint32(0))
                     for j in range(n):
                         w[i, j] = fill
-            _compress_lanes(st, w, n, v)
-        _outer_lanes(st, w, v, mids, n)
+            _compress_lanes(st, w, n, v, sha)
+        _outer_lanes(st, w, v, mids, n, sha)
         for j in range(n):
             out[start + j] = np.int64(((np.uint64(st[0, j]) << np.uint64(32)) | np.uint64(st[1, j]))
                                       >> np.uint64(shift))
@@ -388,7 +414,14 @@ def compiled():
     if helpers is None:  # pragma: no cover - exercised where numba is missing
         return None
     return jit.compile_all(FUNCTIONS, inline=INLINE,
-                           helpers={"_token_word": helpers["_token_word"], **lane_ops.intrinsics()})
+                           helpers={"_token_word": helpers["_token_word"], **lane_ops.intrinsics(),
+                                    **sha_ni.intrinsics()})
+
+
+def sha_extensions() -> bool:
+    """Whether the lane passes compress with the x86 SHA extensions (:func:`watermark.prf.sha_ni.available`,
+    decided once); the lane arithmetic otherwise (tests force it)."""
+    return sha_ni.available()
 
 
 def midstates_table(midstates, keys) -> np.ndarray:
@@ -412,7 +445,7 @@ def philox_uniforms_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) 
     if contexts.shape[0] and len(mids):
         compiled()["_hp_uniforms_lanes"](np.ascontiguousarray(mids, np.uint32), contexts,
                                          _tokens_table(tokens_by_key, len(mids), contexts.shape[0]), out,
-                                         np.zeros((1, 1), np.uint32), False)
+                                         np.zeros((1, 1), np.uint32), False, sha_extensions())
     return out
 
 
@@ -424,7 +457,7 @@ def philox_words_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) -> 
     if count and len(mids):
         compiled()["_hp_uniforms_lanes"](np.ascontiguousarray(mids, np.uint32), contexts,
                                          _tokens_table(tokens_by_key, len(mids), count),
-                                         np.empty((len(mids), count), np.float32), words, True)
+                                         np.empty((len(mids), count), np.float32), words, True, sha_extensions())
     return words
 
 
@@ -434,7 +467,8 @@ def philox_words_rows(mids: np.ndarray, contexts: np.ndarray, tokens: np.ndarray
     out = np.empty(len(tokens), dtype=np.uint32)
     if len(tokens):
         compiled()["_hp_words_rows"](np.ascontiguousarray(mids, np.uint32), contexts,
-                                     (np.asarray(tokens, np.int64) & 0xFFFFFFFF).astype(np.uint32), out)
+                                     (np.asarray(tokens, np.int64) & 0xFFFFFFFF).astype(np.uint32), out,
+                                     sha_extensions())
     return out.astype(np.uint64)
 
 
@@ -445,7 +479,7 @@ def philox_key_states(mids: np.ndarray, contexts: np.ndarray, widths: np.ndarray
     keys, states = np.empty(batch, np.uint64), np.empty((batch, 4), np.uint64)
     if batch:
         compiled()["_hp_key_states"](np.ascontiguousarray(mids, np.uint32), np.ascontiguousarray(contexts, np.int64),
-                                     np.asarray(widths, np.int64), keys, states)
+                                     np.asarray(widths, np.int64), keys, states, sha_extensions())
     return keys, states
 
 
@@ -456,7 +490,7 @@ def vllm_words_many(mids: np.ndarray, contexts: np.ndarray, tokens_by_key) -> np
     if contexts.shape[0] and len(mids):
         tokens = np.asarray(tokens_by_key if isinstance(tokens_by_key, np.ndarray) else np.stack(tokens_by_key))
         tokens = np.ascontiguousarray(np.broadcast_to(tokens.astype(np.int64), (len(mids), contexts.shape[0])))
-        compiled()["_vs_words_lanes"](np.ascontiguousarray(mids, np.uint32), contexts, tokens, out)
+        compiled()["_vs_words_lanes"](np.ascontiguousarray(mids, np.uint32), contexts, tokens, out, sha_extensions())
     return out
 
 
@@ -471,7 +505,7 @@ def vllm_words_rows(mids: np.ndarray, contexts: np.ndarray, tokens: np.ndarray) 
     out = np.empty(len(tokens), dtype=np.uint32)
     if len(tokens):
         compiled()["_vs_words_rows"](np.ascontiguousarray(mids, np.uint32), contexts,
-                                     np.asarray(tokens, np.int64), out)
+                                     np.asarray(tokens, np.int64), out, sha_extensions())
     return out.astype(np.uint64)
 
 
@@ -485,7 +519,8 @@ def kgram_digests(mids: np.ndarray, words: np.ndarray, k: int, bits: int) -> np.
     out = np.empty(count, dtype=np.int64)
     if count:
         compiled()["_kgram_digests_lanes"](np.ascontiguousarray(mids, np.uint32),
-                                           np.ascontiguousarray(words, np.uint32), k, 64 - bits, out)
+                                           np.ascontiguousarray(words, np.uint32), k, 64 - bits, out,
+                                           sha_extensions())
     return out
 
 
