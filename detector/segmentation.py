@@ -19,8 +19,10 @@ SHA-256 preimage of the recorded hash.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
+import itertools
 import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -259,6 +261,8 @@ def _byte_class(b: int) -> str:
 _WORD_OF_CLASS = {"L": re.compile(rb"[A-Za-z\x80-\xff]+"), "N": re.compile(rb"[0-9]+"),
                   "P": re.compile(rb"[^A-Za-z0-9\x80-\xff \t\n\r\x0b\x0c]+")}
 """A run of bytes of one :func:`_byte_class` class (L, N, P) that holds no whitespace byte."""
+_WORD_AT = tuple(_WORD_OF_CLASS[_byte_class(b)] for b in range(256))
+""":data:`_WORD_OF_CLASS`'s pattern by the word's first byte."""
 
 
 def _greedy(data: bytes, table: SegmentationTable) -> list[int] | None:
@@ -311,47 +315,48 @@ def merge_space_runs(text: str, canonical: Sequence[int], table: SegmentationTab
     data = b"".join(map(pieces.__getitem__, listed))
     if data != text.encode("utf-8"):
         return None
-    bounds_array = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=bounds_array[1:])
     # Where a run of whitespace tokens [i, j) ends at a space-led word token j: the only places
     # an edit can start (every other token is passed over, as the token loop did).
     spaces = arrays.space[ids]
     ends = np.flatnonzero(arrays.space_led[ids][1:] & spaces[:-1]) + 1
     if not len(ends):
         return None
-    bounds = bounds_array.tolist()
-    at_boundary = dict(zip(bounds, range(len(bounds))))
-    run_starts = np.flatnonzero(spaces & np.concatenate(([True], ~spaces[:-1])))
-    firsts = run_starts[np.searchsorted(run_starts, ends, side="right") - 1].tolist()
+    bounds = [0, *itertools.accumulate(lengths.tolist())]
+    space = spaces.tolist()
     edits: list[tuple[int, int, list[int]]] = []  # (first, last) canonical tokens -> the run's and word's
     done = 0  # tokens before this are inside an edit already
     greedy: dict[bytes, list[int] | None] = {}  # a text repeats its indentation runs
-    for i, j in zip(firsts, ends.tolist()):
+    for j in ends.tolist():
+        i = j - 1
+        while i > 0 and space[i - 1]:  # the run's first token
+            i -= 1
         if i < done:
             continue
         start = bounds[j] + 1
         # The word: the bytes of the class of its first one, up to a whitespace byte.
-        end = _WORD_OF_CLASS[_byte_class(data[start])].match(data, start).end()
-        last = at_boundary.get(end)
-        run = None
-        if last is not None:
-            spaced = data[bounds[i]:start]
-            run = greedy[spaced] if spaced in greedy else greedy.setdefault(spaced, _greedy(spaced, table))
-        line_break = b"\n" in data[bounds[i]:start]
-
-        def shorter(words: int) -> bool:
-            return (len(run) < j - i and words <= last - j) or (line_break and len(run) + words < last - i)
-
-        if run is not None and shorter(1):  # the word takes a token at least: else no encode
-            try:
-                word = [int(t) for t in encode(data[start:end].decode("utf-8"))]
-            except UnicodeDecodeError:
-                word = []
-            same_bytes = word and all(t in pieces for t in word) and \
-                b"".join(pieces[t] for t in word) == data[start:end]
-            if same_bytes and shorter(len(word)):
-                edits.append((i, last, run + word))
-                done = last
+        end = _WORD_AT[data[start]].match(data, start).end()
+        last = bisect.bisect_left(bounds, end)
+        if last == len(bounds) or bounds[last] != end:
+            continue  # the word ends inside a token
+        spaced = data[bounds[i]:start]
+        run = greedy[spaced] if spaced in greedy else greedy.setdefault(spaced, _greedy(spaced, table))
+        if run is None:
+            continue
+        line_break = b"\n" in spaced
+        # Shorter with a word of one token at least (else no encode): writing the run whole
+        # takes fewer tokens for it and no more for the word, or, across a line break, fewer in all.
+        if not ((len(run) < j - i and 1 <= last - j) or (line_break and len(run) + 1 < last - i)):
+            continue
+        try:
+            word = [int(t) for t in encode(data[start:end].decode("utf-8"))]
+        except UnicodeDecodeError:
+            word = []
+        words = len(word)
+        same_bytes = word and all(t in pieces for t in word) and \
+            b"".join(pieces[t] for t in word) == data[start:end]
+        if same_bytes and ((len(run) < j - i and words <= last - j) or (line_break and len(run) + words < last - i)):
+            edits.append((i, last, run + word))
+            done = last
     if not edits:
         return None
     out: list[int] = []
@@ -361,6 +366,7 @@ def merge_space_runs(text: str, canonical: Sequence[int], table: SegmentationTab
         out.extend(tokens)
         at = last
     out.extend(listed[at:])
-    out_bounds = np.zeros(len(out) + 1, dtype=np.int64)
-    np.cumsum(arrays.length[np.asarray(out, dtype=np.int64)], out=out_bounds[1:])
+    out_bounds = [0, *itertools.accumulate(map(len, map(pieces.__getitem__, out)))]
+    if len(data) == len(text):  # ASCII: a byte is a character
+        return Recovered(tuple(out), tuple(zip(out_bounds[:-1], out_bounds[1:])))
     return Recovered(tuple(out), _char_offsets(text, data, out_bounds, 0))

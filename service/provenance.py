@@ -129,7 +129,7 @@ def report_statement(shown: dict[str, Any], *, text: str | None, token_ids: Sequ
         "subject": {"input": "text" if text is not None else "token_ids",
                     "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest() if text is not None else None,
                     "token_ids_sha256": hash_token_ids(list(token_ids)), "tokens": len(token_ids)},
-        "detector": detector_identity(DETECTOR_VERSION, settings),
+        "detector": _detector_identity(settings),
         "settings": settings,
         "scope": scope,
         "verdict": verdict,
@@ -137,6 +137,35 @@ def report_statement(shown: dict[str, Any], *, text: str | None, token_ids: Sequ
         "basis": basis,
         "result": result,
     }
+
+
+_IDENTITIES: dict[tuple, dict[str, str]] = {}
+_IDENTITIES_MAX = 256
+
+
+def _detector_identity(settings: dict[str, Any]) -> dict[str, str]:
+    """:func:`ledger.reports.detector_identity` of this detector and ``settings``, hashed once
+    per distinct settings (a request's settings come from a handful of fields: the same few
+    values every time, and their hash was a canonical JSON encoding and a SHA-256 each request)."""
+    key = _frozen(settings)
+    found = _IDENTITIES.get(key)
+    if found is None:
+        if len(_IDENTITIES) >= _IDENTITIES_MAX:
+            _IDENTITIES.clear()
+        found = _IDENTITIES[key] = detector_identity(DETECTOR_VERSION, settings)
+    return dict(found)
+
+
+def _frozen(value: Any) -> Any:
+    """``value`` as a hashable key that tells apart what JSON tells apart (1, 1.0 and True;
+    0.0 and -0.0)."""
+    if isinstance(value, float):
+        return float, repr(value)
+    if isinstance(value, dict):
+        return (dict, tuple((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (list, tuple(_frozen(v) for v in value))
+    return type(value), value
 
 
 def _scope_words(scope: dict[str, Any]) -> str:
