@@ -35,12 +35,15 @@ from typing import AsyncIterator, Callable
 from service.errors import RateLimited
 
 SHARE = 0.5
-"""A principal whose lane was held more than this share of the recent time is over its share."""
+"""A principal whose lane was held more than this share of the recent time is over its share
+(the gateway's is ``detect_fair_share``)."""
 WINDOW = 2.0
 """Seconds over which lane use decays (an exponential time constant): a flood is over its
-share within about 1.5 s of continuous use, a single detection of a few hundred ms is not."""
+share within about 1.5 s of continuous use, a single detection of a few hundred ms is not
+(the gateway's is ``detect_fair_window_s``)."""
 DEFER_MAX = 0.5
-"""The longest one wait of an over-share principal for others (it is never starved)."""
+"""The longest one wait of an over-share principal for others (it is never starved; the
+gateway's is ``detect_defer_max_s``)."""
 
 
 class Lanes:
