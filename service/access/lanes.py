@@ -93,7 +93,10 @@ class Lanes:
         return self._clear
 
     @asynccontextmanager
-    async def turn(self, principal: str) -> AsyncIterator[None]:
+    async def turn(self, principal: str) -> AsyncIterator[bool]:
+        """The principal's turn (its detections one at a time); yields whether the turn began
+        within its share (the route detects an over-share principal's small bodies off the
+        event loop too: service.routes.detect)."""
         lock, waiting = self._lanes.setdefault(principal, (asyncio.Lock(), [0]))
         if lock.locked() and waiting[0] >= self.queue:
             raise RateLimited(f"{waiting[0]} detections of yours are already waiting (at most {self.queue}); "
@@ -112,7 +115,7 @@ class Lanes:
                 self._within.add(principal)
                 self._event().clear()
             self._since[principal] = self.clock()
-            yield
+            yield within
         finally:
             self._ended(principal)
             if within:

@@ -147,6 +147,25 @@ def test_a_turn_that_began_within_its_share_never_waits_for_others_midway():
     asyncio.run(scenario())
 
 
+def test_a_turn_says_whether_it_began_within_its_share():
+    """The route detects an over-share principal's small bodies off the event loop too."""
+    async def scenario():
+        clock = _Clock()
+        lanes = Lanes(clock=clock)
+        async with lanes.turn("a") as within:
+            assert within is True  # a first detection
+            clock.now += 5.0  # held its lane 5 s
+        async with lanes.turn("a") as within:
+            assert within is False  # a stream: over its share
+        async with lanes.turn("b") as within:
+            assert within is True  # another principal is not
+        clock.now += 20
+        async with lanes.turn("a") as within:
+            assert within is True  # quiet since: within it again
+
+    asyncio.run(scenario())
+
+
 def test_the_gateways_lanes_take_the_settings_and_out_of_range_settings_are_refused(monkeypatch):
     from pydantic import ValidationError
 
