@@ -304,8 +304,11 @@ async def _phase(url: str, tokens: dict[str, str], pid: int, args, parallel: int
 
 
 async def _run(url: str, tokens: dict[str, str], pid: int, args) -> dict:
-    """``args.rounds`` rounds of an idle phase then a flooded one, on one gateway."""
-    rng = random.Random(25)
+    """``args.rounds`` rounds of an idle phase then a flooded one, on one gateway. Each round
+    its own bodies (``args.first_round``: the round this call begins with): one round's
+    bodies sent again in another are the probe guard's repeated checks (429 probe_guard),
+    not a flood of detections."""
+    rng = random.Random(25 + 1000 * getattr(args, "first_round", 0))
     rounds = []
     counter = [0]
     for r in range(args.rounds):
@@ -373,7 +376,7 @@ def _compare(args) -> dict:
             for r in range(args.rounds):
                 for arm in (order if r % 2 == 0 else order[::-1]):
                     server, tokens = servers[arm]
-                    one = argparse.Namespace(**{**vars(args), "rounds": 1})
+                    one = argparse.Namespace(**{**vars(args), "rounds": 1, "first_round": r})
                     row = asyncio.run(_run(server.url, tokens, server.process.pid, one))["rounds"][0]
                     row["round"] = r
                     out[arm].append(row)
