@@ -481,7 +481,11 @@ async def _public(services, access: Access, who: Principal, body: DetectBody, in
                   charge: Charge, tokenised: detection.Tokenised | None = None) -> dict[str, Any]:
     settings = services.settings
     tokenised = tokenised if tokenised is not None else detection.Tokenised(services.engine.tokenizer())
-    tokens = len((await _call(inline, tokenised.encode, body.text))[0])
+    pool = None if inline else offload.offload_of(services)
+    if pool is not None:  # a large text's count in the worker (the core there tokenises it itself)
+        tokens = await pool.count_tokens(services, body.text)
+    else:
+        tokens = len((await _call(inline, tokenised.encode, body.text))[0])
     if tokens < settings.public_min_tokens:
         _settle(services, access, who, None, tokens, evidence=False, verdict="too_short", charge=charge)
         shown = shape.public_answer(None, tokens=tokens, min_tokens=settings.public_min_tokens,

@@ -113,6 +113,12 @@ def _detect(identity, body, options: dict[str, Any]) -> dict[str, Any]:
     return detection.detect(_services, identity, body, counted=False, **options)
 
 
+def _count_tokens(text: str) -> int:
+    from service import detection
+
+    return len(detection.Tokenised(_services.engine.tokenizer()).encode(text)[0])
+
+
 def _sketch(fn: Callable[..., Any], secret: bytes, body, k: int):
     return fn(_services, secret, body, k)
 
@@ -151,6 +157,20 @@ class Offload:
             log.warning("a detection worker died; starting another")
             self.restart(services)
             return await asyncio.to_thread(fn, services, secret, body, k)
+
+    async def count_tokens(self, services, text: str) -> int:
+        """The text's tokens as sent (``detection.Tokenised.encode``), counted in a worker: the
+        public tier's length check of a large text, Python that would otherwise run in a
+        gateway thread beside the event loop."""
+        try:
+            return await asyncio.wrap_future(self._pool.submit(_count_tokens, text))
+        except BrokenProcessPool:
+            log.warning("a detection worker died; starting another")
+            self.restart(services)
+            from service import detection
+
+            tokenised = detection.Tokenised(services.engine.tokenizer())
+            return len((await asyncio.to_thread(tokenised.encode, text))[0])
 
     async def call(self, services, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` (a module's function, sent by name; it needs none of the worker's

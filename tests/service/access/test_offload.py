@@ -101,6 +101,14 @@ def test_the_tenant_and_public_tiers_answer_large_bodies_through_the_worker(work
     public = workers.client.post("/v1/public/detect", json={"text": text})
     assert public.status_code == 200, public.text
     assert public.json()["verdict"] == "watermarked"
+    # A large text under the public minimum: its count (made in the worker) is the gateway's own.
+    services = workers.app.state.services
+    dashes = "-" * 2_500
+    count = len(detection.Tokenised(services.engine.tokenizer()).encode(dashes)[0])
+    assert count < services.settings.public_min_tokens
+    short = workers.client.post("/v1/public/detect", json={"text": dashes})
+    assert short.status_code == 200, short.text
+    assert short.json()["tokens"] == count and short.json()["confidence"] == "none"
 
 
 def test_a_small_check_is_answered_while_another_principal_floods_large_bodies(workers):
