@@ -26,7 +26,11 @@ the flood is ``--parallel`` public callers, each from its own loopback address, 
 (127.0.200-204.x), each check 3 distinct texts of >= 200 tokens, one every 0.25 s in turn.
 Reports what the others were answered (every check should be 200) and their latency.
 ``--global-tokens`` lowers the global public budget (settings' public_global_tokens_per_day) so
-that a flood empties it within the run.
+that a flood empties it within the run. ``--public --rounds N`` (with ``--baseline-repo``
+too): N rounds of an idle phase (the others alone) then a flooded one, the others' checks
+in a process of their own, each phase ``--others`` x 3 fresh texts; the flood's requests
+from ``--flood-addresses`` addresses taken in turn over ``--flood-networks`` networks
+(127.1-N.x.y, 250 addresses a /24), as a flood of many addresses would come.
 """
 
 from __future__ import annotations
@@ -132,6 +136,85 @@ async def _run_public(url: str, pid: int, args) -> dict:
             "others_max_s": round(max(latencies), 4) if latencies else None, "rss_peak_mb": round(max(rss), 1)}
 
 
+def _others(url: str, texts: list[list[str]], delay: float, ready, done, out) -> None:
+    """The public rounds' other callers (``--public --rounds``), in a process of their own as
+    :func:`_victim`: caller ``a`` (127.0.200-204.x) sends ``texts[a]`` one by one, the
+    callers in turn, one check every 0.25 s; sets ``done`` at the end."""
+    latencies, statuses = [], {}
+    clients = [httpx.Client(base_url=url, timeout=300,
+                            transport=httpx.HTTPTransport(local_address=f"127.0.{200 + a % 5}.{2 + a // 5}"))
+               for a in range(len(texts))]
+    try:
+        ready.set()
+        time.sleep(delay)
+        for j in range(max(len(t) for t in texts)):
+            for a, client in enumerate(clients):
+                if j >= len(texts[a]):
+                    continue
+                started = time.perf_counter()
+                r = client.post("/v1/public/detect", json={"text": texts[a][j]})
+                latencies.append(time.perf_counter() - started)
+                key = f"{r.status_code} {r.json()['error']['code']}" if r.status_code >= 400 else str(r.status_code)
+                statuses[key] = statuses.get(key, 0) + 1
+                time.sleep(0.25)
+    finally:
+        for client in clients:
+            client.close()
+        done.set()
+        out.put((latencies, statuses))
+
+
+async def _public_phase(url: str, pid: int, args, parallel: int, rng, counter: list[int]) -> dict:
+    """One public phase: ``--others`` callers' 3 checks each (~270 tokens, fresh texts), beside
+    ``parallel`` flooding connections (0: idle). The flood's requests come from
+    ``--flood-addresses`` addresses taken in turn (``counter`` carries the turn over phases),
+    spread over ``--flood-networks`` networks 127.1-N (250 addresses a /24), each request a
+    fresh ``--chars``-character text on a connection of its own; the flood starts a second
+    before the others and stops with them."""
+    import multiprocessing
+
+    texts = [[" ".join(rng.choices(PUBLIC_WORDS, k=60)) for _ in range(3)] for _ in range(args.others)]
+    statuses: dict[str, int] = {}
+    context = multiprocessing.get_context("spawn")
+    out, ready, finished = context.Queue(), context.Event(), context.Event()
+    others = context.Process(target=_others, args=(url, texts, 1.0, ready, finished, out))
+    others.start()
+    await asyncio.to_thread(ready.wait)
+    cpu_before = _cpu_seconds(pid)
+    started = time.monotonic()
+    addresses = max(args.flood_addresses or parallel, 1)
+
+    def address(n: int) -> str:
+        network, host = n % args.flood_networks, n // args.flood_networks
+        return f"127.{1 + network}.{host // 250}.{2 + host % 250}"
+
+    async def flood() -> None:
+        while not finished.is_set():
+            n = counter[0] % addresses
+            counter[0] += 1
+            text = (" ".join(rng.choices(PUBLIC_WORDS, k=args.chars // 5)))[:args.chars]
+            transport = httpx.AsyncHTTPTransport(local_address=address(n))
+            async with httpx.AsyncClient(base_url=url, timeout=300, transport=transport) as client:
+                r = await client.post("/v1/public/detect", json={"text": text})
+            key = f"{r.status_code} {r.json()['error']['code']}" if r.status_code >= 400 else str(r.status_code)
+            statuses[key] = statuses.get(key, 0) + 1
+            if r.status_code == 429:
+                await asyncio.sleep(0.05)
+
+    await asyncio.gather(*(flood() for _ in range(parallel)))
+    latencies, answered = await asyncio.to_thread(out.get)
+    others.join()
+    cpu_after = _cpu_seconds(pid)
+    return {"parallel": parallel, "victim_checks": len(latencies), "victim_statuses": answered,
+            "others_all_answered": set(answered) == {"200"},
+            "victim_p50_s": round(percentile(latencies, 0.5), 4), "victim_p99_s": round(percentile(latencies, 0.99), 4),
+            "victim_max_s": round(max(latencies), 4) if latencies else None,
+            "victim_latencies_s": [round(x, 4) for x in latencies], "flood_statuses": statuses,
+            "gateway_cpu_s": round(cpu_after[0] - cpu_before[0], 2),
+            "workers_cpu_s": round(cpu_after[1] - cpu_before[1], 2), "seconds": round(time.monotonic() - started, 1),
+            "load_average": os.getloadavg()[0]}
+
+
 def _victim(url: str, token: str, seconds: float, delay: float, ready, done, out) -> None:
     """The victim tenant's checks, in a process of its own: in the flood's process its
     thread waited for the interpreter behind the flood's body encoding (measured the client,
@@ -221,12 +304,20 @@ async def _phase(url: str, tokens: dict[str, str], pid: int, args, parallel: int
 
 
 async def _run(url: str, tokens: dict[str, str], pid: int, args) -> dict:
-    """``args.rounds`` rounds of an idle phase then a flooded one, on one gateway."""
-    rng = random.Random(25)
+    """``args.rounds`` rounds of an idle phase then a flooded one, on one gateway. Each round
+    its own bodies (``args.first_round``: the round this call begins with): one round's
+    bodies sent again in another are the probe guard's repeated checks (429 probe_guard),
+    not a flood of detections."""
+    rng = random.Random(25 + 1000 * getattr(args, "first_round", 0))
     rounds = []
+    counter = [0]
     for r in range(args.rounds):
-        idle = await _phase(url, tokens, pid, args, 0, rng) if args.idle else None
-        flooded = await _phase(url, tokens, pid, args, args.parallel, rng) if args.parallel else None
+        if args.public:
+            idle = await _public_phase(url, pid, args, 0, rng, counter) if args.idle else None
+            flooded = await _public_phase(url, pid, args, args.parallel, rng, counter) if args.parallel else None
+        else:
+            idle = await _phase(url, tokens, pid, args, 0, rng) if args.idle else None
+            flooded = await _phase(url, tokens, pid, args, args.parallel, rng) if args.parallel else None
         row = {"idle": idle, "flooded": flooded}
         if idle and flooded:
             row["p99_ratio"] = round(flooded["victim_p99_s"] / idle["victim_p99_s"], 2)
@@ -239,6 +330,10 @@ async def _run(url: str, tokens: dict[str, str], pid: int, args) -> dict:
 
 
 WORDS = ["".join(random.Random(25 + i).choices(string.ascii_lowercase, k=2 + i % 8)) for i in range(5000)]
+PUBLIC_WORDS = ["".join(random.Random(31 + i).choices(string.ascii_letters + string.digits, k=4 + i % 7))
+                for i in range(50000)]
+"""Mixed-case letters and digits (as :func:`_run_public`'s): texts of them share no 5-token
+windows by chance, so each check is its own probe family."""
 
 
 def _warm(server, tokens: dict[str, str], args) -> None:
@@ -281,7 +376,7 @@ def _compare(args) -> dict:
             for r in range(args.rounds):
                 for arm in (order if r % 2 == 0 else order[::-1]):
                     server, tokens = servers[arm]
-                    one = argparse.Namespace(**{**vars(args), "rounds": 1})
+                    one = argparse.Namespace(**{**vars(args), "rounds": 1, "first_round": r})
                     row = asyncio.run(_run(server.url, tokens, server.process.pid, one))["rounds"][0]
                     row["round"] = r
                     out[arm].append(row)
@@ -304,6 +399,8 @@ def main() -> None:
     parser.add_argument("--public", action="store_true", help="flood the public check from many addresses")
     parser.add_argument("--flood-networks", type=int, default=1, help="with --public: /24s the flood's addresses span")
     parser.add_argument("--others", type=int, default=30, help="with --public: other addresses, 3 checks each")
+    parser.add_argument("--flood-addresses", type=int, default=0,
+                        help="with --public --rounds: addresses the flood's requests take in turn (default --parallel)")
     parser.add_argument("--warmup", type=float, default=3.0, help="with --public: seconds of flood before the others")
     parser.add_argument("--global-tokens", type=float, default=None,
                         help="the global public budget a day (HALLMARK_PUBLIC_GLOBAL_TOKENS_PER_DAY)")
@@ -321,7 +418,7 @@ def main() -> None:
         # Rounds of 8,000-id bodies pass the flood tenant's daily budget (2 M tokens, 250 of
         # them): the flood would be refused, not detected, in the later rounds.
         os.environ.setdefault("HALLMARK_TENANT_DETECT_TOKENS_PER_DAY", "1e9")
-    if args.baseline_repo is not None and not args.public:
+    if args.baseline_repo is not None and (args.rounds > 1 or not args.public):
         result = _compare(args)
         before = float("nan")
     else:
@@ -329,7 +426,7 @@ def main() -> None:
             pid = server.process.pid
             _warm(server, tokens, args)
             before = _rss_mb(pid)
-            result = asyncio.run(_run_public(server.url, pid, args) if args.public
+            result = asyncio.run(_run_public(server.url, pid, args) if args.public and args.rounds <= 1
                                  else _run(server.url, tokens, pid, args))
     if "rss_peak_mb" in result:
         result["rss_growth_mb"] = round(result["rss_peak_mb"] - before, 1)

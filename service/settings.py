@@ -143,6 +143,26 @@ class ServiceSettings(BaseSettings):
     """Processes that detect bodies over the inline size (service/access/offload.py), so their
     CPU-bound Python does not hold the interpreter other principals' checks run in; 0: a
     worker thread of the gateway's own process instead."""
+    detect_fair_share: float = Field(default=0.5, gt=0, le=1)
+    """A principal whose detection lane was held more than this share of the recent time
+    (a continuous stream) lets other principals' detections in flight go first
+    (service/access/lanes.py; 1: never)."""
+    detect_fair_window_s: float = Field(default=2.0, gt=0, le=60)
+    """Seconds over which a principal's lane use decays (an exponential time constant): with
+    the defaults a stream is over its share within about 1.5 s, one detection of a few
+    hundred ms is not."""
+    detect_defer_max_s: float = Field(default=0.5, ge=0, le=10)
+    """The longest one wait of an over-share principal for others' detections: a stream of
+    others' checks never starves it (0: it never waits)."""
+    detect_worker_nice: int = Field(default=10, ge=0, le=19)
+    """How much lower than the gateway's the detection workers' CPU priority is (added to
+    their nice value; service/access/offload.py): the event loop, where every principal's
+    small checks run, gets the cores first. 0: the same priority."""
+    detect_parse_inline_bytes: int = Field(default=16_384, ge=0)
+    """``POST /v1/detect`` bodies up to this many bytes are parsed and validated on the event
+    loop; a larger one in a detection worker (a worker thread with ``detect_workers`` 0), so
+    one client's big bodies do not hold the loop another's check waits on (an 8,000-id body:
+    about 3 ms of JSON and validation; service/routes/detect.py)."""
     metrics_listen: str | None = Field(default=None, pattern=r"^[^\s:]*:[0-9]{1,5}$")
     """``host:port`` of a listener serving only /metrics (e.g. 127.0.0.1:9464); the gateway's
     own port then answers 404 on /metrics."""

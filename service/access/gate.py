@@ -88,7 +88,7 @@ def access_of(services) -> Access:
             if found is None:
                 writes = GroupCommit(services.store)
                 found = Access(access_secret(services), Budgets(services.store), Slots(services.settings.detect_slots),
-                               writes, Lanes(services.settings.detect_queue), Held(writes, _audit_many))
+                               writes, _lanes(services.settings), Held(writes, _audit_many))
                 # A detection in a worker thread holds the interpreter up to the switch interval
                 # (5 ms) each time the event loop asks for it back, and another principal's
                 # check hands it over a dozen times (each await): 1 ms keeps that wait small
@@ -97,6 +97,11 @@ def access_of(services) -> Access:
                     sys.setswitchinterval(FAIR_SWITCH_INTERVAL)
                 services._access = found
     return found
+
+
+def _lanes(settings) -> Lanes:
+    return Lanes(settings.detect_queue, share=settings.detect_fair_share, window=settings.detect_fair_window_s,
+                 defer_max=settings.detect_defer_max_s)
 
 
 def max_chars(settings, tier: str) -> int:
@@ -476,7 +481,11 @@ async def _public(services, access: Access, who: Principal, body: DetectBody, in
                   charge: Charge, tokenised: detection.Tokenised | None = None) -> dict[str, Any]:
     settings = services.settings
     tokenised = tokenised if tokenised is not None else detection.Tokenised(services.engine.tokenizer())
-    tokens = len((await _call(inline, tokenised.encode, body.text))[0])
+    pool = None if inline else offload.offload_of(services)
+    if pool is not None:  # a large text's count in the worker (the core there tokenises it itself)
+        tokens = await pool.count_tokens(services, body.text)
+    else:
+        tokens = len((await _call(inline, tokenised.encode, body.text))[0])
     if tokens < settings.public_min_tokens:
         _settle(services, access, who, None, tokens, evidence=False, verdict="too_short", charge=charge)
         shown = shape.public_answer(None, tokens=tokens, min_tokens=settings.public_min_tokens,

@@ -35,12 +35,15 @@ from typing import AsyncIterator, Callable
 from service.errors import RateLimited
 
 SHARE = 0.5
-"""A principal whose lane was held more than this share of the recent time is over its share."""
+"""A principal whose lane was held more than this share of the recent time is over its share
+(the gateway's is ``detect_fair_share``)."""
 WINDOW = 2.0
 """Seconds over which lane use decays (an exponential time constant): a flood is over its
-share within about 1.5 s of continuous use, a single detection of a few hundred ms is not."""
+share within about 1.5 s of continuous use, a single detection of a few hundred ms is not
+(the gateway's is ``detect_fair_window_s``)."""
 DEFER_MAX = 0.5
-"""The longest one wait of an over-share principal for others (it is never starved)."""
+"""The longest one wait of an over-share principal for others (it is never starved; the
+gateway's is ``detect_defer_max_s``)."""
 
 
 class Lanes:
@@ -90,7 +93,10 @@ class Lanes:
         return self._clear
 
     @asynccontextmanager
-    async def turn(self, principal: str) -> AsyncIterator[None]:
+    async def turn(self, principal: str) -> AsyncIterator[bool]:
+        """The principal's turn (its detections one at a time); yields whether the turn began
+        within its share (the route detects an over-share principal's small bodies off the
+        event loop too: service.routes.detect)."""
         lock, waiting = self._lanes.setdefault(principal, (asyncio.Lock(), [0]))
         if lock.locked() and waiting[0] >= self.queue:
             raise RateLimited(f"{waiting[0]} detections of yours are already waiting (at most {self.queue}); "
@@ -109,7 +115,7 @@ class Lanes:
                 self._within.add(principal)
                 self._event().clear()
             self._since[principal] = self.clock()
-            yield
+            yield within
         finally:
             self._ended(principal)
             if within:

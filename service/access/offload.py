@@ -63,7 +63,7 @@ def _start(settings, store_settings, tokenizer_path: str, vocab_size, eos_ids) -
     """A worker's start: the store, the tokenizer and the detector's compiled paths."""
     global _services
     _exit_with(os.getppid())
-    _lower_priority()
+    _lower_priority(settings.detect_worker_nice)
     from keys.db import open_store
     from service import warmup
     from service.state import Services
@@ -75,19 +75,22 @@ def _start(settings, store_settings, tokenizer_path: str, vocab_size, eos_ids) -
 
 
 WORKER_NICE = 10
-"""How much lower than the gateway's the workers' CPU priority is (added to their nice value).
-The gateway's own process runs every principal's small checks on its event loop; a worker
-runs the large bodies, and under a flood those are one principal's stream back to back. At
-the same priority the kernel shared the cores evenly between the two, and on a busy 2-core
-box another tenant's check waited for a core behind the flood's detection (issue 31 item 5:
-its p99 1.2-5.7x its idle p99, bench.detect_flood). Lower, a worker takes what the gateway
-leaves: the flood keeps the leftover capacity, not a core of its own. An unprivileged
-process may lower its priority, never raise it back, so a worker stays lower for its life."""
+"""How much lower than the gateway's the workers' CPU priority is by default (added to their
+nice value; the gateway's is ``detect_worker_nice``). The gateway's own process runs every
+principal's small checks on its event loop; a worker runs the large bodies, and under a flood
+those are one principal's stream back to back. At the same priority the kernel shared the
+cores evenly between the two, and on a busy 2-core box another tenant's check waited for a
+core behind the flood's detection (issue 31 item 5: its p99 1.2-5.7x its idle p99,
+bench.detect_flood). Lower, a worker takes what the gateway leaves: the flood keeps the
+leftover capacity, not a core of its own. An unprivileged process may lower its priority,
+never raise it back, so a worker stays lower for its life."""
 
 
-def _lower_priority() -> None:
+def _lower_priority(nice: int = WORKER_NICE) -> None:
+    if not nice:
+        return
     try:
-        os.nice(WORKER_NICE)
+        os.nice(nice)
     except OSError:  # not permitted here: the worker runs at the gateway's priority
         log.warning("could not lower the detection worker's priority")
 
@@ -108,6 +111,12 @@ def _detect(identity, body, options: dict[str, Any]) -> dict[str, Any]:
     from service import detection
 
     return detection.detect(_services, identity, body, counted=False, **options)
+
+
+def _count_tokens(text: str) -> int:
+    from service import detection
+
+    return len(detection.Tokenised(_services.engine.tokenizer()).encode(text)[0])
 
 
 def _sketch(fn: Callable[..., Any], secret: bytes, body, k: int):
@@ -148,6 +157,31 @@ class Offload:
             log.warning("a detection worker died; starting another")
             self.restart(services)
             return await asyncio.to_thread(fn, services, secret, body, k)
+
+    async def count_tokens(self, services, text: str) -> int:
+        """The text's tokens as sent (``detection.Tokenised.encode``), counted in a worker: the
+        public tier's length check of a large text, Python that would otherwise run in a
+        gateway thread beside the event loop."""
+        try:
+            return await asyncio.wrap_future(self._pool.submit(_count_tokens, text))
+        except BrokenProcessPool:
+            log.warning("a detection worker died; starting another")
+            self.restart(services)
+            from service import detection
+
+            tokenised = detection.Tokenised(services.engine.tokenizer())
+            return len((await asyncio.to_thread(tokenised.encode, text))[0])
+
+    async def call(self, services, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` (a module's function, sent by name; it needs none of the worker's
+        services) in a worker: e.g. a large body's JSON parse and validation
+        (service.routes.detect), which would otherwise hold the gateway's interpreter."""
+        try:
+            return await asyncio.wrap_future(self._pool.submit(fn, *args))
+        except BrokenProcessPool:
+            log.warning("a detection worker died; starting another")
+            self.restart(services)
+            return await asyncio.to_thread(fn, *args)
 
     async def detect(self, fn: Callable[..., Any], services, identity, body) -> dict[str, Any]:
         """``fn(services, identity, body)`` (:func:`service.detection.detect`, or a partial of

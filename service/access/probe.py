@@ -48,8 +48,8 @@ import threading
 import time
 import unicodedata
 from array import array
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 from sqlalchemy import delete, select, text
 
@@ -103,11 +103,25 @@ class Sketch:
     """Hashes kept: those whose low ``level`` bits are zero (0: all of them)."""
     hashes: frozenset[int]
 
+    _counts: dict[int, int] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    """Level -> how many hashes :meth:`at` keeps (counted once: a query is compared with every
+    candidate of its family space, and the sketch held by a space with every later query)."""
+
     def at(self, level: int) -> frozenset[int]:
         if level <= self.level:
             return self.hashes
         mask = (1 << level) - 1
         return frozenset(h for h in self.hashes if h & mask == 0)
+
+    def count_at(self, level: int) -> int:
+        """``len(self.at(level))``, without building the set."""
+        if level <= self.level:
+            return len(self.hashes)
+        found = self._counts.get(level)
+        if found is None:
+            mask = (1 << level) - 1
+            found = self._counts[level] = sum(1 for h in self.hashes if h & mask == 0)
+        return found
 
     def pack(self) -> bytes:
         return bytes([self.level]) + array("Q", sorted(self.hashes)).tobytes()
@@ -166,17 +180,29 @@ def related(query: Sketch, other: Sketch, min_share: float, absolute: int = ABSO
     queries). Never on fewer than :data:`MIN_MATCH` (a tiny query shares a k-gram with anything).
     Counts at a sampling level above 0 are scaled back up. ``density`` and ``cap``: the bar's
     rise with the smaller query's size (:data:`DENSITY`; bench.guard_replay compares others)."""
+    return _related(query.at, query, other, min_share, absolute, density, cap)
+
+
+def _related(mine_at: Callable[[int], frozenset[int]], query: Sketch, other: Sketch, min_share: float,
+             absolute: int = ABSOLUTE, density: float = DENSITY, cap: int = CAP) -> bool:
+    """:func:`related`, with ``mine_at`` standing for ``query.at`` (the guard's memoised one:
+    it compares one query with every candidate). The sets at a common level are not built
+    for ``other``: ``query.at(level)`` holds only hashes kept at ``level``, so its
+    intersection with all of ``other``'s is the one with ``other.at(level)`` (under a public
+    flood the rebuilt sets were a fifth of the gateway's interpreter time, on the writes'
+    thread that every admission waits for; py-spy --gil)."""
     level = max(query.level, other.level)
-    mine, theirs = query.at(level), other.at(level)
-    if not mine or not theirs:
+    mine_n, theirs_n = query.count_at(level), other.count_at(level)
+    if not mine_n or not theirs_n:
         return False
     scale = 1 << level
-    common = len(mine & theirs) * scale
-    smaller = min(len(mine), len(theirs)) * scale
+    smaller = min(mine_n, theirs_n) * scale
+    mine = mine_at(level)
     if smaller < MIN_MATCH:
         # A tiny query (a few tokens) shares a window with many others by chance; it is too short
         # to tell the detector anything about a text, so only the same query again counts.
-        return mine == theirs
+        return mine == other.at(level)
+    common = len(mine & other.hashes) * scale
     if common < MIN_MATCH:
         return False
     # Texts share some windows by chance (boilerplate): the bar rises with the smaller one's
@@ -246,6 +272,14 @@ def guard(session, *, principal: str, query: Sketch, per_day: int, min_share: fl
     with space.lock:
         space.sync(session, principal, now)
         matched: set[str] = set()
+        levels: dict[int, frozenset[int]] = {}
+
+        def mine_at(level: int) -> frozenset[int]:
+            found = levels.get(level)
+            if found is None:
+                found = levels[level] = query.at(level)
+            return found
+
         for row_id in space.candidates(query):
             family, _, other = space.rows[row_id]
             if same_query(query, other):
@@ -253,7 +287,7 @@ def guard(session, *, principal: str, query: Sketch, per_day: int, min_share: fl
                 # learn, so it is answered without counting (one text checked by many public
                 # callers: the public tier is one family space, issue 31's third round).
                 return Verdict(family, space.counts[family], True, repeat=True)
-            if family not in matched and related(query, other, min_share):
+            if family not in matched and _related(mine_at, query, other, min_share):
                 matched.add(family)
         spent = sorted(f for f in matched if space.counts[f] >= per_day)
         if spent:

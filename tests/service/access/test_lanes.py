@@ -145,3 +145,42 @@ def test_a_turn_that_began_within_its_share_never_waits_for_others_midway():
         await b
 
     asyncio.run(scenario())
+
+
+def test_a_turn_says_whether_it_began_within_its_share():
+    """The route detects an over-share principal's small bodies off the event loop too."""
+    async def scenario():
+        clock = _Clock()
+        lanes = Lanes(clock=clock)
+        async with lanes.turn("a") as within:
+            assert within is True  # a first detection
+            clock.now += 5.0  # held its lane 5 s
+        async with lanes.turn("a") as within:
+            assert within is False  # a stream: over its share
+        async with lanes.turn("b") as within:
+            assert within is True  # another principal is not
+        clock.now += 20
+        async with lanes.turn("a") as within:
+            assert within is True  # quiet since: within it again
+
+    asyncio.run(scenario())
+
+
+def test_the_gateways_lanes_take_the_settings_and_out_of_range_settings_are_refused(monkeypatch):
+    from pydantic import ValidationError
+
+    from service.access import gate
+    from service.access.lanes import DEFER_MAX, SHARE, WINDOW
+    from service.settings import ServiceSettings
+
+    default = gate._lanes(ServiceSettings())
+    assert (default.share, default.window, default.defer_max) == (SHARE, WINDOW, DEFER_MAX)
+    monkeypatch.setenv("HALLMARK_DETECT_FAIR_SHARE", "0.3")
+    monkeypatch.setenv("HALLMARK_DETECT_DEFER_MAX_S", "0.2")
+    chosen = gate._lanes(ServiceSettings(detect_fair_window_s=4.0, detect_queue=5))
+    assert (chosen.share, chosen.window, chosen.defer_max, chosen.queue) == (0.3, 4.0, 0.2, 5)
+    for bad in ({"detect_fair_share": 0}, {"detect_fair_share": 1.5}, {"detect_fair_window_s": 0},
+                {"detect_defer_max_s": -1}, {"detect_worker_nice": 20}, {"detect_worker_nice": -1},
+                {"detect_parse_inline_bytes": -1}):
+        with pytest.raises(ValidationError):
+            ServiceSettings(**bad)

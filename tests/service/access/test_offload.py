@@ -24,7 +24,8 @@ VOLATILE = {"report", "created_at", "detected_at", "elapsed_ms"}
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory):
     gateway = gw.start(tmp_path_factory.mktemp("offload"), draft_model=None, secrets=gw.FIXED_SECRETS,
-                       detect_workers=1, public_tokens_per_day=1e7, probe_family_per_day=100, key_cache_seconds=0.5)
+                       detect_workers=1, public_tokens_per_day=1e7, probe_family_per_day=100, key_cache_seconds=0.5,
+                       detect_worker_nice=7)
     client = with_expert_and_generation(gateway)
     yield gateway
     client.close()
@@ -51,7 +52,8 @@ def test_a_large_body_is_answered_by_the_worker_as_by_the_gateways_thread(worker
 
 
 def test_the_worker_runs_at_a_lower_cpu_priority_than_the_gateway(workers):
-    """The worker takes what the gateway's event loop leaves (issue 31 item 5)."""
+    """The worker takes what the gateway's event loop leaves (issue 31 item 5), by the
+    settings' ``detect_worker_nice`` (7 here; 10 by default)."""
     import psutil
 
     services = workers.app.state.services
@@ -61,7 +63,33 @@ def test_the_worker_runs_at_a_lower_cpu_priority_than_the_gateway(workers):
     assert answered.status_code == 200, answered.text
     own = psutil.Process().nice()
     pids = list(services._offload._pool._processes)
-    assert pids and all(psutil.Process(pid).nice() == min(19, own + offload.WORKER_NICE) for pid in pids)
+    assert services.settings.detect_worker_nice == 7 != offload.WORKER_NICE
+    assert pids and all(psutil.Process(pid).nice() == min(19, own + 7) for pid in pids)
+
+
+def test_a_large_body_is_parsed_in_the_worker_and_a_malformed_one_gets_the_same_422(workers, monkeypatch):
+    """Over ``detect_parse_inline_bytes`` (16 KiB) the body's JSON parse and validation run in
+    the worker (service.routes.detect._parsed), not on the gateway's event loop."""
+    calls = []
+    real = offload.Offload.call
+
+    async def counted(self, services, fn, *args):
+        calls.append(fn.__name__)
+        return await real(self, services, fn, *args)
+
+    monkeypatch.setattr(offload.Offload, "call", counted)
+    auth = {"Authorization": f"Bearer {workers.tokens['acme']}", "Content-Type": "application/json"}
+    rng = random.Random(3)
+    ids = [rng.randrange(300, 5000) for _ in range(4_000)]  # ~24 KB of JSON
+    answered = workers.client.post("/v1/detect", json={"token_ids": ids}, headers=auth)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["total_tokens"] == len(ids)
+    assert calls == ["_well_formed"]
+    small, large = (workers.client.post("/v1/detect", content='{"token_ids": [' + "7, " * n + '"x"]}', headers=auth)
+                    for n in (3, 6_000))
+    assert small.status_code == large.status_code == 422, (small.text, large.text)
+    assert small.json()["error"]["code"] == large.json()["error"]["code"]
+    assert calls == ["_well_formed"] * 2  # the small one on the loop
 
 
 def test_the_tenant_and_public_tiers_answer_large_bodies_through_the_worker(workers):
@@ -73,6 +101,14 @@ def test_the_tenant_and_public_tiers_answer_large_bodies_through_the_worker(work
     public = workers.client.post("/v1/public/detect", json={"text": text})
     assert public.status_code == 200, public.text
     assert public.json()["verdict"] == "watermarked"
+    # A large text under the public minimum: its count (made in the worker) is the gateway's own.
+    services = workers.app.state.services
+    dashes = "-" * 2_500
+    count = len(detection.Tokenised(services.engine.tokenizer()).encode(dashes)[0])
+    assert count < services.settings.public_min_tokens
+    short = workers.client.post("/v1/public/detect", json={"text": dashes})
+    assert short.status_code == 200, short.text
+    assert short.json()["tokens"] == count and short.json()["confidence"] == "none"
 
 
 def test_a_small_check_is_answered_while_another_principal_floods_large_bodies(workers):

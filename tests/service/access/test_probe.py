@@ -93,3 +93,44 @@ def test_the_in_process_index_follows_the_store_rollbacks_expiry_and_other_write
         assert not place(texts[1], later + 2).admitted
     finally:
         store.close()
+
+
+def _related_by_definition(query, other, min_share):
+    """:func:`probe.related` as first written: both sketches' sets at the common level."""
+    level = max(query.level, other.level)
+    mine, theirs = query.at(level), other.at(level)
+    if not mine or not theirs:
+        return False
+    scale = 1 << level
+    common, smaller = len(mine & theirs) * scale, min(len(mine), len(theirs)) * scale
+    if smaller < probe.MIN_MATCH:
+        return mine == theirs
+    if common < probe.MIN_MATCH:
+        return False
+    return common >= min(max(probe.ABSOLUTE, probe.DENSITY * min(smaller, probe.CAP)), min_share * smaller)
+
+
+def test_related_counts_a_common_level_without_building_the_others_set_and_decides_alike():
+    """The guard's comparison (issue 31 item 5: it ran on the writes' thread every admission
+    waits for) gives what the sets at the common level give, at every pair of levels."""
+    import random
+
+    rng = random.Random(9)
+    secret = b"k" * 32
+    base = [rng.randrange(300, 5000) for _ in range(6_000)]
+    sketches = []
+    for size in (2, 4, 40, 300, 900, 2_000, 6_000):
+        for overlap in (0.0, 0.3, 0.7, 1.0):
+            start = rng.randrange(0, len(base) - size + 1)
+            ids = [t if rng.random() < overlap else rng.randrange(300, 5000) for t in base[start:start + size]]
+            sketches.append(probe.sketch_of_forms(secret, [ids]))
+    assert len({s.level for s in sketches}) >= 3  # sampled and whole sketches both
+    pairs = 0
+    for query in sketches:
+        for other in sketches:
+            for share in (0.25, 0.5):
+                assert probe.related(query, other, share) == _related_by_definition(query, other, share)
+                pairs += 1
+    assert pairs == 2 * len(sketches) ** 2
+    decided = [probe.related(q, o, 0.5) for q in sketches for o in sketches]
+    assert any(decided) and not all(decided)
