@@ -614,7 +614,13 @@ class KgramCache:
         aside). ``output_sha256``: the exact copies of a text of this output hash are named
         too (:attr:`copies`: ledger.read.exact_copies builds them from the facts). Returns
         those generations (for :meth:`use_facts`); None, and nothing read, when the store has
-        no k-gram key (no scheme 2 row: the per-part reads answer)."""
+        no k-gram key (no scheme 2 row: the per-part reads answer).
+
+        The text's digests are looked up in the store's in-process index (ledger.kgram_index),
+        not probed in the table: the statement reads the rows of the generations it names
+        (and of those logged since it was read, which it then adds), so the same generations
+        are read and checked as by the probe; the probe answers where there is no index or
+        the log's head is not one it may follow."""
         from ledger.kgram_match import MIN_MATCHES
         from ledger.read import driver_rows
 

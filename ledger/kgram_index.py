@@ -29,7 +29,7 @@ answered by the probe as before (:func:`usable`).
 Layout: scheme 2 rows only; ``digests`` int64 ascending and ``groups`` int32 (an index into
 the (generation, key, tenant) labels) per row, 12 bytes a k-gram, plus the labels (a tuple
 per generation, ~0.5-1 byte a k-gram at ~200 k-grams a generation); new rows go to a small
-sorted delta merged into the main arrays when it reaches an eighth of them. A snapshot is
+sorted run per catch-up, runs merged as they accumulate (:data:`RUNS`). A snapshot is
 immutable (a request looks up the one it read ``covered`` from, whatever other threads
 merge meanwhile). At most :data:`MAX_KGRAMS` rows: past that the index is dropped and the probe
 answers (a store that large wants the index in the database, not in each worker).
@@ -63,21 +63,24 @@ class Snapshot:
     """The index as of log size ``covered``: immutable, shared by the requests that read it."""
 
     covered: int
-    digests: np.ndarray = field(default_factory=lambda: _EMPTY_D)
-    groups: np.ndarray = field(default_factory=lambda: _EMPTY_G)
-    delta_digests: np.ndarray = field(default_factory=lambda: _EMPTY_D)
-    delta_groups: np.ndarray = field(default_factory=lambda: _EMPTY_G)
-    labels: tuple = ()
-    """group -> (generation id, key id, tenant id); shared, only appended to."""
+    runs: tuple = ()
+    """Sorted runs (digests int64 ascending, groups int32), largest first: the main arrays and
+    the small runs added since (merged when there are :data:`RUNS` of them)."""
+    labels: list = field(default_factory=list)
+    """group -> (generation id, key id, tenant id): shared with later snapshots, only appended to."""
 
     @property
     def size(self) -> int:
-        return len(self.digests) + len(self.delta_digests)
+        return sum(len(d) for d, _ in self.runs)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(d.nbytes + g.nbytes for d, g in self.runs)
 
     def hits(self, query: np.ndarray) -> list[tuple[int, int]]:
         """(group, digest) of every indexed row whose digest is in ``query`` (int64 ascending, distinct)."""
         out: list[tuple[int, int]] = []
-        for digests, groups in ((self.digests, self.groups), (self.delta_digests, self.delta_groups)):
+        for digests, groups in self.runs:
             if not len(digests) or not len(query):
                 continue
             lo = np.searchsorted(digests, query, "left")
@@ -94,6 +97,11 @@ class Snapshot:
                 values = np.repeat(q, n)
             out.extend(zip(groups[at].tolist(), values.tolist()))
         return out
+
+
+RUNS = 8
+"""Runs a snapshot holds at most: the small ones are merged into one past this, and that one
+into the main run once it exceeds an eighth of it (each row sorted O(log) times in all)."""
 
 
 @dataclass
@@ -192,22 +200,25 @@ class KgramIndex:
                 self.disabled = True
                 self._snapshot = Snapshot(covered=0)
                 return
-            main = (base.digests, base.groups)
-            delta = (base.delta_digests, base.delta_groups)
+            runs = list(base.runs)
             if new_d:
-                delta = _merged(delta, _sorted(np.concatenate(new_d), np.concatenate(new_g)))
-            if len(delta[0]) > max(65_536, len(main[0]) // 8):
-                main, delta = _merged(main, delta), (_EMPTY_D, _EMPTY_G)
-            for a in (*main, *delta):
-                a.setflags(write=False)
-            self._snapshot = Snapshot(size, main[0], main[1], delta[0], delta[1], tuple(self._labels))
+                runs.append(_sorted(np.concatenate(new_d), np.concatenate(new_g)))
+            if len(runs) > RUNS:  # the small runs into one
+                small = runs[1:]
+                runs = [runs[0], _sorted(np.concatenate([d for d, _ in small]), np.concatenate([g for _, g in small]))]
+            if len(runs) == 2 and len(runs[1][0]) > len(runs[0][0]) // 8:
+                runs = [_merged(runs[0], runs[1])]
+            for d, g in runs:
+                d.setflags(write=False)
+                g.setflags(write=False)
+            self._snapshot = Snapshot(size, tuple(runs), self._labels)
 
     def reset(self) -> None:
         """Forget everything (the log is behind what was indexed: a restored store)."""
         with self._lock:
             self._snapshot = Snapshot(covered=0)
-            self._labels.clear()
-            self._group_of.clear()
+            self._labels = []  # a new list: snapshots in use keep theirs
+            self._group_of = {}
             self._head_ok = None
 
 
