@@ -396,7 +396,8 @@ class _Read:
                     recorded.setdefault(generation_id, ([], []))
             for (generation_id, key_id), digests in index_pairs.items():
                 if generation_id not in gens and generation_id not in cached:
-                    pairs.setdefault((generation_id, key_id), set()).update(digests)
+                    pairs.setdefault((generation_id, key_id), set()).update(
+                        digests.tolist() if isinstance(digests, np.ndarray) else digests)
         stacked = {g: (np.concatenate(s) if s else empty, np.concatenate(d) if d else empty)
                    for g, (s, d) in recorded.items() if g not in cached}
         for generation_id, kept in cached.items():
@@ -464,7 +465,7 @@ def _with_index(session: Session, index: "kgram_index.KgramIndex", snapshot: "kg
             shared = np.intersect1d(query, digests)
             if len(shared):
                 key = (generation_id, key_id)
-                pairs[key] = pairs.get(key, set()) | set(shared.tolist())
+                pairs[key] = shared if key not in pairs else np.concatenate([pairs[key], shared])
         index.advance(snapshot, size, added)
     return core, (gens, pairs)
 

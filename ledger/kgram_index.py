@@ -77,9 +77,10 @@ class Snapshot:
     def nbytes(self) -> int:
         return sum(d.nbytes + g.nbytes for d, g in self.runs)
 
-    def hits(self, query: np.ndarray) -> list[tuple[int, int]]:
-        """(group, digest) of every indexed row whose digest is in ``query`` (int64 ascending, distinct)."""
-        out: list[tuple[int, int]] = []
+    def hits(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(groups, digests) of every indexed row whose digest is in ``query`` (int64
+        ascending, distinct), one entry per row."""
+        groups_out, digests_out = [], []
         for digests, groups in self.runs:
             if not len(digests) or not len(query):
                 continue
@@ -95,8 +96,13 @@ class Snapshot:
                 starts = np.repeat(np.cumsum(n) - n, n)
                 at = np.repeat(lo, n) + (np.arange(int(n.sum())) - starts)
                 values = np.repeat(q, n)
-            out.extend(zip(groups[at].tolist(), values.tolist()))
-        return out
+            groups_out.append(groups[at])
+            digests_out.append(values)
+        if not groups_out:
+            return _EMPTY_G, _EMPTY_D
+        if len(groups_out) == 1:
+            return groups_out[0], digests_out[0]
+        return np.concatenate(groups_out), np.concatenate(digests_out)
 
 
 RUNS = 8
@@ -108,8 +114,9 @@ into the main run once it exceeds an eighth of it (each row sorted O(log) times 
 class Found:
     """What the index says of one text in one scope."""
 
-    pairs: dict[tuple[str, str], set[int]] = field(default_factory=dict)
-    """(generation id, key id) -> the text's digests among its indexed rows in scope."""
+    pairs: dict[tuple[str, str], np.ndarray] = field(default_factory=dict)
+    """(generation id, key id) -> the text's digests among its indexed rows in scope (int64, a
+    digest once per row)."""
     candidates: list[str] = field(default_factory=list)
     """Generations with at least ``min_matches`` distinct such digests (their rows are read fresh)."""
     near: list[str] = field(default_factory=list)
@@ -119,16 +126,30 @@ class Found:
 def find(snapshot: Snapshot, query: np.ndarray, scope: str | None, min_matches: int) -> Found:
     """The indexed rows in scope ``scope`` (None: every tenant) sharing a digest with ``query``."""
     out = Found()
+    groups, values = snapshot.hits(query)
+    if not len(groups):
+        return out
     labels = snapshot.labels
-    per_generation: dict[str, set[int]] = {}
-    for group, digest in snapshot.hits(query):
+    per_generation: dict[str, np.ndarray] = {}
+    if int(groups.min()) == int(groups.max()):  # most texts: one generation's rows (its key's)
+        unique, parts = [int(groups[0])], [values]
+    else:
+        order = np.argsort(groups, kind="stable")
+        groups, values = groups[order], values[order]
+        unique, starts = np.unique(groups, return_index=True)
+        unique, parts = unique.tolist(), np.split(values, starts[1:])
+    for group, digests in zip(unique, parts):
         generation_id, key_id, tenant_id = labels[group]
         if scope is not None and tenant_id != scope:
             continue
-        out.pairs.setdefault((generation_id, key_id), set()).add(digest)
-        per_generation.setdefault(generation_id, set()).add(digest)
+        key = (generation_id, key_id)
+        out.pairs[key] = digests if key not in out.pairs else np.concatenate([out.pairs[key], digests])
+        seen = per_generation.get(generation_id)
+        per_generation[generation_id] = digests if seen is None else np.concatenate([seen, digests])
     for generation_id in sorted(per_generation):
-        n = len(per_generation[generation_id])
+        digests = per_generation[generation_id]
+        # Distinct digests (a row an operator copied counts once, as in the probe's count(DISTINCT)).
+        n = len(digests) if len(digests) < 2 or bool(np.all(digests[1:] > digests[:-1])) else len(np.unique(digests))
         if n >= min_matches:
             out.candidates.append(generation_id)
         elif n == min_matches - 1:
