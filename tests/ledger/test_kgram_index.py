@@ -129,8 +129,8 @@ def test_generations_logged_since_are_found_on_the_next_look_up(store, made, set
     _read(store, keys, tokens, scope, index=True)
     covered = _index(store).snapshot().covered
     fresh = [rng.randrange(50_000) for _ in range(100)]
-    other = open_store(StoreSettings(database_url=settings.database_url, kek=SecretStr(settings.kek.get_secret_value())),
-                       require_kek=True)
+    other = open_store(StoreSettings(database_url=settings.database_url,
+                                     kek=SecretStr(settings.kek.get_secret_value())), require_kek=True)
     try:
         new = _gen(other, t.acme, t.acme_key, fresh)
     finally:
