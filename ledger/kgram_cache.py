@@ -122,24 +122,23 @@ def _read_all(dialect: str, scoped: bool, indexed: bool = False) -> str:
             f"GROUP BY generation_id, key_id {rest}")
     # With the in-process index (ledger.kgram_index): no probe of the text's digests. The
     # generations it names (``cand``) are read in full (part 1) as the probe's were; the rows
-    # of the entries logged since the index's ``covered`` come back (part 5: the index's
-    # catch-up, and this request's hits among them) and complete ``gens`` (with ``near``: the
-    # index's generations one digest short); part 6 names ``gens``; part 7 is the log's head
-    # (border and MAC as hex, size) and its highest leaf (ledger.kgram_index says why).
+    # of the entries logged since the index's ``covered`` come back whole (part 5: the index's
+    # catch-up; every row of each such generation, so they need no part 1, and their hits are
+    # counted in Python: no per-row test against the text's digests here, which PostgreSQL
+    # plans as a nested loop); part 6 names ``gens``; part 7 is the log's head (border and MAC
+    # as hex, size) and its highest leaf (ledger.kgram_index says why).
     cand = exact.replace("exact", "cand")
-    near = exact.replace("exact", "near")
     hex_of = "hex({})".format if dialect == "sqlite" else "encode({}, 'hex')".format
+    rest = rest.replace("AND EXISTS (SELECT 1 FROM gens)",
+                        "AND (EXISTS (SELECT 1 FROM gens) OR EXISTS (SELECT 1 FROM delta))")
     return (
         f"{v1}head AS MATERIALIZED (SELECT size, border, mac FROM log_head WHERE id = 1), "
         "delta AS MATERIALIZED (SELECT k.generation_id, k.key_id, k.digest, k.scheme, k.tenant_id "
         "FROM log_leaves l JOIN ledger_entries e ON e.id = l.entry_id "
         "JOIN ledger_kgrams k ON k.generation_id = e.generation_id "
         f"WHERE l.idx >= {param('covered')} AND l.idx < (SELECT size FROM head) AND e.kind = 'finished'), "
-        f"dhits AS (SELECT generation_id, digest FROM delta WHERE scheme = 2 AND digest IN ({digests}){tenant}), "
         f"{copies}"
-        f"gens(generation_id) AS ({cand} UNION SELECT generation_id FROM dhits GROUP BY generation_id "
-        f"HAVING count(DISTINCT digest) + CASE WHEN generation_id IN ({near}) THEN 1 ELSE 0 END "
-        f">= {param('min_matches')} UNION {exact} UNION SELECT generation_id FROM copies) "
+        f"gens(generation_id) AS ({cand} UNION {exact} UNION SELECT generation_id FROM copies) "
         f"SELECT 5 AS part, generation_id, key_id, {joined} AS digests, scheme, tenant_id FROM delta "
         f"GROUP BY generation_id, key_id, scheme, tenant_id {rest} "
         "UNION ALL SELECT 6, generation_id, CAST(NULL AS VARCHAR), CAST(NULL AS VARCHAR), 2, CAST(NULL AS VARCHAR) "
@@ -428,7 +427,8 @@ def _digests_of(joined) -> np.ndarray:
 
 
 def _with_index(session: Session, index: "kgram_index.KgramIndex", snapshot: "kgram_index.Snapshot",
-                found: "kgram_index.Found", rows: list, query: np.ndarray, scope: str | None):
+                found: "kgram_index.Found", rows: list, query: np.ndarray, scope: str | None,
+                cached: "dict[str, _Verified] | None" = None):
     """The indexed statement's rows as :meth:`_Read.of` takes them (parts 1-4), and (the
     statement's ``gens``, the hits of every other generation: the index's and those among the
     rows logged since ``covered``); the index advanced to the head read. (rows, None) where
@@ -454,19 +454,41 @@ def _with_index(session: Session, index: "kgram_index.KgramIndex", snapshot: "kg
     if (int(highest) + 1 if highest is not None else 0) != size:
         return rows, None  # a leaf beyond the head, or the last one gone: not a log to follow
     pairs = dict(found.pairs)
+    cached = cached or {}
     if size > snapshot.covered:
         if not index.head_authentic(tlog.authority(session), size, bytes.fromhex(border or ""),
                                     None if mac is None else bytes.fromhex(mac)):
             return rows, None
-        added = kgram_index.scheme2_rows(logged)
-        for generation_id, key_id, tenant_id, digests in added:
-            if scope is not None and tenant_id != scope:
+        # The generations logged since: every row of each came back (part 5). Those with
+        # MIN_MATCHES distinct digests of the text in scope (counting the index's hit of one
+        # short: a generation split by the snapshot, only ever by rows added by hand) are read
+        # as part 1 reads the candidates, the others' hits are the index's kind.
+        from ledger.kgram_match import MIN_MATCHES
+
+        in_part1 = set(gens)  # the statement's gens: read in full by part 1 (unless kept)
+        shared: dict[str, set[int]] = {}
+        for generation_id, key_id, joined, scheme, tenant_id in logged:
+            if int(scheme) != V2 or (scope is not None and tenant_id != scope):
                 continue
-            shared = np.intersect1d(query, digests)
-            if len(shared):
+            hits = np.intersect1d(query, kgram_index.digests_of(joined))
+            if len(hits):
+                shared.setdefault(generation_id, set()).update(hits.tolist())
+        near = set(found.near)
+        qualified = {g for g, hits in shared.items() if len(hits) + (g in near) >= MIN_MATCHES}
+        for generation_id, key_id, joined, scheme, tenant_id in logged:
+            if generation_id in in_part1 or generation_id in cached:
+                continue  # read in full by part 1 (a candidate, an exact copy), or kept (not read)
+            if generation_id in qualified:
+                core.append((1, generation_id, key_id, joined, scheme, tenant_id))
+                continue
+            if int(scheme) != V2 or (scope is not None and tenant_id != scope):
+                continue
+            hits = np.intersect1d(query, kgram_index.digests_of(joined))
+            if len(hits):
                 key = (generation_id, key_id)
-                pairs[key] = shared if key not in pairs else np.concatenate([pairs[key], shared])
-        index.advance(snapshot, size, added)
+                pairs[key] = hits if key not in pairs else np.concatenate([pairs[key], hits])
+        gens |= qualified
+        index.advance(snapshot, size, kgram_index.scheme2_rows(logged))
     return core, (gens, pairs)
 
 
@@ -651,11 +673,11 @@ class KgramCache:
             # rows, and what was logged since the snapshot, instead of probing every digest.
             snapshot = index.snapshot()
             found = kgram_index.find(snapshot, query, tenant_id, MIN_MATCHES)
-            lists = {"covered": snapshot.covered, "cand": found.candidates, "near": found.near}
+            lists = {"covered": snapshot.covered, "cand": found.candidates}
             if dialect == "sqlite":
-                lists["cand"], lists["near"] = json.dumps(found.candidates), json.dumps(found.near)
+                lists["cand"] = json.dumps(found.candidates)
             rows = driver_rows(connection, _READ_ALL[dialect, tenant_id is not None, True], {**values, **lists})
-            rows, indexed = _with_index(session, index, snapshot, found, rows, query, tenant_id)
+            rows, indexed = _with_index(session, index, snapshot, found, rows, query, tenant_id, cached)
         if indexed is None:  # no index, or the log's head not as the index needs it: the probe
             rows = driver_rows(connection, _READ_ALL[dialect, tenant_id is not None, False], values)
         read = _Read.of(rows, tenant_id, query, exact, cached, indexed)
