@@ -466,29 +466,29 @@ def _with_index(session: Session, index: "kgram_index.KgramIndex", snapshot: "kg
         from ledger.kgram_match import MIN_MATCHES
 
         in_part1 = set(gens)  # the statement's gens: read in full by part 1 (unless kept)
+        parsed = [(generation_id, key_id, joined, scheme, tenant_id, kgram_index.digests_of(joined))
+                  for generation_id, key_id, joined, scheme, tenant_id in logged]
+        hits_of: list[np.ndarray | None] = []
         shared: dict[str, set[int]] = {}
-        for generation_id, key_id, joined, scheme, tenant_id in logged:
-            if int(scheme) != V2 or (scope is not None and tenant_id != scope):
-                continue
-            hits = np.intersect1d(query, kgram_index.digests_of(joined))
-            if len(hits):
-                shared.setdefault(generation_id, set()).update(hits.tolist())
+        for generation_id, _, _, scheme, tenant_id, digests in parsed:
+            hits = None
+            if int(scheme) == V2 and (scope is None or tenant_id == scope):
+                hits = np.intersect1d(query, digests)
+                if len(hits):
+                    shared.setdefault(generation_id, set()).update(hits.tolist())
+            hits_of.append(hits)
         near = set(found.near)
         qualified = {g for g, hits in shared.items() if len(hits) + (g in near) >= MIN_MATCHES}
-        for generation_id, key_id, joined, scheme, tenant_id in logged:
+        for (generation_id, key_id, joined, scheme, tenant_id, _), hits in zip(parsed, hits_of):
             if generation_id in in_part1 or generation_id in cached:
                 continue  # read in full by part 1 (a candidate, an exact copy), or kept (not read)
             if generation_id in qualified:
                 core.append((1, generation_id, key_id, joined, scheme, tenant_id))
-                continue
-            if int(scheme) != V2 or (scope is not None and tenant_id != scope):
-                continue
-            hits = np.intersect1d(query, kgram_index.digests_of(joined))
-            if len(hits):
+            elif hits is not None and len(hits):
                 key = (generation_id, key_id)
                 pairs[key] = hits if key not in pairs else np.concatenate([pairs[key], hits])
         gens |= qualified
-        index.advance(snapshot, size, kgram_index.scheme2_rows(logged))
+        index.advance(snapshot, size, [(g, k, t, d) for g, k, _, scheme, t, d in parsed if int(scheme) == V2])
     return core, (gens, pairs)
 
 
