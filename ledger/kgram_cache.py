@@ -17,6 +17,7 @@ from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from keys.models import LedgerEntry, LedgerKgram
+from ledger import kgram_index
 from ledger.kgram_digests import K, V1, V2, DigestArray, keyed_position_digests, kgram_key
 from ledger.log.leaves import kgram_array_commitment
 from ledger.log import tlog
@@ -55,7 +56,7 @@ _V1_KEYS = text("WITH RECURSIVE k(key_id) AS ("
                 "SELECT (SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 AND key_id > k.key_id) "
                 "FROM k WHERE k.key_id IS NOT NULL) SELECT key_id FROM k WHERE key_id IS NOT NULL")
 
-def _read_all(dialect: str, scoped: bool) -> str:
+def _read_all(dialect: str, scoped: bool, indexed: bool = False) -> str:
     """One statement for what a detection reads of the k-gram table (:meth:`KgramCache.read_all`),
     its parts told apart by the first column: 0, the scheme 2 rows of the text's digests
     (:data:`_ROWS2`) but those of part 1's generations (part 1 holds them); 1, every row of
@@ -92,21 +93,11 @@ def _read_all(dialect: str, scoped: bool) -> str:
     # Parts 0 and 1 come one row per (generation, key[, scheme, tenant]) with their digests
     # joined (comma-separated, every row's: duplicates kept): a matched generation's ~one
     # row per output token would otherwise cost a Python row each to fetch.
-    return (
-        "WITH RECURSIVE v1(key_id) AS ("
-        "SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 UNION ALL "
-        "SELECT (SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 AND key_id > v1.key_id) "
-        "FROM v1 WHERE v1.key_id IS NOT NULL), "
-        f"hits AS MATERIALIZED (SELECT generation_id, key_id, digest FROM ledger_kgrams "
-        f"WHERE digest IN ({digests}) AND scheme = 2{tenant}), "
-        f"{copies}"
-        "gens AS (SELECT generation_id FROM hits GROUP BY generation_id "
-        f"HAVING count(DISTINCT digest) >= {param('min_matches')} UNION {exact} "
-        "UNION SELECT generation_id FROM copies) "
-        f"SELECT 0 AS part, generation_id, key_id, {joined} AS digests, 2 AS scheme, "
-        "CAST(NULL AS VARCHAR) AS tenant_id "
-        f"FROM hits WHERE generation_id NOT IN (SELECT generation_id FROM gens) AND generation_id NOT IN ({known}) "
-        "GROUP BY generation_id, key_id "
+    v1 = ("WITH RECURSIVE v1(key_id) AS ("
+          "SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 UNION ALL "
+          "SELECT (SELECT min(key_id) FROM ledger_kgrams WHERE scheme = 1 AND key_id > v1.key_id) "
+          "FROM v1 WHERE v1.key_id IS NOT NULL), ")
+    rest = (
         f"UNION ALL SELECT 1, generation_id, key_id, {joined}, scheme, tenant_id FROM ledger_kgrams "
         f"WHERE generation_id IN (SELECT generation_id FROM gens) AND generation_id NOT IN ({known}) "
         "GROUP BY generation_id, key_id, scheme, tenant_id "
@@ -117,13 +108,50 @@ def _read_all(dialect: str, scoped: bool) -> str:
         "SELECT 3, CAST(NULL AS VARCHAR), key_id, CAST(NULL AS VARCHAR), 1, CAST(NULL AS VARCHAR) "
         "FROM v1 WHERE key_id IS NOT NULL UNION ALL "
         f"SELECT 4, generation_id, CAST(NULL AS VARCHAR), {text_of('latest')}, 2, CAST(NULL AS VARCHAR) FROM copies")
+    if not indexed:
+        return (
+            f"{v1}hits AS MATERIALIZED (SELECT generation_id, key_id, digest FROM ledger_kgrams "
+            f"WHERE digest IN ({digests}) AND scheme = 2{tenant}), "
+            f"{copies}"
+            "gens AS (SELECT generation_id FROM hits GROUP BY generation_id "
+            f"HAVING count(DISTINCT digest) >= {param('min_matches')} UNION {exact} "
+            "UNION SELECT generation_id FROM copies) "
+            f"SELECT 0 AS part, generation_id, key_id, {joined} AS digests, 2 AS scheme, "
+            "CAST(NULL AS VARCHAR) AS tenant_id "
+            f"FROM hits WHERE generation_id NOT IN (SELECT generation_id FROM gens) AND generation_id NOT IN ({known}) "
+            f"GROUP BY generation_id, key_id {rest}")
+    # With the in-process index (ledger.kgram_index): no probe of the text's digests. The
+    # generations it names (``cand``) are read in full (part 1) as the probe's were; the rows
+    # of the entries logged since the index's ``covered`` come back whole (part 5: the index's
+    # catch-up; every row of each such generation, so they need no part 1, and their hits are
+    # counted in Python: no per-row test against the text's digests here, which PostgreSQL
+    # plans as a nested loop); part 6 names ``gens``; part 7 is the log's head (border and MAC
+    # as hex, size) and its highest leaf (ledger.kgram_index says why).
+    cand = exact.replace("exact", "cand")
+    hex_of = "hex({})".format if dialect == "sqlite" else "encode({}, 'hex')".format
+    rest = rest.replace("AND EXISTS (SELECT 1 FROM gens)",
+                        "AND (EXISTS (SELECT 1 FROM gens) OR EXISTS (SELECT 1 FROM delta))")
+    return (
+        f"{v1}head AS MATERIALIZED (SELECT size, border, mac FROM log_head WHERE id = 1), "
+        "delta AS MATERIALIZED (SELECT k.generation_id, k.key_id, k.digest, k.scheme, k.tenant_id "
+        "FROM log_leaves l JOIN ledger_entries e ON e.id = l.entry_id "
+        "JOIN ledger_kgrams k ON k.generation_id = e.generation_id "
+        f"WHERE l.idx >= {param('covered')} AND l.idx < (SELECT size FROM head) AND e.kind = 'finished'), "
+        f"{copies}"
+        f"gens(generation_id) AS ({cand} UNION {exact} UNION SELECT generation_id FROM copies) "
+        f"SELECT 5 AS part, generation_id, key_id, {joined} AS digests, scheme, tenant_id FROM delta "
+        f"GROUP BY generation_id, key_id, scheme, tenant_id {rest} "
+        "UNION ALL SELECT 6, generation_id, CAST(NULL AS VARCHAR), CAST(NULL AS VARCHAR), 2, CAST(NULL AS VARCHAR) "
+        "FROM gens UNION ALL "
+        f"SELECT 7, {hex_of('border')}, {hex_of('mac')}, {text_of('size')}, 2, "
+        f"{text_of('(SELECT max(idx) FROM log_leaves)')} FROM head")
 
 
 EXACT_LIMIT = 100
 """Exact copies read (ledger.read.find_generations_by_output_hash's default limit)."""
 
-_READ_ALL = {(dialect, scoped): _read_all(dialect, scoped) for dialect in ("sqlite", "postgresql")
-             for scoped in (False, True)}
+_READ_ALL = {(dialect, scoped, indexed): _read_all(dialect, scoped, indexed) for dialect in ("sqlite", "postgresql")
+             for scoped in (False, True) for indexed in (False, True)}
 _FINISHED = (LedgerEntry.kind == "finished", LedgerEntry.output_tokens >= K)
 _SEARCHED = select(func.count()).select_from(LedgerEntry).where(LedgerEntry.key_id == bindparam("key_id"), *_FINISHED)
 _SEARCHED_BY_KEY = select(LedgerEntry.key_id, func.count()).where(
@@ -307,7 +335,8 @@ class _Read:
 
     @classmethod
     def of(cls, rows: Sequence[Sequence], scope: str | None, query: np.ndarray, exact: Sequence[str],
-           cached: dict[str, _Verified] | None = None) -> "_Read":
+           cached: dict[str, _Verified] | None = None,
+           indexed: "tuple[set[str], dict[tuple[str, str], set[int]]] | None" = None) -> "_Read":
         """From :func:`_read_all`'s rows: (part, generation, key, digests joined by commas, scheme,
         tenant), and the ``cached`` generations' kept rows (the statement left them out): their
         hits and rows as the statement gives those of an untouched store."""
@@ -353,6 +382,21 @@ class _Read:
             generations.setdefault(generation_id)
             labels.setdefault(generation_id, set())
             recorded.setdefault(generation_id, ([], []))
+        if indexed is not None:
+            # With the index (_with_index): the statement's ``gens`` were read in full (part 1),
+            # their hits from those rows, as the probe's; a candidate without rows now (deleted
+            # since it was indexed) is read as having none. The others' hits (fewer than
+            # MIN_MATCHES: what part 0 gave) come from the index and the rows logged since.
+            gens, index_pairs = indexed
+            for generation_id in gens:
+                if generation_id not in cached:
+                    generations.setdefault(generation_id)
+                    labels.setdefault(generation_id, set())
+                    recorded.setdefault(generation_id, ([], []))
+            for (generation_id, key_id), digests in index_pairs.items():
+                if generation_id not in gens and generation_id not in cached:
+                    pairs.setdefault((generation_id, key_id), set()).update(
+                        digests.tolist() if isinstance(digests, np.ndarray) else digests)
         stacked = {g: (np.concatenate(s) if s else empty, np.concatenate(d) if d else empty)
                    for g, (s, d) in recorded.items() if g not in cached}
         for generation_id, kept in cached.items():
@@ -380,6 +424,72 @@ def _digests_of(joined) -> np.ndarray:
             return found
         joined = joined.split(",")  # pragma: no cover - not the database's integers
     return np.asarray([int(v) for v in joined], dtype=np.int64)
+
+
+def _with_index(session: Session, index: "kgram_index.KgramIndex", snapshot: "kgram_index.Snapshot",
+                found: "kgram_index.Found", rows: list, query: np.ndarray, scope: str | None,
+                cached: "dict[str, _Verified] | None" = None):
+    """The indexed statement's rows as :meth:`_Read.of` takes them (parts 1-4), and (the
+    statement's ``gens``, the hits of every other generation: the index's and those among the
+    rows logged since ``covered``); the index advanced to the head read. (rows, None) where
+    the head is not one the index may use (ledger.kgram_index): the caller probes."""
+    core, logged, gens, head = [], [], set(), None
+    for row in rows:
+        part = row[0]
+        if part == 5:
+            logged.append(row[1:])
+        elif part == 6:
+            gens.add(row[1])
+        elif part == 7:
+            head = row
+        else:
+            core.append(row)
+    if head is None:  # no head row: a store without a log (never with a k-gram key)
+        return rows, None
+    _, border, mac, size, _, highest = head
+    size = int(size)
+    if size < snapshot.covered:  # the log is behind what was indexed: a restored store
+        index.reset()
+        return rows, None
+    if (int(highest) + 1 if highest is not None else 0) != size:
+        return rows, None  # a leaf beyond the head, or the last one gone: not a log to follow
+    pairs = dict(found.pairs)
+    cached = cached or {}
+    if size > snapshot.covered:
+        if not index.head_authentic(tlog.authority(session), size, bytes.fromhex(border or ""),
+                                    None if mac is None else bytes.fromhex(mac)):
+            return rows, None
+        # The generations logged since: every row of each came back (part 5). Those with
+        # MIN_MATCHES distinct digests of the text in scope (counting the index's hit of one
+        # short: a generation split by the snapshot, only ever by rows added by hand) are read
+        # as part 1 reads the candidates, the others' hits are the index's kind.
+        from ledger.kgram_match import MIN_MATCHES
+
+        in_part1 = set(gens)  # the statement's gens: read in full by part 1 (unless kept)
+        parsed = [(generation_id, key_id, joined, scheme, tenant_id, kgram_index.digests_of(joined))
+                  for generation_id, key_id, joined, scheme, tenant_id in logged]
+        hits_of: list[np.ndarray | None] = []
+        shared: dict[str, set[int]] = {}
+        for generation_id, _, _, scheme, tenant_id, digests in parsed:
+            hits = None
+            if int(scheme) == V2 and (scope is None or tenant_id == scope):
+                hits = np.intersect1d(query, digests)
+                if len(hits):
+                    shared.setdefault(generation_id, set()).update(hits.tolist())
+            hits_of.append(hits)
+        near = set(found.near)
+        qualified = {g for g, hits in shared.items() if len(hits) + (g in near) >= MIN_MATCHES}
+        for (generation_id, key_id, joined, scheme, tenant_id, _), hits in zip(parsed, hits_of):
+            if generation_id in in_part1 or generation_id in cached:
+                continue  # read in full by part 1 (a candidate, an exact copy), or kept (not read)
+            if generation_id in qualified:
+                core.append((1, generation_id, key_id, joined, scheme, tenant_id))
+            elif hits is not None and len(hits):
+                key = (generation_id, key_id)
+                pairs[key] = hits if key not in pairs else np.concatenate([pairs[key], hits])
+        gens |= qualified
+        index.advance(snapshot, size, [(g, k, t, d) for g, k, _, scheme, t, d in parsed if int(scheme) == V2])
+    return core, (gens, pairs)
 
 
 class KgramCache:
@@ -527,7 +637,13 @@ class KgramCache:
         aside). ``output_sha256``: the exact copies of a text of this output hash are named
         too (:attr:`copies`: ledger.read.exact_copies builds them from the facts). Returns
         those generations (for :meth:`use_facts`); None, and nothing read, when the store has
-        no k-gram key (no scheme 2 row: the per-part reads answer)."""
+        no k-gram key (no scheme 2 row: the per-part reads answer).
+
+        The text's digests are looked up in the store's in-process index (ledger.kgram_index),
+        not probed in the table: the statement reads the rows of the generations it names
+        (and of those logged since it was read, which it then adds), so the same generations
+        are read and checked as by the probe; the probe answers where there is no index or
+        the log's head is not one it may follow."""
         from ledger.kgram_match import MIN_MATCHES
         from ledger.read import driver_rows
 
@@ -550,8 +666,21 @@ class KgramCache:
             values["tenant_id"] = tenant_id
         values["min_matches"] = MIN_MATCHES
         values["output_sha256"] = output_sha256
-        rows = driver_rows(connection, _READ_ALL[dialect, tenant_id is not None], values)
-        read = _Read.of(rows, tenant_id, query, exact, cached)
+        index = kgram_index.index_of(session.info.get(tlog.STORE_INFO), self._store_key)
+        indexed = None
+        if index is not None:
+            # The index names the candidates (ledger.kgram_index); the statement reads their
+            # rows, and what was logged since the snapshot, instead of probing every digest.
+            snapshot = index.snapshot()
+            found = kgram_index.find(snapshot, query, tenant_id, MIN_MATCHES)
+            lists = {"covered": snapshot.covered, "cand": found.candidates}
+            if dialect == "sqlite":
+                lists["cand"] = json.dumps(found.candidates)
+            rows = driver_rows(connection, _READ_ALL[dialect, tenant_id is not None, True], {**values, **lists})
+            rows, indexed = _with_index(session, index, snapshot, found, rows, query, tenant_id, cached)
+        if indexed is None:  # no index, or the log's head not as the index needs it: the probe
+            rows = driver_rows(connection, _READ_ALL[dialect, tenant_id is not None, False], values)
+        read = _Read.of(rows, tenant_id, query, exact, cached, indexed)
         if read.searched is not None:
             self._searched2[tenant_id] = read.searched
         self._v1_keys = read.v1_keys

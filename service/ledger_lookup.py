@@ -7,8 +7,10 @@ after). Both rest on the same two look-ups: generations whose output is exactly 
 (output hash) and generations sharing k-grams with any form of it (ledger.kgrams, one hash and
 one query for every key under scheme 2). :func:`look_up` makes them once, in one read
 transaction of 2 statements (issue 30): the exact copies' ids and every k-gram row the text
-and its matched generations need (ledger.kgram_cache.KgramCache.read_all: the rows of
-generations already checked against the log are kept, not read again); those generations'
+and its matched generations need (ledger.kgram_cache.KgramCache.read_all: the candidates
+named by the in-process digest index, ledger.kgram_index, which the same statement keeps
+current from the log, instead of a probe of every digest; the rows of generations already
+checked against the log are kept, not read again); those generations'
 entries, leaves, tenants, key states and the latest checkpoint (ledger.read.detection_facts),
 from which the exact copies are built (ledger.read.exact_copies). The basis then reuses its k-gram rows for the shared tokens'
 evidence, and the salts and key states of what it found, so that it needs no query at all;
