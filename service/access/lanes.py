@@ -60,6 +60,9 @@ class Lanes:
         self._prune_at = 4096
         self._within: set[str] = set()  # principals within their share with a turn in flight
         self._clear: asyncio.Event | None = None  # set while no such turn is in flight
+        self._starts: list[tuple[str, float]] = []
+        """The last two distinct principals to begin a turn, and when (latest first): enough to
+        tell whether any principal other than a given one began one lately, in O(1)."""
 
     def use(self, principal: str) -> float:
         """The share of the recent time (0 to 1) this principal's lane was held."""
@@ -92,11 +95,21 @@ class Lanes:
                 self._clear.set()
         return self._clear
 
+    def others_lately(self, principal: str) -> bool:
+        """Whether a principal other than this one began a turn within the last ``window``
+        seconds (someone an over-share stream could delay)."""
+        now = self.clock()
+        return any(p != principal and now - at < self.window for p, at in self._starts)
+
+    def _started(self, principal: str) -> None:
+        self._starts = [(principal, self.clock())] + [s for s in self._starts if s[0] != principal][:1]
+
     @asynccontextmanager
     async def turn(self, principal: str) -> AsyncIterator[bool]:
-        """The principal's turn (its detections one at a time); yields whether the turn began
-        within its share (the route detects an over-share principal's small bodies off the
-        event loop too: service.routes.detect)."""
+        """The principal's turn (its detections one at a time); yields whether it may detect on
+        the event loop: its turn began within its share, or no other principal began one lately
+        (the route detects a contending over-share principal's small bodies off the loop too:
+        service.routes.detect; a principal alone keeps the loop's speed)."""
         lock, waiting = self._lanes.setdefault(principal, (asyncio.Lock(), [0]))
         if lock.locked() and waiting[0] >= self.queue:
             raise RateLimited(f"{waiting[0]} detections of yours are already waiting (at most {self.queue}); "
@@ -114,8 +127,10 @@ class Lanes:
             if within:
                 self._within.add(principal)
                 self._event().clear()
+            inline = within or not self.others_lately(principal)
+            self._started(principal)
             self._since[principal] = self.clock()
-            yield within
+            yield inline
         finally:
             self._ended(principal)
             if within:

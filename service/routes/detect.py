@@ -39,11 +39,11 @@ async def _answer(services, identity, body: DetectBody, client: str | None) -> J
     access = gate.access_of(services)
     access.audits.enter()  # in flight: audit events held meanwhile wait for this one's (group_commit.Held)
     try:
-        async with access.lanes.turn(who.name) as within:  # one at a time per principal (service.access.lanes)
+        async with access.lanes.turn(who.name) as inline:  # one at a time per principal (service.access.lanes)
             # A principal over its share (a stream of checks back to back) is detected off the
             # loop whatever its size: a stream of bodies just under INLINE_MAX would otherwise
             # hold the loop another principal's check waits on, one body after the other.
-            if size <= INLINE_MAX and within:
+            if size <= INLINE_MAX and inline:
                 # The core on the loop (under a slot, gate._core); the gate's writes are awaited
                 # (service.access.group_commit), so the loop serves other requests meanwhile.
                 answer = await gate.answer(services, identity, body, who, inline=True)

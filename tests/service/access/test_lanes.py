@@ -147,21 +147,33 @@ def test_a_turn_that_began_within_its_share_never_waits_for_others_midway():
     asyncio.run(scenario())
 
 
-def test_a_turn_says_whether_it_began_within_its_share():
-    """The route detects an over-share principal's small bodies off the event loop too."""
+def test_a_turn_says_whether_it_may_detect_on_the_loop():
+    """The route detects a contending over-share principal's small bodies off the event loop;
+    a principal alone keeps the loop (no one to delay)."""
     async def scenario():
         clock = _Clock()
         lanes = Lanes(clock=clock)
-        async with lanes.turn("a") as within:
-            assert within is True  # a first detection
+        async with lanes.turn("a") as inline:
+            assert inline is True  # a first detection
             clock.now += 5.0  # held its lane 5 s
-        async with lanes.turn("a") as within:
-            assert within is False  # a stream: over its share
-        async with lanes.turn("b") as within:
-            assert within is True  # another principal is not
+        assert lanes.over_share("a")
+        async with lanes.turn("a") as inline:
+            assert inline is True  # a stream, but alone: nobody waits behind it
+        async with lanes.turn("b") as inline:
+            assert inline is True  # another principal, within its share
+        async with lanes.turn("a") as inline:
+            assert inline is False  # a stream while b is active: off the loop
         clock.now += 20
-        async with lanes.turn("a") as within:
-            assert within is True  # quiet since: within it again
+        async with lanes.turn("a") as inline:
+            assert inline is True  # quiet since: within its share again
+        async with lanes.turn("c") as inline:
+            assert inline is True
+        clock.now += lanes.window
+        async with lanes.turn("a") as inline:
+            clock.now += 5.0  # a stream again
+        assert lanes.over_share("a")
+        async with lanes.turn("a") as inline:
+            assert inline is True  # c's turn began 7 s ago: nobody lately to delay
 
     asyncio.run(scenario())
 
