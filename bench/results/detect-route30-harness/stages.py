@@ -1,5 +1,7 @@
-"""Per-stage thread CPU of the route bench, without a profiler: wrap named functions."""
-import collections, functools, sys, time, importlib
+"""Per-stage thread CPU of the route bench, without a profiler: wrap named functions.
+STAGES=inner (the run the md calls stages2.py): only the tokenising stages inside the route,
+fewer wrappers."""
+import collections, functools, os, sys, time, importlib
 T = collections.defaultdict(float); N = collections.Counter()
 def wrap(modname, attr, label, also=()):
     mod = importlib.import_module(modname)
@@ -39,6 +41,11 @@ TARGETS = [
  ("service.access.gate", "answer", "gate.answer", []),
  ("service.routes.detect", "_answer", "route _answer", []),
 ]
+if os.environ.get("STAGES") == "inner":
+    TARGETS = [TARGETS[0], TARGETS[3],
+               ("detector.forms", "merge_space_runs", "merge_space_runs", []),
+               ("service.detection", "Tokenised.encode", "Tokenised.encode", []),
+               ("service.detection", "Tokenised.forms", "text_forms", [])]
 def install():
     for m, a, l, also in TARGETS:
         wrap(m, a, l, also)
