@@ -97,8 +97,7 @@ async def _run_public(url: str, pid: int, args) -> dict:
                 # A fresh text each time (its own family: the probe guard does not refuse it).
                 text = (" ".join(rng.choices(words, k=args.chars // 5)))[:args.chars]
                 r = await client.post("/v1/public/detect", json={"text": text})
-                key = f"{r.status_code} {r.json()['error']['code']}" if r.status_code >= 400 else str(r.status_code)
-                statuses[key] = statuses.get(key, 0) + 1
+                _tally(statuses, r)
                 if r.status_code == 429:
                     await asyncio.sleep(0.05)
 
@@ -113,12 +112,7 @@ async def _run_public(url: str, pid: int, args) -> dict:
         try:
             for j in range(3):
                 for a, client in enumerate(clients):
-                    started = time.perf_counter()
-                    r = client.post("/v1/public/detect", json={"text": texts[3 * a + j]})
-                    latencies.append(time.perf_counter() - started)
-                    key = f"{r.status_code} {r.json()['error']['code']}" if r.status_code >= 400 else str(r.status_code)
-                    answered[key] = answered.get(key, 0) + 1
-                    time.sleep(0.25)
+                    _public_check(client, texts[3 * a + j], latencies, answered)
         finally:
             for client in clients:
                 client.close()
@@ -136,6 +130,22 @@ async def _run_public(url: str, pid: int, args) -> dict:
             "others_max_s": round(max(latencies), 4) if latencies else None, "rss_peak_mb": round(max(rss), 1)}
 
 
+def _tally(statuses: dict[str, int], r) -> None:
+    """Count a response by its status, a refusal by its status and error code."""
+    key = f"{r.status_code} {r.json()['error']['code']}" if r.status_code >= 400 else str(r.status_code)
+    statuses[key] = statuses.get(key, 0) + 1
+
+
+def _public_check(client, text: str, latencies: list[float], statuses: dict[str, int]) -> None:
+    """One other caller's public check: its latency and status (with the error code) recorded,
+    then the caller's 0.25 s pause before the next."""
+    started = time.perf_counter()
+    r = client.post("/v1/public/detect", json={"text": text})
+    latencies.append(time.perf_counter() - started)
+    _tally(statuses, r)
+    time.sleep(0.25)
+
+
 def _others(url: str, texts: list[list[str]], delay: float, ready, done, out) -> None:
     """The public rounds' other callers (``--public --rounds``), in a process of their own as
     :func:`_victim`: caller ``a`` (127.0.200-204.x) sends ``texts[a]`` one by one, the
@@ -151,12 +161,7 @@ def _others(url: str, texts: list[list[str]], delay: float, ready, done, out) ->
             for a, client in enumerate(clients):
                 if j >= len(texts[a]):
                     continue
-                started = time.perf_counter()
-                r = client.post("/v1/public/detect", json={"text": texts[a][j]})
-                latencies.append(time.perf_counter() - started)
-                key = f"{r.status_code} {r.json()['error']['code']}" if r.status_code >= 400 else str(r.status_code)
-                statuses[key] = statuses.get(key, 0) + 1
-                time.sleep(0.25)
+                _public_check(client, texts[a][j], latencies, statuses)
     finally:
         for client in clients:
             client.close()
@@ -196,8 +201,7 @@ async def _public_phase(url: str, pid: int, args, parallel: int, rng, counter: l
             transport = httpx.AsyncHTTPTransport(local_address=address(n))
             async with httpx.AsyncClient(base_url=url, timeout=300, transport=transport) as client:
                 r = await client.post("/v1/public/detect", json={"text": text})
-            key = f"{r.status_code} {r.json()['error']['code']}" if r.status_code >= 400 else str(r.status_code)
-            statuses[key] = statuses.get(key, 0) + 1
+            _tally(statuses, r)
             if r.status_code == 429:
                 await asyncio.sleep(0.05)
 
@@ -284,8 +288,7 @@ async def _phase(url: str, tokens: dict[str, str], pid: int, args, parallel: int
                 r = await client.post("/v1/detect", content=flood_body(),
                                       headers={"Authorization": f"Bearer {tokens['flood']}",
                                                "Content-Type": "application/json"})
-                key = f"{r.status_code} {r.json()['error']['code']}" if r.status_code >= 400 else str(r.status_code)
-                statuses[key] = statuses.get(key, 0) + 1
+                _tally(statuses, r)
                 if r.status_code == 429:
                     await asyncio.sleep(0.05)
 

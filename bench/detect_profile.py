@@ -97,7 +97,6 @@ def main() -> None:
     from service.app import create_app
     from service.auth import authenticate
     from service.schemas import DetectBody
-    from service.settings import ServiceSettings
     from watermark.spec import WatermarkSpec
 
     spec = WatermarkSpec(algorithm="dual_key_gumbel") if args.spec == "dual" else build_spec()
@@ -105,12 +104,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         env, tokens = provision_store(Path(tmp), detect_setup.populate(spec))
         store_settings = StoreSettings(database_url=env["HALLMARK_DATABASE_URL"], kek_file=env["HALLMARK_KEK_FILE"])
-        # Budgets and the probe guard out of the way: this measures a request's CPU, not its refusal.
-        settings = ServiceSettings(detect_rate_per_minute=1e9, detect_burst=1_000_000_000,
-                                   probe_family_per_day=1_000_000_000, public_tokens_per_day=1e15,
-                                   public_wide_tokens_per_day=1e15, public_global_tokens_per_day=1e15,
-                                   tenant_detect_tokens_per_day=1e15, public_min_tokens=100)
-        app = create_app(settings, store_settings=store_settings)
+        app = create_app(detect_setup.unthrottled_settings(), store_settings=store_settings)
         with TestClient(app) as client:
             services = app.state.services
             texts = detect_setup.generated_texts(client, tokens["tenant"], args.texts)

@@ -38,3 +38,14 @@ def generated_texts(client, tenant_token: str, count: int, *, min_tokens: int = 
         if len(texts) == count:
             break
     return texts
+
+
+def unthrottled_settings():
+    """The gateway's settings with budgets and the probe guard out of the way: the detection
+    benches measure a request's CPU, not its refusal."""
+    from service.settings import ServiceSettings
+
+    return ServiceSettings(detect_rate_per_minute=1e9, detect_burst=1_000_000_000,
+                           probe_family_per_day=1_000_000_000, public_tokens_per_day=1e15,
+                           public_wide_tokens_per_day=1e15, public_global_tokens_per_day=1e15,
+                           tenant_detect_tokens_per_day=1e15, public_min_tokens=100)

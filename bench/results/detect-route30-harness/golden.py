@@ -12,17 +12,12 @@ from bench.gateway import provision_store
 from keys.lifecycle import build_spec
 from keys.settings import StoreSettings
 from service.app import create_app
-from service.settings import ServiceSettings
 from watermark.spec import WatermarkSpec
 spec = WatermarkSpec(algorithm="dual_key_gumbel") if spec_name == "dual" else build_spec()
 with tempfile.TemporaryDirectory() as tmp:
     env, tokens = provision_store(Path(tmp), detect_setup.populate(spec))
     ss = StoreSettings(database_url=env["HALLMARK_DATABASE_URL"], kek_file=env["HALLMARK_KEK_FILE"])
-    settings = ServiceSettings(detect_rate_per_minute=1e9, detect_burst=1_000_000_000,
-                               probe_family_per_day=1_000_000_000, public_tokens_per_day=1e15,
-                               public_wide_tokens_per_day=1e15, public_global_tokens_per_day=1e15,
-                               tenant_detect_tokens_per_day=1e15, public_min_tokens=100)
-    app = create_app(settings, store_settings=ss)
+    app = create_app(detect_setup.unthrottled_settings(), store_settings=ss)
     with TestClient(app) as client:
         texts = detect_setup.generated_texts(client, tokens["tenant"], 4)
         vs = edited.variants(texts, 60)
